@@ -1,0 +1,250 @@
+"""Turning user inputs into token batches, and position scoping.
+
+One place for: tokenising strings with an attention mask (padding is never
+guessed from token ids: GPT-2 style tokenizers pad with the BOS id), batching,
+and turning a ``positions=`` argument into a per-sequence boolean mask over
+*absolute* positions (so it stays right during KV-cached generation, where a
+hook sees one new position at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+
+@dataclass
+class TokenBatch:
+    """Tokens and their attention mask (1 = real token, 0 = padding)."""
+
+    tokens: Int[Tensor, "batch pos"]
+    attention_mask: Int[Tensor, "batch pos"]
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def slice(self, start: int, stop: int) -> TokenBatch:
+        return TokenBatch(self.tokens[start:stop], self.attention_mask[start:stop])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def to(self, device) -> TokenBatch:
+        return TokenBatch(self.tokens.to(device), self.attention_mask.to(device))
+
+
+def _pad_side(model) -> str:
+    tok = getattr(model, "tokenizer", None)
+    side = getattr(tok, "padding_side", None) or getattr(model.cfg, "default_padding_side", None)
+    return side if side in ("left", "right") else "right"
+
+
+def _pad_id(model) -> int:
+    tok = getattr(model, "tokenizer", None)
+    for attr in ("pad_token_id", "eos_token_id", "bos_token_id"):
+        v = getattr(tok, attr, None)
+        if v is not None:
+            return int(v)
+    return 0
+
+
+def pad_sequences(
+    seqs: Sequence[Sequence[int]], *, pad_id: int, padding_side: str = "right"
+) -> TokenBatch:
+    """Pad lists of token ids into a :class:`TokenBatch`."""
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    length = max(len(s) for s in seqs)
+    tokens = torch.full((len(seqs), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), length), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        n = len(s)
+        if padding_side == "right":
+            tokens[i, :n] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[i, :n] = 1
+        else:
+            tokens[i, length - n:] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[i, length - n:] = 1
+    return TokenBatch(tokens, mask)
+
+
+def tokenize(
+    model,
+    texts: Sequence[str],
+    *,
+    prepend_bos: bool | None = None,
+    padding_side: str | None = None,
+    max_length: int | None = None,
+) -> TokenBatch:
+    """Tokenise ``texts`` with the model's tokenizer, keeping a real attention mask.
+
+    BOS is prepended when the model's ``cfg.default_prepend_bos`` says so (as
+    ``model.to_tokens`` would); encoders get the tokenizer's own special tokens.
+    Sequences longer than ``max_length`` (default: the model's ``n_ctx``) are cut.
+    """
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise ValueError(
+            "inputs are strings but the model has no tokenizer; pass token ids "
+            "(a [batch, pos] LongTensor) instead, or load the model with its tokenizer"
+        )
+    from .sites import architecture_name
+
+    causal = "Bert" not in architecture_name(model)
+    if prepend_bos is None:
+        prepend_bos = bool(getattr(model.cfg, "default_prepend_bos", True)) and causal
+    max_length = max_length or int(getattr(model.cfg, "n_ctx", 0) or 0) or None
+    seqs = []
+    for text in texts:
+        if causal:
+            ids = list(tok(text, add_special_tokens=False)["input_ids"])
+            if prepend_bos and tok.bos_token_id is not None:
+                ids = [int(tok.bos_token_id)] + ids
+        else:
+            ids = list(tok(text)["input_ids"])
+        if max_length is not None:
+            ids = ids[:max_length]
+        seqs.append(ids)
+    return pad_sequences(seqs, pad_id=_pad_id(model), padding_side=padding_side or _pad_side(model))
+
+
+def prepare_inputs(
+    model,
+    inputs,
+    attention_mask: Tensor | None = None,
+    *,
+    min_tokens: int = 1,
+    argument: str = "inputs",
+) -> TokenBatch:
+    """Normalise ``inputs`` (a string, a list of strings, a list of token-id lists,
+    or a ``[batch, pos]`` / ``[pos]`` integer tensor) into a :class:`TokenBatch`.
+
+    Raises ValueError for empty input, all-padding rows, rows shorter than
+    ``min_tokens`` real tokens, or an ``attention_mask`` of the wrong shape.
+    """
+    if isinstance(inputs, TokenBatch):
+        batch = inputs
+    elif isinstance(inputs, str):
+        batch = tokenize(model, [inputs])
+    elif isinstance(inputs, Tensor):
+        if inputs.is_floating_point() or inputs.dtype == torch.bool:
+            raise TypeError(f"{argument} must hold integer token ids, got dtype {inputs.dtype}")
+        tokens = inputs.unsqueeze(0) if inputs.ndim == 1 else inputs
+        if tokens.ndim != 2:
+            raise ValueError(f"{argument} must be [batch, pos] token ids, got shape {tuple(inputs.shape)}")
+        batch = TokenBatch(tokens.long(), torch.ones_like(tokens, dtype=torch.long))
+    elif isinstance(inputs, Sequence) and len(inputs) > 0 and all(isinstance(x, str) for x in inputs):
+        batch = tokenize(model, list(inputs))
+    elif isinstance(inputs, Sequence) and len(inputs) > 0 and all(
+        isinstance(x, (list, tuple)) for x in inputs
+    ):
+        if any(len(x) == 0 for x in inputs):
+            raise ValueError(f"{argument} has an empty token list; every sequence needs tokens")
+        batch = pad_sequences(inputs, pad_id=_pad_id(model), padding_side=_pad_side(model))
+    elif isinstance(inputs, Sequence) and len(inputs) == 0:
+        raise ValueError(f"{argument} is empty: pass at least one string or token sequence")
+    else:
+        raise TypeError(
+            f"{argument} must be a string, a list of strings, a list of token-id lists or a "
+            f"[batch, pos] LongTensor, got {type(inputs).__name__}"
+        )
+    if attention_mask is not None:
+        if isinstance(inputs, (str, list, tuple)) and not isinstance(inputs, Tensor):
+            if all(isinstance(x, str) for x in ([inputs] if isinstance(inputs, str) else inputs)):
+                raise ValueError(
+                    "attention_mask is only accepted with token-id inputs; for strings the mask "
+                    "comes from the tokenizer"
+                )
+        attention_mask = attention_mask.unsqueeze(0) if attention_mask.ndim == 1 else attention_mask
+        if tuple(attention_mask.shape) != tuple(batch.tokens.shape):
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have "
+                f"shape {tuple(batch.tokens.shape)}; they must match"
+            )
+        batch = TokenBatch(batch.tokens, attention_mask.long().to(batch.tokens.device))
+    if batch.tokens.numel() == 0:
+        raise ValueError(f"{argument} is empty: no tokens")
+    per_row = batch.attention_mask.sum(-1)
+    bad = (per_row < max(min_tokens, 1)).nonzero().flatten().tolist()
+    if bad:
+        what = "only padding" if int(per_row[bad[0]]) == 0 else f"fewer than {min_tokens} tokens"
+        raise ValueError(
+            f"{argument} row(s) {bad[:8]} have {what}; drop them or fix the attention_mask"
+        )
+    return batch
+
+
+def iter_batches(batch: TokenBatch, batch_size: int) -> Iterator[TokenBatch]:
+    """Consecutive slices of at most ``batch_size`` sequences, trimmed of all-padding columns."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    for start in range(0, len(batch), batch_size):
+        part = batch.slice(start, start + batch_size)
+        cols = part.attention_mask.any(0).nonzero().flatten()
+        lo, hi = int(cols.min()), int(cols.max()) + 1
+        yield TokenBatch(part.tokens[:, lo:hi], part.attention_mask[:, lo:hi])
+
+
+def first_token_mask(attention_mask: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+    """True at each sequence's first real token (position 0 only without left padding)."""
+    m = attention_mask.bool()
+    first = torch.zeros_like(m)
+    idx = m.long().argmax(-1)
+    first[torch.arange(m.shape[0]), idx] = True
+    return first & m
+
+
+def position_mask(
+    positions,
+    *,
+    batch: int,
+    n_query: int,
+    offset: int = 0,
+    device=None,
+    argument: str = "positions",
+) -> Bool[Tensor, "batch_or_1 n_query"] | None:
+    """Boolean mask over the query positions a hook sees, in absolute positions.
+
+    A hook sees query positions ``offset .. offset + n_query - 1`` (offset > 0 during
+    KV-cached generation). ``positions`` may be None (all: returns None), an int, a
+    sequence of ints (negative ints count from the end of the *current* sequence), a
+    ``slice``, or a bool tensor ``[pos]`` / ``[batch, pos]`` over absolute positions
+    (positions beyond its length are not selected).
+    """
+    if positions is None:
+        return None
+    abs_pos = torch.arange(offset, offset + n_query, device=device)
+    total = offset + n_query
+    if isinstance(positions, Tensor) and positions.dtype == torch.bool:
+        m = positions.to(device)
+        if m.ndim == 1:
+            m = m.unsqueeze(0)
+        if m.ndim != 2:
+            raise ValueError(f"{argument} as a bool mask must be [pos] or [batch, pos], got {tuple(positions.shape)}")
+        if m.shape[0] not in (1, batch):
+            raise ValueError(f"{argument} mask has {m.shape[0]} rows but the batch has {batch}")
+        padded = torch.zeros((m.shape[0], total), dtype=torch.bool, device=device)
+        n = min(total, m.shape[1])
+        padded[:, :n] = m[:, :n]
+        return padded[:, offset:total]
+    if isinstance(positions, slice):
+        idx = torch.arange(total, device=device)[positions]
+    else:
+        if isinstance(positions, int) and not isinstance(positions, bool):
+            positions = [positions]
+        if isinstance(positions, Tensor):
+            positions = positions.tolist()
+        try:
+            positions = [int(p) for p in positions]
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{argument} must be None, an int, a list of ints, a slice or a bool tensor, "
+                f"got {type(positions).__name__}"
+            ) from None
+        idx = torch.tensor([p + total if p < 0 else p for p in positions], dtype=torch.long, device=device)
+    return torch.isin(abs_pos, idx).unsqueeze(0)

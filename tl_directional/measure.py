@@ -1,0 +1,650 @@
+"""Measure: per-layer and per-head geometry of a model's updates (METHOD.md sec. 1-3).
+
+:func:`profile` streams a corpus through the model with read-only hooks that
+decompose each update inside the forward pass and add it to fixed-size
+accumulators (:class:`~tl_directional.stats.StreamingSummary`), so memory does
+not grow with the number of tokens and no ``ActivationCache`` is held.
+:meth:`Profile.from_cache` computes the same tables from a cache a user already has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from .geometry import DEFAULT_EPS, compute_dtype, decompose, projection_coefficient
+from .inputs import TokenBatch, first_token_mask, iter_batches, position_mask, prepare_inputs
+from .sites import (
+    ModelSites,
+    UnitSite,
+    ValueSite,
+    attention_output_weights,
+    resolve_sites,
+    verify_sites,
+)
+from .stats import StreamingSummary
+
+ALL_COMPONENTS = ("attn", "mlp", "block", "value")
+
+RESIDUAL_METRICS = {
+    "par_frac": "unit",
+    "par_perp_ratio": "positive",
+    "alpha": "signed",
+    "rel_update": "positive",
+}
+# Full-aggregate split o_t vs v_t (its energy ratio is the table's energy_ratio_full),
+# plus the attention-side factorization in residual coordinates.
+VALUE_METRICS = {
+    "beta": "signed",
+    "A_tt": "unit",
+    "gamma": "signed",
+    "par_frac_full": "unit",
+    "par_perp_ratio_full": "positive",
+    "phi": "signed",
+    "alpha_head": "signed",
+    "self_term": "signed",
+    "cross_term": "signed",
+}
+EXCLUSIVE_METRICS = {"par_frac_exclusive": "unit", "par_perp_ratio_exclusive": "positive"}
+
+
+def _tl_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("transformer-lens")
+    except Exception:  # pragma: no cover - metadata missing in odd installs
+        return "unknown"
+
+
+class _Accumulator:
+    """Per-token math shared by streaming hooks and :meth:`Profile.from_cache`.
+
+    Each ``add_*`` method takes full activations plus a ``[batch, pos]`` bool mask
+    of the tokens to count; shapes follow TransformerLens conventions.
+    """
+
+    def __init__(self, sites: ModelSites, components, device, eps: float, per_token: bool):
+        self.sites = sites
+        self.components = tuple(c for c in components if c != "value")
+        self.with_value = "value" in components
+        self.eps = eps
+        self.per_token = per_token
+        n_rows = sites.n_layers * len(self.components)
+        self.row_of = {
+            (L, c): i * sites.n_layers + L for i, c in enumerate(self.components) for L in range(sites.n_layers)
+        }
+        self.residual = StreamingSummary(max(n_rows, 1), RESIDUAL_METRICS, device)
+        n_heads = sites.n_layers * sites.n_heads
+        self.value = StreamingSummary(n_heads, VALUE_METRICS, device)
+        self.value_excl = StreamingSummary(n_heads, EXCLUSIVE_METRICS, device)
+        self.factorization_error = torch.zeros(sites.n_layers, dtype=torch.float64)
+        self.token_rows: list[dict] = []
+        self.value_token_rows: list[dict] = []
+        self.tokens_seen = 0
+        self.sequences_seen = 0
+
+    # -- residual space -------------------------------------------------
+    def add_residual(
+        self,
+        layer: int,
+        component: str,
+        update: Float[Tensor, "batch pos d_model"],
+        reference: Float[Tensor, "batch pos d_model"],
+        mask: Bool[Tensor, "batch pos"],
+        seq_offset: int = 0,
+    ) -> Float[Tensor, " n"]:
+        """Decompose the masked tokens of one unit; returns their ``alpha`` (for the
+        factorization check)."""
+        u = update[mask]
+        r = reference[mask]
+        d = decompose(u, r, self.eps)
+        row = self.row_of[(layer, component)]
+        group = torch.full((u.shape[0],), row, dtype=torch.long, device=u.device)
+        self.residual.update(
+            group,
+            {"par_frac": d.par_frac, "par_perp_ratio": d.par_perp_ratio, "alpha": d.alpha,
+             "rel_update": d.rel_update},
+            degenerate=d.degenerate, par_sq=d.par_sq, perp_sq=d.perp_sq,
+        )
+        if self.per_token:
+            b_idx, p_idx = mask.nonzero(as_tuple=True)
+            self.token_rows.append({
+                "sequence": (b_idx + seq_offset).cpu().numpy(), "position": p_idx.cpu().numpy(),
+                "layer": layer, "component": component,
+                "alpha": d.alpha.cpu().numpy(), "par_frac": d.par_frac.cpu().numpy(),
+                "par_perp_ratio": d.par_perp_ratio.cpu().numpy(),
+                "rel_update": d.rel_update.cpu().numpy(), "degenerate": d.degenerate.cpu().numpy(),
+            })
+        return d.alpha
+
+    # -- value space ----------------------------------------------------
+    def add_value(
+        self,
+        layer: int,
+        v: Float[Tensor, "batch pos n_kv_heads d_head"],
+        pattern: Float[Tensor, "batch n_heads query key"],
+        z: Float[Tensor, "batch pos n_heads d_head"],
+        x: Float[Tensor, "batch pos d_model"],
+        mask: Bool[Tensor, "batch pos"],
+        model,
+        seq_offset: int = 0,
+    ) -> Float[Tensor, " n"]:
+        """Value-space quantities of every head at the masked query positions.
+
+        Returns the reconstructed attention alpha ``sum_h alpha_h + b_O . x / ||x||^2``
+        per masked token (NaN where the factorization does not apply).
+        """
+        sites = self.sites
+        group_size = sites.n_heads // sites.n_kv_heads
+        v_full = v.repeat_interleave(group_size, dim=2) if group_size > 1 else v
+        diag = pattern.diagonal(dim1=-2, dim2=-1).transpose(1, 2)  # [batch, pos, n_heads]
+        o = z[mask]  # [n, h, e]
+        vt = v_full[mask]
+        a_tt = diag[mask]  # [n, h]
+        full = decompose(o, vt, self.eps)
+        dtype = full.alpha.dtype
+        cross = o.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * vt.to(dtype)
+        excl = decompose(cross, vt, self.eps)
+
+        n = o.shape[0]
+        x_t = x[mask].to(dtype)  # [n, d]
+        W_O, b_O = attention_output_weights(model, layer)
+        W_O = W_O.to(dtype)
+        wx = torch.einsum("nd,hed->nhe", x_t, W_O)  # W_O[h] x_t, [n, h, e]
+        x_sq = (x_t * x_t).sum(-1)
+        x_ok = x_sq > self.eps
+        safe = torch.where(x_ok, x_sq, torch.ones_like(x_sq)).unsqueeze(-1)
+        alpha_head = torch.where(x_ok.unsqueeze(-1), (o.to(dtype) * wx).sum(-1) / safe, 0.0)
+        phi = torch.where(x_ok.unsqueeze(-1), (vt.to(dtype) * wx).sum(-1) / safe, 0.0)
+        self_term = a_tt.to(dtype) * phi
+        cross_term = alpha_head - self_term
+        bias = torch.zeros(n, dtype=dtype, device=o.device)
+        if b_O is not None:
+            bias = torch.where(x_ok, (x_t @ b_O.to(dtype)) / safe.squeeze(-1), 0.0)
+        recon = alpha_head.sum(-1) + bias
+        if not sites.factorization_applicable:
+            recon = torch.full_like(recon, float("nan"))
+
+        heads = torch.arange(sites.n_heads, device=o.device)
+        group = (layer * sites.n_heads + heads).expand(n, -1).reshape(-1)
+        self.value.update(
+            group,
+            {"beta": full.alpha, "A_tt": a_tt, "gamma": excl.alpha, "par_frac_full": full.par_frac,
+             "par_perp_ratio_full": full.par_perp_ratio, "phi": phi, "alpha_head": alpha_head,
+             "self_term": self_term, "cross_term": cross_term},
+            degenerate=full.degenerate, par_sq=full.par_sq, perp_sq=full.perp_sq,
+        )
+        self.value_excl.update(
+            group,
+            {"par_frac_exclusive": excl.par_frac, "par_perp_ratio_exclusive": excl.par_perp_ratio},
+            degenerate=excl.degenerate, par_sq=excl.par_sq, perp_sq=excl.perp_sq,
+        )
+        if self.per_token:
+            b_idx, p_idx = mask.nonzero(as_tuple=True)
+            for h in range(sites.n_heads):
+                self.value_token_rows.append({
+                    "sequence": (b_idx + seq_offset).cpu().numpy(), "position": p_idx.cpu().numpy(),
+                    "layer": layer, "head": h,
+                    "beta": full.alpha[:, h].cpu().numpy(), "A_tt": a_tt[:, h].float().cpu().numpy(),
+                    "gamma": excl.alpha[:, h].cpu().numpy(), "phi": phi[:, h].cpu().numpy(),
+                    "alpha_head": alpha_head[:, h].cpu().numpy(),
+                })
+        return recon
+
+    def add_factorization_check(self, layer: int, alpha_attn: Tensor, recon: Tensor) -> None:
+        if alpha_attn.numel() == 0:
+            return
+        err = (alpha_attn.double() - recon.double()).abs().max()
+        self.factorization_error[layer] = max(float(self.factorization_error[layer]), float(err))
+
+
+@dataclass
+class Profile:
+    """Geometry tables of one model over one token set.
+
+    Attributes:
+        residual: one row per (layer, component): ``count``, ``degenerate``,
+            ``energy_ratio`` (``sqrt(sum ||u_par||^2 / sum ||u_perp||^2)`` over
+            non-degenerate tokens, the headline figure) and
+            ``<metric>_{mean,std,q05,q25,median,q75,q95}`` for ``par_frac``,
+            ``par_perp_ratio``, ``alpha``, ``rel_update``.
+        value: one row per (layer, head): ``beta``, ``A_tt``, ``gamma``, the full and
+            exclusive splits' ``par_frac`` / ``par_perp_ratio`` and energy ratios,
+            ``phi``, ``alpha_head``, ``self_term`` (``A_tt * phi``), ``cross_term``,
+            and the layer's ``factorization_error_max``.
+        metadata: model name, TL version, lane, architecture, weight processing,
+            tokens seen, eps, quantile method, notes.
+        tokens / value_tokens: per-token tables, only with ``per_token=True``.
+    """
+
+    residual: pd.DataFrame
+    value: pd.DataFrame
+    metadata: dict = field(default_factory=dict)
+    tokens: pd.DataFrame | None = None
+    value_tokens: pd.DataFrame | None = None
+
+    _TABLES = ("residual", "value", "tokens", "value_tokens")
+
+    def __repr__(self) -> str:
+        m = self.metadata
+        return (
+            f"Profile(model={m.get('model_name')!r}, tokens_seen={m.get('tokens_seen')}, "
+            f"residual={len(self.residual)} rows, value={len(self.value)} rows)"
+        )
+
+    def summary(self, metric: str = "par_frac") -> pd.DataFrame:
+        """Compact per-layer view: ``<metric>_median`` and ``energy_ratio`` per component."""
+        if self.residual.empty:
+            return self.residual
+        wide = self.residual.pivot(index="layer", columns="component",
+                                   values=[f"{metric}_median", "energy_ratio"])
+        wide.columns = [f"{comp}_{stat}" for stat, comp in wide.columns]
+        return wide
+
+    # -- persistence ----------------------------------------------------
+    def save(self, path: str | os.PathLike, format: str = "parquet") -> Path:
+        """Write the tables and ``metadata.json`` into directory ``path`` atomically
+        (each file via a temporary file and rename). ``format``: "parquet" or "csv"."""
+        if format not in ("parquet", "csv"):
+            raise ValueError(f"format must be 'parquet' or 'csv', got {format!r}")
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = dict(self.metadata, format=format)
+        for name in self._TABLES:
+            df = getattr(self, name)
+            if df is None:
+                continue
+            target = out / f"{name}.{format}"
+            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
+            os.close(fd)
+            try:
+                if format == "parquet":
+                    import pyarrow as pa
+                    import pyarrow.parquet as pq
+
+                    table = pa.Table.from_pandas(df, preserve_index=False)
+                    table = table.replace_schema_metadata(
+                        {**(table.schema.metadata or {}), b"tl_directional": json.dumps(meta).encode()}
+                    )
+                    pq.write_table(table, tmp)
+                else:
+                    df.to_csv(tmp, index=False)
+                os.replace(tmp, target)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        _atomic_write_text(out / "metadata.json", json.dumps(meta, indent=2, default=str))
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Profile:
+        """Read a directory written by :meth:`save`."""
+        src = Path(path)
+        meta_file = src / "metadata.json"
+        if not meta_file.is_file():
+            raise ValueError(f"{src} has no metadata.json; is it a directory written by Profile.save?")
+        meta = json.loads(meta_file.read_text())
+        fmt = meta.get("format", "parquet")
+        tables = {}
+        for name in cls._TABLES:
+            f = src / f"{name}.{fmt}"
+            if f.exists():
+                tables[name] = pd.read_parquet(f) if fmt == "parquet" else pd.read_csv(f)
+        if "residual" not in tables or "value" not in tables:
+            raise ValueError(f"{src} lacks residual.{fmt} or value.{fmt}; re-run Profile.save")
+        return cls(metadata=meta, **tables)
+
+    # -- from an existing cache ----------------------------------------
+    @classmethod
+    def from_cache(
+        cls,
+        model,
+        cache,
+        *,
+        attention_mask: Tensor | None = None,
+        positions=None,
+        exclude_first_token: bool = False,
+        components=None,
+        eps: float = DEFAULT_EPS,
+        per_token: bool = False,
+    ) -> Profile:
+        """Compute the same tables from an ``ActivationCache`` (or a dict of tensors)
+        holding the needed hooks, e.g. from ``model.run_with_cache(tokens)``."""
+        sites = resolve_sites(model)
+        components = _check_components(components, sites)
+        acc = _Accumulator(sites, components, "cpu", eps, per_token)
+
+        def get(name):
+            try:
+                return cache[name]
+            except KeyError:
+                raise ValueError(
+                    f"cache has no {name!r}; run model.run_with_cache(...) without a names_filter "
+                    "or include the residual and attention hooks"
+                ) from None
+
+        ref_any = get(sites.units["attn"][0].reference_hook)
+        batch, pos = ref_any.shape[:2]
+        am = torch.ones(batch, pos, dtype=torch.long) if attention_mask is None else attention_mask
+        mask = _token_mask(am.cpu(), positions, exclude_first_token)
+        for L in range(sites.n_layers):
+            alpha_attn = None
+            for comp in acc.components:
+                u = sites.units[comp][L]
+                upd = get(u.update_hook).cpu()
+                ref = get(u.reference_hook).cpu()
+                if u.update_is_difference:
+                    upd = upd - ref
+                a = acc.add_residual(L, comp, upd, ref, mask)
+                if comp == "attn":
+                    alpha_attn = a
+            if acc.with_value:
+                vs = sites.value[L]
+                recon = acc.add_value(L, get(vs.v_hook).cpu(), get(vs.pattern_hook).cpu(),
+                                      get(vs.z_hook).cpu(), get(vs.resid_hook).cpu(), mask, model)
+                if alpha_attn is None:
+                    u = sites.units["attn"][L]
+                    alpha_attn = decompose(get(u.update_hook).cpu()[mask], get(u.reference_hook).cpu()[mask], eps).alpha
+                acc.add_factorization_check(L, alpha_attn, recon)
+        acc.tokens_seen = int(mask.sum())
+        acc.sequences_seen = batch
+        return _finish(acc, model, sites, components, eps, positions, exclude_first_token)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _check_components(components, sites: ModelSites) -> tuple[str, ...]:
+    if components is None:
+        return sites.components + ("value",)
+    if isinstance(components, str):
+        components = (components,)
+    components = tuple(components)
+    if not components:
+        raise ValueError(f"components is empty; choose from {ALL_COMPONENTS}")
+    for c in components:
+        if c not in ALL_COMPONENTS:
+            raise ValueError(f"components has unknown entry {c!r}; choose from {ALL_COMPONENTS}")
+        if c != "value" and c not in sites.units:
+            raise ValueError(
+                f"components has {c!r}, which is not defined for this {sites.arch} model; "
+                f"available: {sites.components + ('value',)}"
+            )
+    return components
+
+
+def _token_mask(attention_mask: Tensor, positions, exclude_first_token: bool) -> Tensor:
+    mask = attention_mask.bool()
+    pm = position_mask(positions, batch=mask.shape[0], n_query=mask.shape[1], device=mask.device)
+    if pm is not None:
+        mask = mask & pm
+    if exclude_first_token:
+        mask = mask & ~first_token_mask(attention_mask)
+    return mask
+
+
+def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude_first_token) -> Profile:
+    res_cols = acc.residual.table()
+    rows = []
+    for (L, comp), i in sorted(acc.row_of.items(), key=lambda kv: kv[1]):
+        u: UnitSite = sites.units[comp][L]
+        row = {"layer": L, "component": comp, "update_hook": u.update_name, "reference_hook": u.reference_hook}
+        row.update({k: float(v[i]) for k, v in res_cols.items()})
+        row["factorization_error_max"] = (
+            float(acc.factorization_error[L]) if comp == "attn" and acc.with_value else float("nan")
+        )
+        rows.append(row)
+    residual = pd.DataFrame(rows)
+    for c in ("count", "degenerate"):
+        if c in residual:
+            residual[c] = residual[c].astype("int64")
+
+    value = pd.DataFrame()
+    if acc.with_value:
+        v_cols = acc.value.table()
+        e_cols = acc.value_excl.table()
+        vrows = []
+        for L in range(sites.n_layers):
+            for h in range(sites.n_heads):
+                g = L * sites.n_heads + h
+                row = {"layer": L, "head": h, "kv_head": sites.kv_head(h)}
+                for k, v in v_cols.items():
+                    row["energy_ratio_full" if k == "energy_ratio" else k] = float(v[g])
+                for k, v in e_cols.items():
+                    if k == "energy_ratio":
+                        row["energy_ratio_exclusive"] = float(v[g])
+                    elif k not in ("count", "degenerate"):
+                        row[k] = float(v[g])
+                    elif k == "degenerate":
+                        row["degenerate_exclusive"] = float(v[g])
+                row["factorization_error_max"] = (
+                    float(acc.factorization_error[L]) if sites.factorization_applicable else float("nan")
+                )
+                vrows.append(row)
+        value = pd.DataFrame(vrows)
+        for c in ("count", "degenerate", "degenerate_exclusive"):
+            value[c] = value[c].astype("int64")
+
+    tokens = value_tokens = None
+    if acc.per_token:
+        tokens = _rows_to_frame(acc.token_rows)
+        value_tokens = _rows_to_frame(acc.value_token_rows)
+    metadata = {
+        "model_name": sites.model_name,
+        "lane": sites.lane,
+        "transformer_lens_version": _tl_version(),
+        "architecture": sites.arch,
+        "weight_processing": sites.weights.as_dict(),
+        "weights_processed": sites.weights.any,
+        "tokens_seen": acc.tokens_seen,
+        "sequences_seen": acc.sequences_seen,
+        "components": list(components),
+        "positions": None if positions is None else str(positions),
+        "exclude_first_token": exclude_first_token,
+        "eps": eps,
+        "dtype": str(getattr(model.cfg, "dtype", "")),
+        "quantiles": "approximate: linear interpolation in fixed histograms (tl_directional.stats.BIN_SCALES); means, counts and energy ratios are exact sums",
+        "notes": list(sites.notes),
+        "created_unix": time.time(),
+    }
+    return Profile(residual=residual, value=value, metadata=metadata, tokens=tokens, value_tokens=value_tokens)
+
+
+def _rows_to_frame(rows: list[dict]) -> pd.DataFrame:
+    if not rows:
+        return pd.DataFrame()
+    frames = []
+    for r in rows:
+        n = len(r["sequence"])
+        frames.append(pd.DataFrame({k: (v if hasattr(v, "__len__") and not isinstance(v, str) else [v] * n) for k, v in r.items()}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def profile(
+    model,
+    inputs,
+    *,
+    batch_size: int = 8,
+    attention_mask: Tensor | None = None,
+    positions=None,
+    exclude_first_token: bool = False,
+    components=None,
+    eps: float = DEFAULT_EPS,
+    per_token: bool = False,
+    verify: bool = True,
+    progress: bool = True,
+) -> Profile:
+    """Stream ``inputs`` through ``model`` and summarise the geometry of every update.
+
+    Args:
+        model: a TL 4 ``TransformerBridge`` or legacy ``HookedTransformer`` (eval mode).
+        inputs: a string, list of strings, list of token-id lists, or ``[batch, pos]``
+            token tensor.
+        batch_size: sequences per forward pass.
+        attention_mask: ``[batch, pos]`` (token-tensor inputs only); padding is
+            excluded from every statistic.
+        positions: restrict to these absolute query positions (int, list, slice or
+            bool mask ``[pos]`` / ``[batch, pos]``).
+        exclude_first_token: drop each sequence's first real token (BOS).
+        components: any of ``"attn"``, ``"mlp"``, ``"block"`` (residual space) and
+            ``"value"`` (per head); None means all that the architecture defines
+            (post-LN models have no ``"block"``).
+        eps: degeneracy threshold on squared norms (METHOD.md sec. 1).
+        per_token: also return per-token tables (memory grows with tokens).
+        verify: check the additive identity (METHOD.md sec. 2) on the first batch
+            before measuring; raises ``SiteResolutionError`` if it fails.
+        progress: show a tqdm bar.
+
+    Returns:
+        A :class:`Profile`.
+    """
+    sites = resolve_sites(model)
+    components = _check_components(components, sites)
+    batch = prepare_inputs(model, inputs, attention_mask)
+    device = _model_device(model)
+    if verify:
+        first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
+        verify_sites(model, sites, first.tokens[:, :64], first.attention_mask[:, :64])
+    acc = _Accumulator(sites, components, device, eps, per_token)
+    state: dict = {}
+
+    hooks = _streaming_hooks(acc, sites, model, state)
+    batches = list(iter_batches(batch, batch_size))
+    iterator = batches
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(batches, desc="profile", unit="batch")
+    seq_offset = 0
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        for part in iterator:
+            part = part.to(device)
+            state.clear()
+            state["mask"] = _token_mask(part.attention_mask, positions, exclude_first_token)
+            state["seq_offset"] = seq_offset
+            model(part.tokens, attention_mask=part.attention_mask, return_type=None)
+            acc.tokens_seen += int(state["mask"].sum())
+            acc.sequences_seen += len(part)
+            seq_offset += len(part)
+    state.clear()
+    return _finish(acc, model, sites, components, eps, positions, exclude_first_token)
+
+
+def _model_device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:  # pragma: no cover
+        return torch.device("cpu")
+
+
+def _streaming_hooks(acc: _Accumulator, sites: ModelSites, model, state: dict) -> list:
+    """Read-only hooks, one function per hook name, that feed the accumulator.
+
+    Each layer's hooks store the tensors they are needed as (references, v,
+    pattern) and compute a unit as soon as everything it needs has been seen,
+    whatever order the architecture fires them in.
+    """
+    actions: dict[str, list] = defaultdict(list)
+
+    def store(key):
+        def act(t):
+            state[key] = t
+        return act
+
+    for L in range(sites.n_layers):
+        refs = {sites.units[c][L].reference_hook for c in acc.components}
+        if acc.with_value:
+            refs.add(sites.value[L].resid_hook)
+            refs.add(sites.units["attn"][L].reference_hook)
+        for r in refs:
+            actions[r].append(store(("ref", r)))
+        for comp in acc.components:
+            u = sites.units[comp][L]
+            actions[u.update_hook].append(_residual_action(acc, u, state))
+        if acc.with_value:
+            vs = sites.value[L]
+            if "attn" not in acc.components:
+                actions[sites.units["attn"][L].update_hook].append(
+                    _alpha_only_action(acc, sites.units["attn"][L], state))
+            for key, hook in (("v", vs.v_hook), ("pattern", vs.pattern_hook), ("z", vs.z_hook)):
+                actions[hook].append(_value_action(acc, vs, key, state, model))
+
+    def make(funcs):
+        def hook(tensor, hook):  # noqa: ARG001 - TL hook signature
+            for f in funcs:
+                f(tensor)
+            return tensor
+        return hook
+
+    return [(name, make(funcs)) for name, funcs in actions.items()]
+
+
+def _residual_action(acc: _Accumulator, u: UnitSite, state: dict):
+    def act(t):
+        ref = state[("ref", u.reference_hook)]
+        update = t - ref if u.update_is_difference else t
+        alpha = acc.add_residual(u.layer, u.component, update, ref, state["mask"], state["seq_offset"])
+        if u.component == "attn":
+            _factorization_meet(acc, u.layer, state, alpha=alpha)
+    return act
+
+
+def _alpha_only_action(acc: _Accumulator, u: UnitSite, state: dict):
+    def act(t):
+        ref = state[("ref", u.reference_hook)]
+        mask = state["mask"]
+        alpha = projection_coefficient(t[mask], ref[mask], acc.eps)[0]
+        _factorization_meet(acc, u.layer, state, alpha=alpha)
+    return act
+
+
+def _factorization_meet(acc: _Accumulator, layer: int, state: dict, *, alpha=None, recon=None) -> None:
+    """Compare residual alpha and value-space reconstruction once both exist."""
+    if not acc.with_value:
+        return
+    key = ("fact", layer)
+    slot = state.setdefault(key, {})
+    if alpha is not None:
+        slot["alpha"] = alpha
+    if recon is not None:
+        slot["recon"] = recon
+    if "alpha" in slot and "recon" in slot:
+        acc.add_factorization_check(layer, slot["alpha"], slot["recon"])
+        state.pop(key)
+
+
+def _value_action(acc: _Accumulator, vs: ValueSite, key: str, state: dict, model):
+    def act(t):
+        state[("value", vs.layer, key)] = t
+        got = [state.get(("value", vs.layer, k)) for k in ("v", "pattern", "z")]
+        if any(g is None for g in got):
+            return
+        v, pattern, z = got
+        x = state[("ref", vs.resid_hook)]
+        recon = acc.add_value(vs.layer, v, pattern, z, x, state["mask"], model, state["seq_offset"])
+        for k in ("v", "pattern", "z"):
+            state.pop(("value", vs.layer, k))
+        _factorization_meet(acc, vs.layer, state, recon=recon)
+    return act
+
+
+__all__ = ["Profile", "profile", "ALL_COMPONENTS", "compute_dtype"]
