@@ -5,7 +5,24 @@ against each token's own value vector (value space), on TransformerLens hook
 points. See METHOD.md (docs/method.md) for every definition.
 """
 
-from .geometry import Decomposition, decompose, patch_components, scale_components
+from .edit import (
+    DiagonalRemoval,
+    Edit,
+    EffectiveDiagonal,
+    ResidualScale,
+    Scales,
+    ValueScale,
+    apply_edits,
+    edit_hooks,
+    scales,
+)
+from .geometry import (
+    Decomposition,
+    component_delta,
+    decompose,
+    patch_components,
+    scale_components,
+)
 from .inputs import TokenBatch, first_token_mask, prepare_inputs
 from .measure import Profile, profile
 from .sites import (
@@ -19,6 +36,16 @@ from .sites import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "DiagonalRemoval",
+    "Edit",
+    "EffectiveDiagonal",
+    "ResidualScale",
+    "Scales",
+    "ValueScale",
+    "apply_edits",
+    "component_delta",
+    "edit_hooks",
+    "scales",
     "Decomposition",
     "ModelSites",
     "Profile",

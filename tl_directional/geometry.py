@@ -163,6 +163,33 @@ def decompose(
     )
 
 
+def _as_scale(s: float | Tensor, dtype: torch.dtype, device) -> Tensor:
+    t = torch.as_tensor(s, dtype=dtype, device=device)
+    return t.unsqueeze(-1) if t.ndim else t
+
+
+def component_delta(
+    y: Float[Tensor, "*batch d"],
+    reference: Float[Tensor, "*batch d"],
+    s_par: float | Tensor = 1.0,
+    s_perp: float | Tensor = 1.0,
+    eps: float = DEFAULT_EPS,
+) -> Float[Tensor, "*batch d"]:
+    """``(s_par - 1) * y_par + (s_perp - 1) * y_perp`` in the compute dtype.
+
+    Adding this to a tensor that contains ``y`` rescales ``y``'s components; at
+    ``s_par = s_perp = 1`` it is exactly zero, so the edit is a bit-exact no-op.
+    ``s_par`` / ``s_perp`` broadcast to ``[*batch]`` (no vector axis).
+    """
+    a, _, _, _ = projection_coefficient(y, reference, eps)
+    dtype = a.dtype
+    y_par = a.unsqueeze(-1) * reference.to(dtype)
+    y_perp = y.to(dtype) - y_par
+    return (_as_scale(s_par, dtype, y.device) - 1.0) * y_par + (
+        _as_scale(s_perp, dtype, y.device) - 1.0
+    ) * y_perp
+
+
 def scale_components(
     y: Float[Tensor, "*batch d"],
     reference: Float[Tensor, "*batch d"],
@@ -177,19 +204,8 @@ def scale_components(
     scalars or tensors broadcastable to ``[*batch]`` (no vector axis). Fully
     differentiable: nothing is detached.
     """
-    a, _, _, _ = projection_coefficient(y, reference, eps)
-    dtype = a.dtype
-    y_c = y.to(dtype)
-    y_par = a.unsqueeze(-1) * reference.to(dtype)
-    y_perp = y_c - y_par
-    s_par_t = torch.as_tensor(s_par, dtype=dtype, device=y.device)
-    s_perp_t = torch.as_tensor(s_perp, dtype=dtype, device=y.device)
-    if s_par_t.ndim:
-        s_par_t = s_par_t.unsqueeze(-1)
-    if s_perp_t.ndim:
-        s_perp_t = s_perp_t.unsqueeze(-1)
-    out = y_c + (s_par_t - 1.0) * y_par + (s_perp_t - 1.0) * y_perp
-    return out.to(y.dtype)
+    delta = component_delta(y, reference, s_par, s_perp, eps)
+    return (y.to(delta.dtype) + delta).to(y.dtype)
 
 
 def patch_components(

@@ -1,0 +1,493 @@
+"""Edit: component-scaling hook functions for TransformerLens workflows (METHOD.md sec. 4).
+
+Every edit is an object with ``.fwd_hooks(model)``, a list of
+``(hook_name, hook_fn)`` pairs for ``model.run_with_hooks(..., fwd_hooks=...)``
+or ``with model.hooks(fwd_hooks=...)``; :func:`apply_edits` is a context
+manager doing the latter for several edits, always removing its hooks.
+
+One scaling form everywhere: ``y~ = s_par * y_par + s_perp * y_perp``, applied
+as ``y + (s_par - 1) y_par + (s_perp - 1) y_perp`` so scale 1 is a bit-exact
+no-op. Edits are differentiable (nothing is detached) so training can use them.
+
+Scopes: ``layers`` (None = all), ``heads`` (value space and pattern edits; query
+heads, GQA-aware), ``positions`` (absolute query positions: int, list, slice, or
+bool mask ``[pos]`` / ``[batch, pos]``; right during KV-cached generation).
+Scales: a float; a ``[n_layers]`` tensor (per layer); a ``[n_layers, n_heads]``
+tensor (per layer and head); or :func:`scales` with named axes, e.g.
+``scales(t, "batch")`` to stack settings along the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .geometry import DEFAULT_EPS, component_delta, compute_dtype, projection_coefficient
+from .inputs import position_mask
+from .sites import COMPONENTS, ModelSites, check_component, normalize_layers, resolve_sites
+
+HookList = list[tuple[str, Callable]]
+_AXES = ("batch", "layer", "head")
+
+
+class Scales:
+    """A scale tensor with named axes, a subset of ``"batch layer head"`` in that order.
+
+    Example: ``scales(torch.tensor([0.0, 0.5, 1.0]), "batch")`` gives each batch row
+    its own ``s_par``, so one forward evaluates three settings.
+    """
+
+    def __init__(self, values, dims: str):
+        names = dims.split()
+        if not names or any(n not in _AXES for n in names) or names != sorted(names, key=_AXES.index) or len(set(names)) != len(names):
+            raise ValueError(
+                f"dims must name distinct axes among {_AXES}, in that order (e.g. 'batch', "
+                f"'layer head', 'batch layer'); got {dims!r}"
+            )
+        t = torch.as_tensor(values, dtype=torch.float64)
+        if t.ndim != len(names):
+            raise ValueError(f"scales with dims {dims!r} need a {len(names)}-D tensor, got shape {tuple(t.shape)}")
+        self.values = t
+        self.dims = tuple(names)
+
+    def __repr__(self) -> str:
+        return f"Scales(shape={tuple(self.values.shape)}, dims={' '.join(self.dims)!r})"
+
+
+def scales(values, dims: str) -> Scales:
+    """Name the axes of a scale tensor: ``scales(t, "batch layer head")``."""
+    return Scales(values, dims)
+
+
+class _ScaleSpec:
+    """A scale argument normalised to a ``[B|1, L|1, H|1]`` float64 tensor."""
+
+    def __init__(self, value, *, argument: str, n_layers: int, n_heads: int, allow_heads: bool):
+        if isinstance(value, Scales):
+            t, dims = value.values, value.dims
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            t, dims = torch.tensor(float(value), dtype=torch.float64), ()
+        elif isinstance(value, Tensor):
+            t = value.detach().to(torch.float64).cpu() if not value.requires_grad else value
+            if t.ndim == 0:
+                dims = ()
+            elif t.ndim == 1 and t.shape[0] == n_layers:
+                dims = ("layer",)
+            elif t.ndim == 2 and tuple(t.shape) == (n_layers, n_heads) and allow_heads:
+                dims = ("layer", "head")
+            else:
+                hint = "a [n_layers, n_heads] tensor (value/pattern edits), " if allow_heads else ""
+                raise ValueError(
+                    f"{argument} has shape {tuple(value.shape)}; pass a float, a [n_layers]="
+                    f"[{n_layers}] tensor, {hint}or tl_directional.scales(t, 'batch layer head') "
+                    "to name the axes (per batch row: scales(t, 'batch'))"
+                )
+        else:
+            raise TypeError(f"{argument} must be a float, a tensor or tl_directional.scales(...), got {type(value).__name__}")
+        if "head" in dims and not allow_heads:
+            raise ValueError(f"{argument} has a head axis, but residual-space edits act on the whole update; drop the head axis")
+        if not bool(torch.isfinite(t.detach()).all()):
+            raise ValueError(f"{argument} has non-finite values; scales must be finite numbers")
+        shape = [1, 1, 1]
+        for i, d in enumerate(dims):
+            shape[_AXES.index(d)] = t.shape[i]
+        if "layer" in dims and shape[1] != n_layers:
+            raise ValueError(f"{argument} has {shape[1]} layers but the model has {n_layers}")
+        if "head" in dims and shape[2] != n_heads:
+            raise ValueError(f"{argument} has {shape[2]} heads but the model has {n_heads} (query heads)")
+        self.tensor = t.reshape(shape)
+        self.argument = argument
+        self.is_one = (not self.tensor.requires_grad) and bool((self.tensor == 1).all())
+
+    def at(self, layer: int, batch: int, device, dtype) -> Float[Tensor, "B_or_1 H_or_1"]:
+        s = self.tensor[:, min(layer, self.tensor.shape[1] - 1)]
+        if s.shape[0] not in (1, batch):
+            raise ValueError(
+                f"{self.argument} has {s.shape[0]} batch rows but the forward pass has batch {batch}"
+            )
+        return s.to(device=device, dtype=dtype)
+
+
+def _head_mask(heads, n_heads: int) -> Tensor | None:
+    if heads is None:
+        return None
+    if isinstance(heads, int) and not isinstance(heads, bool):
+        heads = [heads]
+    heads = list(heads.tolist() if isinstance(heads, Tensor) else heads)
+    if not heads:
+        raise ValueError("heads is empty; pass None for all heads")
+    for h in heads:
+        if not isinstance(h, int) or not 0 <= h < n_heads:
+            raise ValueError(f"heads has {h!r}, out of range for {n_heads} query heads (valid: 0..{n_heads - 1})")
+    m = torch.zeros(n_heads, dtype=torch.bool)
+    m[heads] = True
+    return m
+
+
+class Edit:
+    """Base class: an edit turns into TransformerLens forward hooks for one model."""
+
+    def fwd_hooks(self, model) -> HookList:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _layers(self, sites: ModelSites) -> list[int]:
+        return normalize_layers(self.layers, sites.n_layers, "layers")
+
+
+def _check_eps(eps) -> float:
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be a finite non-negative float, got {eps!r}")
+    return float(eps)
+
+
+class ResidualScale(Edit):
+    """Scale the parallel / perpendicular parts of a residual-space update.
+
+    ``component``: ``"attn"``, ``"mlp"`` or ``"block"``. The update is split against
+    the stream it is added to (METHOD.md sec. 2), read live so composed edits see
+    the already edited stream, or against ``reference`` (a ``[d_model]`` direction
+    or any tensor broadcastable to ``[batch, pos, d_model]``, e.g. a probe vector).
+    Edited at the unit's update hook (``hook_attn_out`` / ``hook_mlp_out`` /
+    ``hook_resid_post``; ``attn.o.hook_out`` / ``mlp.hook_out`` on post-LN bridges).
+    """
+
+    def __init__(self, component: str, s_par=1.0, s_perp=1.0, layers=None, positions=None,
+                 reference: Tensor | None = None, eps: float = DEFAULT_EPS):
+        check_component(component)
+        if reference is not None and not isinstance(reference, Tensor):
+            raise TypeError(f"reference must be a tensor (a [d_model] direction), got {type(reference).__name__}")
+        self.component = component
+        self.s_par, self.s_perp = s_par, s_perp
+        self.layers, self.positions, self.reference = layers, positions, reference
+        self.eps = _check_eps(eps)
+
+    def __repr__(self) -> str:
+        return f"ResidualScale({self.component!r}, s_par={self.s_par}, s_perp={self.s_perp}, layers={self.layers})"
+
+    def fwd_hooks(self, model) -> HookList:
+        sites = resolve_sites(model, warn=False)
+        check_component(self.component, sites)
+        if self.reference is not None and self.reference.shape[-1] != sites.d_model:
+            raise ValueError(f"reference has size {self.reference.shape[-1]} but d_model is {sites.d_model}")
+        kw = dict(n_layers=sites.n_layers, n_heads=sites.n_heads, allow_heads=False)
+        s_par = _ScaleSpec(self.s_par, argument="s_par", **kw)
+        s_perp = _ScaleSpec(self.s_perp, argument="s_perp", **kw)
+        hooks: HookList = []
+        for L in self._layers(sites):
+            unit = sites.unit(self.component, L)
+            state: dict = {}
+            hooks.append((unit.reference_hook, _store_reference(state)))
+            if self.positions is not None:
+                hooks.append((sites.value[L].pattern_hook, _track_key_length(state)))
+            hooks.append((unit.update_hook, self._edit_hook(L, unit.update_is_difference, state, s_par, s_perp)))
+        return hooks
+
+    def _edit_hook(self, layer, is_difference, state, s_par, s_perp):
+        def hook(tensor: Float[Tensor, "batch pos d_model"], hook):  # noqa: ARG001
+            stream = state["ref"]
+            ref = stream if self.reference is None else self.reference.to(tensor.device, tensor.dtype)
+            update = tensor - stream if is_difference else tensor
+            batch, n_q = tensor.shape[:2]
+            dtype = compute_dtype(tensor.dtype)
+            sp = s_par.at(layer, batch, tensor.device, dtype)[:, :1]  # [B|1, 1]
+            sq = s_perp.at(layer, batch, tensor.device, dtype)[:, :1]
+            offset = state.get("k_len", n_q) - n_q
+            pm = position_mask(self.positions, batch=batch, n_query=n_q, offset=offset, device=tensor.device)
+            if pm is not None:
+                sp = torch.where(pm, sp, torch.ones_like(sp))
+                sq = torch.where(pm, sq, torch.ones_like(sq))
+            delta = component_delta(update, ref, sp, sq, self.eps)
+            return (tensor.to(delta.dtype) + delta).to(tensor.dtype)
+
+        return hook
+
+
+def _store_reference(state: dict):
+    def hook(tensor, hook):  # noqa: ARG001
+        state.clear()  # a new forward pass reaches this layer
+        state["ref"] = tensor
+        return tensor
+
+    return hook
+
+
+def _track_key_length(state: dict):
+    def hook(pattern, hook):  # noqa: ARG001
+        state["k_len"] = pattern.shape[-1]
+        return pattern
+
+    return hook
+
+
+def _query_offset(pattern_or_klen, n_query: int) -> int:
+    k_len = pattern_or_klen if isinstance(pattern_or_klen, int) else pattern_or_klen.shape[-1]
+    return k_len - n_query
+
+
+class _HeadScoped(Edit):
+    """Shared scoping for per-head edits (value space and pattern form)."""
+
+    def _specs(self, sites: ModelSites, names=("s_par", "s_perp")):
+        kw = dict(n_layers=sites.n_layers, n_heads=sites.n_heads, allow_heads=True)
+        return [_ScaleSpec(getattr(self, n), argument=n, **kw) for n in names]
+
+    def _row_scale(self, spec: _ScaleSpec, layer: int, batch: int, n_q: int, offset: int,
+                   head_mask: Tensor | None, device, dtype) -> Float[Tensor, "B_or_1 q_or_1 H_or_1"]:
+        """Scale per (batch, query, head); 1 outside the head and position scope."""
+        s = spec.at(layer, batch, device, dtype).unsqueeze(1)  # [B|1, 1, H|1]
+        one = torch.ones((), dtype=dtype, device=device)
+        if head_mask is not None:
+            s = torch.where(head_mask.to(device).view(1, 1, -1), s, one)
+        pm = position_mask(self.positions, batch=batch, n_query=n_q, offset=offset, device=device)
+        if pm is not None:
+            s = torch.where(pm.unsqueeze(-1), s, one)
+        return s
+
+
+def _expand_kv(v: Tensor, n_heads: int) -> Tensor:
+    """``[batch, pos, n_kv_heads, d_head]`` -> ``[batch, pos, n_heads, d_head]`` (kv(h) = h // group)."""
+    group = n_heads // v.shape[2]
+    return v.repeat_interleave(group, dim=2) if group > 1 else v
+
+
+class ValueScale(_HeadScoped):
+    """Scale a head's aggregate against each token's own value vector, at ``attn.hook_z``.
+
+    ``mode="full"`` (V-Para): ``y = o_t`` split against ``v_t``.
+    ``mode="exclusive"`` (self kept): ``y = c_t = o_t - A_tt v_t`` split against ``v_t``,
+    result ``A_tt v_t + y~``. Works during KV-cached generation (``hook_v`` then holds
+    the new positions, which are exactly the query positions ``hook_z`` sees).
+    """
+
+    def __init__(self, s_par=1.0, s_perp=1.0, mode: str = "full", layers=None, heads=None,
+                 positions=None, eps: float = DEFAULT_EPS):
+        if mode not in ("full", "exclusive"):
+            raise ValueError(f"mode must be 'full' (V-Para) or 'exclusive' (self kept), got {mode!r}")
+        self.s_par, self.s_perp, self.mode = s_par, s_perp, mode
+        self.layers, self.heads, self.positions = layers, heads, positions
+        self.eps = _check_eps(eps)
+
+    def __repr__(self) -> str:
+        return f"ValueScale(s_par={self.s_par}, s_perp={self.s_perp}, mode={self.mode!r}, layers={self.layers}, heads={self.heads})"
+
+    def fwd_hooks(self, model) -> HookList:
+        sites = resolve_sites(model, warn=False)
+        s_par, s_perp = self._specs(sites)
+        head_mask = _head_mask(self.heads, sites.n_heads)
+        hooks: HookList = []
+        for L in self._layers(sites):
+            vs = sites.value[L]
+            state: dict = {}
+            hooks.append((vs.v_hook, _store_value(state)))
+            need_pattern = self.mode == "exclusive" or self.positions is not None
+            if need_pattern:
+                hooks.append((vs.pattern_hook, _store_pattern(state)))
+            hooks.append((vs.z_hook, self._edit_hook(L, sites, state, s_par, s_perp, head_mask, need_pattern)))
+        return hooks
+
+    def _edit_hook(self, layer, sites, state, s_par, s_perp, head_mask, need_pattern):
+        def hook(z: Float[Tensor, "batch pos n_heads d_head"], hook):  # noqa: ARG001
+            v = state.get("v")
+            if v is None or v.shape[1] != z.shape[1]:
+                raise RuntimeError(
+                    f"ValueScale at layer {layer}: hook_v did not fire with the same positions "
+                    "as hook_z in this forward pass; this model's attention is not supported"
+                )
+            pattern = state.pop("pattern", None)
+            if need_pattern and pattern is None:
+                raise RuntimeError(
+                    f"ValueScale(mode={self.mode!r}) at layer {layer}: hook_pattern fires after "
+                    "hook_z on this model, so A_tt / absolute positions are unknown at hook_z. "
+                    "Use mode='full' without positions on this architecture."
+                )
+            batch, n_q = z.shape[:2]
+            dtype = compute_dtype(z.dtype)
+            offset = 0 if pattern is None else _query_offset(pattern, n_q)
+            sp = self._row_scale(s_par, layer, batch, n_q, offset, head_mask, z.device, dtype)
+            sq = self._row_scale(s_perp, layer, batch, n_q, offset, head_mask, z.device, dtype)
+            v_full = _expand_kv(v, sites.n_heads)
+            if self.mode == "full":
+                y = z
+            else:
+                idx = torch.arange(n_q, device=z.device)
+                a_tt = pattern[:, :, idx, offset + idx].transpose(1, 2)  # [batch, q, heads]
+                y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v_full.to(dtype)
+            delta = component_delta(y, v_full, sp, sq, self.eps)
+            return (z.to(delta.dtype) + delta).to(z.dtype)
+
+        return hook
+
+
+def _store_value(state: dict):
+    def hook(v, hook):  # noqa: ARG001
+        state.clear()  # a new forward pass reaches this layer
+        state["v"] = v
+        return v
+
+    return hook
+
+
+def _store_pattern(state: dict):
+    def hook(pattern, hook):  # noqa: ARG001
+        state["pattern"] = pattern
+        return pattern
+
+    return hook
+
+
+def _pattern_order_guard(state: dict, layer: int, edit_name: str):
+    """Read-only hook at hook_z: the pattern edit must have run before z was formed."""
+
+    def hook(z, hook):  # noqa: ARG001
+        if not state.pop("pattern_seen", False):
+            raise RuntimeError(
+                f"{edit_name} at layer {layer}: hook_pattern did not fire before hook_z, so an edit "
+                "of the pattern would not reach the head output on this model. Use ValueScale "
+                "(hook_z form) instead."
+            )
+        return z
+
+    return hook
+
+
+class DiagonalRemoval(_HeadScoped):
+    """Hard diagonal removal at ``attn.hook_pattern``: ``A_tt := 0``, renormalise the row
+    over ``s != t`` so it keeps its sum. Rows with no off-diagonal mass (``<= eps``; the
+    first real token) are left unchanged. This is *not* V-Para removal."""
+
+    def __init__(self, layers=None, heads=None, positions=None, eps: float = 1e-9):
+        self.layers, self.heads, self.positions = layers, heads, positions
+        self.eps = _check_eps(eps)
+
+    def __repr__(self) -> str:
+        return f"DiagonalRemoval(layers={self.layers}, heads={self.heads})"
+
+    def fwd_hooks(self, model) -> HookList:
+        sites = resolve_sites(model, warn=False)
+        head_mask = _head_mask(self.heads, sites.n_heads)
+        hooks: HookList = []
+        for L in self._layers(sites):
+            vs = sites.value[L]
+            state: dict = {}
+            hooks.append((vs.pattern_hook, self._edit_hook(L, state, head_mask)))
+            hooks.append((vs.z_hook, _pattern_order_guard(state, L, "DiagonalRemoval")))
+        return hooks
+
+    def _edit_hook(self, layer, state, head_mask):
+        def hook(pattern: Float[Tensor, "batch n_heads query key"], hook):  # noqa: ARG001
+            state["pattern_seen"] = True
+            batch, n_heads, n_q, k_len = pattern.shape
+            offset = k_len - n_q
+            idx = torch.arange(n_q, device=pattern.device)
+            is_diag = torch.zeros((n_q, k_len), dtype=torch.bool, device=pattern.device)
+            is_diag[idx, offset + idx] = True
+            diag = pattern[:, :, idx, offset + idx]  # [batch, heads, q]
+            row_sum = pattern.sum(-1)
+            off_mass = row_sum - diag
+            selected = off_mass > self.eps
+            if head_mask is not None:
+                selected = selected & head_mask.to(pattern.device).view(1, -1, 1)
+            pm = position_mask(self.positions, batch=batch, n_query=n_q, offset=offset, device=pattern.device)
+            if pm is not None:
+                selected = selected & pm.unsqueeze(1)
+            factor = torch.where(selected, row_sum / torch.where(selected, off_mass, torch.ones_like(off_mass)),
+                                 torch.ones_like(off_mass))
+            edited = pattern * factor.unsqueeze(-1)
+            return torch.where(selected.unsqueeze(-1) & is_diag, torch.zeros_like(edited), edited)
+
+        return hook
+
+
+class EffectiveDiagonal(_HeadScoped):
+    """V-Para in pattern form, at ``attn.hook_pattern``: ``A_tt += (s_par - 1) * beta_t``
+    with ``beta_t = (o_t . v_t) / ||v_t||^2`` from the unedited row. Equals
+    ``ValueScale(s_par, mode="full")`` exactly; at ``s_par = 0`` the diagonal becomes
+    ``-gamma_t`` (possibly negative: the row is not renormalised). Needs every value of
+    the row, so not usable during KV-cached generation (use ValueScale there)."""
+
+    def __init__(self, s_par=1.0, layers=None, heads=None, positions=None, eps: float = DEFAULT_EPS):
+        self.s_par = s_par
+        self.layers, self.heads, self.positions = layers, heads, positions
+        self.eps = _check_eps(eps)
+
+    def __repr__(self) -> str:
+        return f"EffectiveDiagonal(s_par={self.s_par}, layers={self.layers}, heads={self.heads})"
+
+    def fwd_hooks(self, model) -> HookList:
+        sites = resolve_sites(model, warn=False)
+        (s_par,) = self._specs(sites, names=("s_par",))
+        head_mask = _head_mask(self.heads, sites.n_heads)
+        hooks: HookList = []
+        for L in self._layers(sites):
+            vs = sites.value[L]
+            state: dict = {}
+            hooks.append((vs.v_hook, _store_value(state)))
+            hooks.append((vs.pattern_hook, self._edit_hook(L, sites, state, s_par, head_mask)))
+            hooks.append((vs.z_hook, _pattern_order_guard(state, L, "EffectiveDiagonal")))
+        return hooks
+
+    def _edit_hook(self, layer, sites, state, s_par, head_mask):
+        def hook(pattern: Float[Tensor, "batch n_heads query key"], hook):  # noqa: ARG001
+            state["pattern_seen"] = True
+            v = state.get("v")
+            batch, n_heads, n_q, k_len = pattern.shape
+            if v is None or v.shape[1] != k_len or k_len != n_q:
+                raise RuntimeError(
+                    f"EffectiveDiagonal at layer {layer} needs the value of every key of the row, "
+                    f"but hook_v holds {None if v is None else v.shape[1]} positions for {k_len} keys "
+                    "(KV-cached generation?). Use ValueScale(mode='full') there: it is the same edit."
+                )
+            dtype = compute_dtype(pattern.dtype)
+            v_full = _expand_kv(v, sites.n_heads).to(dtype)  # [batch, key, heads, e]
+            o = torch.einsum("bhqk,bkhe->bqhe", pattern.to(dtype), v_full)
+            beta, _, _, _ = projection_coefficient(o, v_full, self.eps)  # [batch, q, heads]
+            s = self._row_scale(s_par, layer, batch, n_q, 0, head_mask, pattern.device, dtype)
+            add = ((s - 1.0) * beta).transpose(1, 2)  # [batch, heads, q]
+            return (pattern.to(dtype) + torch.diag_embed(add)).to(pattern.dtype)
+
+        return hook
+
+
+def edit_hooks(model, *edits: Edit) -> HookList:
+    """All forward hooks of ``edits`` for ``model``, in order (so they compose in order)."""
+    hooks: HookList = []
+    for i, e in enumerate(edits):
+        if not isinstance(e, Edit):
+            raise TypeError(
+                f"edits[{i}] is a {type(e).__name__}, not an edit; pass ResidualScale, ValueScale, "
+                "DiagonalRemoval or EffectiveDiagonal objects"
+            )
+        hooks += e.fwd_hooks(model)
+    return hooks
+
+
+@contextmanager
+def apply_edits(model, *edits: Edit):
+    """Context manager: ``with apply_edits(model, ValueScale(0.0)): model(tokens)``.
+
+    Hooks are added in order (edits compose in order, each taking its reference
+    from the live, already edited stream) and always removed on exit, also when
+    the body raises.
+    """
+    hooks = edit_hooks(model, *edits)
+    with model.hooks(fwd_hooks=hooks):
+        yield model
+
+
+__all__ = [
+    "COMPONENTS",
+    "DiagonalRemoval",
+    "Edit",
+    "EffectiveDiagonal",
+    "ResidualScale",
+    "Scales",
+    "ValueScale",
+    "apply_edits",
+    "edit_hooks",
+    "scales",
+]
