@@ -95,6 +95,7 @@ class _Accumulator:
         self.sequences_seen = 0
 
     # -- residual space -------------------------------------------------
+    @torch.no_grad()
     def add_residual(
         self,
         layer: int,
@@ -129,6 +130,7 @@ class _Accumulator:
         return d.alpha
 
     # -- value space ----------------------------------------------------
+    @torch.no_grad()
     def add_value(
         self,
         layer: int,
@@ -202,6 +204,7 @@ class _Accumulator:
                 })
         return recon
 
+    @torch.no_grad()
     def add_factorization_check(self, layer: int, alpha_attn: Tensor, recon: Tensor) -> None:
         if alpha_attn.numel() == 0:
             return

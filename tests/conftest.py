@@ -1,0 +1,99 @@
+"""Shared pytest fixtures: tiny seeded models on whichever TransformerLens lane is installed.
+
+Fixtures (all session-scoped, all offline):
+
+* ``lane`` -> ``"bridge"`` (TransformerLens >= 4) or ``"legacy"`` (HookedTransformer).
+* ``tiny_model_dir(family)`` -> ``Path`` of a seeded HF model directory built once per family
+  (``"gpt2"``, ``"llama"``, ``"neox"``, ``"bert"``) with the default tiny shape
+  (2 layers, d_model 32, 4 heads, n_ctx 128, vocab 512, seed 0).
+* ``tiny_model(family, fresh=False)`` -> that directory loaded as a TransformerLens model in eval
+  mode. Cached per session and shared between tests: do not change its weights or leave hooks
+  on it; pass ``fresh=True`` for a private copy you may mutate. Legacy-lane ``"bert"`` is a
+  ``HookedEncoder``.
+* ``load_tiny`` -> the same factory as ``tiny_model`` (alias).
+* ``tiny_hf_model(family)`` -> the plain ``transformers`` model of the same directory (eager
+  attention, eval mode), the reference for equivalence checks.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports transformers / huggingface_hub: tests never touch the network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tl_directional.models import (  # noqa: E402
+    FAMILIES,
+    build_tiny_hf_model,
+    load_hf_model,
+    load_model,
+    tl_lane,
+)
+
+
+@pytest.fixture(scope="session")
+def lane() -> str:
+    """The installed TransformerLens lane: ``"bridge"`` or ``"legacy"``."""
+    return tl_lane()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """Factory ``family -> Path`` of a seeded tiny HF model directory (built once per family)."""
+    built: dict[str, Path] = {}
+
+    def _get(family: str) -> Path:
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
+        if family not in built:
+            built[family] = build_tiny_hf_model(
+                family, tmp_path_factory.mktemp(f"tiny-{family}"), seed=0
+            )
+        return built[family]
+
+    return _get
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir: Callable[[str], Path]) -> Callable[..., Any]:
+    """Factory ``(family, fresh=False) -> TransformerLens model`` (eval mode, cached per session).
+
+    The cached instance is shared: treat it as read-only. ``fresh=True`` loads a new instance.
+    """
+    loaded: dict[str, Any] = {}
+
+    def _get(family: str, fresh: bool = False) -> Any:
+        if fresh:
+            return load_model(tiny_model_dir(family)).eval()
+        if family not in loaded:
+            loaded[family] = load_model(tiny_model_dir(family)).eval()
+        return loaded[family]
+
+    return _get
+
+
+@pytest.fixture(scope="session")
+def load_tiny(tiny_model: Callable[..., Any]) -> Callable[..., Any]:
+    """Alias of :func:`tiny_model`."""
+    return tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_model(tiny_model_dir: Callable[[str], Path]) -> Callable[[str], Any]:
+    """Factory ``family -> transformers model`` of the same directory (eager attention, eval)."""
+    loaded: dict[str, Any] = {}
+
+    def _get(family: str) -> Any:
+        if family not in loaded:
+            loaded[family] = load_hf_model(tiny_model_dir(family))
+        return loaded[family]
+
+    return _get
