@@ -78,7 +78,7 @@ class _ScaleSpec:
                 dims = ()
             elif t.ndim == 1 and t.shape[0] == n_layers:
                 dims = ("layer",)
-            elif t.ndim == 2 and tuple(t.shape) == (n_layers, n_heads) and allow_heads:
+            elif t.ndim == 2 and tuple(t.shape) == (n_layers, n_heads):
                 dims = ("layer", "head")
             else:
                 hint = "a [n_layers, n_heads] tensor (value/pattern edits), " if allow_heads else ""
