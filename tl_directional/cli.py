@@ -1,0 +1,111 @@
+"""Command line: ``tl-directional <command>``.
+
+Commands:
+    profile   per-layer / per-head geometry of a model over a text, as tables and CSV/parquet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _float_list(text: str) -> list[float]:
+    """Parse ``"-1,0,0.5"`` (negative values included) into floats."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def load_text_sequences(model, text_file: str | None, *, max_sequences: int, seq_len: int):
+    """Token sequences of at most ``seq_len`` tokens from ``text_file`` (default: the
+    bundled held-out KJV slice), at most ``max_sequences`` of them."""
+    from .corpus import heldout_text
+    from .inputs import pad_sequences, tokenize
+
+    if text_file is None:
+        text = heldout_text()
+    else:
+        path = Path(text_file)
+        if not path.is_file():
+            raise SystemExit(f"error: --text {text_file}: no such file")
+        text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise SystemExit(f"error: --text {text_file or '(bundled held-out text)'} is empty")
+    # One long token stream cut into windows: every window is full, so no padding is needed.
+    stream = tokenize(model, [text], prepend_bos=False, max_length=10**9).tokens[0]
+    bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
+    body = seq_len - 1 if bos is not None else seq_len
+    seqs = []
+    for start in range(0, stream.numel() - 1, body):
+        chunk = stream[start:start + body].tolist()
+        if len(chunk) < 2:
+            break
+        seqs.append(([int(bos)] if bos is not None else []) + chunk)
+        if len(seqs) >= max_sequences:
+            break
+    return pad_sequences(seqs, pad_id=0, padding_side="right")
+
+
+def _cmd_profile(args) -> int:
+    import pandas as pd
+
+    from .measure import profile
+    from .models import load_model
+
+    model = load_model(args.model)
+    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
+    prof = profile(model, batch, batch_size=args.batch_size, exclude_first_token=args.exclude_first_token,
+                   progress=not args.quiet)
+    out = prof.save(args.out, format=args.format)
+    with pd.option_context("display.width", 160, "display.max_columns", 20, "display.precision", 3):
+        cols = ["layer", "component", "count", "par_frac_median", "par_perp_ratio_median", "alpha_mean",
+                "rel_update_median", "energy_ratio"]
+        print(f"model: {prof.metadata['model_name']}  tokens: {prof.metadata['tokens_seen']}  "
+              f"lane: {prof.metadata['lane']}  arch: {prof.metadata['architecture']}")
+        print(prof.residual[cols].to_string(index=False))
+        print()
+        vcols = ["layer", "head", "beta_mean", "A_tt_mean", "gamma_mean", "phi_mean", "energy_ratio_full",
+                 "factorization_error_max"]
+        print(prof.value[vcols].to_string(index=False))
+    print(f"\nwrote {out}/residual.{args.format}, value.{args.format}, metadata.json")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tl-directional", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("profile", help="per-layer and per-head geometry over a text")
+    p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
+    p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
+    p.add_argument("--max-sequences", type=_positive_int, default=32)
+    p.add_argument("--seq-len", type=_positive_int, default=128)
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--exclude-first-token", action="store_true", help="leave BOS out of every statistic")
+    p.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_profile)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
