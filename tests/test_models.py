@@ -115,7 +115,9 @@ def test_seeded_builds_are_deterministic(tmp_path):
 
 def test_seeded_weights_are_version_independent(tmp_path):
     # Golden values: the same under transformers 4.57 and 5.x (the init does not use HF's code).
-    path = build_tiny_hf_model("gpt2", tmp_path, tokenizer_text="hello world\n" * 20, vocab_size=300)
+    path = build_tiny_hf_model(
+        "gpt2", tmp_path, tokenizer_text="hello world\n" * 20, vocab_size=300
+    )
     bias = load_file(path / "model.safetensors")["transformer.h.0.attn.c_proj.bias"]
     expected = torch.tensor([0.0697756, -0.0327767, 0.1839596, 0.0858125])
     torch.testing.assert_close(bias[:4], expected, atol=1e-6, rtol=0)
