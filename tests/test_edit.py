@@ -15,7 +15,7 @@ def _batch(model, side=None):
     b = tld.prepare_inputs(model, TEXTS)
     if side is None:
         return b
-    seqs = [row[m.bool()].tolist() for row, m in zip(b.tokens, b.attention_mask)]
+    seqs = [row[m.bool()].tolist() for row, m in zip(b.tokens, b.attention_mask, strict=True)]
     return pad_sequences(seqs, pad_id=0, padding_side=side)
 
 

@@ -25,6 +25,7 @@ from .geometry import (
 )
 from .inputs import TokenBatch, first_token_mask, prepare_inputs
 from .measure import Profile, profile
+from .patching import directional_patch, split_logit_attribution
 from .sites import (
     ModelSites,
     SiteResolutionError,
@@ -32,12 +33,19 @@ from .sites import (
     resolve_sites,
     verify_sites,
 )
+from .sweep import Setting, find_safe_scale, grid, sweep
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DiagonalRemoval",
     "Edit",
+    "Setting",
+    "directional_patch",
+    "find_safe_scale",
+    "grid",
+    "split_logit_attribution",
+    "sweep",
     "EffectiveDiagonal",
     "ResidualScale",
     "Scales",

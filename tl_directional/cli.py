@@ -2,6 +2,7 @@
 
 Commands:
     profile   per-layer / per-head geometry of a model over a text, as tables and CSV/parquet.
+    sweep     component-scaling sweep: loss / perplexity / KL / top-1 per edit setting, CSV + figure.
 """
 
 from __future__ import annotations
@@ -84,6 +85,44 @@ def _cmd_profile(args) -> int:
     return 0
 
 
+def _layer_sets(text: str) -> list:
+    """``"all"`` -> [None]; ``"0-3;5"`` -> [[0, 1, 2, 3], [5]] (``;`` separates sets)."""
+    out = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part or part == "all":
+            out.append(None)
+            continue
+        layers = []
+        for piece in part.split(","):
+            if "-" in piece.strip()[1:]:
+                a, b = piece.split("-", 1)
+                layers += list(range(int(a), int(b) + 1))
+            else:
+                layers.append(int(piece))
+        out.append(layers)
+    return out
+
+
+def _cmd_sweep(args) -> int:
+    from .models import load_model
+    from .sweep import grid, sweep, sweep_figure
+
+    model = load_model(args.model)
+    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
+    settings = grid(args.space, s_par=args.s_par, s_perp=args.s_perp, layers=_layer_sets(args.layers))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    df = sweep(model, batch, settings, batch_size=args.batch_size, stack=args.stack,
+               checkpoint=out / "sweep.progress.json", progress=not args.quiet)
+    df.to_csv(out / "sweep.csv", index=False)
+    sweep_figure(df).write_html(out / "sweep.html", include_plotlyjs=True)
+    cols = ["label", "tokens", "loss", "delta_loss", "delta_ppl", "kl", "top1_agree"]
+    print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(f"\nwrote {out}/sweep.csv and {out}/sweep.html")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tl-directional", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,11 +138,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_profile)
+
+    from .sweep import SPACES
+
+    p = sub.add_parser("sweep", help="component-scaling sweep over edit spaces and scales")
+    p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
+    p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
+    p.add_argument("--space", default="value,resid-attn,resid-mlp",
+                   help="comma-separated edit spaces: " + ", ".join(SPACES))
+    p.add_argument("--s-par", type=_float_list, default=[-1.0, 0.0, 0.5, 1.0, 2.0],
+                   help="comma-separated parallel scales, e.g. --s-par=-1,0,0.5,2")
+    p.add_argument("--s-perp", type=_float_list, default=[1.0], help="comma-separated perpendicular scales")
+    p.add_argument("--layers", default="all", help="layer sets: 'all', '0-3', '0,2;4-5' (';' separates sets)")
+    p.add_argument("--max-sequences", type=_positive_int, default=32)
+    p.add_argument("--seq-len", type=_positive_int, default=128)
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--stack", type=_positive_int, default=1, help="settings per forward (stacked on the batch)")
+    p.add_argument("--out", required=True, help="output directory (sweep.csv, sweep.html; resumes if interrupted)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_sweep)
     return parser
 
 
+# Options whose values are comma lists that may start with '-' ("--s-par -1,0").
+_LIST_OPTIONS = ("--s-par", "--s-perp")
+
+
+def _join_list_options(argv: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in _LIST_OPTIONS and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(_join_list_options(argv))
     return args.func(args)
 
 

@@ -23,7 +23,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from .geometry import DEFAULT_EPS, compute_dtype, decompose, projection_coefficient
-from .inputs import TokenBatch, first_token_mask, iter_batches, position_mask, prepare_inputs
+from .inputs import first_token_mask, iter_batches, position_mask, prepare_inputs
 from .sites import (
     ModelSites,
     UnitSite,

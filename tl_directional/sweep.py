@@ -1,0 +1,620 @@
+"""Evaluate: what an edit does to behaviour (component-scaling sweeps, safe-scale search).
+
+:func:`sweep` runs a grid of edit settings over a token set and reports, per
+setting, the token-weighted next-token loss and perplexity against the
+unedited baseline, the mean ``KL(base || edited)`` of next-token
+distributions, and top-1 agreement. The corpus is processed batch by batch
+(memory bounded by one batch), the baseline forward of each batch is computed
+once and shared by every setting, settings that differ only in their scales
+can be stacked along the batch (per-row scales), and progress is checkpointed
+so an interrupted sweep resumes where it stopped. Under ``torchrun`` each rank
+evaluates a shard of the batches and the sums are all-reduced.
+
+:func:`find_safe_scale` searches the widest scale interval around 1 whose
+damage stays within a budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .edit import (
+    DiagonalRemoval,
+    Edit,
+    EffectiveDiagonal,
+    ResidualScale,
+    ValueScale,
+    apply_edits,
+    scales,
+)
+from .inputs import TokenBatch, iter_batches, prepare_inputs
+from .sites import normalize_layers, resolve_sites
+
+# Space name -> how a (s_par, s_perp, layers) setting becomes edits.
+SPACES: dict[str, str] = {
+    "value": "value space, full aggregate vs own value (V-Para), attn.hook_z",
+    "value-exclusive": "value space, cross aggregate vs own value, self message kept, attn.hook_z",
+    "resid-attn": "residual space, attention update vs resid_pre",
+    "resid-mlp": "residual space, MLP update vs its reference",
+    "resid-both": "residual space, attention and MLP updates",
+    "block": "residual space, block update (resid_post - resid_pre) vs resid_pre",
+    "hard-diag": "hard diagonal removal in the pattern (A_tt := 0, renormalised); scales ignored",
+    "eff-diag": "effective diagonal in the pattern, A_tt += (s_par - 1) beta_t (s_perp must be 1)",
+}
+METRICS = ("loss", "ppl", "kl", "top1_agree")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of a sweep grid: an edit space, its scales, and its layers (None = all)."""
+
+    space: str
+    s_par: float = 1.0
+    s_perp: float = 1.0
+    layers: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if self.space not in SPACES:
+            raise ValueError(f"space must be one of {sorted(SPACES)}, got {self.space!r}")
+        for name in ("s_par", "s_perp"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        if self.space == "eff-diag" and self.s_perp != 1.0:
+            raise ValueError("space 'eff-diag' scales only the parallel part: s_perp must be 1")
+
+    @property
+    def label(self) -> str:
+        layers = "all" if self.layers is None else ",".join(map(str, self.layers))
+        if self.space == "hard-diag":
+            return f"hard-diag[L={layers}]"
+        return f"{self.space}[s_par={self.s_par:g},s_perp={self.s_perp:g},L={layers}]"
+
+    @property
+    def is_identity(self) -> bool:
+        return self.space != "hard-diag" and self.s_par == 1.0 and self.s_perp == 1.0
+
+    def edits(self, s_par=None, s_perp=None) -> list[Edit]:
+        """The edits of this setting; ``s_par`` / ``s_perp`` override the scales (e.g. per-row)."""
+        sp = self.s_par if s_par is None else s_par
+        sq = self.s_perp if s_perp is None else s_perp
+        layers = None if self.layers is None else list(self.layers)
+        if self.space == "value":
+            return [ValueScale(sp, sq, mode="full", layers=layers)]
+        if self.space == "value-exclusive":
+            return [ValueScale(sp, sq, mode="exclusive", layers=layers)]
+        if self.space == "resid-attn":
+            return [ResidualScale("attn", sp, sq, layers=layers)]
+        if self.space == "resid-mlp":
+            return [ResidualScale("mlp", sp, sq, layers=layers)]
+        if self.space == "resid-both":
+            return [ResidualScale("attn", sp, sq, layers=layers), ResidualScale("mlp", sp, sq, layers=layers)]
+        if self.space == "block":
+            return [ResidualScale("block", sp, sq, layers=layers)]
+        if self.space == "hard-diag":
+            return [DiagonalRemoval(layers=layers)]
+        return [EffectiveDiagonal(sp, layers=layers)]
+
+
+def grid(
+    spaces: str | Sequence[str],
+    s_par: Sequence[float] = (1.0,),
+    s_perp: Sequence[float] = (1.0,),
+    layers: Sequence[Sequence[int] | None] | None = None,
+) -> list[Setting]:
+    """The product grid of spaces x s_par x s_perp x layer sets (duplicates dropped).
+
+    ``hard-diag`` ignores scales (one setting per layer set); ``eff-diag`` only
+    takes ``s_perp = 1``. ``layers``: a list of layer sets, e.g. ``[None, [0, 1], range(2, 4)]``.
+    """
+    if isinstance(spaces, str):
+        spaces = [s.strip() for s in spaces.split(",") if s.strip()]
+    if not spaces:
+        raise ValueError("spaces is empty; choose from " + ", ".join(sorted(SPACES)))
+    layer_sets = [None] if layers is None else [None if ls is None else tuple(int(x) for x in ls) for ls in layers]
+    out: list[Setting] = []
+    for space in spaces:
+        if space not in SPACES:
+            raise ValueError(f"spaces has unknown space {space!r}; choose from {', '.join(sorted(SPACES))}")
+        for ls in layer_sets:
+            if space == "hard-diag":
+                out.append(Setting(space, 1.0, 1.0, ls))
+                continue
+            for sp in s_par:
+                for sq in s_perp:
+                    if space == "eff-diag" and float(sq) != 1.0:
+                        continue
+                    out.append(Setting(space, float(sp), float(sq), ls))
+    seen, unique = set(), []
+    for s in out:
+        if s not in seen:
+            seen.add(s)
+            unique.append(s)
+    return unique
+
+
+# ---------------------------------------------------------------------------
+# per-batch metric sums
+# ---------------------------------------------------------------------------
+
+
+def prediction_mask(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos_minus_1"]:
+    """Positions ``t`` whose next token ``t + 1`` is a real token of the same sequence."""
+    m = attention_mask.bool()
+    return m[:, :-1] & m[:, 1:]
+
+
+@dataclass
+class MetricSums:
+    """Exact sums over predicted tokens, to be added across batches and ranks."""
+
+    tokens: float = 0.0
+    nll: float = 0.0
+    base_nll: float = 0.0
+    kl: float = 0.0
+    top1_agree: float = 0.0
+
+    def add_(self, other: MetricSums) -> MetricSums:
+        for k in ("tokens", "nll", "base_nll", "kl", "top1_agree"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        return self
+
+    def as_tensor(self) -> Tensor:
+        return torch.tensor([self.tokens, self.nll, self.base_nll, self.kl, self.top1_agree], dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, t: Tensor) -> MetricSums:
+        return cls(*[float(x) for x in t.tolist()])
+
+    def row(self) -> dict:
+        n = max(self.tokens, 1.0)
+        loss, base = self.nll / n, self.base_nll / n
+        return {
+            "tokens": int(self.tokens),
+            "loss": loss,
+            "base_loss": base,
+            "delta_loss": loss - base,
+            "ppl": math.exp(loss),
+            "base_ppl": math.exp(base),
+            "delta_ppl": math.exp(loss) - math.exp(base),
+            "kl": self.kl / n,
+            "top1_agree": self.top1_agree / n,
+        }
+
+
+@torch.no_grad()
+def batch_metric_sums(
+    base_logits: Float[Tensor, "batch pos vocab"],
+    logits: Float[Tensor, "batch pos vocab"],
+    tokens: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"],
+) -> MetricSums:
+    """Sums of next-token NLL (edited and base), ``KL(base || edited)`` and top-1
+    agreement over the predicted tokens of one batch, in float32 or better."""
+    mask = prediction_mask(attention_mask)
+    target = tokens[:, 1:][mask]
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    lp = F.log_softmax(logits[:, :-1][mask].to(dtype), dim=-1)
+    base_lp = F.log_softmax(base_logits[:, :-1][mask].to(dtype), dim=-1)
+    nll = -lp.gather(-1, target[:, None]).sum()
+    base_nll = -base_lp.gather(-1, target[:, None]).sum()
+    kl = (base_lp.exp() * (base_lp - lp)).sum()
+    agree = (lp.argmax(-1) == base_lp.argmax(-1)).sum()
+    return MetricSums(float(mask.sum()), float(nll), float(base_nll), float(kl), float(agree))
+
+
+# ---------------------------------------------------------------------------
+# sweep
+# ---------------------------------------------------------------------------
+
+
+def _model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _forward(model, batch: TokenBatch):
+    return model(batch.tokens, attention_mask=batch.attention_mask)
+
+
+def _stack_groups(settings: Sequence[Setting], width: int) -> list[list[Setting]]:
+    """Group settings that differ only in scales (same space and layers), in chunks of ``width``."""
+    groups: dict[tuple, list[Setting]] = {}
+    for s in settings:
+        key = (s.space, s.layers)
+        groups.setdefault(key, []).append(s)
+    out = []
+    for members in groups.values():
+        if members[0].space == "hard-diag":
+            out += [[m] for m in members]
+            continue
+        for i in range(0, len(members), width):
+            out.append(members[i:i + width])
+    return out
+
+
+def _eval_group(model, batch: TokenBatch, base_logits: Tensor, group: list[Setting]) -> list[MetricSums]:
+    if len(group) == 1:
+        with apply_edits(model, *group[0].edits()):
+            logits = _forward(model, batch)
+        return [batch_metric_sums(base_logits, logits, batch.tokens, batch.attention_mask)]
+    k, b = len(group), len(batch)
+    stacked = TokenBatch(batch.tokens.repeat(k, 1), batch.attention_mask.repeat(k, 1))
+    s_par = scales(torch.tensor([s.s_par for s in group], dtype=torch.float64).repeat_interleave(b), "batch")
+    s_perp = scales(torch.tensor([s.s_perp for s in group], dtype=torch.float64).repeat_interleave(b), "batch")
+    edits = group[0].edits(s_par=s_par, s_perp=(s_perp if group[0].space != "eff-diag" else None))
+    with apply_edits(model, *edits):
+        logits = _forward(model, stacked)
+    return [
+        batch_metric_sums(base_logits, logits[i * b:(i + 1) * b], batch.tokens, batch.attention_mask)
+        for i in range(k)
+    ]
+
+
+def _dist_info() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@dataclass
+class _Progress:
+    """Resumable state of a sweep: sums per setting after ``batches_done`` batches."""
+
+    fingerprint: dict
+    batches_done: int = 0
+    sums: dict[str, list[float]] = field(default_factory=dict)
+
+    def save(self, path: Path) -> None:
+        _atomic_write(path, json.dumps(asdict(self)))
+
+    @classmethod
+    def load(cls, path: Path) -> _Progress:
+        try:
+            data = json.loads(path.read_text())
+            return cls(**data)
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ValueError(
+                f"{path} is not a readable sweep checkpoint ({e}); delete it to start the sweep afresh"
+            ) from None
+
+
+def sweep(
+    model,
+    inputs,
+    edits_grid: Iterable[Setting],
+    *,
+    metrics: Sequence[str] = METRICS,
+    batch_size: int = 8,
+    attention_mask: Tensor | None = None,
+    stack: int = 1,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int = 1,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Evaluate every setting of ``edits_grid`` on ``inputs`` against the unedited model.
+
+    Args:
+        model: a TransformerBridge or HookedTransformer (eval mode; any device layout,
+            including TransformerLens's multi-device loading: inputs go to the
+            embedding's device).
+        inputs: strings, token lists or a ``[batch, pos]`` tensor (>= 2 tokens a row).
+        edits_grid: :class:`Setting` objects, e.g. from :func:`grid`.
+        metrics: which of ``loss``, ``ppl``, ``kl``, ``top1_agree`` to report
+            (the sums are exact token-weighted sums over predicted tokens).
+        batch_size: sequences per forward pass.
+        stack: evaluate up to this many settings of one space in a single forward by
+            stacking them along the batch with per-row scales (``stack=1``: one forward
+            per setting; results agree to float tolerance, not bit-exactly).
+        checkpoint: JSON file for resumable progress; if it exists and matches this
+            sweep, evaluation resumes after the batches already done.
+        checkpoint_every: write the checkpoint every this many batches.
+        progress: tqdm bar over batches.
+
+    Returns:
+        One row per setting (the first row is the baseline, delta exactly 0) with
+        ``space, s_par, s_perp, layers, label, tokens, loss, base_loss, delta_loss,
+        ppl, base_ppl, delta_ppl, kl, top1_agree``.
+    """
+    settings = list(edits_grid)
+    if not settings:
+        raise ValueError("edits_grid is empty; build one with tl_directional.sweep.grid(...)")
+    for i, s in enumerate(settings):
+        if not isinstance(s, Setting):
+            raise TypeError(f"edits_grid[{i}] is a {type(s).__name__}, not a Setting; use grid(...)")
+    bad = [m for m in metrics if m not in METRICS]
+    if bad:
+        raise ValueError(f"metrics has unknown {bad}; choose from {METRICS}")
+    if not isinstance(stack, int) or stack < 1:
+        raise ValueError(f"stack must be a positive int, got {stack!r}")
+    sites = resolve_sites(model, warn=False)
+    if not sites.causal:
+        raise ValueError("sweep measures next-token loss, which does not apply to encoders (post-LN BERT)")
+    for s in settings:
+        if s.layers is not None:
+            normalize_layers(list(s.layers), sites.n_layers, "layers")
+    batch = prepare_inputs(model, inputs, attention_mask, min_tokens=2)
+    batches = list(iter_batches(batch, batch_size))
+    rank, world = _dist_info()
+
+    fingerprint = {
+        "settings": [s.label for s in settings],
+        "n_sequences": len(batch),
+        "n_tokens": batch.n_tokens,
+        "batch_size": batch_size,
+        "token_checksum": int(batch.tokens.long().sum()) + 31 * int(batch.attention_mask.sum()),
+        "world_size": world,
+        "rank": rank,
+    }
+    ckpt_path = None
+    if checkpoint is not None:
+        ckpt_path = Path(checkpoint)
+        if world > 1:
+            ckpt_path = ckpt_path.with_name(f"{ckpt_path.stem}.rank{rank}{ckpt_path.suffix}")
+        ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+    state = _Progress(fingerprint)
+    if ckpt_path is not None and ckpt_path.exists():
+        state = _Progress.load(ckpt_path)
+        if state.fingerprint != fingerprint:
+            diff = sorted(k for k in fingerprint if state.fingerprint.get(k) != fingerprint[k])
+            raise ValueError(
+                f"checkpoint {ckpt_path} belongs to a different sweep (differs in {diff}); "
+                "delete it or pass another checkpoint path"
+            )
+    sums = {s.label: MetricSums.from_tensor(torch.tensor(state.sums[s.label])) if s.label in state.sums else MetricSums()
+            for s in settings}
+    base_sums = MetricSums.from_tensor(torch.tensor(state.sums["__baseline__"])) if "__baseline__" in state.sums else MetricSums()
+
+    device = _model_device(model)
+    groups = _stack_groups(settings, stack)
+    todo = [i for i in range(len(batches)) if i % world == rank and i >= state.batches_done]
+    iterator = todo
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(todo, desc="sweep", unit="batch", disable=rank != 0)
+    done_since_save = 0
+    with torch.no_grad():
+        for i in iterator:
+            part = batches[i].to(device)
+            base_logits = _forward(model, part)
+            base_sums.add_(batch_metric_sums(base_logits, base_logits, part.tokens, part.attention_mask))
+            for group in groups:
+                for s, m in zip(group, _eval_group(model, part, base_logits, group), strict=True):
+                    sums[s.label].add_(m)
+            state.batches_done = i + 1
+            done_since_save += 1
+            if ckpt_path is not None and done_since_save >= checkpoint_every:
+                state.sums = {k: v.as_tensor().tolist() for k, v in sums.items()}
+                state.sums["__baseline__"] = base_sums.as_tensor().tolist()
+                state.save(ckpt_path)
+                done_since_save = 0
+    if ckpt_path is not None:
+        state.sums = {k: v.as_tensor().tolist() for k, v in sums.items()}
+        state.sums["__baseline__"] = base_sums.as_tensor().tolist()
+        state.batches_done = len(batches)
+        state.save(ckpt_path)
+    if world > 1:
+        stacked = torch.stack([base_sums.as_tensor()] + [sums[s.label].as_tensor() for s in settings])
+        torch.distributed.all_reduce(stacked)
+        base_sums = MetricSums.from_tensor(stacked[0])
+        sums = {s.label: MetricSums.from_tensor(stacked[j + 1]) for j, s in enumerate(settings)}
+
+    keep = {"loss": ["loss", "base_loss", "delta_loss"], "ppl": ["ppl", "base_ppl", "delta_ppl"],
+            "kl": ["kl"], "top1_agree": ["top1_agree"]}
+    cols = ["tokens"] + [c for m in metrics for c in keep[m]]
+    rows = []
+    base_row = {"space": "baseline", "s_par": 1.0, "s_perp": 1.0, "layers": "all", "label": "baseline"}
+    full = base_sums.row()
+    full.update(delta_loss=0.0, delta_ppl=0.0, kl=0.0, top1_agree=1.0)
+    rows.append({**base_row, **{c: full[c] for c in cols}})
+    for s in settings:
+        r = sums[s.label].row()
+        rows.append({"space": s.space, "s_par": s.s_par, "s_perp": s.s_perp,
+                     "layers": "all" if s.layers is None else ",".join(map(str, s.layers)),
+                     "label": s.label, **{c: r[c] for c in cols}})
+    return pd.DataFrame(rows)
+
+
+def sweep_figure(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl"):
+    """Plotly figure: ``y`` against ``x`` per space (the component-scaling figure)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    df = results[results["space"] != "baseline"]
+    for (space, layers), part in df.groupby(["space", "layers"], sort=False):
+        part = part.sort_values(x)
+        name = space if layers == "all" else f"{space} L={layers}"
+        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers", name=name))
+    fig.add_hline(y=0.0, line_dash="dot", line_color="gray")
+    fig.update_layout(xaxis_title=x, yaxis_title=y, title=f"{y} vs {x} per edit space",
+                      template="plotly_white", legend_title="space")
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# safe-scale search
+# ---------------------------------------------------------------------------
+
+
+class _Evaluator:
+    """Damage of an edit on a small token set, with the baseline cached once."""
+
+    def __init__(self, model, inputs, batch_size: int, attention_mask=None):
+        self.model = model
+        batch = prepare_inputs(model, inputs, attention_mask, min_tokens=2)
+        device = _model_device(model)
+        self.batches = [b.to(device) for b in iter_batches(batch, batch_size)]
+        with torch.no_grad():
+            self.base = [_forward(model, b) for b in self.batches]
+        self.n_evals = 0
+
+    def damage(self, edits: Sequence[Edit]) -> dict:
+        total = MetricSums()
+        with torch.no_grad(), apply_edits(self.model, *edits):
+            for b, base in zip(self.batches, self.base, strict=True):
+                total.add_(batch_metric_sums(base, _forward(self.model, b), b.tokens, b.attention_mask))
+        self.n_evals += 1
+        return total.row()
+
+
+@dataclass
+class SafeScaleResult:
+    """Outcome of :func:`find_safe_scale` for one layer group and one scale."""
+
+    which: str  # "s_par" or "s_perp"
+    layers: tuple[int, ...] | None
+    interval: tuple[float, float]
+    budget: float
+    metric: str
+    evaluations: pd.DataFrame
+    hit_bounds: tuple[bool, bool]
+    note: str = ""
+
+    def figure(self):
+        """Plotly figure of the evaluated damage with the budget and the interval."""
+        import plotly.graph_objects as go
+
+        ev = self.evaluations.sort_values("scale")
+        fig = go.Figure(go.Scatter(x=ev["scale"], y=ev["cost"], mode="markers+lines", name=self.metric))
+        fig.add_hline(y=self.budget, line_dash="dash", line_color="red", annotation_text="budget")
+        fig.add_vrect(x0=self.interval[0], x1=self.interval[1], fillcolor="green", opacity=0.12, line_width=0)
+        layers = "all" if self.layers is None else ",".join(map(str, self.layers))
+        fig.update_layout(title=f"safe {self.which} interval, layers {layers}: [{self.interval[0]:.3g}, {self.interval[1]:.3g}]",
+                          xaxis_title=self.which, yaxis_title=self.metric, template="plotly_white")
+        return fig
+
+
+def find_safe_scale(
+    model,
+    inputs,
+    edit_factory: Callable[..., Edit | Sequence[Edit]] | str,
+    budget: float = 0.05,
+    *,
+    metric: str = "delta_loss",
+    which: str = "s_par",
+    bounds: tuple[float, float] = (-1.0, 3.0),
+    grid_points: int = 9,
+    refine_steps: int = 4,
+    layer_groups: Sequence[Sequence[int] | None] | None = None,
+    batch_size: int = 8,
+) -> list[SafeScaleResult]:
+    """Widest interval ``[lo, hi]`` containing 1 for one scale whose damage stays within ``budget``.
+
+    Args:
+        edit_factory: a space name from :data:`SPACES` or a callable
+            ``f(s_par=..., s_perp=..., layers=...) -> Edit | [Edit]``.
+        budget: the largest allowed ``metric`` (``delta_loss`` in nats, or ``kl``).
+        which: ``"s_par"`` or ``"s_perp"`` (the other scale stays 1).
+        bounds: the search range; the interval never leaves it.
+        grid_points: coarse grid over ``bounds`` (1 is always added).
+        refine_steps: bisection steps per boundary between the last passing and the
+            first failing grid point.
+        layer_groups: search separately per group (e.g. ``[[0], [1], [2, 3]]``);
+            None searches all layers at once.
+
+    Evaluations: ``grid_points + 1 + 2 * refine_steps`` per group at most.
+
+    What it can miss: the loss need not be monotonic in the scale. The interval is
+    bounded by the first failing *evaluated* point on each side of 1; a failure
+    narrower than the grid spacing between two passing points is not seen, and a
+    second safe region beyond a failing point is not reported.
+    """
+    if metric not in ("delta_loss", "kl"):
+        raise ValueError(f"metric must be 'delta_loss' or 'kl', got {metric!r}")
+    if which not in ("s_par", "s_perp"):
+        raise ValueError(f"which must be 's_par' or 's_perp', got {which!r}")
+    lo_b, hi_b = float(bounds[0]), float(bounds[1])
+    if not (math.isfinite(lo_b) and math.isfinite(hi_b) and lo_b < 1.0 < hi_b):
+        raise ValueError(f"bounds must be finite with lo < 1 < hi, got {bounds!r}")
+    if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget >= 0):
+        raise ValueError(f"budget must be a finite non-negative number, got {budget!r}")
+    if grid_points < 2:
+        raise ValueError(f"grid_points must be >= 2, got {grid_points}")
+    if isinstance(edit_factory, str):
+        space = edit_factory
+        if space not in SPACES or space == "hard-diag":
+            raise ValueError(f"edit_factory space must be one of {sorted(set(SPACES) - {'hard-diag'})}, got {space!r}")
+
+        def factory(s_par=1.0, s_perp=1.0, layers=None):
+            return Setting(space, s_par, s_perp, None if layers is None else tuple(layers)).edits()
+    elif callable(edit_factory):
+        factory = edit_factory
+    else:
+        raise TypeError("edit_factory must be a space name or a callable f(s_par=, s_perp=, layers=)")
+
+    evaluator = _Evaluator(model, inputs, batch_size)
+    groups = [None] if layer_groups is None else [None if g is None else tuple(g) for g in layer_groups]
+    return [
+        _search_group(evaluator, factory, group, budget=float(budget), metric=metric, which=which,
+                      bounds=(lo_b, hi_b), grid_points=grid_points, refine_steps=refine_steps)
+        for group in groups
+    ]
+
+
+def _search_group(evaluator: _Evaluator, factory, group, *, budget, metric, which, bounds, grid_points,
+                  refine_steps) -> SafeScaleResult:
+    """Grid over ``bounds``, walk outward from 1 while the cost stays within budget,
+    then bisect each boundary between the last passing and first failing point."""
+    evals: dict[float, float] = {}
+
+    def cost(s: float) -> float:
+        if s not in evals:
+            edits = factory(**{which: s, "layers": None if group is None else list(group)})
+            edits = [edits] if isinstance(edits, Edit) else list(edits)
+            evals[s] = evaluator.damage(edits)[metric]
+        return evals[s]
+
+    points = sorted(set(torch.linspace(bounds[0], bounds[1], grid_points).tolist()) | {1.0})
+    for p in points:
+        cost(p)
+    ones = points.index(1.0)
+    edges = []
+    for direction in (-1, 1):
+        i = ones
+        while 0 <= i + direction < len(points) and cost(points[i + direction]) <= budget:
+            i += direction
+        passing = points[i]
+        if not 0 <= i + direction < len(points):
+            edges.append((passing, True))
+            continue
+        failing = points[i + direction]
+        for _ in range(refine_steps):
+            mid = 0.5 * (passing + failing)
+            if cost(mid) <= budget:
+                passing = mid
+            else:
+                failing = mid
+        edges.append((passing, False))
+    ev = pd.DataFrame({"scale": list(evals), "cost": list(evals.values())}).sort_values("scale")
+    note = "the unedited model already exceeds the budget" if cost(1.0) > budget else ""
+    return SafeScaleResult(
+        which=which, layers=group, interval=(edges[0][0], edges[1][0]), budget=budget, metric=metric,
+        evaluations=ev.reset_index(drop=True), hit_bounds=(edges[0][1], edges[1][1]), note=note,
+    )
+
+
+__all__ = ["METRICS", "SPACES", "SafeScaleResult", "Setting", "batch_metric_sums", "find_safe_scale", "grid",
+           "prediction_mask", "sweep", "sweep_figure"]
