@@ -33,6 +33,7 @@ from .sites import (
     resolve_sites,
     verify_sites,
 )
+from .split_hooks import attach_split_hook_points, split_hook_points
 from .sweep import Setting, find_safe_scale, grid, sweep
 
 __version__ = "0.1.0"
@@ -45,6 +46,8 @@ __all__ = [
     "find_safe_scale",
     "grid",
     "split_logit_attribution",
+    "attach_split_hook_points",
+    "split_hook_points",
     "sweep",
     "EffectiveDiagonal",
     "ResidualScale",

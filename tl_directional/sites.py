@@ -353,6 +353,71 @@ def attention_output_weights(model, layer: int) -> tuple[Float[Tensor, "n_heads 
     return attn.W_O, b_o
 
 
+@dataclass(frozen=True)
+class LinearInput:
+    """Where the input of one attention / MLP linear layer can be read (compression calibration).
+
+    ``key`` names the linear within its block (``"attn.q"``, ``"attn.k"``, ``"attn.v"``,
+    ``"attn.o"``, ``"mlp.in"``, ``"mlp.gate"``, ``"mlp.out"``); ``hook`` is the hook point whose
+    activation, with heads flattened when it is ``[batch, pos, head, d_head]`` and multiplied by
+    ``scale`` along the last axis when ``scale`` is not None, is that linear's input.
+    """
+
+    key: str
+    hook: str
+    scale: Tensor | None = None
+
+
+def linear_input_hooks(model, layer: int) -> dict[str, LinearInput]:
+    """``{key: LinearInput}`` for the attention and MLP linears of one block.
+
+    Bridge (TL 4): each wrapped linear has its own ``blocks.L.<attn|mlp>.<name>.hook_in``; the
+    combined ``qkv`` of GPT-2 / NeoX is skipped (its split ``q``, ``k``, ``v`` are what forward
+    reads). Legacy (``HookedTransformer``): ``W_Q/W_K/W_V`` read ``ln1.hook_normalized``
+    (times ``ln1.w`` for RMSNorm, whose hook fires before the weight), ``W_O`` reads
+    ``attn.hook_z``, ``W_in``/``W_gate`` read ``ln2.hook_normalized``, ``W_out`` reads
+    ``mlp.hook_post``.
+    """
+    check_layer(layer, int(model.cfg.n_layers), "layer")
+    hook_dict = model.hook_dict
+    block = model.blocks[layer]
+    b = f"blocks.{layer}"
+    out: dict[str, LinearInput] = {}
+    if lane_of(model) == "bridge":
+        for unit in ("attn", "mlp"):
+            comp = getattr(block, unit, None)
+            if comp is None:
+                continue
+            names = [n for n, c in comp.named_children() if type(c).__name__ == "LinearBridge"]
+            if "qkv" in names and {"q", "k", "v"} <= set(names):
+                names.remove("qkv")
+            for n in names:
+                hook = f"{b}.{unit}.{n}.hook_in"
+                if hook in hook_dict:
+                    out[f"{unit}.{n}"] = LinearInput(f"{unit}.{n}", hook)
+        return out
+
+    def norm_input(ln_name: str) -> tuple[str, Tensor | None]:
+        ln = getattr(block, ln_name)
+        scale = getattr(ln, "w", None) if type(ln).__name__ == "RMSNorm" else None
+        return f"{b}.{ln_name}.hook_normalized", scale
+
+    hook, scale = norm_input("ln1")
+    for k in ("q", "k", "v"):
+        out[f"attn.{k}"] = LinearInput(f"attn.{k}", hook, scale)
+    out["attn.o"] = LinearInput("attn.o", f"{b}.attn.hook_z")
+    if getattr(block, "mlp", None) is not None and hasattr(block, "ln2"):
+        hook, scale = norm_input("ln2")
+        out["mlp.in"] = LinearInput("mlp.in", hook, scale)
+        if getattr(block.mlp, "W_gate", None) is not None:
+            out["mlp.gate"] = LinearInput("mlp.gate", hook, scale)
+        out["mlp.out"] = LinearInput("mlp.out", f"{b}.mlp.hook_post")
+    missing = [li.hook for li in out.values() if li.hook not in hook_dict]
+    if missing:
+        raise SiteResolutionError(f"layer {layer}: no hook point(s) {sorted(set(missing))} for linear inputs")
+    return out
+
+
 def dtype_tolerance(dtype: torch.dtype) -> float:
     """Relative tolerance for identities computed by the model in ``dtype``."""
     if dtype == torch.float64:
@@ -426,3 +491,25 @@ def verify_sites(
         if "block" in sites.units:
             errors[f"block.{L}"] = 0.0  # a difference of two hooks: exact by construction
     return errors
+
+
+def add_hook_point(model, name: str, hook_point) -> None:
+    """Register an extra ``HookPoint`` under ``name`` so that ``run_with_hooks``,
+    ``run_with_cache`` and ``model.hook_dict`` see it (both lanes)."""
+    if name in model.hook_dict:
+        raise ValueError(f"hook point {name!r} already exists on this model; remove it first")
+    hook_point.name = name
+    if lane_of(model) == "bridge":
+        model._hook_registry[name] = hook_point  # the bridge's canonical registry
+    else:
+        model.hook_dict[name] = hook_point
+        model.mod_dict[name] = hook_point
+
+
+def remove_hook_point(model, name: str) -> None:
+    """Undo :func:`add_hook_point` (a missing name is ignored)."""
+    if lane_of(model) == "bridge":
+        model._hook_registry.pop(name, None)
+    else:
+        model.hook_dict.pop(name, None)
+        model.mod_dict.pop(name, None)

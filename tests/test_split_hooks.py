@@ -1,0 +1,62 @@
+"""Nested split hook points: blocks.L.hook_attn_out.hook_par / .hook_perp."""
+
+import pytest
+import torch
+
+import tl_directional as tld
+from tl_directional.split_hooks import attach_split_hook_points, split_hook_points
+
+from ._families import CAUSAL
+
+TOKENS = torch.tensor([[0, 5, 9, 13, 22, 7, 31]])
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_children_cache_split_and_model_is_unchanged(tiny_model, family):
+    model = tiny_model(family)
+    base = model(TOKENS)
+    _, plain = model.run_with_cache(TOKENS)
+    with split_hook_points(model) as handle:
+        assert "blocks.1.hook_mlp_out.hook_perp" in handle.names and "blocks.0.attn.hook_z.hook_par" in handle.names
+        assert torch.equal(model(TOKENS), base)  # no hooks on the children: bit-exact
+        _, cache = model.run_with_cache(TOKENS, names_filter=lambda n: n.endswith(("hook_par", "hook_perp")))
+        for L in range(model.cfg.n_layers):
+            sites = tld.resolve_sites(model)
+            u = sites.unit("mlp", L)
+            par, perp = cache[f"{u.update_hook}.hook_par"], cache[f"{u.update_hook}.hook_perp"]
+            assert torch.allclose(par + perp, plain[u.update_hook], atol=1e-6)
+            assert (tld.decompose(perp, plain[u.reference_hook]).par_frac < 1e-3).all()
+            z_par = cache[f"blocks.{L}.attn.hook_z.hook_par"]
+            assert z_par.shape == plain[f"blocks.{L}.attn.hook_z"].shape
+    assert torch.equal(model(TOKENS), base)
+    assert "blocks.0.hook_attn_out.hook_par" not in model.hook_dict
+    assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
+
+
+def test_hooking_a_child_is_the_same_as_the_edit(tiny_model):
+    model = tiny_model("llama")
+    with split_hook_points(model, components=("attn", "value")):
+        zero_par = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.1.hook_attn_out.hook_par", lambda t, hook: 0 * t)])
+        half_perp_v = model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.0.attn.hook_z.hook_perp", lambda t, hook: 0.5 * t)])
+    with tld.apply_edits(model, tld.ResidualScale("attn", 0.0, layers=[1])):
+        ref = model(TOKENS)
+    with tld.apply_edits(model, tld.ValueScale(1.0, 0.5, layers=[0])):
+        ref_v = model(TOKENS)
+    assert torch.allclose(zero_par, ref, atol=1e-5)
+    assert torch.allclose(half_perp_v, ref_v, atol=1e-5)
+
+
+def test_user_hooks_survive_removal_and_errors_clean_up(tiny_model):
+    model = tiny_model("gpt2", fresh=True)
+    marker = []
+    model.add_perma_hook("blocks.0.hook_attn_out", lambda t, hook: marker.append(1))
+    handle = attach_split_hook_points(model, layers=[0])
+    handle.remove()
+    model(TOKENS)
+    assert marker, "the user's permanent hook must stay"
+    with pytest.raises(ValueError, match="components has 'block'"):
+        attach_split_hook_points(model, components=("block",))
+    with split_hook_points(model, layers=[1]):
+        with pytest.raises(ValueError, match="already exists"):
+            attach_split_hook_points(model, layers=[1])
+    assert "blocks.1.hook_attn_out.hook_par" not in model.hook_dict

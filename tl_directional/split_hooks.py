@@ -1,0 +1,145 @@
+"""Nested hook points for the split: ``blocks.L.hook_attn_out.hook_par`` / ``.hook_perp``.
+
+Inside :func:`split_hook_points` (or after :func:`attach_split_hook_points`), each
+unit's update gets two child hook points, the SAELens way
+(``blocks.L.hook_mlp_out.hook_sae_acts_post``), so that ``run_with_cache``,
+``run_with_hooks`` and ``transformer_lens.patching`` work on the components
+natively:
+
+==============================================  =======================================
+hook point                                      tensor
+==============================================  =======================================
+``blocks.L.hook_attn_out.hook_par`` / ``_perp``  attention update split vs its reference
+``blocks.L.hook_mlp_out.hook_par`` / ``_perp``   MLP update split vs its reference
+``blocks.L.attn.hook_z.hook_par`` / ``_perp``    each head's ``o_t`` split vs its own ``v_t``
+==============================================  =======================================
+
+(On post-LN bridges the residual children hang under ``attn.o.hook_out`` /
+``mlp.hook_out``, the sites' update hooks.) The parent's output becomes
+``u + (par' - par) + (perp' - perp)``, so with no hook on the children the model
+is bit-exactly unchanged. The reference is read live from the stream, as in
+the edits (METHOD.md sec. 4).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from .geometry import DEFAULT_EPS, projection_coefficient
+from .sites import add_hook_point, normalize_layers, remove_hook_point, resolve_sites
+
+
+def _hook_point_class():
+    from transformer_lens.hook_points import HookPoint
+
+    return HookPoint
+
+
+@dataclass
+class SplitHookPoints:
+    """Handle of attached split hook points; call :meth:`remove` to detach them."""
+
+    model: object
+    names: list[str] = field(default_factory=list)
+    _handles: list[tuple[object, object]] = field(default_factory=list)
+
+    def remove(self) -> None:
+        for hook_point, fn in self._handles:
+            _remove_one_hook(hook_point, fn)
+        for name in self.names:
+            remove_hook_point(self.model, name)
+        self._handles.clear()
+        self.names.clear()
+
+
+def _remove_one_hook(hook_point, fn) -> None:
+    """Remove exactly our permanent hook from a HookPoint (user hooks stay)."""
+    for handle in list(hook_point.fwd_hooks):
+        user = getattr(handle, "user_hook", None)
+        pt = handle.hook if hasattr(handle, "hook") else handle
+        if user is fn or getattr(pt, "_tld_fn", None) is fn or getattr(handle, "_tld_fn", None) is fn:
+            pt.remove()
+            hook_point.fwd_hooks.remove(handle)
+            return
+
+
+def _add_perma(hook_point, fn) -> None:
+    before = list(hook_point.fwd_hooks)
+    hook_point.add_hook(fn, dir="fwd", is_permanent=True)
+    for handle in hook_point.fwd_hooks:
+        if handle not in before:
+            handle._tld_fn = fn  # mark ours for removal (legacy handles carry no user_hook)
+
+
+def attach_split_hook_points(model, *, components=("attn", "mlp", "value"), layers=None,
+                             eps: float = DEFAULT_EPS) -> SplitHookPoints:
+    """Add ``.hook_par`` / ``.hook_perp`` children under each selected update hook."""
+    sites = resolve_sites(model, warn=False)
+    HookPoint = _hook_point_class()
+    handle = SplitHookPoints(model)
+    for c in components:
+        if c not in ("attn", "mlp", "value"):
+            raise ValueError(f"components has {c!r}; choose from ('attn', 'mlp', 'value')")
+    try:
+        for L in normalize_layers(layers, sites.n_layers):
+            for c in components:
+                state: dict = {}
+                if c == "value":
+                    vs = sites.value[L]
+                    parent, ref_name = vs.z_hook, vs.v_hook
+                else:
+                    unit = sites.units[c][L]
+                    parent, ref_name = unit.update_hook, unit.reference_hook
+                hp_par, hp_perp = HookPoint(), HookPoint()
+                for child, hp in (("hook_par", hp_par), ("hook_perp", hp_perp)):
+                    name = f"{parent}.{child}"
+                    add_hook_point(model, name, hp)
+                    handle.names.append(name)
+                ref_fn = _store(state)
+                split_fn = _split(state, hp_par, hp_perp, value=(c == "value"), n_heads=sites.n_heads, eps=eps)
+                for name, fn in ((ref_name, ref_fn), (parent, split_fn)):
+                    hook_point = model.hook_dict[name]
+                    _add_perma(hook_point, fn)
+                    handle._handles.append((hook_point, fn))
+    except Exception:
+        handle.remove()
+        raise
+    return handle
+
+
+def _store(state: dict):
+    def hook(t, hook):  # noqa: ARG001
+        state["ref"] = t
+        return t
+    return hook
+
+
+def _split(state: dict, hp_par, hp_perp, *, value: bool, n_heads: int, eps: float):
+    def hook(t, hook):  # noqa: ARG001
+        ref = state["ref"]
+        if value:  # [batch, pos, n_kv_heads, d_head] -> one value per query head
+            group = n_heads // ref.shape[2]
+            ref = ref.repeat_interleave(group, dim=2) if group > 1 else ref
+        a, _, _, _ = projection_coefficient(t, ref, eps)
+        par = (a.unsqueeze(-1) * ref.to(a.dtype)).to(t.dtype)
+        perp = t - par
+        new_par, new_perp = hp_par(par), hp_perp(perp)
+        if new_par is par and new_perp is perp:
+            return t
+        return t + (new_par - par) + (new_perp - perp)
+    return hook
+
+
+@contextmanager
+def split_hook_points(model, *, components=("attn", "mlp", "value"), layers=None, eps: float = DEFAULT_EPS):
+    """Context manager: nested split hook points exist inside the block, and are
+    removed (with only their own hooks) on exit, also on errors."""
+    handle = attach_split_hook_points(model, components=components, layers=layers, eps=eps)
+    try:
+        yield handle
+    finally:
+        handle.remove()
+
+
+__all__ = ["SplitHookPoints", "attach_split_hook_points", "split_hook_points"]
