@@ -772,7 +772,9 @@ class Trainer:
         model_state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
         load_canonical_state_dict_(self.model, model_state, source=str(json_path))
         state: dict[int, dict[str, Tensor]] = {}
-        for i, (name, _) in enumerate(self.named_params):
+        names = {id(p): n for n, p in self.named_params}
+        ordered = [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+        for i, name in enumerate(ordered):  # optimizer.state_dict() numbers params in group order
             entry = {k.rsplit("/", 1)[1]: v for k, v in tensors.items()
                      if k.startswith(f"optim/{name}/") and k.count("/") == name.count("/") + 2}
             if entry:
