@@ -1,0 +1,946 @@
+"""Compressors: real weight compression of a copy of a TransformerLens model.
+
+Every compressor takes a dense model, copies it (the dense model is never
+touched), rewrites the weights of the attention and MLP linears of the copy, and
+returns a :class:`CompressionResult` ``(model, record)``. Weights are written back
+*dequantized* / *masked* / *reconstructed* in the model's own dtype, so hooks and
+every analysis run on the compressed model unchanged.
+
+All methods work on ``[out, in]`` matrices, whatever the storage layout: one
+small adapter (:func:`linear_weights`) yields each linear weight as an
+``[out, in]`` float copy plus a setter that writes it back in place (GPT-2's
+``Conv1D`` stores ``[in, out]``; legacy TL stores ``W_Q [head, d_model, d_head]``,
+``W_O [head, d_head, d_model]``, ``W_in [d_model, d_mlp]``, ``W_out [d_mlp, d_model]``).
+So "per output channel" always means a row of ``[out, in]``, groups and N:M
+blocks always run along the input axis. Embeddings, the (tied) unembedding,
+norms and biases are left untouched.
+
+Methods:
+
+- :func:`quantize_rtn`: round-to-nearest weight quantization, symmetric or
+  asymmetric, per output channel or in groups of ``group_size`` input channels.
+- :func:`quantize_awq`: AWQ-style activation-aware scaling before RTN: per input
+  channel scales ``s = mean|x|^a`` (``a`` searched per linear on calibration
+  activations), ``W' = Q(W diag(s)) diag(s)^-1``.
+- :func:`prune_magnitude`: unstructured magnitude pruning (per weight matrix).
+- :func:`prune_wanda`: Wanda score ``|W_ij| * ||x_j||_2`` compared within each
+  output row: unstructured at a sparsity, or N:M (keep N of every M inputs).
+- :func:`low_rank`: truncated SVD of each linear at a rank fraction.
+- :func:`drop_layers`: a block's update skipped (its attention and MLP output
+  weights and biases zeroed, so the block adds exactly 0).
+- :func:`compress`: any of the above from a spec string (``"rtn:bits=4,group=128"``).
+
+:func:`save_compressed` writes a compressed bridge-lane model as a Hugging Face
+directory (weights + tokenizer + a record JSON) for ``tl-directional compress-check``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .sites import lane_of, linear_input_hooks, normalize_layers
+
+UNITS = ("attn", "mlp")
+SUPPORTED_BITS = (2, 3, 4, 5, 6, 7, 8)
+RECORD_FILE = "tl_directional_compression.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# Records and results
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CompressionRecord:
+    """What a compressor did, for reports.
+
+    ``params`` holds the method's settings (bits / group_size / symmetric, sparsity /
+    pattern, rank_fraction, ...); ``weights`` lists every linear rewritten
+    (``"blocks.3.attn.q"``); ``stats`` holds measured results (achieved sparsity,
+    mean relative weight error).
+    """
+
+    method: str
+    params: dict[str, Any]
+    layers: list[int]
+    weights: list[str]
+    lane: str
+    stats: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """Short human label, e.g. ``"rtn w4 g128 asym"`` or ``"wanda 2:4"``."""
+        p = self.params
+        if self.method in ("rtn", "awq"):
+            g = f"g{p['group_size']}" if p.get("group_size") else "per-ch"
+            return f"{self.method} w{p['bits']} {g} {'sym' if p.get('symmetric') else 'asym'}"
+        if self.method in ("magnitude", "wanda"):
+            if p.get("n_m"):
+                n, m = p["n_m"]
+                return f"{self.method} {n}:{m}"
+            return f"{self.method} {p['sparsity']:.0%}"
+        if self.method == "low_rank":
+            return f"svd rank {p['rank_fraction']:.0%}"
+        if self.method == "drop":
+            return "drop " + ",".join(str(x) for x in self.layers)
+        if self.method == "identity":
+            return "identity"
+        return self.method
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["label"] = self.label
+        return d
+
+
+class CompressionResult(NamedTuple):
+    """``(model, record)``; unpack it or use ``.model`` / ``.record``."""
+
+    model: Any
+    record: CompressionRecord
+
+
+# ---------------------------------------------------------------------------------------------
+# Copying a model
+# ---------------------------------------------------------------------------------------------
+
+
+def _shared_storage_groups(model) -> dict[int, list[tuple[str, int, tuple, tuple]]]:
+    groups: dict[int, list] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        key = p.untyped_storage().data_ptr()
+        groups.setdefault(key, []).append((name, p.storage_offset(), tuple(p.shape), p.stride()))
+    return {k: v for k, v in groups.items() if len({n for n, *_ in v}) > 1}
+
+
+def clone_model(model):
+    """An independent copy of a TransformerLens model whose weights can be changed freely.
+
+    Legacy ``HookedTransformer``: ``copy.deepcopy`` (tensors cached by a previous forward
+    that are not graph leaves are detached first, since deepcopy refuses them).
+
+    ``TransformerBridge``: a deep copy is *not* safe. The bridge wires some hook points
+    through forward hooks whose closures point at the original's hook points (BERT's
+    ``mlp.hook_out`` on a deep copy fires on the original model, not on the copy), and
+    GPT-2's split ``q, k, v`` weights stop being views into the fused weight. So the bridge
+    is booted afresh from the directory or name it was loaded from, and every parameter and
+    buffer of the wrapped ``transformers`` model is copied over; the copy is then checked
+    to give the same logits as the original on a probe sequence.
+    """
+    if lane_of(model) == "bridge":
+        return _reboot_bridge(model)
+    for mod in model.modules():
+        for k, v in list(vars(mod).items()):
+            if isinstance(v, Tensor) and not isinstance(v, torch.nn.Parameter) and v.grad_fn is not None:
+                setattr(mod, k, v.detach())
+    groups = _shared_storage_groups(model)
+    clone = copy.deepcopy(model)
+    if groups:
+        params = dict(clone.named_parameters(remove_duplicate=False))
+        with torch.no_grad():
+            for members in groups.values():
+                # the owner: the member that covers the most elements
+                owner = max(members, key=lambda m: math.prod(m[2]))
+                base = params[owner[0]]
+                for name, offset, shape, stride in members:
+                    p = params[name]
+                    if p.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+                        p.set_(base.untyped_storage(), offset, shape, stride)
+    if hasattr(clone, "reset_hooks"):
+        clone.reset_hooks()
+    clone.eval()
+    return clone
+
+
+def _reboot_bridge(model):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from .models import _quiet_transformers
+
+    hf = model.original_model
+    source = getattr(hf.config, "_name_or_path", None) or getattr(model.cfg, "model_name", None)
+    if not source:
+        raise ValueError("cannot copy this TransformerBridge: it records no directory or model name "
+                         "to boot a fresh copy from (config._name_or_path is empty)")
+    param = next(hf.parameters())
+    try:
+        with _quiet_transformers():
+            fresh = TransformerBridge.boot_transformers(str(source), device=param.device, dtype=param.dtype)
+    except Exception as exc:  # pragma: no cover - depends on what the source is
+        raise ValueError(f"cannot copy this TransformerBridge: booting a fresh copy from {source!r} "
+                         f"failed ({type(exc).__name__}: {exc})") from exc
+    state = hf.state_dict()
+    with torch.no_grad():
+        missing, unexpected = fresh.original_model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"cannot copy this TransformerBridge: the fresh copy booted from {source!r} has "
+                         f"a different structure (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    fresh.eval()
+    probe = torch.arange(min(8, int(model.cfg.d_vocab)), device=param.device).unsqueeze(0)
+    with torch.no_grad():
+        same = torch.equal(model(probe), fresh(probe))
+    if not same:
+        raise ValueError(f"cannot copy this TransformerBridge: a fresh copy booted from {source!r} with "
+                         "the same weights gives different logits")
+    return fresh
+
+
+# ---------------------------------------------------------------------------------------------
+# The [out, in] adapter
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LinearWeight:
+    """One attention / MLP linear of a model, seen as an ``[out, in]`` matrix."""
+
+    layer: int
+    key: str  # "attn.q", "attn.o", "mlp.in", ...
+    shape: tuple[int, int]  # (out, in)
+    get: Callable[[], Tensor]  # float32 (float64 stays) copy, [out, in]
+    set: Callable[[Tensor], None]  # write an [out, in] matrix back in place
+
+    @property
+    def unit(self) -> str:
+        return self.key.split(".")[0]
+
+    @property
+    def name(self) -> str:
+        return f"blocks.{self.layer}.{self.key}"
+
+
+def _float(t: Tensor) -> Tensor:
+    return t.detach().to(torch.float64 if t.dtype == torch.float64 else torch.float32).clone()
+
+
+def _is_conv1d(mod) -> bool:
+    return type(mod).__name__ == "Conv1D"  # HF Conv1D stores [in, out]
+
+
+def _fused_rows(attn) -> dict[str, Tensor] | None:
+    """For a fused-QKV attention bridge whose split ``q, k, v`` are copies (NeoX: interleaved
+    per head), the rows of the fused ``[out, in]`` weight each split row came from.
+
+    Found by running the bridge's own split function on a probe weight whose rows hold their
+    own index, so the map is exact for any row permutation the adapter uses. None when the
+    split weights are views into the fused one (GPT-2), where in-place writes already reach it.
+    """
+    fused_mod = attn.qkv._original_component
+    fused = fused_mod.weight
+    storage = fused.untyped_storage().data_ptr()
+    if all(getattr(attn, n)._original_component.weight.untyped_storage().data_ptr() == storage
+           for n in ("q", "k", "v")):
+        return None
+    split = getattr(attn, "split_qkv_matrix", None)
+    hf_attn = getattr(attn, "original_component", None) or attn._original_component
+    if split is None:
+        raise NotImplementedError("fused QKV weight without a split function: cannot keep it in sync")
+    conv = _is_conv1d(fused_mod)
+    n_out = fused.shape[1] if conv else fused.shape[0]
+    probe = torch.arange(n_out, dtype=torch.float64).unsqueeze(1).expand(n_out, fused.shape[0] if conv else fused.shape[1])
+    saved = fused.data
+    try:
+        fused.data = (probe.T if conv else probe).to(saved.dtype).contiguous()
+        parts = split(hf_attn)
+    finally:
+        fused.data = saved
+    out = {}
+    for name, mod in zip(("q", "k", "v"), parts):
+        w = mod.weight.detach()
+        rows = (w.T if _is_conv1d(mod) else w)[:, 0]
+        out[name] = rows.round().long()
+    if torch.cat(list(out.values())).sort().values.tolist() != list(range(n_out)):
+        raise NotImplementedError("fused QKV split is not a row permutation: cannot keep it in sync")
+    return out
+
+
+def _bridge_linears(model, layer: int) -> list[LinearWeight]:
+    block = model.blocks[layer]
+    out = []
+    for unit in UNITS:
+        comp = getattr(block, unit, None)
+        if comp is None:
+            continue
+        names = [n for n, c in comp.named_children() if type(c).__name__ == "LinearBridge"]
+        fused_rows = None
+        if "qkv" in names and {"q", "k", "v"} <= set(names):
+            names.remove("qkv")  # forward reads q, k, v: compress each once
+            fused_rows = _fused_rows(comp)
+        for n in names:
+            mod = getattr(comp, n)._original_component
+            w = mod.weight
+            transposed = _is_conv1d(mod)
+            sync = None
+            if fused_rows is not None and n in fused_rows:
+                fmod = comp.qkv._original_component
+                sync = (fmod.weight, _is_conv1d(fmod), fused_rows[n])
+
+            def get(w=w, t=transposed):
+                return _float(w.T if t else w)
+
+            def set_(m, w=w, t=transposed, sync=sync):
+                with torch.no_grad():
+                    w.copy_((m.T if t else m).to(w.dtype))
+                    if sync is not None:  # keep the fused weight (what is saved) in step
+                        fw, fconv, rows = sync
+                        if fconv:
+                            fw[:, rows] = m.T.to(fw.dtype)
+                        else:
+                            fw[rows] = m.to(fw.dtype)
+
+            shape = (w.shape[1], w.shape[0]) if transposed else (w.shape[0], w.shape[1])
+            out.append(LinearWeight(layer, f"{unit}.{n}", tuple(shape), get, set_))
+    return out
+
+
+def _legacy_linears(model, layer: int) -> list[LinearWeight]:
+    block = model.blocks[layer]
+    attn = block.attn
+    out = []
+
+    def qkv_weight(name):
+        # GQA: the real parameter is _W_K / _W_V ([n_kv, d_model, d_head]); W_K repeats it.
+        return getattr(attn, f"_{name}", None) if isinstance(getattr(attn, f"_{name}", None), torch.nn.Parameter) else getattr(attn, name)
+
+    for k, pname in (("q", "W_Q"), ("k", "W_K"), ("v", "W_V")):
+        w = qkv_weight(pname)  # [h, d_model, d_head] -> [h * d_head, d_model]
+        h, dm, dh = w.shape
+
+        def get(w=w, h=h, dm=dm, dh=dh):
+            return _float(w.permute(0, 2, 1).reshape(h * dh, dm))
+
+        def set_(m, w=w, h=h, dm=dm, dh=dh):
+            with torch.no_grad():
+                w.copy_(m.reshape(h, dh, dm).permute(0, 2, 1).to(w.dtype))
+
+        out.append(LinearWeight(layer, f"attn.{k}", (h * dh, dm), get, set_))
+    w_o = attn.W_O  # [h, d_head, d_model] -> [d_model, h * d_head]
+    h, dh, dm = w_o.shape
+
+    def get_o(w=w_o, h=h, dh=dh, dm=dm):
+        return _float(w.reshape(h * dh, dm).T)
+
+    def set_o(m, w=w_o, h=h, dh=dh, dm=dm):
+        with torch.no_grad():
+            w.copy_(m.T.reshape(h, dh, dm).to(w.dtype))
+
+    out.append(LinearWeight(layer, "attn.o", (dm, h * dh), get_o, set_o))
+    mlp = getattr(block, "mlp", None)
+    if mlp is not None:
+        for key, pname in (("mlp.in", "W_in"), ("mlp.gate", "W_gate"), ("mlp.out", "W_out")):
+            w = getattr(mlp, pname, None)
+            if not isinstance(w, torch.nn.Parameter):
+                continue
+
+            def get(w=w):
+                return _float(w.T)
+
+            def set_(m, w=w):
+                with torch.no_grad():
+                    w.copy_(m.T.to(w.dtype))
+
+            out.append(LinearWeight(layer, key, (w.shape[1], w.shape[0]), get, set_))
+    return out
+
+
+def linear_weights(model, *, layers=None, units: Sequence[str] = UNITS, keys: Iterable[str] | None = None) -> list[LinearWeight]:
+    """The attention / MLP linears of ``model`` as ``[out, in]`` views with setters.
+
+    Args:
+        layers: None (all), an int or a sequence of ints.
+        units: any of ``"attn"``, ``"mlp"``.
+        keys: restrict to these keys (``"attn.q"``, ``"mlp.out"``, ...).
+    """
+    units = (units,) if isinstance(units, str) else tuple(units)
+    bad = [u for u in units if u not in UNITS]
+    if bad or not units:
+        raise ValueError(f"units must be a non-empty subset of {UNITS}, got {units!r}")
+    layers = normalize_layers(layers, int(model.cfg.n_layers))
+    fn = _bridge_linears if lane_of(model) == "bridge" else _legacy_linears
+    keys = None if keys is None else set(keys)
+    out = []
+    for L in layers:
+        for lw in fn(model, L):
+            if lw.unit in units and (keys is None or lw.key in keys):
+                out.append(lw)
+    if keys is not None:
+        found = {lw.key for lw in out}
+        if not found:
+            raise ValueError(f"keys {sorted(keys)} match no linear; available: "
+                             f"{sorted({lw.key for L in layers for lw in fn(model, L)})}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration statistics
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class InputStats:
+    """Per-linear input statistics from calibration text.
+
+    ``rms[name]``: ``[in]`` root mean square of each input channel over calibration
+    tokens (``||x_j||_2 / sqrt(n_tokens)``; the constant factor does not change any
+    per-row comparison); ``mean_abs[name]``: ``[in]`` mean ``|x_j|``; ``samples[name]``:
+    up to ``n_samples`` input rows ``[n, in]`` (only when asked for).
+    """
+
+    rms: dict[str, Tensor]
+    mean_abs: dict[str, Tensor]
+    samples: dict[str, Tensor]
+    n_tokens: int
+
+
+@torch.no_grad()
+def collect_input_stats(model, calibration, *, layers=None, batch_size: int = 8, n_samples: int = 0,
+                        seed: int = 0) -> InputStats:
+    """Stream ``calibration`` through ``model`` and collect the input statistics of every linear.
+
+    ``calibration`` is anything :func:`tl_directional.prepare_inputs` accepts (strings,
+    token lists, a ``[batch, pos]`` tensor, a :class:`TokenBatch`). Padding is excluded.
+    """
+    from .inputs import iter_batches, prepare_inputs
+
+    batch = prepare_inputs(model, calibration, argument="calibration")
+    layers = normalize_layers(layers, int(model.cfg.n_layers))
+    device = _device(model)
+    by_hook: dict[str, list] = {}
+    for L in layers:
+        for key, li in linear_input_hooks(model, L).items():
+            by_hook.setdefault(li.hook, []).append((f"blocks.{L}.{key}", li.scale))
+    sumsq: dict[str, Tensor] = {}
+    sumabs: dict[str, Tensor] = {}
+    count: dict[str, float] = {}
+    reservoir: dict[str, list[Tensor]] = {}
+    gen = torch.Generator().manual_seed(seed)
+    state: dict[str, Tensor] = {}
+
+    def make(hook_name):
+        targets = by_hook[hook_name]
+
+        def hook(t, hook):  # noqa: ARG001
+            mask = state["mask"]
+            x = t.reshape(*t.shape[:2], -1) if t.ndim == 4 else t
+            x = x[mask].double()
+            for name, scale in targets:
+                xs = x * scale.double() if scale is not None else x
+                if name not in sumsq:
+                    sumsq[name] = torch.zeros(xs.shape[-1], dtype=torch.float64, device=xs.device)
+                    sumabs[name] = torch.zeros_like(sumsq[name])
+                    count[name] = 0.0
+                sumsq[name] += (xs * xs).sum(0)
+                sumabs[name] += xs.abs().sum(0)
+                count[name] += xs.shape[0]
+                if n_samples:
+                    k = min(xs.shape[0], n_samples)
+                    idx = torch.randperm(xs.shape[0], generator=gen)[:k].to(xs.device)
+                    reservoir.setdefault(name, []).append(xs[idx].float().cpu())
+            return t
+
+        return hook
+
+    hooks = [(h, make(h)) for h in by_hook]
+    n_tokens = 0
+    with model.hooks(fwd_hooks=hooks):
+        for part in iter_batches(batch, batch_size):
+            part = part.to(device)
+            state["mask"] = part.attention_mask.bool()
+            model(part.tokens, attention_mask=part.attention_mask, return_type=None)
+            n_tokens += int(part.attention_mask.sum())
+    rms = {k: (sumsq[k] / max(count[k], 1.0)).sqrt().float() for k in sumsq}
+    mean_abs = {k: (sumabs[k] / max(count[k], 1.0)).float() for k in sumabs}
+    samples = {}
+    for k, parts in reservoir.items():
+        allx = torch.cat(parts)
+        if allx.shape[0] > n_samples:
+            allx = allx[torch.randperm(allx.shape[0], generator=gen)[:n_samples]]
+        samples[k] = allx
+    return InputStats(rms=rms, mean_abs=mean_abs, samples=samples, n_tokens=n_tokens)
+
+
+def _device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:  # pragma: no cover
+        return torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Matrix-level methods (pure functions of an [out, in] matrix)
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_bits(bits) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be an int in {SUPPORTED_BITS[0]}..{SUPPORTED_BITS[-1]}, got {bits!r} "
+                         "(8/4/3 are the usual settings)")
+    return bits
+
+
+def _check_group(group_size) -> int | None:
+    if group_size is None:
+        return None
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size must be None (per output channel) or a positive int, got {group_size!r}")
+    return group_size
+
+
+def _check_sparsity(sparsity) -> float:
+    if isinstance(sparsity, bool) or not isinstance(sparsity, (int, float)) or not 0.0 < float(sparsity) < 1.0:
+        raise ValueError(f"sparsity must be a number strictly between 0 and 1, got {sparsity!r}")
+    return float(sparsity)
+
+
+def _check_nm(n_m) -> tuple[int, int]:
+    try:
+        n, m = (int(x) for x in n_m)
+    except (TypeError, ValueError):
+        raise ValueError(f"n_m must be a pair (N, M) like (2, 4), got {n_m!r}") from None
+    if not 0 < n < m:
+        raise ValueError(f"n_m=(N, M) needs 0 < N < M, got {n_m!r}")
+    return n, m
+
+
+def _grouped(w: Tensor, group_size: int | None) -> tuple[Tensor, int]:
+    """``[out, in] -> [out, n_groups, g]``; a partial last group is padded with copies of the
+    row's last value (which lies in that group, so its min / max / absmax are unchanged)."""
+    out_dim, in_dim = w.shape
+    g = in_dim if group_size is None else min(group_size, in_dim)
+    pad = (-in_dim) % g
+    if pad:
+        w = torch.cat([w, w[:, -1:].expand(out_dim, pad)], dim=1)
+    return w.reshape(out_dim, -1, g), in_dim
+
+
+def rtn_matrix(w: Tensor, bits: int, group_size: int | None = None, symmetric: bool = True) -> Tensor:
+    """Round-to-nearest quantize-dequantize of an ``[out, in]`` matrix.
+
+    Symmetric: ``scale = absmax / (2^(b-1) - 1)``, integers in ``[-2^(b-1), 2^(b-1) - 1]``.
+    Asymmetric: ``scale = (max - min) / (2^b - 1)``, integer zero point, integers in
+    ``[0, 2^b - 1]``. Statistics per output row (``group_size=None``) or per group of
+    ``group_size`` consecutive input channels within a row.
+    """
+    _check_bits(bits)
+    group_size = _check_group(group_size)
+    x, in_dim = _grouped(w, group_size)
+    if symmetric:
+        qmax = 2 ** (bits - 1) - 1
+        scale = x.abs().amax(-1, keepdim=True) / qmax
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = torch.clamp(torch.round(x / scale), -qmax - 1, qmax)
+        deq = q * scale
+    else:
+        qmax = 2**bits - 1
+        lo = x.amin(-1, keepdim=True)
+        hi = x.amax(-1, keepdim=True)
+        scale = (hi - lo) / qmax
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        zero = torch.round(-lo / scale)
+        q = torch.clamp(torch.round(x / scale) + zero, 0, qmax)
+        deq = (q - zero) * scale
+    return deq.reshape(w.shape[0], -1)[:, :in_dim]
+
+
+def magnitude_mask(score: Tensor, sparsity: float, *, per_row: bool) -> Tensor:
+    """Keep-mask (True = kept) removing the ``sparsity`` fraction of smallest scores,
+    per matrix or per row. Ties are broken by position, so the count is exact."""
+    _check_sparsity(sparsity)
+    if per_row:
+        k = int(round(score.shape[1] * sparsity))
+        idx = torch.argsort(score, dim=1, stable=True)[:, :k]
+        mask = torch.ones_like(score, dtype=torch.bool)
+        mask.scatter_(1, idx, False)
+        return mask
+    flat = score.reshape(-1)
+    k = int(round(flat.numel() * sparsity))
+    idx = torch.argsort(flat, stable=True)[:k]
+    mask = torch.ones_like(flat, dtype=torch.bool)
+    mask[idx] = False
+    return mask.reshape(score.shape)
+
+
+def nm_mask(score: Tensor, n: int, m: int) -> Tensor:
+    """Keep-mask with exactly ``n`` of every ``m`` consecutive input channels kept per row."""
+    out_dim, in_dim = score.shape
+    if in_dim % m:
+        raise ValueError(f"N:M pruning with M={m} needs the input size to be a multiple of M; "
+                         f"a weight has {in_dim} input channels")
+    s = score.reshape(out_dim, in_dim // m, m)
+    idx = torch.argsort(s, dim=-1, descending=True, stable=True)[..., :n]
+    mask = torch.zeros_like(s, dtype=torch.bool)
+    mask.scatter_(-1, idx, True)
+    return mask.reshape(out_dim, in_dim)
+
+
+def low_rank_matrix(w: Tensor, rank_fraction: float) -> tuple[Tensor, int]:
+    """Best rank-``k`` approximation (truncated SVD), ``k = max(1, round(f * min(out, in)))``."""
+    k = max(1, int(round(rank_fraction * min(w.shape))))
+    u, s, vh = torch.linalg.svd(w.double(), full_matrices=False)
+    return ((u[:, :k] * s[:k]) @ vh[:k]).to(w.dtype), k
+
+
+# ---------------------------------------------------------------------------------------------
+# Model-level compressors
+# ---------------------------------------------------------------------------------------------
+
+
+def _apply(model, method: str, params: dict, transform: Callable[[LinearWeight, Tensor], Tensor], *,
+           layers, units, keys, inplace: bool = False) -> CompressionResult:
+    target = model if inplace else clone_model(model)
+    lws = linear_weights(target, layers=layers, units=units, keys=keys)
+    rel_err = []
+    zeros = total = 0
+    for lw in lws:
+        w = lw.get()
+        new = transform(lw, w)
+        lw.set(new)
+        denom = float(w.norm())
+        rel_err.append(float((new - w).norm()) / denom if denom > 0 else 0.0)
+        zeros += int((new == 0).sum())
+        total += new.numel()
+    record = CompressionRecord(
+        method=method,
+        params=params,
+        layers=sorted({lw.layer for lw in lws}),
+        weights=[lw.name for lw in lws],
+        lane=lane_of(model),
+        stats={"weight_rel_error_mean": float(sum(rel_err) / max(len(rel_err), 1)),
+               "zero_fraction": zeros / max(total, 1), "n_weights": float(total)},
+    )
+    return CompressionResult(target, record)
+
+
+def quantize_rtn(model, bits: int = 4, *, group_size: int | None = None, symmetric: bool = True,
+                 layers=None, units: Sequence[str] = UNITS, keys=None) -> CompressionResult:
+    """Round-to-nearest weight quantization (dequantized back into a copy of ``model``).
+
+    Args:
+        bits: 2..8 (8/4/3 are the usual settings).
+        group_size: None = one scale per output channel; else per group of this many
+            consecutive input channels (32 / 64 / 128 are usual).
+        symmetric: symmetric (no zero point) or asymmetric (integer zero point).
+        layers, units, keys: scope (default: every attention and MLP linear).
+    """
+    _check_bits(bits)
+    _check_group(group_size)
+    params = {"bits": bits, "group_size": group_size, "symmetric": bool(symmetric)}
+    return _apply(model, "rtn", params, lambda lw, w: rtn_matrix(w, bits, group_size, symmetric),
+                  layers=layers, units=units, keys=keys)
+
+
+def quantize_awq(model, calibration, bits: int = 4, *, group_size: int | None = 128, symmetric: bool = False,
+                 alphas: Sequence[float] = tuple(i / 10 for i in range(11)), n_samples: int = 512,
+                 batch_size: int = 8, layers=None, units: Sequence[str] = UNITS, keys=None,
+                 stats: InputStats | None = None) -> CompressionResult:
+    """AWQ-style activation-aware quantization (calibration-aware RTN).
+
+    For each linear, input-channel scales ``s = mean|x|^a / sqrt(max * min)`` are applied
+    before quantization and undone after (``W' = Q(W diag(s)) diag(s)^-1``, which equals
+    folding ``1/s`` into the previous operation), with ``a`` chosen from ``alphas`` to
+    minimise the output error ``||X W'^T - X W^T||`` on up to ``n_samples`` calibration
+    tokens. ``a = 0`` is plain RTN, so the search never does worse than RTN on the
+    calibration sample. (AWQ's weight-clipping search is not implemented.)
+    """
+    _check_bits(bits)
+    _check_group(group_size)
+    if stats is None or not stats.samples:
+        stats = collect_input_stats(model, calibration, layers=layers, batch_size=batch_size, n_samples=n_samples)
+    chosen: dict[str, float] = {}
+
+    def transform(lw: LinearWeight, w: Tensor) -> Tensor:
+        x = stats.samples[lw.name].to(w.device, w.dtype)
+        mag = stats.mean_abs[lw.name].to(w.device, w.dtype).clamp_min(1e-8)
+        ref = x @ w.T
+        best, best_err, best_a = None, float("inf"), 0.0
+        for a in alphas:
+            s = mag**a
+            s = s / (s.max() * s.min()).sqrt()
+            cand = rtn_matrix(w * s, bits, group_size, symmetric) / s
+            err = float(((x @ cand.T) - ref).pow(2).sum())
+            if err < best_err:
+                best, best_err, best_a = cand, err, a
+        chosen[lw.name] = best_a
+        return best
+
+    params = {"bits": bits, "group_size": group_size, "symmetric": bool(symmetric),
+              "alphas": list(alphas), "n_samples": n_samples}
+    res = _apply(model, "awq", params, transform, layers=layers, units=units, keys=keys)
+    res.record.stats["alpha_mean"] = float(sum(chosen.values()) / max(len(chosen), 1))
+    res.record.notes.append("chosen alpha per weight: " + json.dumps(chosen))
+    return res
+
+
+def prune_magnitude(model, sparsity: float = 0.5, *, n_m: tuple[int, int] | None = None, per_row: bool = False,
+                    layers=None, units: Sequence[str] = UNITS, keys=None) -> CompressionResult:
+    """Magnitude pruning: zero the ``sparsity`` fraction of smallest ``|W|`` in each weight
+    matrix (``per_row=True``: in each output row), or keep the ``N`` largest of every
+    ``M`` consecutive inputs (``n_m=(N, M)``)."""
+    if n_m is not None:
+        n, m = _check_nm(n_m)
+        params = {"sparsity": 1 - n / m, "n_m": [n, m], "score": "magnitude"}
+        return _apply(model, "magnitude", params, lambda lw, w: w * nm_mask(w.abs(), n, m),
+                      layers=layers, units=units, keys=keys)
+    sparsity = _check_sparsity(sparsity)
+    params = {"sparsity": sparsity, "n_m": None, "per_row": per_row, "score": "magnitude"}
+    return _apply(model, "magnitude", params,
+                  lambda lw, w: w * magnitude_mask(w.abs(), sparsity, per_row=per_row),
+                  layers=layers, units=units, keys=keys)
+
+
+def prune_wanda(model, calibration, sparsity: float | None = 0.5, *, n_m: tuple[int, int] | None = None,
+                batch_size: int = 8, layers=None, units: Sequence[str] = UNITS, keys=None,
+                stats: InputStats | None = None) -> CompressionResult:
+    """Wanda pruning (activation-aware): score ``|W_ij| * ||x_j||_2`` with input norms from
+    ``calibration``, compared within each output row. Unstructured at ``sparsity``, or
+    N:M (``n_m=(2, 4)``: keep the 2 highest-scoring of every 4 consecutive inputs)."""
+    if n_m is not None:
+        n, m = _check_nm(n_m)
+        params = {"sparsity": 1 - n / m, "n_m": [n, m], "score": "wanda"}
+    else:
+        sparsity = _check_sparsity(sparsity)
+        params = {"sparsity": sparsity, "n_m": None, "score": "wanda"}
+    if stats is None:
+        stats = collect_input_stats(model, calibration, layers=layers, batch_size=batch_size)
+
+    def transform(lw: LinearWeight, w: Tensor) -> Tensor:
+        score = w.abs() * stats.rms[lw.name].to(w.device, w.dtype)[None, :]
+        mask = nm_mask(score, n, m) if n_m is not None else magnitude_mask(score, sparsity, per_row=True)
+        return w * mask
+
+    res = _apply(model, "wanda", params, transform, layers=layers, units=units, keys=keys)
+    res.record.stats["calibration_tokens"] = float(stats.n_tokens)
+    return res
+
+
+def low_rank(model, rank_fraction: float = 0.5, *, layers=None, units: Sequence[str] = UNITS,
+             keys=None) -> CompressionResult:
+    """Replace each linear weight by its truncated SVD keeping ``rank_fraction`` of the
+    full rank ``min(out, in)`` (at least rank 1)."""
+    if isinstance(rank_fraction, bool) or not isinstance(rank_fraction, (int, float)) or not 0 < rank_fraction <= 1:
+        raise ValueError(f"rank_fraction must be in (0, 1], got {rank_fraction!r}")
+    ranks: dict[str, int] = {}
+
+    def transform(lw, w):
+        new, k = low_rank_matrix(w, float(rank_fraction))
+        ranks[lw.name] = k
+        return new
+
+    res = _apply(model, "low_rank", {"rank_fraction": float(rank_fraction)}, transform,
+                 layers=layers, units=units, keys=keys)
+    res.record.stats["rank_mean"] = float(sum(ranks.values()) / max(len(ranks), 1))
+    return res
+
+
+def drop_layers(model, layers) -> CompressionResult:
+    """Skip the update of whole blocks: their attention output and MLP output weights and
+    biases are zeroed, so each dropped block adds exactly 0 to the stream (``e = -u``:
+    purely parallel by construction). Not defined for post-LN models, where a block with a
+    zero update still renormalises the stream."""
+    from .sites import architecture_name
+
+    if "Bert" in architecture_name(model):
+        raise ValueError("layer drop is not defined for post-LN models (BERT): a zero update is "
+                         "still followed by a LayerNorm, so the block is not skipped")
+    if layers is None:
+        raise ValueError("drop_layers needs the layers to drop (an int or a list of ints)")
+    layers = normalize_layers(layers, int(model.cfg.n_layers))
+    target = clone_model(model)
+    names = []
+    for lw in linear_weights(target, layers=layers, keys=("attn.o", "mlp.out")):
+        lw.set(torch.zeros(lw.shape))
+        names.append(lw.name)
+    with torch.no_grad():
+        for L in layers:
+            for b in _output_biases(target, L):
+                b.zero_()
+    record = CompressionRecord("drop", {"layers": layers}, layers, names, lane_of(model),
+                               stats={"by_construction_parallel": 1.0},
+                               notes=["block update is exactly 0: error e = -u is purely parallel"])
+    return CompressionResult(target, record)
+
+
+def _output_biases(model, layer: int) -> list[Tensor]:
+    block = model.blocks[layer]
+    out = []
+    if lane_of(model) == "bridge":
+        for unit, name in (("attn", "o"), ("mlp", "out")):
+            mod = getattr(getattr(block, unit), name)._original_component
+            if getattr(mod, "bias", None) is not None:
+                out.append(mod.bias)
+    else:
+        for t in (getattr(block.attn, "b_O", None), getattr(getattr(block, "mlp", None), "b_out", None)):
+            if isinstance(t, torch.nn.Parameter):
+                out.append(t)
+    return out
+
+
+def identity(model) -> CompressionResult:
+    """A plain copy (the no-op "compression"), for controls: its error is exactly zero."""
+    target = clone_model(model)
+    return CompressionResult(target, CompressionRecord("identity", {}, [], [], lane_of(model)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec strings
+# ---------------------------------------------------------------------------------------------
+
+SPEC_HELP = (
+    "METHOD[:key=value,...] with METHOD one of: rtn (bits, group, sym), awq (bits, group, sym), "
+    "magnitude (sparsity | nm=N:M), wanda (sparsity | nm=N:M), svd (rank), drop (layers=1+2), "
+    "identity. Examples: rtn:bits=4,group=128,sym=0  wanda:nm=2:4  svd:rank=0.5  drop:layers=2"
+)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"rtn:bits=4,group=128,sym=0"`` -> ``("rtn", {"bits": 4, "group_size": 128, "symmetric": False})``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"empty compression spec; {SPEC_HELP}")
+    method, _, rest = spec.strip().partition(":")
+    method = method.strip().lower()
+    aliases = {"quant": "rtn", "rtn": "rtn", "awq": "awq", "magnitude": "magnitude", "mag": "magnitude",
+               "wanda": "wanda", "svd": "low_rank", "low_rank": "low_rank", "lowrank": "low_rank",
+               "drop": "drop", "identity": "identity"}
+    if method not in aliases:
+        raise ValueError(f"unknown compression method {method!r}; {SPEC_HELP}")
+    method = aliases[method]
+    out: dict[str, Any] = {}
+    for item in filter(None, (x.strip() for x in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"bad item {item!r} in spec {spec!r}: expected key=value; {SPEC_HELP}")
+        key = key.strip().lower()
+        value = value.strip()
+        try:
+            if key == "bits":
+                out["bits"] = int(value)
+            elif key in ("group", "group_size", "g"):
+                out["group_size"] = None if value.lower() in ("none", "0", "channel", "row") else int(value)
+            elif key in ("sym", "symmetric"):
+                out["symmetric"] = value.lower() in ("1", "true", "yes", "sym")
+            elif key in ("sparsity", "s"):
+                out["sparsity"] = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
+            elif key in ("nm", "n_m"):
+                n, m = value.split(":")
+                out["n_m"] = (int(n), int(m))
+            elif key in ("rank", "rank_fraction"):
+                out["rank_fraction"] = float(value)
+            elif key == "layers":
+                out["layers"] = [int(x) for x in value.replace("+", " ").split()]
+            elif key == "units":
+                out["units"] = tuple(value.replace("+", " ").split())
+            else:
+                raise ValueError(f"unknown key {key!r}")
+        except ValueError as exc:
+            raise ValueError(f"bad item {item!r} in spec {spec!r} ({exc}); {SPEC_HELP}") from None
+    return method, out
+
+
+def compress(model, spec: str, *, calibration=None, stats: InputStats | None = None, **overrides) -> CompressionResult:
+    """Compress a copy of ``model`` as described by a spec string (see :data:`SPEC_HELP`).
+
+    ``calibration`` (text or tokens) is required by ``wanda`` and ``awq``.
+    """
+    method, kw = parse_spec(spec)
+    kw.update(overrides)
+    if method in ("wanda", "awq") and calibration is None and stats is None:
+        raise ValueError(f"{method} needs calibration text (calibration=...)")
+    if method == "rtn":
+        return quantize_rtn(model, **kw)
+    if method == "awq":
+        return quantize_awq(model, calibration, stats=stats, **kw)
+    if method == "magnitude":
+        return prune_magnitude(model, **kw)
+    if method == "wanda":
+        if "n_m" in kw:
+            kw.setdefault("sparsity", None)
+        return prune_wanda(model, calibration, stats=stats, **kw)
+    if method == "low_rank":
+        return low_rank(model, **kw)
+    if method == "drop":
+        return drop_layers(model, kw.get("layers"))
+    return identity(model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving
+# ---------------------------------------------------------------------------------------------
+
+
+def _unwrap(obj):
+    while "_original_component" in getattr(obj, "_modules", {}):
+        obj = obj._modules["_original_component"]
+    return obj
+
+
+def save_compressed(model, path, record: CompressionRecord | None = None) -> Path:
+    """Write a (compressed) bridge-lane model as a Hugging Face directory.
+
+    The model's wrapped ``transformers`` modules are read parameter by parameter into a
+    fresh model of the same class and config (the bridge's own ``save_pretrained`` path
+    fails on GPT-2's split-qkv views), then saved with ``save_pretrained`` together with
+    the tokenizer and, when given, the record as ``tl_directional_compression.json``.
+    """
+    import transformers
+
+    if lane_of(model) != "bridge":
+        raise NotImplementedError(
+            "save_compressed writes Hugging Face directories from a TransformerLens 4 bridge model; "
+            "on the legacy HookedTransformer lane keep the model in memory (compression_geometry "
+            "takes model objects) or compress with TransformerLens >= 4")
+    hf = model.original_model
+    config = hf.config
+    arch = (getattr(config, "architectures", None) or [type(_unwrap(hf)).__name__])[0]
+    cls = getattr(transformers, arch)
+    fresh = cls(config)
+    with torch.no_grad():
+        for name, p in fresh.named_parameters():
+            obj = hf
+            for part in name.split("."):
+                obj = getattr(_unwrap(obj), part)
+            p.copy_(obj.detach().to(p.dtype))
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    fresh.save_pretrained(str(path))
+    tok = getattr(model, "tokenizer", None)
+    if tok is not None:
+        tok.save_pretrained(str(path))
+    if record is not None:
+        (path / RECORD_FILE).write_text(json.dumps(record.as_dict(), indent=2) + "\n")
+    return path
+
+
+__all__ = [
+    "CompressionRecord",
+    "CompressionResult",
+    "InputStats",
+    "LinearWeight",
+    "SPEC_HELP",
+    "clone_model",
+    "collect_input_stats",
+    "compress",
+    "drop_layers",
+    "identity",
+    "linear_weights",
+    "low_rank",
+    "low_rank_matrix",
+    "magnitude_mask",
+    "nm_mask",
+    "parse_spec",
+    "prune_magnitude",
+    "prune_wanda",
+    "quantize_awq",
+    "quantize_rtn",
+    "rtn_matrix",
+    "save_compressed",
+]

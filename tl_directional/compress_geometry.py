@@ -1,0 +1,537 @@
+"""Error geometry of a compressed model against its dense original (METHOD.md sec. 6).
+
+:func:`compression_geometry` streams a token set through both models and, per
+(layer, unit), splits the compression error ``e = u' - u`` of each unit's update
+against the dense update ``u`` (and against the unit's residual reference):
+
+- ``mode="local"``: every unit of the compressed model is fed the *dense* input of
+  that unit. One dense forward records the inputs and updates; the compressed
+  model then runs with hooks that replace each unit's input stream
+  (``hook_resid_pre`` for attention / block, the MLP's reference stream for the
+  MLP) by the dense one, so a single compressed forward gives every layer's local
+  error at once (blocks are independent given their input). In a sequential block
+  the MLP's local input (dense ``resid_mid``) and the block's local input (its
+  own attention output added to the dense ``resid_pre``) conflict, so when both
+  ``"mlp"`` and ``"block"`` are asked for the compressed model runs twice.
+- ``mode="global"``: both models run end to end on the same tokens; the update
+  error and the stream error (stream after the unit, compressed minus dense,
+  split against the dense stream) are reported per layer.
+
+Nothing holds full caches: per batch, the dense activations of that batch only;
+across batches, exact float64 sums per (layer, unit) (and per sequence when
+``per_sequence=True``, for bootstrap intervals). Padding never counts.
+
+Metrics (all per token, then aggregated):
+
+==================================  ============================================
+``err_par_over_update``             ``||e_par|| / ||u||`` (``e`` split against ``u``)
+``err_perp_over_update``            ``||e_perp|| / ||u||``
+``err_perp_share``                  ``||e_perp||^2 / ||e||^2`` (tokens with ``e != 0``)
+``alpha_err``                       ``(e . u) / ||u||^2``; negative = update shrank
+``*_vs_resid``                      the same, with ``e`` split against the unit's
+                                    residual reference ``r`` (still over ``||u||``)
+``cos_sim``                         ``cos(u', u)`` (0 where ``u' = 0``)
+``rel_mse``                         ``||e||^2 / ||u||^2``
+==================================  ============================================
+
+Each is reported as a per-token mean (the column named as above) and, where it
+is a ratio of norms, in energy form (``*_energy``, e.g.
+``err_perp_energy = sqrt(sum ||e_perp||^2 / sum ||u||^2)``), which is the
+headline: per-token means are dominated by tokens whose update is tiny, the
+energy form is not (METHOD.md sec. 1, "Aggregation"). Tokens with
+``||u||^2 <= eps`` are counted in ``degenerate`` and left out of every metric.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from .compress import CompressionRecord, CompressionResult
+from .geometry import DEFAULT_EPS, compute_dtype
+from .inputs import TokenBatch, first_token_mask, iter_batches, prepare_inputs
+from .sites import (
+    SEQUENTIAL,
+    ModelSites,
+    UnitSite,
+    architecture_name,
+    check_hook_api,
+    lane_of,
+    normalize_layers,
+    resolve_sites,
+    verify_sites,
+)
+
+MODES = ("local", "global")
+
+# Per-token statistics accumulated as exact float64 sums (columns of the accumulator).
+_STATS = (
+    "n", "degenerate", "u_sq", "e_sq", "e_par_sq", "e_perp_sq", "e_dot_u", "e_par_r_sq", "e_perp_r_sq",
+    "up_sq", "t_err_par", "t_err_perp", "t_share", "n_err", "t_alpha", "t_err_par_r", "t_err_perp_r",
+    "t_share_r", "t_alpha_r", "t_cos", "t_rel_mse",
+    "h_sq", "d_sq", "d_par_sq", "d_perp_sq", "t_stream_rel", "t_stream_cos",
+)
+_IDX = {k: i for i, k in enumerate(_STATS)}
+
+
+class CompatibilityError(ValueError):
+    """Dense and compressed models cannot be compared (architecture, vocabulary, tokenizer)."""
+
+
+def check_compatible(dense, compressed) -> None:
+    """Raise :class:`CompatibilityError` unless the two models can be compared layer by layer."""
+    check_hook_api(dense, "dense")
+    check_hook_api(compressed, "compressed")
+    if lane_of(dense) != lane_of(compressed):
+        raise CompatibilityError(
+            f"dense is a {lane_of(dense)}-lane model but compressed is a {lane_of(compressed)}-lane "
+            "model; load both the same way (tl_directional.load_model)")
+    a, b = architecture_name(dense), architecture_name(compressed)
+    if a != b:
+        raise CompatibilityError(f"architectures differ: dense is {a!r}, compressed is {b!r}")
+    for attr in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab"):
+        x, y = getattr(dense.cfg, attr, None), getattr(compressed.cfg, attr, None)
+        if x != y:
+            what = "vocabularies" if attr == "d_vocab" else "shapes"
+            raise CompatibilityError(f"{what} differ: dense has {attr}={x}, compressed has {attr}={y}")
+    ta, tb = getattr(dense, "tokenizer", None), getattr(compressed, "tokenizer", None)
+    if ta is not None and tb is not None and ta is not tb:
+        if len(ta) != len(tb) or ta.get_vocab() != tb.get_vocab():
+            raise CompatibilityError(
+                f"tokenizers differ (dense: {len(ta)} tokens, compressed: {len(tb)} tokens, or the same "
+                "size with different ids): the models would not read the same token ids")
+        for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(ta, attr, None) != getattr(tb, attr, None):
+                raise CompatibilityError(f"tokenizers differ in {attr}: {getattr(ta, attr, None)} vs "
+                                         f"{getattr(tb, attr, None)}")
+
+
+@dataclass
+class _Target:
+    name: str
+    model: object
+    record: CompressionRecord | None
+    total: Tensor  # [rows, K]
+    per_seq: Tensor | None  # [n_seq, rows, K]
+    seconds: float = 0.0
+
+
+def _split_stats(e: Tensor, ref: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(e . r) / ||r||^2``, ``||e_par||^2`` and ``||e_perp||^2`` of ``e`` against ``ref``
+    (``a = 0`` where ``||r||^2 <= eps``). Written out instead of calling ``decompose`` so
+    that ``e = 0`` gives exact zeros and no ``[.., d]`` intermediates are kept."""
+    dot = (e * ref).sum(-1)
+    r_sq = (ref * ref).sum(-1)
+    ok = r_sq > eps
+    a = torch.where(ok, dot / torch.where(ok, r_sq, torch.ones_like(r_sq)), torch.zeros_like(dot))
+    par_sq = a * a * r_sq
+    perp = e - a.unsqueeze(-1) * ref
+    perp_sq = (perp * perp).sum(-1)
+    return a, par_sq, perp_sq
+
+
+def _token_stats(u: Tensor, up: Tensor, ref: Tensor, eps: float,
+                 stream: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """``[n, K]`` per-token statistics (see ``_STATS``) from masked ``[n, d]`` tensors."""
+    dtype = compute_dtype(u.dtype)
+    u, up, ref = u.to(dtype), up.to(dtype), ref.to(dtype)
+    e = up - u
+    u_sq = (u * u).sum(-1)
+    e_sq = (e * e).sum(-1)
+    up_sq = (up * up).sum(-1)
+    valid = u_sq > eps
+    one = torch.ones_like(u_sq)
+    safe_u = torch.where(valid, u_sq, one)
+    a, par_sq, perp_sq = _split_stats(e, u, eps)
+    a_r, par_r_sq, perp_r_sq = _split_stats(e, ref, eps)
+    has_err = valid & (e_sq > 0)
+    safe_e = torch.where(has_err, e_sq, one)
+    norm_u = safe_u.sqrt()
+    up_norm = up_sq.sqrt()
+    cos = torch.where(up_sq > 0, (up * u).sum(-1) / (norm_u * torch.where(up_sq > 0, up_norm, one)),
+                      torch.zeros_like(u_sq))
+    cols = {
+        "n": valid.to(dtype),
+        "degenerate": (~valid).to(dtype),
+        "u_sq": u_sq, "e_sq": e_sq, "e_par_sq": par_sq, "e_perp_sq": perp_sq, "e_dot_u": a * u_sq,
+        "e_par_r_sq": par_r_sq, "e_perp_r_sq": perp_r_sq, "up_sq": up_sq,
+        "t_err_par": par_sq.sqrt() / norm_u, "t_err_perp": perp_sq.sqrt() / norm_u,
+        "t_share": torch.where(has_err, perp_sq / safe_e, torch.zeros_like(e_sq)),
+        "n_err": has_err.to(dtype), "t_alpha": a,
+        "t_err_par_r": par_r_sq.sqrt() / norm_u, "t_err_perp_r": perp_r_sq.sqrt() / norm_u,
+        "t_share_r": torch.where(has_err, perp_r_sq / safe_e, torch.zeros_like(e_sq)),
+        "t_alpha_r": a_r, "t_cos": cos, "t_rel_mse": e_sq / safe_u,
+    }
+    if stream is not None:
+        h, hp = (t.to(dtype) for t in stream)
+        d = hp - h
+        h_sq = (h * h).sum(-1)
+        _, d_par_sq, d_perp_sq = _split_stats(d, h, eps)
+        d_sq = (d * d).sum(-1)
+        h_ok = h_sq > eps
+        safe_h = torch.where(h_ok, h_sq, one)
+        hp_sq = (hp * hp).sum(-1)
+        s_cos = torch.where(hp_sq > 0, (hp * h).sum(-1) / (safe_h.sqrt() * torch.where(hp_sq > 0, hp_sq.sqrt(), one)),
+                            torch.zeros_like(h_sq))
+        cols.update(h_sq=h_sq, d_sq=d_sq, d_par_sq=d_par_sq, d_perp_sq=d_perp_sq,
+                    t_stream_rel=(d_sq / safe_h).sqrt(), t_stream_cos=s_cos)
+    out = torch.zeros(u.shape[0], len(_STATS), dtype=dtype, device=u.device)
+    for k, v in cols.items():
+        out[:, _IDX[k]] = v
+    # degenerate tokens contribute only to the degenerate count
+    keep = valid.to(dtype).unsqueeze(-1)
+    out = out * keep
+    out[:, _IDX["degenerate"]] = (~valid).to(dtype)
+    return out
+
+
+def _safe_div(a: float, b: float) -> float:
+    return a / b if b > 0 else 0.0
+
+
+def summarize(sums: Tensor, mode: str) -> dict[str, float]:
+    """Metrics of one (layer, unit) row from its ``[K]`` sums (used for totals and bootstraps)."""
+    s = {k: float(sums[i]) for k, i in _IDX.items()}
+    n, n_err = s["n"], s["n_err"]
+    out = {
+        "tokens": int(round(n)),
+        "degenerate": int(round(s["degenerate"])),
+        "zero_error_tokens": int(round(n - n_err)),
+        "err_par_over_update": _safe_div(s["t_err_par"], n),
+        "err_perp_over_update": _safe_div(s["t_err_perp"], n),
+        "err_perp_share": _safe_div(s["t_share"], n_err),
+        "alpha_err": _safe_div(s["t_alpha"], n),
+        "err_par_over_update_vs_resid": _safe_div(s["t_err_par_r"], n),
+        "err_perp_over_update_vs_resid": _safe_div(s["t_err_perp_r"], n),
+        "err_perp_share_vs_resid": _safe_div(s["t_share_r"], n_err),
+        "alpha_err_vs_resid": _safe_div(s["t_alpha_r"], n),
+        "cos_sim": _safe_div(s["t_cos"], n),
+        "rel_mse": _safe_div(s["t_rel_mse"], n),
+        "err_par_energy": _safe_div(s["e_par_sq"], s["u_sq"]) ** 0.5,
+        "err_perp_energy": _safe_div(s["e_perp_sq"], s["u_sq"]) ** 0.5,
+        "err_perp_share_energy": _safe_div(s["e_perp_sq"], s["e_sq"]),
+        "alpha_err_energy": _safe_div(s["e_dot_u"], s["u_sq"]),
+        "rel_mse_energy": _safe_div(s["e_sq"], s["u_sq"]),
+        "err_par_energy_vs_resid": _safe_div(s["e_par_r_sq"], s["u_sq"]) ** 0.5,
+        "err_perp_energy_vs_resid": _safe_div(s["e_perp_r_sq"], s["u_sq"]) ** 0.5,
+        "err_perp_share_energy_vs_resid": _safe_div(s["e_perp_r_sq"], s["e_sq"]),
+        "update_norm_ratio": _safe_div(s["up_sq"], s["u_sq"]) ** 0.5,
+        # u' == 0 on every token: e = -u exactly, zero perpendicular error by construction
+        "by_construction_parallel": bool(n > 0 and s["up_sq"] == 0.0),
+    }
+    if mode == "global":
+        out.update({
+            "stream_rel_err": _safe_div(s["t_stream_rel"], n),
+            "stream_cos_sim": _safe_div(s["t_stream_cos"], n),
+            "stream_err_energy": _safe_div(s["d_sq"], s["h_sq"]) ** 0.5,
+            "stream_err_par_energy": _safe_div(s["d_par_sq"], s["h_sq"]) ** 0.5,
+            "stream_err_perp_energy": _safe_div(s["d_perp_sq"], s["h_sq"]) ** 0.5,
+        })
+    return out
+
+
+def _model_device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:  # pragma: no cover
+        return torch.device("cpu")
+
+
+def _normalize_targets(compressed) -> list[tuple[str, object, CompressionRecord | None]]:
+    def one(name, obj):
+        if isinstance(obj, CompressionResult):
+            return (name or obj.record.label, obj.model, obj.record)
+        return (name or "compressed", obj, None)
+
+    if isinstance(compressed, Mapping):
+        if not compressed:
+            raise ValueError("compressed is an empty mapping")
+        return [one(str(k), v) for k, v in compressed.items()]
+    if isinstance(compressed, (list, tuple)) and not isinstance(compressed, CompressionResult):
+        if not compressed:
+            raise ValueError("compressed is an empty list")
+        out = [one(None, c) for c in compressed]
+        names = [n for n, _, _ in out]
+        # unnamed models get their position as a suffix so rows stay distinguishable
+        return [(f"{n} #{i}" if names.count(n) > 1 else n, m, r) for i, (n, m, r) in enumerate(out)]
+    return [one(None, compressed)]
+
+
+def _units(units, sites: ModelSites) -> tuple[str, ...]:
+    if units is None:
+        return sites.components
+    if isinstance(units, str):
+        units = (units,)
+    units = tuple(dict.fromkeys(units))
+    for u in units:
+        if u not in ("attn", "mlp", "block"):
+            raise ValueError(f"units has unknown entry {u!r}; choose from ('attn', 'mlp', 'block')")
+        if u not in sites.units:
+            raise ValueError(f"unit {u!r} is not defined for this {sites.arch} model; available: {sites.components}")
+    if not units:
+        raise ValueError("units is empty")
+    return units
+
+
+def _passes(sites: ModelSites, units: tuple[str, ...], mode: str) -> list[tuple[str, ...]]:
+    """Which units each compressed forward measures (local mode may need two)."""
+    if mode == "local" and sites.arch == SEQUENTIAL and "block" in units and "mlp" in units:
+        return [tuple(u for u in units if u != "block"), ("block",)]
+    return [units]
+
+
+class _Runner:
+    def __init__(self, dense, sites: ModelSites, units, layers, mode, eps, n_seq, per_sequence):
+        self.dense = dense
+        self.sites = sites
+        self.units = units
+        self.layers = layers
+        self.mode = mode
+        self.eps = eps
+        self.rows = [(L, u) for u in units for L in layers]
+        self.row_of = {k: i for i, k in enumerate(self.rows)}
+        self.n_seq = n_seq
+        self.per_sequence = per_sequence
+        self.passes = _passes(sites, units, mode)
+
+    def site(self, unit, layer) -> UnitSite:
+        return self.sites.units[unit][layer]
+
+    # -- dense -----------------------------------------------------------------------------
+    def dense_hooks(self, store: dict):
+        names = set()
+        for (L, u) in self.rows:
+            s = self.site(u, L)
+            names |= {s.update_hook, s.reference_hook}
+            if self.mode == "global":
+                names.add(s.sum_hook)
+
+        def keep(name):
+            def hook(t, hook):  # noqa: ARG001
+                store[name] = t.detach()
+                return t
+            return hook
+
+        return [(n, keep(n)) for n in sorted(names)]
+
+    # -- compressed ------------------------------------------------------------------------
+    def compressed_hooks(self, pass_units, dense_store: dict, state: dict, target: _Target):
+        rows = [(L, u) for (L, u) in self.rows if u in pass_units]
+        replace = set()
+        if self.mode == "local":
+            replace = {self.site(u, L).reference_hook for (L, u) in rows}
+        # each row is measured once every hook it needs has fired, whatever the firing order
+        needs: dict[tuple, set] = {}
+        waiting: dict[str, list] = {}
+        for (L, u) in rows:
+            s = self.site(u, L)
+            need = {s.update_hook, s.reference_hook}
+            if self.mode == "global":
+                need.add(s.sum_hook)
+            needs[(L, u)] = need
+            for n in need:
+                waiting.setdefault(n, []).append((L, u))
+
+        def arrive(name, t):
+            state[name] = t.detach()
+            for key in waiting.get(name, ()):
+                if all(n in state for n in needs[key]):
+                    self._measure(target, key, dense_store, state)
+
+        # Hook functions are bound to the name they were registered under: on the bridge,
+        # hook.name is the canonical name (blocks.0.attn.hook_out), not the alias asked for.
+        def replace_hook(name):
+            def hook(t, hook):  # noqa: ARG001
+                new = dense_store[name].clone().to(t.dtype)
+                arrive(name, new)
+                return new
+            return hook
+
+        def read_hook(name):
+            def hook(t, hook):  # noqa: ARG001
+                arrive(name, t)
+                return t
+            return hook
+
+        return [(n, replace_hook(n) if n in replace else read_hook(n)) for n in sorted(waiting)]
+
+    def _measure(self, target: _Target, key, dense_store, state):
+        L, u = key
+        s = self.site(u, L)
+        up = state[s.update_hook]
+        dense_u = dense_store[s.update_hook]
+        if s.update_is_difference:
+            up = up - state[s.reference_hook]
+            dense_u = dense_u - dense_store[s.reference_hook]
+        stream = (dense_store[s.sum_hook], state[s.sum_hook]) if self.mode == "global" else None
+        self._accumulate(target, L, u, dense_u, up, dense_store[s.reference_hook], state, stream)
+
+    @torch.no_grad()
+    def _accumulate(self, target: _Target, L, u, dense_u, up, ref, state, stream):
+        mask = state["mask"]
+        if stream is not None:
+            stream = (stream[0][mask], stream[1][mask])
+        stats = _token_stats(dense_u[mask], up[mask], ref[mask], self.eps, stream).double()
+        row = self.row_of[(L, u)]
+        target.total[row] += stats.sum(0).to(target.total.device)
+        if target.per_seq is not None:
+            seq = state["seq_index"][mask]
+            target.per_seq[:, row].index_add_(0, seq.to(target.per_seq.device), stats.to(target.per_seq.device))
+
+
+def compression_geometry(
+    dense,
+    compressed,
+    inputs,
+    *,
+    mode: str = "local",
+    units=None,
+    layers=None,
+    batch_size: int = 8,
+    attention_mask: Tensor | None = None,
+    exclude_first_token: bool = False,
+    eps: float = DEFAULT_EPS,
+    per_sequence: bool = False,
+    verify: bool = True,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Per-layer, per-unit geometry of the compression error (METHOD.md sec. 6).
+
+    Args:
+        dense: the original TransformerLens model (bridge or legacy), eval mode.
+        compressed: the compressed model (same architecture and tokenizer), a
+            :class:`~tl_directional.compress.CompressionResult`, or a list / dict of them
+            (the dense forward is then shared; a ``compressed`` column names each).
+        inputs: strings, token-id lists, a ``[batch, pos]`` tensor or a ``TokenBatch``.
+        mode: ``"local"`` (each unit fed the dense input) or ``"global"`` (end to end).
+        units: any of ``"attn"``, ``"mlp"``, ``"block"``; default all the model defines.
+        layers: None (all), an int or a list.
+        batch_size: sequences per forward.
+        attention_mask: with token-id tensors; padding is excluded from every statistic.
+        exclude_first_token: leave each sequence's first real token out.
+        eps: tokens with ``||u||^2 <= eps`` are degenerate (counted, not measured).
+        per_sequence: also return per-sequence sums (``df.attrs["per_sequence"]``, a
+            ``[n_seq, rows, K]`` float64 tensor per model, with ``df.attrs["stat_names"]``
+            and ``df.attrs["rows"]``), for bootstrap intervals via :func:`summarize`.
+        verify: check the additive identity of the dense model's sites first.
+        progress: tqdm bar.
+
+    Returns:
+        One row per (layer, unit) (and per compressed model), columns described in the
+        module docstring; ``df.attrs`` holds metadata (mode, tokens, records, seconds).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'local' or 'global', got {mode!r}")
+    targets_in = _normalize_targets(compressed)
+    for _, model, _ in targets_in:
+        check_compatible(dense, model)
+    sites = resolve_sites(dense, warn=False)
+    for _, model, _ in targets_in:
+        if model is not dense:
+            resolve_sites(model, warn=False)
+    units = _units(units, sites)
+    layers = normalize_layers(layers, sites.n_layers)
+    batch = prepare_inputs(dense, inputs, attention_mask)
+    device = _model_device(dense)
+    if verify:
+        first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
+        verify_sites(dense, sites, first.tokens[:, :64], first.attention_mask[:, :64])
+    runner = _Runner(dense, sites, units, layers, mode, eps, len(batch), per_sequence)
+    K = len(_STATS)
+    targets = [
+        _Target(name, model, record, torch.zeros(len(runner.rows), K, dtype=torch.float64),
+                torch.zeros(len(batch), len(runner.rows), K, dtype=torch.float64) if per_sequence else None)
+        for name, model, record in targets_in
+    ]
+    batches = list(iter_batches(batch, batch_size))
+    iterator = batches
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(batches, desc=f"compression geometry ({mode})", unit="batch")
+    dense_seconds = 0.0
+    n_tokens = 0
+    seq_offset = 0
+    with torch.no_grad():
+        for part in iterator:
+            part = part.to(device)
+            mask = part.attention_mask.bool()
+            if exclude_first_token:
+                mask = mask & ~first_token_mask(part.attention_mask)
+            seq_index = (torch.arange(len(part), device=device) + seq_offset).unsqueeze(1).expand_as(mask)
+            store: dict = {}
+            t0 = time.perf_counter()
+            dense.run_with_hooks(part.tokens, attention_mask=part.attention_mask, return_type=None,
+                                 fwd_hooks=runner.dense_hooks(store))
+            dense_seconds += time.perf_counter() - t0
+            for target in targets:
+                t0 = time.perf_counter()
+                for pass_units in runner.passes:
+                    state = {"mask": mask, "seq_index": seq_index}
+                    target.model.run_with_hooks(
+                        part.tokens, attention_mask=part.attention_mask, return_type=None,
+                        fwd_hooks=runner.compressed_hooks(pass_units, store, state, target))
+                target.seconds += time.perf_counter() - t0
+            n_tokens += int(mask.sum())
+            seq_offset += len(part)
+            del store
+    frames = []
+    for target in targets:
+        rows = []
+        dropped = set(target.record.layers) if target.record is not None and target.record.method == "drop" else set()
+        for i, (L, u) in enumerate(runner.rows):
+            row = {"layer": L, "unit": u, "mode": mode}
+            row.update(summarize(target.total[i], mode))
+            row["by_construction_parallel"] = bool(row["by_construction_parallel"] or L in dropped)
+            rows.append(row)
+        df = pd.DataFrame(rows)
+        if len(targets) > 1:
+            df.insert(0, "compressed", target.name)
+        frames.append(df)
+    out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    out = out.sort_values(([ "compressed"] if len(targets) > 1 else []) + ["unit", "layer"],
+                          key=lambda c: c.map({"attn": 0, "mlp": 1, "block": 2}) if c.name == "unit" else c,
+                          kind="stable").reset_index(drop=True)
+    out.attrs.update({
+        "mode": mode,
+        "tokens": n_tokens,
+        "sequences": len(batch),
+        "units": list(units),
+        "layers": list(layers),
+        "architecture": sites.arch,
+        "lane": sites.lane,
+        "headline": "err_perp_energy",
+        "dense_seconds": dense_seconds,
+        "compressed_seconds": {t.name: t.seconds for t in targets},
+        "compressed_forwards_per_batch": len(runner.passes),
+        "records": {t.name: (t.record.as_dict() if t.record is not None else None) for t in targets},
+        "rows": list(runner.rows),
+        "stat_names": list(_STATS),
+    })
+    if per_sequence:
+        out.attrs["per_sequence"] = {t.name: t.per_seq for t in targets}
+    return out
+
+
+def pooled_sums(sums: Tensor, rows: Sequence[tuple[int, str]], unit: str, layers=None) -> Tensor:
+    """Sum the ``[..., rows, K]`` statistics over the layers of ``unit`` (pooling tokens across
+    layers), keeping leading axes (e.g. sequences)."""
+    idx = [i for i, (L, u) in enumerate(rows) if u == unit and (layers is None or L in layers)]
+    if not idx:
+        raise ValueError(f"no rows for unit {unit!r}")
+    return sums[..., idx, :].sum(-2)
+
+
+__all__ = [
+    "CompatibilityError",
+    "MODES",
+    "check_compatible",
+    "compression_geometry",
+    "pooled_sums",
+    "summarize",
+]
