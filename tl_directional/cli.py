@@ -3,6 +3,8 @@
 Commands:
     profile   per-layer / per-head geometry of a model over a text, as tables and CSV/parquet.
     sweep     component-scaling sweep: loss / perplexity / KL / top-1 per edit setting, CSV + figure.
+    train     train a GPT-2 with an edit active (baseline | vpara | attn-para); see tl_directional.train.
+    experiment  all variants x seeds, validation curves, paired table; see tl_directional.experiment.
 """
 
 from __future__ import annotations
@@ -157,8 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (sweep.csv, sweep.html; resumes if interrupted)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_sweep)
+
+    # Listed for --help; main() hands their arguments to the modules' own parsers.
+    sub.add_parser("train", add_help=False, help="train with an edit active (tl-directional train --help)")
+    sub.add_parser("experiment", add_help=False,
+                   help="variants x seeds training experiment (tl-directional experiment --help)")
     return parser
 
+
+# Commands with their own parser in their module.
+_DELEGATED = {"train": "tl_directional.train", "experiment": "tl_directional.experiment"}
 
 # Options whose values are comma lists that may start with '-' ("--s-par -1,0").
 _LIST_OPTIONS = ("--s-par", "--s-perp")
@@ -178,6 +188,10 @@ def _join_list_options(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _DELEGATED:
+        import importlib
+
+        return importlib.import_module(_DELEGATED[argv[0]]).main(argv[1:])
     args = build_parser().parse_args(_join_list_options(argv))
     return args.func(args)
 
