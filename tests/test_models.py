@@ -285,12 +285,19 @@ def test_unknown_architecture_is_rejected(tmp_path, lane):
 
 
 def test_default_model_is_built_once_and_cached(tmp_path, monkeypatch, capfd):
+    # The stand-in is the fallback for a missing bundled model (tests/test_default_model.py
+    # covers the bundled one).
+    import tl_directional.models as models_mod
+
+    monkeypatch.setattr(models_mod, "bundled_model_dir", lambda: None)
     monkeypatch.setenv("TL_DIRECTIONAL_CACHE", str(tmp_path))
-    path = default_model_dir()
+    with pytest.warns(models_mod.BundledModelMissingWarning, match="RANDOM-WEIGHT"):
+        path = default_model_dir()
     assert path.parent == tmp_path / "seeded-default"
     stamp = os.stat(path / "model.safetensors").st_mtime_ns
-    model = load_default_model()
-    assert default_model_dir() == path
+    with pytest.warns(models_mod.BundledModelMissingWarning):
+        model = load_default_model()
+        assert default_model_dir() == path
     assert os.stat(path / "model.safetensors").st_mtime_ns == stamp
     spec = DEFAULT_MODEL_SPEC
     cfg = model.cfg

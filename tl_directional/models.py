@@ -559,11 +559,11 @@ def load_model(
 
     * a local Hugging Face model directory (``config.json`` + weights + tokenizer), e.g. one from
       :func:`build_tiny_hf_model`. Nothing is fetched from the hub.
-    * ``"default"``: the project's default model. Until the bundled pretrained model lands this
-      is a **random-weight** stand-in: a seeded GPT-2 family model (4 layers, d_model 128,
-      4 heads, n_ctx 256, vocab 2048, see ``DEFAULT_MODEL_SPEC``), built once on first use and
-      cached under ``~/.cache/tl_directional/seeded-default/`` (or ``$TL_DIRECTIONAL_CACHE``).
-      Its activations have the right shapes and plumbing but no learned structure.
+    * ``"default"``: the project's bundled pretrained model, a 4-layer GPT-2 (d_model 256,
+      n_ctx 256, 8192-token BPE) trained on the King James Bible and shipped as package data
+      (float16 safetensors, upcast to ``dtype`` on load; see ``docs/default_model.md``). Only if
+      that data is missing does it fall back, with a warning, to a seeded **random-weight**
+      stand-in (``DEFAULT_MODEL_SPEC``) built under ``~/.cache/tl_directional/seeded-default/``.
     * a TransformerLens / hub model name (e.g. ``"gpt2"``); needs hub access or a warm HF cache.
 
     On the bridge lane (TransformerLens >= 4) this returns
@@ -656,7 +656,7 @@ def load_hf_model(
 
 
 def load_default_model(**kwargs: Any) -> Any:
-    """``load_model("default", **kwargs)``: the default model (random-weight stand-in for now)."""
+    """``load_model("default", **kwargs)``: the bundled pretrained GPT-2 (KJV), ready for hooks."""
     return load_model("default", **kwargs)
 
 
@@ -934,8 +934,46 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "tl_directional"
 
 
+#: Package-data directory of the bundled pretrained default model.
+BUNDLED_MODEL_DIR = "default_model"
+
+
+class BundledModelMissingWarning(UserWarning):
+    """The bundled pretrained default model is not installed; a random-weight stand-in is used."""
+
+
+def bundled_model_dir() -> Path | None:
+    """``tl_directional/data/default_model`` when the bundled pretrained model is installed
+    (``config.json`` + ``model.safetensors`` + ``tokenizer.json``), else ``None``."""
+    from importlib import resources
+
+    base = Path(str(resources.files("tl_directional") / "data" / BUNDLED_MODEL_DIR))
+    needed = ("config.json", "model.safetensors", "tokenizer.json")
+    return base if all((base / f).is_file() for f in needed) else None
+
+
 def default_model_dir() -> Path:
-    """Directory of the seeded default model, building it on first use (atomically).
+    """Directory of the default model: the bundled pretrained GPT-2 (package data, see
+    ``docs/default_model.md``). If the package data is missing (a broken install), warns with
+    :class:`BundledModelMissingWarning` and falls back to :func:`seeded_default_model_dir`."""
+    bundled = bundled_model_dir()
+    if bundled is not None:
+        return bundled
+    import warnings
+
+    warnings.warn(
+        "the bundled default model (tl_directional/data/default_model) is missing; using a "
+        "seeded RANDOM-WEIGHT stand-in instead. Reinstall tl-directional, or rebuild the model "
+        "with `python scripts/train_default_model.py all --corpus DIR`.",
+        BundledModelMissingWarning,
+        stacklevel=2,
+    )
+    return seeded_default_model_dir()
+
+
+def seeded_default_model_dir() -> Path:
+    """Directory of the seeded random-weight stand-in (``DEFAULT_MODEL_SPEC``), building it on
+    first use (atomically). Used only when the bundled model is missing.
 
     The directory name encodes the spec and the ``transformers`` major version, so venvs with
     different ``transformers`` never share (or fight over) one build.
@@ -978,7 +1016,10 @@ __all__ = [
     "FAMILIES",
     "build_tiny_hf_model",
     "cache_dir",
+    "BundledModelMissingWarning",
+    "bundled_model_dir",
     "default_model_dir",
+    "seeded_default_model_dir",
     "legacy_config_dict",
     "load_default_model",
     "load_hf_model",
