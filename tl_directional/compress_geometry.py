@@ -57,6 +57,8 @@ from .geometry import DEFAULT_EPS, compute_dtype
 from .inputs import TokenBatch, first_token_mask, iter_batches, prepare_inputs
 from .sites import (
     SEQUENTIAL,
+    dtype_tolerance,
+    mlp_branch,
     ModelSites,
     UnitSite,
     architecture_name,
@@ -119,6 +121,7 @@ class _Target:
     total: Tensor  # [rows, K]
     per_seq: Tensor | None  # [n_seq, rows, K]
     seconds: float = 0.0
+    plan: list | None = None
 
 
 def _split_stats(e: Tensor, ref: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -278,15 +281,24 @@ def _units(units, sites: ModelSites) -> tuple[str, ...]:
     return units
 
 
-def _passes(sites: ModelSites, units: tuple[str, ...], mode: str) -> list[tuple[str, ...]]:
-    """Which units each compressed forward measures (local mode may need two)."""
-    if mode == "local" and sites.arch == SEQUENTIAL and "block" in units and "mlp" in units:
-        return [tuple(u for u in units if u != "block"), ("block",)]
-    return [units]
+def _plan(sites: ModelSites, units: tuple[str, ...], mode: str, side_mlp: bool) -> list[dict]:
+    """The compressed forwards per batch: each measures some units, replacing the
+    reference streams of those units (local mode); ``side`` units are computed by calling
+    the MLP branch on the dense ``resid_mid`` from inside the pass."""
+    conflict = mode == "local" and sites.arch == SEQUENTIAL and "block" in units and "mlp" in units
+    if not conflict:
+        return [{"units": units, "side": ()}]
+    if side_mlp:
+        return [{"units": tuple(u for u in units if u != "mlp"), "side": ("mlp",)}]
+    return [{"units": tuple(u for u in units if u != "block"), "side": ()}, {"units": ("block",), "side": ()}]
+
+
+class _SideCallMismatch(RuntimeError):
+    pass
 
 
 class _Runner:
-    def __init__(self, dense, sites: ModelSites, units, layers, mode, eps, n_seq, per_sequence):
+    def __init__(self, dense, sites: ModelSites, units, layers, mode, eps):
         self.dense = dense
         self.sites = sites
         self.units = units
@@ -295,9 +307,6 @@ class _Runner:
         self.eps = eps
         self.rows = [(L, u) for u in units for L in layers]
         self.row_of = {k: i for i, k in enumerate(self.rows)}
-        self.n_seq = n_seq
-        self.per_sequence = per_sequence
-        self.passes = _passes(sites, units, mode)
 
     def site(self, unit, layer) -> UnitSite:
         return self.sites.units[unit][layer]
@@ -320,15 +329,18 @@ class _Runner:
         return [(n, keep(n)) for n in sorted(names)]
 
     # -- compressed ------------------------------------------------------------------------
-    def compressed_hooks(self, pass_units, dense_store: dict, state: dict, target: _Target):
-        rows = [(L, u) for (L, u) in self.rows if u in pass_units]
+    def compressed_hooks(self, model, step: dict, dense_store: dict, state: dict, target, *, check_side=False):
+        """Hooks for one compressed forward. ``target=None`` with ``check_side=True`` only
+        checks the MLP branch against the block's own MLP output (raises on mismatch)."""
+        rows = [(L, u) for (L, u) in self.rows if u in step["units"]]
+        side_rows = [(L, u) for (L, u) in self.rows if u in step["side"]]
         replace = set()
-        if self.mode == "local":
+        if self.mode == "local" and not check_side:
             replace = {self.site(u, L).reference_hook for (L, u) in rows}
         # each row is measured once every hook it needs has fired, whatever the firing order
         needs: dict[tuple, set] = {}
         waiting: dict[str, list] = {}
-        for (L, u) in rows:
+        for (L, u) in rows if target is not None else []:
             s = self.site(u, L)
             need = {s.update_hook, s.reference_hook}
             if self.mode == "global":
@@ -336,17 +348,33 @@ class _Runner:
             needs[(L, u)] = need
             for n in need:
                 waiting.setdefault(n, []).append((L, u))
+        side_at: dict[str, list] = {}
+        for (L, u) in side_rows:
+            side_at.setdefault(self.site(u, L).reference_hook, []).append(L)
+            if check_side:
+                waiting.setdefault(self.site(u, L).update_hook, [])
 
         def arrive(name, t):
             state[name] = t.detach()
             for key in waiting.get(name, ()):
                 if all(n in state for n in needs[key]):
                     self._measure(target, key, dense_store, state)
+            for L in side_at.get(name, ()):
+                self._side(model, target, L, t, dense_store, state, check_side)
+            if check_side:
+                for L in [L for L in state.get("side_expect", {}) if self.site("mlp", L).update_hook == name]:
+                    expect = state["side_expect"].pop(L)
+                    err = float((expect.double() - t.double()).abs().max()) / (float(t.abs().max()) + 1.0)
+                    if not err <= dtype_tolerance(t.dtype):
+                        raise _SideCallMismatch(f"layer {L}: MLP branch differs from hook_mlp_out by {err:.3g}")
 
         # Hook functions are bound to the name they were registered under: on the bridge,
         # hook.name is the canonical name (blocks.0.attn.hook_out), not the alias asked for.
+        # While the MLP branch is being called from inside a hook, every hook passes through.
         def replace_hook(name):
             def hook(t, hook):  # noqa: ARG001
+                if state.get("side"):
+                    return t
                 new = dense_store[name].clone().to(t.dtype)
                 arrive(name, new)
                 return new
@@ -354,11 +382,29 @@ class _Runner:
 
         def read_hook(name):
             def hook(t, hook):  # noqa: ARG001
-                arrive(name, t)
+                if not state.get("side"):
+                    arrive(name, t)
                 return t
             return hook
 
-        return [(n, replace_hook(n) if n in replace else read_hook(n)) for n in sorted(waiting)]
+        names = sorted(set(waiting) | set(side_at))
+        return [(n, replace_hook(n) if n in replace else read_hook(n)) for n in names]
+
+    def _side(self, model, target, L, own_mid, dense_store, state, check_side):
+        """Local MLP error of a sequential block from inside the pass: the compressed MLP
+        branch applied to the dense ``resid_mid`` (the pass itself keeps the compressed
+        ``resid_mid``, which the block unit needs)."""
+        branch = mlp_branch(model, L)
+        s = self.site("mlp", L)
+        state["side"] = True
+        try:
+            if check_side:
+                state.setdefault("side_expect", {})[L] = branch(own_mid).detach()
+                return
+            up = branch(dense_store[s.reference_hook])
+        finally:
+            state["side"] = False
+        self._accumulate(target, L, "mlp", dense_store[s.update_hook], up, dense_store[s.reference_hook], state, None)
 
     def _measure(self, target: _Target, key, dense_store, state):
         L, u = key
@@ -382,6 +428,44 @@ class _Runner:
         if target.per_seq is not None:
             seq = state["seq_index"][mask]
             target.per_seq[:, row].index_add_(0, seq.to(target.per_seq.device), stats.to(target.per_seq.device))
+
+
+class _StopForward(Exception):
+    """Raised by a hook after the last measured layer: the rest of the forward (later blocks,
+    final norm, unembedding) is not needed."""
+
+
+def _stop_hook(t, hook):  # noqa: ARG001
+    raise _StopForward
+
+
+def _run(model, tokens, attention_mask, hooks, stop_at: str | None):
+    if stop_at is not None:
+        hooks = list(hooks) + [(stop_at, _stop_hook)]
+    try:
+        model.run_with_hooks(tokens, attention_mask=attention_mask, return_type=None, fwd_hooks=hooks)
+    except _StopForward:
+        pass
+
+
+def _choose_plan(runner: _Runner, sites, units, mode, target: _Target, part: TokenBatch, stop_at) -> list[dict]:
+    """One compressed forward per batch when the MLP branch can be called on its own (checked
+    once, on a short slice, against the block's own MLP output), else two."""
+    side_ok = all(mlp_branch(target.model, L) is not None for L in runner.layers)
+    plan = _plan(sites, units, mode, side_ok)
+    if not any(step["side"] for step in plan):
+        return plan
+    probe = next(iter_batches(part.slice(0, 2), 2))
+    probe = TokenBatch(probe.tokens[:, :32], probe.attention_mask[:, :32])
+    state = {"mask": probe.attention_mask.bool()}
+    try:
+        _run(target.model, probe.tokens, probe.attention_mask,
+             runner.compressed_hooks(target.model, plan[0], {}, state, None, check_side=True), stop_at)
+        if state.get("side_expect"):
+            raise _SideCallMismatch("hook_mlp_out never fired")
+    except _SideCallMismatch:
+        return _plan(sites, units, mode, False)
+    return plan
 
 
 def compression_geometry(
@@ -441,7 +525,11 @@ def compression_geometry(
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
         verify_sites(dense, sites, first.tokens[:, :64], first.attention_mask[:, :64])
-    runner = _Runner(dense, sites, units, layers, mode, eps, len(batch), per_sequence)
+    runner = _Runner(dense, sites, units, layers, mode, eps)
+    # nothing after the last measured block is needed: stop both forwards there
+    stop_at = f"blocks.{max(layers)}.hook_resid_post"
+    if stop_at not in dense.hook_dict:
+        stop_at = None
     K = len(_STATS)
     targets = [
         _Target(name, model, record, torch.zeros(len(runner.rows), K, dtype=torch.float64),
@@ -466,16 +554,16 @@ def compression_geometry(
             seq_index = (torch.arange(len(part), device=device) + seq_offset).unsqueeze(1).expand_as(mask)
             store: dict = {}
             t0 = time.perf_counter()
-            dense.run_with_hooks(part.tokens, attention_mask=part.attention_mask, return_type=None,
-                                 fwd_hooks=runner.dense_hooks(store))
+            _run(dense, part.tokens, part.attention_mask, runner.dense_hooks(store), stop_at)
             dense_seconds += time.perf_counter() - t0
             for target in targets:
                 t0 = time.perf_counter()
-                for pass_units in runner.passes:
+                if target.plan is None:
+                    target.plan = _choose_plan(runner, sites, units, mode, target, part, stop_at)
+                for step in target.plan:
                     state = {"mask": mask, "seq_index": seq_index}
-                    target.model.run_with_hooks(
-                        part.tokens, attention_mask=part.attention_mask, return_type=None,
-                        fwd_hooks=runner.compressed_hooks(pass_units, store, state, target))
+                    _run(target.model, part.tokens, part.attention_mask,
+                         runner.compressed_hooks(target.model, step, store, state, target), stop_at)
                 target.seconds += time.perf_counter() - t0
             n_tokens += int(mask.sum())
             seq_offset += len(part)
@@ -508,7 +596,7 @@ def compression_geometry(
         "headline": "err_perp_energy",
         "dense_seconds": dense_seconds,
         "compressed_seconds": {t.name: t.seconds for t in targets},
-        "compressed_forwards_per_batch": len(runner.passes),
+        "compressed_forwards_per_batch": {t.name: len(t.plan or ()) for t in targets},
         "records": {t.name: (t.record.as_dict() if t.record is not None else None) for t in targets},
         "rows": list(runner.rows),
         "stat_names": list(_STATS),

@@ -418,6 +418,22 @@ def linear_input_hooks(model, layer: int) -> dict[str, LinearInput]:
     return out
 
 
+def mlp_branch(model, layer: int):
+    """A callable mapping a sequential pre-LN block's MLP reference stream (``resid_mid``)
+    to its MLP update (``ln2`` then ``mlp``), or None where that is not the structure
+    (parallel / post-LN blocks, sandwich norms). Callers should still check it against the
+    block's own ``hook_mlp_out`` once before trusting it."""
+    if "Bert" in architecture_name(model) or bool(getattr(model.cfg, "parallel_attn_mlp", False)):
+        return None
+    if bool(getattr(model.cfg, "use_normalization_before_and_after", False)):
+        return None
+    block = model.blocks[layer]
+    ln2, mlp = getattr(block, "ln2", None), getattr(block, "mlp", None)
+    if ln2 is None or mlp is None or getattr(block, "ln2_post", None) is not None:
+        return None
+    return lambda x: mlp(ln2(x))
+
+
 def dtype_tolerance(dtype: torch.dtype) -> float:
     """Relative tolerance for identities computed by the model in ``dtype``."""
     if dtype == torch.float64:
