@@ -3,6 +3,7 @@
 Commands:
     profile   per-layer / per-head geometry of a model over a text, as tables and CSV/parquet.
     sweep     component-scaling sweep: loss / perplexity / KL / top-1 per edit setting, CSV + figure.
+    report    one self-contained offline HTML page (profile, head maps, sweep, attention triptych) + CSVs.
     train     train a GPT-2 with an edit active (baseline | vpara | attn-para); see tl_directional.train.
     experiment  all variants x seeds, validation curves, paired table; see tl_directional.experiment.
 """
@@ -125,6 +126,19 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
+def _cmd_report(args) -> int:
+    from .models import load_model
+    from .report import build_report
+
+    model = load_model(args.model)
+    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
+    page = build_report(model, batch, args.out, spaces=[s for s in args.space.split(",") if s.strip()],
+                        s_par=args.s_par, layer=args.layer, head=args.head, batch_size=args.batch_size,
+                        model_label=args.model, progress=not args.quiet)
+    print(f"wrote {page} (open it in a browser; it needs no network) and the CSVs beside it")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tl-directional", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -159,6 +173,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (sweep.csv, sweep.html; resumes if interrupted)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_sweep)
+
+    p = sub.add_parser("report", help="self-contained offline HTML report with the CSVs behind each figure")
+    p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
+    p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
+    p.add_argument("--out", required=True, help="output directory (index.html, one CSV per figure, profile/)")
+    p.add_argument("--max-sequences", type=_positive_int, default=8)
+    p.add_argument("--seq-len", type=_positive_int, default=64)
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--space", default="value,resid-attn,resid-mlp,hard-diag",
+                   help="comma-separated sweep spaces: " + ", ".join(SPACES))
+    p.add_argument("--s-par", type=_float_list, default=[0.0, 0.5, 1.0, 1.5], help="sweep scales, e.g. --s-par=-1,0,1")
+    p.add_argument("--layer", type=int, default=None, help="triptych layer (default: the most self-attending head)")
+    p.add_argument("--head", type=int, default=None, help="triptych head")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_report)
 
     # Listed for --help; main() hands their arguments to the modules' own parsers.
     sub.add_parser("train", add_help=False, help="train with an edit active (tl-directional train --help)")
