@@ -6,6 +6,8 @@ Commands:
     report    one self-contained offline HTML page (profile, head maps, sweep, attention triptych) + CSVs.
     train     train a GPT-2 with an edit active (baseline | vpara | attn-para); see tl_directional.train.
     experiment  all variants x seeds, validation curves, paired table; see tl_directional.experiment.
+    compress-check  label-free CI gate on a compressed model's perpendicular layer error (exit 0 / 1).
+    compress  compress a model's weights (rtn / awq / magnitude / wanda / svd / drop), save a HF directory.
 """
 
 from __future__ import annotations
@@ -188,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", type=int, default=None, help="triptych head")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=_cmd_report)
+
+    from .compress_geometry import add_cli_commands as _add_compress_commands
+
+    _add_compress_commands(sub, _positive_int)  # compress-check (label-free CI gate), compress
 
     # Listed for --help; main() hands their arguments to the modules' own parsers.
     sub.add_parser("train", add_help=False, help="train with an edit active (tl-directional train --help)")

@@ -255,7 +255,7 @@ def _fused_rows(attn) -> dict[str, Tensor] | None:
     finally:
         fused.data = saved
     out = {}
-    for name, mod in zip(("q", "k", "v"), parts):
+    for name, mod in zip(("q", "k", "v"), parts, strict=True):
         w = mod.weight.detach()
         rows = (w.T if _is_conv1d(mod) else w)[:, 0]
         out[name] = rows.round().long()
@@ -909,9 +909,12 @@ def save_compressed(model, path, record: CompressionRecord | None = None) -> Pat
             for part in name.split("."):
                 obj = getattr(_unwrap(obj), part)
             p.copy_(obj.detach().to(p.dtype))
+    from .models import _quiet_transformers
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    fresh.save_pretrained(str(path))
+    with _quiet_transformers():
+        fresh.save_pretrained(str(path))
     tok = getattr(model, "tokenizer", None)
     if tok is not None:
         tok.save_pretrained(str(path))

@@ -44,9 +44,11 @@ energy form is not (METHOD.md sec. 1, "Aggregation"). Tokens with
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -57,13 +59,13 @@ from .geometry import DEFAULT_EPS, compute_dtype
 from .inputs import TokenBatch, first_token_mask, iter_batches, prepare_inputs
 from .sites import (
     SEQUENTIAL,
-    dtype_tolerance,
-    mlp_branch,
     ModelSites,
     UnitSite,
     architecture_name,
     check_hook_api,
+    dtype_tolerance,
     lane_of,
+    mlp_branch,
     normalize_layers,
     resolve_sites,
     verify_sites,
@@ -615,8 +617,302 @@ def pooled_sums(sums: Tensor, rows: Sequence[tuple[int, str]], unit: str, layers
     return sums[..., idx, :].sum(-2)
 
 
+# ---------------------------------------------------------------------------------------------
+# The label-free gate
+# ---------------------------------------------------------------------------------------------
+
+GATE_METRICS = ("err_perp_energy", "err_perp_over_update", "err_perp_energy_vs_resid")
+GATE_UNITS = ("attn", "mlp", "block", "all")
+
+
+@dataclass
+class CheckResult:
+    """Outcome of :func:`compress_check`. ``passed`` is the verdict; ``table`` has every
+    checked (layer, unit) row with a ``status`` column; ``reasons`` says why it failed."""
+
+    passed: bool
+    threshold: float
+    metric: str
+    units: tuple[str, ...]
+    mode: str
+    table: pd.DataFrame
+    reasons: list[str]
+    geometry: pd.DataFrame
+    dense_name: str = "dense"
+    compressed_name: str = "compressed"
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+    def worst(self, n: int = 10) -> pd.DataFrame:
+        return self.table.sort_values(self.metric, ascending=False, kind="stable").head(n)
+
+    def summary(self, n: int = 10) -> str:
+        """A one-screen text report: verdict, threshold, the ``n`` worst layers."""
+        verdict = "PASS" if self.passed else "FAIL"
+        head = (f"compress-check {verdict}: max {self.metric} = {self.table[self.metric].max():.4f} "
+                f"(threshold {self.threshold:g}; units {', '.join(self.units)}; {self.mode} mode; "
+                f"{self.geometry.attrs.get('tokens', 0)} tokens)")
+        cols = ["unit", "layer", self.metric, "err_par_energy", "err_perp_share_energy", "cos_sim",
+                "rel_mse_energy", "status"]
+        cols = list(dict.fromkeys(c for c in cols if c in self.table))
+        with pd.option_context("display.width", 120, "display.max_columns", 12, "display.precision", 4):
+            body = self.worst(n)[cols].to_string(index=False)
+        lines = [head, f"dense: {self.dense_name}", f"compressed: {self.compressed_name}",
+                 f"worst {min(n, len(self.table))} of {len(self.table)} (layer, unit) rows:", body]
+        lines += [f"reason: {r}" for r in self.reasons]
+        return "\n".join(lines)
+
+    def write_report(self, directory) -> Path:
+        """Write ``report.html`` (verdict, per-layer chart, tables) and ``geometry.csv``."""
+        from html import escape
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self.geometry.to_csv(out / "geometry.csv", index=False)
+        series = {}
+        for unit in self.units:
+            sub = self.table[self.table.unit == unit].sort_values("layer")
+            series[unit] = list(zip(sub.layer.tolist(), sub[self.metric].tolist(), strict=True))
+        chart = svg_chart(series, title=f"{self.metric} per layer", xlabel="layer", ylabel=self.metric,
+                          hline=(self.threshold, "threshold"))
+        verdict = "PASS" if self.passed else "FAIL"
+        color = "#1a7f37" if self.passed else "#cf222e"
+        reasons = "".join(f"<li>{escape(r)}</li>" for r in self.reasons)
+        html = f"""<!doctype html><html><head><meta charset="utf-8"><title>compress-check {verdict}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}h1 span{{color:{color}}}</style></head><body>
+<h1>compress-check: <span>{verdict}</span></h1>
+<p>metric <code>{escape(self.metric)}</code> (label-free: no labels or logits, only the layer updates),
+threshold {self.threshold:g}, units {escape(", ".join(self.units))}, {escape(self.mode)} mode,
+{self.geometry.attrs.get("tokens", 0)} tokens.<br>dense: <code>{escape(self.dense_name)}</code><br>
+compressed: <code>{escape(self.compressed_name)}</code></p><ul>{reasons}</ul>
+{chart}
+<h2>Worst layers</h2>{self.worst(10).to_html(index=False, float_format=lambda x: f"{x:.4g}")}
+<h2>All checked rows</h2>{self.table.to_html(index=False, float_format=lambda x: f"{x:.4g}")}
+<p>Definitions: METHOD.md sec. 6; <code>err_perp_energy = sqrt(sum ||e_perp||^2 / sum ||u||^2)</code>
+with <code>e = u' - u</code> split against the dense update <code>u</code>.</p></body></html>"""
+        (out / "report.html").write_text(html, encoding="utf-8")
+        return out / "report.html"
+
+
+def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: str = "block", mode: str = "local",
+                   metric: str = "err_perp_energy", batch_size: int = 8, fail_on_removed_update: bool = True,
+                   dense_name: str = "dense", compressed_name: str = "compressed", progress: bool = False,
+                   geometry: pd.DataFrame | None = None) -> CheckResult:
+    """Label-free gate: pass when the perpendicular error of every checked (layer, unit) row
+    stays within ``max_perp_error``.
+
+    Args:
+        unit: ``"attn"``, ``"mlp"``, ``"block"`` (default; post-LN models have no block, so
+            their attention and MLP are checked) or ``"all"``.
+        metric: ``"err_perp_energy"`` (headline), ``"err_perp_over_update"`` (per-token mean)
+            or ``"err_perp_energy_vs_resid"``.
+        fail_on_removed_update: also fail when a unit's compressed update is exactly zero (a
+            dropped layer: its error is purely parallel, so a perpendicular threshold cannot
+            see it).
+        geometry: reuse a table from :func:`compression_geometry` instead of measuring.
+    """
+    if unit not in GATE_UNITS:
+        raise ValueError(f"unit must be one of {GATE_UNITS}, got {unit!r}")
+    if metric not in GATE_METRICS:
+        raise ValueError(f"metric must be one of {GATE_METRICS}, got {metric!r}")
+    try:
+        threshold = float(max_perp_error)
+    except (TypeError, ValueError):
+        raise ValueError(f"max_perp_error must be a number, got {max_perp_error!r}") from None
+    if not (threshold >= 0 and threshold < float("inf")):
+        raise ValueError(f"max_perp_error must be a finite number >= 0, got {max_perp_error!r}")
+    sites = resolve_sites(dense, warn=False)
+    if unit == "all":
+        units = sites.components
+    elif unit == "block" and "block" not in sites.units:
+        units = ("attn", "mlp")
+    else:
+        units = (unit,)
+    if geometry is None:
+        geometry = compression_geometry(dense, compressed, inputs, mode=mode, units=units,
+                                        batch_size=batch_size, progress=progress)
+    table = geometry[geometry.unit.isin(units)].copy()
+    over = table[metric] > threshold
+    removed = table["by_construction_parallel"].astype(bool)
+    table["status"] = "ok"
+    table.loc[over, "status"] = "FAIL"
+    reasons = []
+    if over.any():
+        worst = table.loc[table[metric].idxmax()]
+        reasons.append(f"{int(over.sum())} row(s) over the threshold; worst {worst.unit} layer "
+                       f"{int(worst.layer)}: {metric} = {worst[metric]:.4f} > {threshold:g}")
+    if removed.any():
+        table.loc[removed, "status"] = "FAIL (update removed)" if fail_on_removed_update else "update removed"
+        which = ", ".join(f"{r.unit} {int(r.layer)}" for r in table[removed].itertuples())
+        msg = (f"compressed update is exactly zero at {which}: the error there is purely parallel "
+               "(e = -u), which a perpendicular threshold cannot see")
+        reasons.append(msg if fail_on_removed_update else "warning: " + msg)
+    passed = not over.any() and not (fail_on_removed_update and removed.any())
+    return CheckResult(passed, threshold, metric, tuple(units), mode, table.reset_index(drop=True), reasons,
+                       geometry, dense_name, compressed_name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line (registered in tl_directional.cli)
+# ---------------------------------------------------------------------------------------------
+
+
+def _cmd_compress_check(args) -> int:
+    import sys
+
+    from .cli import load_text_sequences
+    from .models import load_model
+
+    try:
+        dense = load_model(args.dense)
+        compressed = load_model(args.compressed)
+        batch = load_text_sequences(dense, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
+        result = compress_check(dense, compressed, batch, max_perp_error=args.max_perp_error, unit=args.unit,
+                                mode=args.mode, metric=args.metric, batch_size=args.batch_size,
+                                fail_on_removed_update=not args.allow_removed_updates,
+                                dense_name=str(args.dense), compressed_name=str(args.compressed))
+    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.summary(args.top))
+    if args.report:
+        page = result.write_report(args.report)
+        print(f"wrote {page} and {Path(args.report) / 'geometry.csv'}")
+    return result.exit_code
+
+
+def _cmd_compress(args) -> int:
+    import sys
+
+    from .cli import load_text_sequences
+    from .compress import compress, save_compressed
+    from .models import load_model
+
+    try:
+        model = load_model(args.model)
+        calibration = None
+        if args.spec.split(":")[0].strip().lower() in ("wanda", "awq"):
+            calibration = load_text_sequences(model, args.calib_text, max_sequences=args.calib_sequences,
+                                              seq_len=args.seq_len)
+        result = compress(model, args.spec, calibration=calibration)
+        path = save_compressed(result.model, args.out, result.record)
+    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{result.record.label}: {len(result.record.weights)} weights in layers {result.record.layers}; "
+          f"stats {json.dumps({k: round(v, 4) for k, v in result.record.stats.items()})}")
+    print(f"wrote {path}")
+    return 0
+
+
+def add_cli_commands(sub, positive_int) -> None:
+    """Add ``compress-check`` and ``compress`` to the ``tl-directional`` sub-parsers."""
+    from .compress import SPEC_HELP
+
+    p = sub.add_parser(
+        "compress-check",
+        help="label-free CI gate: exit 0 when the compressed model's perpendicular layer error stays "
+             "within a threshold, 1 when not (2 on bad input)")
+    p.add_argument("--dense", required=True, help="dense model: HF directory (or 'default' / a TL name)")
+    p.add_argument("--compressed", required=True, help="compressed model: HF directory")
+    p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
+    p.add_argument("--max-perp-error", type=float, required=True, help="threshold on the metric, e.g. 0.2")
+    p.add_argument("--unit", choices=GATE_UNITS, default="block")
+    p.add_argument("--mode", choices=MODES, default="local")
+    p.add_argument("--metric", choices=GATE_METRICS, default="err_perp_energy")
+    p.add_argument("--allow-removed-updates", action="store_true",
+                   help="do not fail on units whose compressed update is exactly zero (dropped layers)")
+    p.add_argument("--max-sequences", type=positive_int, default=32)
+    p.add_argument("--seq-len", type=positive_int, default=128)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--top", type=positive_int, default=10, help="worst rows shown")
+    p.add_argument("--report", default=None, help="directory for report.html + geometry.csv")
+    p.set_defaults(func=_cmd_compress_check)
+
+    p = sub.add_parser("compress", help="compress a model's weights and save it as a HF directory (bridge lane)")
+    p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
+    p.add_argument("--spec", required=True, help=SPEC_HELP)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--calib-text", default=None, help="calibration text for wanda / awq (default: bundled text)")
+    p.add_argument("--calib-sequences", type=positive_int, default=32)
+    p.add_argument("--seq-len", type=positive_int, default=128)
+    p.set_defaults(func=_cmd_compress)
+
+
+def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str = "", xlabel: str = "",
+              ylabel: str = "", hline: tuple[float, str] | None = None, width: int = 640, height: int = 360) -> str:
+    """A small self-contained SVG line chart (no plotting dependency): one line with markers
+    per series, optional horizontal reference line."""
+    from html import escape
+
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+               "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
+    pts = [p for s in series.values() for p in s]
+    xs = [p[0] for p in pts] or [0, 1]
+    ys = [p[1] for p in pts if p[1] == p[1]] or [0, 1]
+    if hline is not None:
+        ys = ys + [hline[0]]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(0.0, min(ys)), max(ys)
+    if x1 == x0:
+        x1 = x0 + 1
+    if y1 == y0:
+        y1 = y0 + 1
+    y1 = y1 * 1.05
+    left, right, top, bottom = 64, 170, 30, 44
+    pw, ph = width - left - right, height - top - bottom
+
+    def px(x):
+        return left + (x - x0) / (x1 - x0) * pw
+
+    def py(y):
+        return top + ph - (y - y0) / (y1 - y0) * ph
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'font-family="sans-serif" font-size="11">',
+             f'<rect x="0" y="0" width="{width}" height="{height}" fill="white"/>',
+             f'<text x="{left}" y="18" font-size="13">{escape(title)}</text>',
+             f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="black"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="black"/>']
+    for i in range(6):
+        yv = y0 + (y1 - y0) * i / 5
+        parts.append(f'<line x1="{left - 4}" y1="{py(yv):.1f}" x2="{left + pw}" y2="{py(yv):.1f}" stroke="#eee"/>')
+        parts.append(f'<text x="{left - 6}" y="{py(yv) + 4:.1f}" text-anchor="end">{yv:.3g}</text>')
+    for xv in sorted(set(xs)):
+        parts.append(f'<text x="{px(xv):.1f}" y="{top + ph + 16}" text-anchor="middle">{xv:g}</text>')
+    parts.append(f'<text x="{left + pw / 2}" y="{height - 8}" text-anchor="middle">{escape(xlabel)}</text>')
+    parts.append(f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" '
+                 f'text-anchor="middle">{escape(ylabel)}</text>')
+    if hline is not None:
+        parts.append(f'<line x1="{left}" y1="{py(hline[0]):.1f}" x2="{left + pw}" y2="{py(hline[0]):.1f}" '
+                     f'stroke="black" stroke-dasharray="5,4"/>')
+        parts.append(f'<text x="{left + pw - 2}" y="{py(hline[0]) - 4:.1f}" text-anchor="end">'
+                     f'{escape(hline[1])}</text>')
+    for i, (name, s) in enumerate(series.items()):
+        c = palette[i % len(palette)]
+        s = sorted((x, y) for x, y in s if y == y)
+        if s:
+            d = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s)
+            parts.append(f'<polyline points="{d}" fill="none" stroke="{c}" stroke-width="2"/>')
+            parts += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{c}"/>' for x, y in s]
+        ly = top + 12 + i * 15
+        parts.append(f'<line x1="{left + pw + 10}" y1="{ly - 4}" x2="{left + pw + 28}" y2="{ly - 4}" '
+                     f'stroke="{c}" stroke-width="2"/>')
+        parts.append(f'<text x="{left + pw + 32}" y="{ly}">{escape(str(name))}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
 __all__ = [
+    "CheckResult",
     "CompatibilityError",
+    "GATE_METRICS",
+    "add_cli_commands",
+    "compress_check",
+    "svg_chart",
     "MODES",
     "check_compatible",
     "compression_geometry",
