@@ -138,6 +138,29 @@ def stage_export(run: Path, result=None) -> None:
     print(f"exported {MODEL_DIR} ({size / 1e6:.1f} MB)")
 
 
+REFERENCE_PROMPT = "In the beginning God created the heaven and the earth."
+
+
+def write_reference_logits(top_k: int = 8) -> None:
+    """Plain-transformers logits of :data:`REFERENCE_PROMPT` (float32), top-k per position plus
+    the logsumexp, so tests on either TransformerLens lane compare against the same numbers."""
+    import torch
+
+    from tl_directional.models import load_hf_model
+    from tl_directional.train import load_tokenizer
+
+    tok = load_tokenizer(MODEL_DIR)
+    ids = [tok.bos_token_id] + tok.backend_tokenizer.encode(REFERENCE_PROMPT).ids
+    hf = load_hf_model(MODEL_DIR)
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids])).logits[0].double()
+    top = logits.topk(top_k, dim=-1)
+    ref = {"prompt": REFERENCE_PROMPT, "tokens": ids, "source": "transformers GPT2LMHeadModel, float32",
+           "top_ids": top.indices.tolist(), "top_logits": top.values.tolist(),
+           "logsumexp": logits.logsumexp(-1).tolist()}
+    (MODEL_DIR / "reference_logits.json").write_text(json.dumps(ref, indent=1) + "\n")
+
+
 def stage_report(corpus: Path | None) -> dict:
     import torch
 
@@ -160,6 +183,7 @@ def stage_report(corpus: Path | None) -> dict:
                                  verbose=False)
         samples.append({"prompt": prompt, "greedy": out})
     report["samples"] = samples
+    write_reference_logits()
     info = json.loads((MODEL_DIR / "tl_directional_build.json").read_text())
     report["train"] = {k: info.get(k) for k in ("trained_steps", "tokens_seen", "final_val_loss")}
     (MODEL_DIR / "report.json").write_text(json.dumps(report, indent=2) + "\n")
