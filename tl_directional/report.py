@@ -113,10 +113,11 @@ class Report:
             view: View = item
             body.append(f'<section class="tld-section" data-view="{html.escape(type(view).__name__)}" '
                         f'id="{html.escape(stem)}">')
-            body.append(f"<h2>{html.escape(view.title)}</h2>")
+            if view.title != self.title:
+                body.append(f"<h2>{html.escape(view.title)}</h2>")
             if caption:
                 body.append(f'<p class="tld-caption">{html.escape(caption)}</p>')
-            body.append(view.body_html())
+            body.append(view.body_html(titled=False))
             if csv_links and not view.data.empty:
                 body.append(f'<p class="tld-csv">Data: <a href="{html.escape(stem)}.csv">{html.escape(stem)}.csv</a></p>')
             body.append("</section>")

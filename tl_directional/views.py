@@ -131,8 +131,9 @@ class View:
         self.data = data if data is not None else pd.DataFrame()
         self.caption = caption
 
-    def body_html(self) -> str:
-        """HTML fragment of the view, assuming its libraries are already loaded on the page."""
+    def body_html(self, *, titled: bool = True) -> str:
+        """HTML fragment of the view, assuming its libraries are already loaded on the page
+        (``titled=False``: leave out the figure's own title, for pages that head it)."""
         raise NotImplementedError
 
     def to_html(self, full_html: bool = True) -> str:
@@ -187,8 +188,14 @@ class PlotlyView(View):
         super().__init__(title or _figure_title(figure), data, caption)
         self.figure = figure
 
-    def body_html(self) -> str:
-        return self.figure.to_html(
+    def body_html(self, *, titled: bool = True) -> str:
+        fig = self.figure
+        if not titled and fig.layout.title.text:
+            import plotly.graph_objects as go
+
+            fig = go.Figure(fig)
+            fig.update_layout(title_text=None, margin_t=40)
+        return fig.to_html(
             full_html=False, include_plotlyjs=False, include_mathjax=False, div_id=_new_id("tld-plotly"),
             config={"displaylogo": False, "responsive": True},
         )
@@ -220,8 +227,10 @@ class CircuitsVisView(View):
         self.panels = [(c, dict(p), h) for c, p, h in panels]
         self.legend_html = legend_html
 
-    def body_html(self) -> str:
+    def body_html(self, *, titled: bool = True) -> str:
         ids = [_new_id("tld-cv") for _ in self.panels]
+        head = (f'<div class="tld-title" style="font:600 15px sans-serif;margin:6px 0;">{html.escape(self.title)}</div>'
+                if titled and self.title else "")
         width = max(100 // max(len(self.panels), 1) - 2, 20)
         cells = []
         for pid, (_, _, heading) in zip(ids, self.panels, strict=True):
@@ -237,7 +246,7 @@ class CircuitsVisView(View):
         )
         legend = f'<div class="tld-legend" style="font:12px sans-serif;margin:4px 0;">{self.legend_html}</div>' \
             if self.legend_html else ""
-        return (
+        return head + (
             '<div class="tld-circuitsvis" style="display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start;">'
             + "".join(cells) + "</div>" + legend
             + "\n<script type=\"text/javascript\">\n(function () {\n"
@@ -418,8 +427,8 @@ def head_heatmaps(
             grid[int(r["layer"]), int(r["head"])] = r[col]
             rows.append({"metric": col, "layer": int(r["layer"]), "head": int(r["head"]), "value": float(r[col])})
         finite = grid[np.isfinite(grid)]
-        x0 = (i + 1) / len(metrics) - 0.03
-        cbar = {"x": min(x0 + 0.005, 1.02), "len": 0.85, "thickness": 10}
+        domain_end = fig.layout[f"xaxis{i + 1 if i else ''}"].domain[1]
+        cbar = {"x": domain_end + 0.008, "xanchor": "left", "len": 0.85, "thickness": 10}
         if m in _SIGNED_VALUE:
             lim = float(np.abs(finite).max()) if finite.size else 1.0
             lim = lim or 1.0
