@@ -659,7 +659,8 @@ class Trainer:
         if self.dist.active:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.forward_model = DistributedDataParallel(self.model)
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.forward_model = DistributedDataParallel(self.model, device_ids=ids)
 
     # -- one step ---------------------------------------------------------------------------
     def batch(self, step: int) -> Tensor:
@@ -881,6 +882,10 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike[str], *, resume: bool = T
         TokenizerMismatchError: tokenizer and model do not fit.
     """
     dist = init_distributed()
+    if dist.active and torch.device(device).type == "cuda":
+        # one GPU per process, as torchrun numbers them on each machine
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     try:
         trainer = Trainer(cfg, run_dir, data=data, device=device, dist=dist)
         trainer.resume_if_possible(resume)
