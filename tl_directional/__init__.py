@@ -25,6 +25,7 @@ from .geometry import (
 )
 from .inputs import TokenBatch, first_token_mask, prepare_inputs
 from .measure import Profile, profile
+from .models import load_default_model, load_model
 from .patching import directional_patch, split_logit_attribution
 from .sites import (
     ModelSites,
@@ -65,6 +66,8 @@ __all__ = [
     "WeightProcessingWarning",
     "decompose",
     "first_token_mask",
+    "load_default_model",
+    "load_model",
     "patch_components",
     "prepare_inputs",
     "profile",
