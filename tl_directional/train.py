@@ -842,7 +842,8 @@ class Trainer:
         final = self.metrics[-1]["val_loss"] if self.metrics and self.step == cfg.max_steps else None
         result = TrainResult(self.run_dir, cfg, self.step, self.metrics, final, self.resumed_from,
                              wall, tokens / wall if wall > 0 else 0.0, self.model)
-        if self.dist.rank == 0 and self.step == cfg.max_steps:
+        fresh = self.step > start or not (self.run_dir / SUMMARY_FILE).is_file()
+        if self.dist.rank == 0 and self.step == cfg.max_steps and fresh:
             summary = {"config": cfg.to_dict(), "step": self.step, "final_val_loss": final,
                        "wall_s_this_process": wall, "tokens_per_s": result.tokens_per_s,
                        "world_size": self.dist.world_size, "resumed_from": self.resumed_from,
