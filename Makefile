@@ -7,14 +7,16 @@ VENV := $(if $(filter legacy,$(LANE)),.venv-legacy,.venv)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(LANE)
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test docs lint clean
 
-$(STAMP): pyproject.toml constraints/$(LANE).txt
+$(STAMP): pyproject.toml constraints/$(LANE).txt docs/requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
 	$(PY) -m pip install -q -c constraints/$(LANE).txt -e '.[dev]'
+	# the docs toolchain lives in the bridge lane (the suite builds the site strictly there)
+	if [ "$(LANE)" = bridge ]; then $(PY) -m pip install -q -r docs/requirements.txt; fi
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -25,8 +27,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tl_directional tests benchmarks
 
 clean:
-	rm -rf .venv .venv-legacy demo_out
+	rm -rf .venv .venv-legacy demo_out site
