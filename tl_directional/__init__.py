@@ -5,6 +5,20 @@ against each token's own value vector (value space), on TransformerLens hook
 points. See METHOD.md (docs/method.md) for every definition.
 """
 
+from .compress import (
+    CompressionRecord,
+    CompressionResult,
+    clone_model,
+    compress,
+    drop_layers,
+    low_rank,
+    prune_magnitude,
+    prune_wanda,
+    quantize_awq,
+    quantize_rtn,
+    save_compressed,
+)
+from .compress_geometry import CompatibilityError, compress_check, compression_geometry
 from .edit import (
     DiagonalRemoval,
     Edit,
@@ -40,6 +54,20 @@ from .sweep import Setting, find_safe_scale, grid, sweep
 __version__ = "0.1.0"
 
 __all__ = [
+    "CompatibilityError",
+    "CompressionRecord",
+    "CompressionResult",
+    "clone_model",
+    "compress",
+    "compress_check",
+    "compression_geometry",
+    "drop_layers",
+    "low_rank",
+    "prune_magnitude",
+    "prune_wanda",
+    "quantize_awq",
+    "quantize_rtn",
+    "save_compressed",
     "DiagonalRemoval",
     "Edit",
     "Setting",

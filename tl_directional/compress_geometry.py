@@ -45,6 +45,7 @@ energy form is not (METHOD.md sec. 1, "Aggregation"). Tokens with
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -842,10 +843,19 @@ def add_cli_commands(sub, positive_int) -> None:
     p.set_defaults(func=_cmd_compress)
 
 
+def _nice_step(raw: float) -> float:
+    """The 1-2-5 x 10^k step at or above ``raw`` (axis ticks)."""
+    if not raw > 0:
+        return 1.0
+    mag = 10 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+
+
 def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str = "", xlabel: str = "",
-              ylabel: str = "", hline: tuple[float, str] | None = None, width: int = 640, height: int = 360) -> str:
+              ylabel: str = "", hline: tuple[float, str] | None = None, width: int = 640, height: int = 360,
+              markers_only: bool = False) -> str:
     """A small self-contained SVG line chart (no plotting dependency): one line with markers
-    per series, optional horizontal reference line."""
+    per series (``markers_only``: a scatter plot), optional horizontal reference line."""
     from html import escape
 
     palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -861,7 +871,9 @@ def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str
         x1 = x0 + 1
     if y1 == y0:
         y1 = y0 + 1
-    y1 = y1 * 1.05
+    step = _nice_step((y1 - y0) / 5)
+    y0 = step * math.floor(y0 / step)
+    y1 = step * math.ceil(y1 * 1.02 / step)
     left, right, top, bottom = 64, 170, 30, 44
     pw, ph = width - left - right, height - top - bottom
 
@@ -877,12 +889,13 @@ def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str
              f'<text x="{left}" y="18" font-size="13">{escape(title)}</text>',
              f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="black"/>',
              f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="black"/>']
-    for i in range(6):
-        yv = y0 + (y1 - y0) * i / 5
+    for i in range(int(round((y1 - y0) / step)) + 1):
+        yv = y0 + step * i
         parts.append(f'<line x1="{left - 4}" y1="{py(yv):.1f}" x2="{left + pw}" y2="{py(yv):.1f}" stroke="#eee"/>')
         parts.append(f'<text x="{left - 6}" y="{py(yv) + 4:.1f}" text-anchor="end">{yv:.3g}</text>')
-    for xv in sorted(set(xs)):
-        parts.append(f'<text x="{px(xv):.1f}" y="{top + ph + 16}" text-anchor="middle">{xv:g}</text>')
+    xticks = sorted(set(xs)) if len(set(xs)) <= 12 and not markers_only else [x0 + (x1 - x0) * i / 5 for i in range(6)]
+    for xv in xticks:
+        parts.append(f'<text x="{px(xv):.1f}" y="{top + ph + 16}" text-anchor="middle">{xv:.3g}</text>')
     parts.append(f'<text x="{left + pw / 2}" y="{height - 8}" text-anchor="middle">{escape(xlabel)}</text>')
     parts.append(f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" '
                  f'text-anchor="middle">{escape(ylabel)}</text>')
@@ -894,9 +907,10 @@ def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str
     for i, (name, s) in enumerate(series.items()):
         c = palette[i % len(palette)]
         s = sorted((x, y) for x, y in s if y == y)
-        if s:
+        if s and not markers_only:
             d = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s)
             parts.append(f'<polyline points="{d}" fill="none" stroke="{c}" stroke-width="2"/>')
+        if s:
             parts += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{c}"/>' for x, y in s]
         ly = top + 12 + i * 15
         parts.append(f'<line x1="{left + pw + 10}" y1="{ly - 4}" x2="{left + pw + 28}" y2="{ly - 4}" '
