@@ -350,7 +350,7 @@ def depth_profile(
                     if f"{m}_{lo}" in part and f"{m}_{hi}" in part:
                         fig.add_trace(go.Scatter(
                             x=x + x[::-1], y=part[f"{m}_{hi}"].tolist() + part[f"{m}_{lo}"].tolist()[::-1],
-                            fill="toself", fillcolor=_rgba(color, op), line={"width": 0}, hoverinfo="skip",
+                            mode="lines", fill="toself", fillcolor=_rgba(color, op), line={"width": 0}, hoverinfo="skip",
                             showlegend=False, legendgroup=comp, name=f"{comp} {lo}-{hi}"), row=i, col=1)
             fig.add_trace(go.Scatter(
                 x=x, y=part[ycol], mode="lines+markers", name=comp, legendgroup=comp, showlegend=i == 1,
@@ -594,7 +594,7 @@ def training_curves(
         if band != "none" and part[seed].nunique() > 1:
             lo = stats["min"] if band == "minmax" else stats["mean"] - stats["std"]
             hi = stats["max"] if band == "minmax" else stats["mean"] + stats["std"]
-            fig.add_trace(go.Scatter(x=xs + xs[::-1], y=hi.tolist() + lo.tolist()[::-1], fill="toself",
+            fig.add_trace(go.Scatter(x=xs + xs[::-1], y=hi.tolist() + lo.tolist()[::-1], mode="lines", fill="toself",
                                      fillcolor=_rgba(color, 0.18), line={"width": 0}, hoverinfo="skip",
                                      showlegend=False, legendgroup=str(variant)))
         n = int(part[seed].nunique())
