@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,18 +128,23 @@ class _Target:
     plan: list | None = None
 
 
-def _split_stats(e: Tensor, ref: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def _dot(x: Tensor, y: Tensor) -> Tensor:
+    return torch.linalg.vecdot(x, y, dim=-1)
+
+
+def _split_stats(e: Tensor, ref: Tensor, eps: float, r_sq: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``(e . r) / ||r||^2``, ``||e_par||^2`` and ``||e_perp||^2`` of ``e`` against ``ref``
     (``a = 0`` where ``||r||^2 <= eps``). Written out instead of calling ``decompose`` so
-    that ``e = 0`` gives exact zeros and no ``[.., d]`` intermediates are kept."""
-    dot = (e * ref).sum(-1)
-    r_sq = (ref * ref).sum(-1)
+    that ``e = 0`` gives exact zeros and no ``[.., d]`` intermediates are kept; the
+    perpendicular part is formed explicitly (no cancellation in ``||e||^2 - ||e_par||^2``)."""
+    dot = _dot(e, ref)
+    if r_sq is None:
+        r_sq = _dot(ref, ref)
     ok = r_sq > eps
     a = torch.where(ok, dot / torch.where(ok, r_sq, torch.ones_like(r_sq)), torch.zeros_like(dot))
     par_sq = a * a * r_sq
     perp = e - a.unsqueeze(-1) * ref
-    perp_sq = (perp * perp).sum(-1)
-    return a, par_sq, perp_sq
+    return a, par_sq, _dot(perp, perp)
 
 
 def _token_stats(u: Tensor, up: Tensor, ref: Tensor, eps: float,
@@ -147,51 +153,45 @@ def _token_stats(u: Tensor, up: Tensor, ref: Tensor, eps: float,
     dtype = compute_dtype(u.dtype)
     u, up, ref = u.to(dtype), up.to(dtype), ref.to(dtype)
     e = up - u
-    u_sq = (u * u).sum(-1)
-    e_sq = (e * e).sum(-1)
-    up_sq = (up * up).sum(-1)
+    u_sq = _dot(u, u)
+    e_sq = _dot(e, e)
+    up_sq = _dot(up, up)
     valid = u_sq > eps
     one = torch.ones_like(u_sq)
+    zero = torch.zeros_like(u_sq)
     safe_u = torch.where(valid, u_sq, one)
-    a, par_sq, perp_sq = _split_stats(e, u, eps)
+    a, par_sq, perp_sq = _split_stats(e, u, eps, u_sq)
     a_r, par_r_sq, perp_r_sq = _split_stats(e, ref, eps)
     has_err = valid & (e_sq > 0)
     safe_e = torch.where(has_err, e_sq, one)
     norm_u = safe_u.sqrt()
-    up_norm = up_sq.sqrt()
-    cos = torch.where(up_sq > 0, (up * u).sum(-1) / (norm_u * torch.where(up_sq > 0, up_norm, one)),
-                      torch.zeros_like(u_sq))
-    cols = {
-        "n": valid.to(dtype),
-        "degenerate": (~valid).to(dtype),
-        "u_sq": u_sq, "e_sq": e_sq, "e_par_sq": par_sq, "e_perp_sq": perp_sq, "e_dot_u": a * u_sq,
-        "e_par_r_sq": par_r_sq, "e_perp_r_sq": perp_r_sq, "up_sq": up_sq,
-        "t_err_par": par_sq.sqrt() / norm_u, "t_err_perp": perp_sq.sqrt() / norm_u,
-        "t_share": torch.where(has_err, perp_sq / safe_e, torch.zeros_like(e_sq)),
-        "n_err": has_err.to(dtype), "t_alpha": a,
-        "t_err_par_r": par_r_sq.sqrt() / norm_u, "t_err_perp_r": perp_r_sq.sqrt() / norm_u,
-        "t_share_r": torch.where(has_err, perp_r_sq / safe_e, torch.zeros_like(e_sq)),
-        "t_alpha_r": a_r, "t_cos": cos, "t_rel_mse": e_sq / safe_u,
-    }
+    up_pos = up_sq > 0
+    # u' . u = e . u + ||u||^2
+    cos = torch.where(up_pos, (a * u_sq + u_sq) / (norm_u * torch.where(up_pos, up_sq, one).sqrt()), zero)
+    cols = [
+        valid.to(dtype), (~valid).to(dtype),
+        u_sq, e_sq, par_sq, perp_sq, a * u_sq, par_r_sq, perp_r_sq, up_sq,
+        par_sq.sqrt() / norm_u, perp_sq.sqrt() / norm_u,
+        torch.where(has_err, perp_sq / safe_e, zero), has_err.to(dtype), a,
+        par_r_sq.sqrt() / norm_u, perp_r_sq.sqrt() / norm_u,
+        torch.where(has_err, perp_r_sq / safe_e, zero), a_r, cos, e_sq / safe_u,
+    ]
     if stream is not None:
         h, hp = (t.to(dtype) for t in stream)
         d = hp - h
-        h_sq = (h * h).sum(-1)
-        _, d_par_sq, d_perp_sq = _split_stats(d, h, eps)
-        d_sq = (d * d).sum(-1)
-        h_ok = h_sq > eps
-        safe_h = torch.where(h_ok, h_sq, one)
-        hp_sq = (hp * hp).sum(-1)
-        s_cos = torch.where(hp_sq > 0, (hp * h).sum(-1) / (safe_h.sqrt() * torch.where(hp_sq > 0, hp_sq.sqrt(), one)),
-                            torch.zeros_like(h_sq))
-        cols.update(h_sq=h_sq, d_sq=d_sq, d_par_sq=d_par_sq, d_perp_sq=d_perp_sq,
-                    t_stream_rel=(d_sq / safe_h).sqrt(), t_stream_cos=s_cos)
-    out = torch.zeros(u.shape[0], len(_STATS), dtype=dtype, device=u.device)
-    for k, v in cols.items():
-        out[:, _IDX[k]] = v
+        h_sq = _dot(h, h)
+        _, d_par_sq, d_perp_sq = _split_stats(d, h, eps, h_sq)
+        d_sq = _dot(d, d)
+        safe_h = torch.where(h_sq > eps, h_sq, one)
+        hp_sq = _dot(hp, hp)
+        s_cos = torch.where(hp_sq > 0, _dot(hp, h) / (safe_h.sqrt() * torch.where(hp_sq > 0, hp_sq, one).sqrt()),
+                            zero)
+        cols += [h_sq, d_sq, d_par_sq, d_perp_sq, (d_sq / safe_h).sqrt(), s_cos]
+    else:
+        cols += [zero] * 6
+    out = torch.stack(cols, -1)
     # degenerate tokens contribute only to the degenerate count
-    keep = valid.to(dtype).unsqueeze(-1)
-    out = out * keep
+    out = out * valid.to(dtype).unsqueeze(-1)
     out[:, _IDX["degenerate"]] = (~valid).to(dtype)
     return out
 
@@ -423,14 +423,26 @@ class _Runner:
     @torch.no_grad()
     def _accumulate(self, target: _Target, L, u, dense_u, up, ref, state, stream):
         mask = state["mask"]
+        if state.get("all_tokens"):  # no padding: flatten views instead of masked copies
+            d = dense_u.shape[-1]
+
+            def pick(t):
+                return t.reshape(-1, d)
+        else:
+            def pick(t):
+                return t[mask]
         if stream is not None:
-            stream = (stream[0][mask], stream[1][mask])
-        stats = _token_stats(dense_u[mask], up[mask], ref[mask], self.eps, stream).double()
+            stream = (pick(stream[0]), pick(stream[1]))
+        stats = _token_stats(pick(dense_u), pick(up), pick(ref), self.eps, stream).double()
         row = self.row_of[(L, u)]
         target.total[row] += stats.sum(0).to(target.total.device)
         if target.per_seq is not None:
-            seq = state["seq_index"][mask]
+            seq = state["seq_index"].reshape(-1) if state.get("all_tokens") else state["seq_index"][mask]
             target.per_seq[:, row].index_add_(0, seq.to(target.per_seq.device), stats.to(target.per_seq.device))
+
+
+# model -> {layers: whether its MLP branch reproduced hook_mlp_out} (checked once per model)
+_BRANCH_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _StopForward(Exception):
@@ -458,6 +470,10 @@ def _choose_plan(runner: _Runner, sites, units, mode, target: _Target, part: Tok
     plan = _plan(sites, units, mode, side_ok)
     if not any(step["side"] for step in plan):
         return plan
+    key = tuple(runner.layers)
+    checked = _BRANCH_CHECKED.get(target.model, {})
+    if key in checked:
+        return plan if checked[key] else _plan(sites, units, mode, False)
     probe = next(iter_batches(part.slice(0, 2), 2))
     probe = TokenBatch(probe.tokens[:, :32], probe.attention_mask[:, :32])
     state = {"mask": probe.attention_mask.bool()}
@@ -467,7 +483,9 @@ def _choose_plan(runner: _Runner, sites, units, mode, target: _Target, part: Tok
         if state.get("side_expect"):
             raise _SideCallMismatch("hook_mlp_out never fired")
     except _SideCallMismatch:
+        _BRANCH_CHECKED.setdefault(target.model, {})[key] = False
         return _plan(sites, units, mode, False)
+    _BRANCH_CHECKED.setdefault(target.model, {})[key] = True
     return plan
 
 
@@ -555,6 +573,7 @@ def compression_geometry(
             if exclude_first_token:
                 mask = mask & ~first_token_mask(part.attention_mask)
             seq_index = (torch.arange(len(part), device=device) + seq_offset).unsqueeze(1).expand_as(mask)
+            all_tokens = bool(mask.all())
             store: dict = {}
             t0 = time.perf_counter()
             _run(dense, part.tokens, part.attention_mask, runner.dense_hooks(store), stop_at)
@@ -564,7 +583,7 @@ def compression_geometry(
                 if target.plan is None:
                     target.plan = _choose_plan(runner, sites, units, mode, target, part, stop_at)
                 for step in target.plan:
-                    state = {"mask": mask, "seq_index": seq_index}
+                    state = {"mask": mask, "seq_index": seq_index, "all_tokens": all_tokens}
                     _run(target.model, part.tokens, part.attention_mask,
                          runner.compressed_hooks(target.model, step, store, state, target), stop_at)
                 target.seconds += time.perf_counter() - t0
