@@ -410,3 +410,20 @@ def test_libraries_come_from_installed_packages():
     js = tv.circuitsvis_js()
     assert js.startswith('"use strict";var CircuitsVis=') and "</script" not in js
     assert torch.__version__  # the views import torch-free paths lazily; torch is present anyway
+
+
+def test_docs_views_page_runs_on_a_tiny_model(tiny_model_dir, tmp_path, monkeypatch):
+    """docs/views.md's code blocks run top to bottom (on the tiny GPT-2 instead of "default")."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("tld_docs_run_snippets_views", root / "docs" / "run_snippets.py")
+    snippets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(snippets)
+    monkeypatch.chdir(tmp_path)
+    out = "".join(snippets.run_page(root / "docs" / "views.md", model=str(tiny_model_dir("gpt2"))))
+    assert (tmp_path / "depth_profile.html").is_file() and (tmp_path / "depth_profile.csv").is_file()
+    assert "hard diagonal removal" in out and "perp_rel" in out
+    assert "index.html ['depth_profile.csv', 'tokens_par_frac.csv', 'triptych.csv']" in out
+    assert len(snippets.MODEL_LINE.findall((root / "docs" / "views.md").read_text())) == 1

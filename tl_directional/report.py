@@ -60,11 +60,12 @@ class Report:
         self.items: list[tuple[str, object, str, str]] = []  # (kind, view|html, caption, csv name)
 
     def add(self, view: View, *, caption: str | None = None, name: str | None = None) -> Report:
-        """Append a view; ``name`` is the stem of its CSV file (default: from the title)."""
+        """Append a view; ``name`` is the stem of its CSV file (default: ``view.name``, else from
+        the title; repeated names get ``_2``, ``_3``, ...)."""
         if not isinstance(view, View):
             raise TypeError(f"Report.add takes a tl_directional.views.View, got {type(view).__name__}")
         used = {it[3] for it in self.items}
-        stem = name or _slug(view.title)
+        stem = name or view.name or _slug(view.title)
         base, i = stem, 2
         while stem in used:
             stem, i = f"{base}_{i}", i + 1

@@ -122,14 +122,16 @@ class View:
         data: the numbers behind the view, as one long table (what ``save("x.csv")`` writes).
         libraries: the JavaScript libraries the view needs (``"plotly"``, ``"circuitsvis"``).
         caption: an optional explanatory line shown under the view in reports.
+        name: a short stem for file names (the view function's name by default).
     """
 
     libraries: tuple[str, ...] = ()
 
-    def __init__(self, title: str, data: pd.DataFrame | None = None, caption: str = ""):
+    def __init__(self, title: str, data: pd.DataFrame | None = None, caption: str = "", name: str = ""):
         self.title = title
         self.data = data if data is not None else pd.DataFrame()
         self.caption = caption
+        self.name = name  # short file-name stem (e.g. "depth_profile"); reports name CSVs after it
 
     def body_html(self, *, titled: bool = True) -> str:
         """HTML fragment of the view, assuming its libraries are already loaded on the page
@@ -184,8 +186,9 @@ class PlotlyView(View):
 
     libraries = ("plotly",)
 
-    def __init__(self, figure, title: str = "", data: pd.DataFrame | None = None, caption: str = ""):
-        super().__init__(title or _figure_title(figure), data, caption)
+    def __init__(self, figure, title: str = "", data: pd.DataFrame | None = None, caption: str = "",
+                 name: str = ""):
+        super().__init__(title or _figure_title(figure), data, caption, name)
         self.figure = figure
 
     def body_html(self, *, titled: bool = True) -> str:
@@ -222,8 +225,8 @@ class CircuitsVisView(View):
     libraries = ("circuitsvis",)
 
     def __init__(self, panels: Sequence[tuple[str, dict, str]], title: str, data: pd.DataFrame | None = None,
-                 caption: str = "", legend_html: str = ""):
-        super().__init__(title, data, caption)
+                 caption: str = "", legend_html: str = "", name: str = ""):
+        super().__init__(title, data, caption, name)
         self.panels = [(c, dict(p), h) for c, p, h in panels]
         self.legend_html = legend_html
 
@@ -364,14 +367,14 @@ def depth_profile(
                             row[q] = float(r[f"{m}_{q}"])
                 rows.append(row)
         if m in ("par_perp_ratio", "energy_ratio") and log_ratio:
-            fig.update_yaxes(type="log", row=i, col=1)
+            fig.update_yaxes(type="log", dtick=1, row=i, col=1)
         if m == "par_frac":
             fig.update_yaxes(range=[0, 1], row=i, col=1)
     fig.update_xaxes(title_text="layer", dtick=1, row=len(metrics), col=1)
     note = " (median per token; bands: 25-75% and 5-95%)" if bands else " (median per token)"
     fig.update_layout(title=title or f"Depth profile{note}", template="plotly_white",
                       height=300 * len(metrics) + 80, legend_title="component", margin={"t": 80})
-    return PlotlyView(fig, data=pd.DataFrame(rows))
+    return PlotlyView(fig, data=pd.DataFrame(rows), name="depth_profile")
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -442,7 +445,7 @@ def head_heatmaps(
         fig.update_yaxes(title_text="layer" if i == 0 else None, dtick=1, autorange="reversed", row=1, col=i + 1)
     fig.update_layout(title=title or "Value space per head (METHOD sec. 3)", template="plotly_white",
                       height=max(320, 40 * n_layers + 200), width=None, margin={"t": 90})
-    return PlotlyView(fig, data=pd.DataFrame(rows))
+    return PlotlyView(fig, data=pd.DataFrame(rows), name="head_heatmaps")
 
 
 def sweep_curves(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl", title: str | None = None) -> PlotlyView:
@@ -476,7 +479,7 @@ def sweep_curves(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl
                       template="plotly_white", legend_title="space", height=450)
     keep = [c for c in ("space", "layers", "s_par", "s_perp", "label", "tokens", "loss", "delta_loss", "ppl",
                         "delta_ppl", "kl", "top1_agree") if c in results.columns]
-    return PlotlyView(fig, data=results[keep].reset_index(drop=True))
+    return PlotlyView(fig, data=results[keep].reset_index(drop=True), name="sweep")
 
 
 def _method_column(df: pd.DataFrame, by: str | None) -> str | None:
@@ -546,7 +549,7 @@ def compression_errors(
                       + (", dashed: " + metrics[1] if len(metrics) > 1 else "") + "; x marks: parallel by construction)",
                       template="plotly_white", height=450, legend_title="method: metric")
     keep = [c for c in [method_col, "layer", "unit", *metrics, "by_construction_parallel"] if c in df.columns]
-    return PlotlyView(fig, data=df[keep].reset_index(drop=True))
+    return PlotlyView(fig, data=df[keep].reset_index(drop=True), name="compression_errors")
 
 
 def training_curves(
@@ -606,7 +609,8 @@ def training_curves(
     spread = {"minmax": "band: min-max over seeds", "std": "band: +-1 std over seeds", "none": ""}[band]
     fig.update_layout(title=title or f"{y} per variant (mean over seeds{'; ' + spread if spread else ''})",
                       xaxis_title=x, yaxis_title=y, template="plotly_white", height=450, legend_title=by)
-    return PlotlyView(fig, data=pd.concat(rows, ignore_index=True) if rows else pd.DataFrame())
+    return PlotlyView(fig, data=pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(),
+                      name="training_curves")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -764,7 +768,7 @@ def attention_triptych(
               f"<span style='color:{NEGATIVE_COLOR}'>red negative</span>; rows are queries, columns keys.<br>"
               + _diagonal_note(pats))
     return CircuitsVisView(panels, title=f"Attention of L{layer}H{head} under each edit", data=_patterns_frame(toks, pats, layer, head),
-                           legend_html=legend)
+                           legend_html=legend, name="triptych")
 
 
 def attention_triptych_figure(
@@ -794,7 +798,7 @@ def attention_triptych_figure(
     fig.update_yaxes(autorange="reversed", tickfont={"size": 8}, showticklabels=len(toks) <= 24)
     fig.update_layout(title=f"Attention of L{layer}H{head}: baseline / hard removal / effective diagonal "
                       f"(shared scale [-{m:.3g}, {m:.3g}], red = negative)", template="plotly_white", height=480)
-    return PlotlyView(fig, data=_patterns_frame(toks, pats, layer, head))
+    return PlotlyView(fig, data=_patterns_frame(toks, pats, layer, head), name="triptych_heatmap")
 
 
 _TOKEN_METRICS = {"par_frac": (0.0, 1.0), "par_perp_ratio": None, "alpha": "signed", "rel_update": None}
@@ -883,7 +887,7 @@ def colored_tokens(
     legend = f"{html.escape(metric)} at {where}, colour scale [{lo:.3g}, {hi:.3g}]" + (
         f"; {n_bad} non-finite value(s) shown as 0" if n_bad else "") + "; hover a token for its value."
     return CircuitsVisView([("ColoredTokens", props, "")], title=f"Tokens coloured by {metric} ({where})",
-                           data=data, legend_html=legend)
+                           data=data, legend_html=legend, name=f"tokens_{metric}")
 
 
 def colored_tokens_multi(
@@ -927,7 +931,8 @@ def colored_tokens_multi(
     data.insert(0, "position", range(len(toks)))
     props = {"tokens": toks, "values": np.round(np.where(np.isfinite(values), values, 0.0), 5).tolist(), "labels": labels}
     return CircuitsVisView([("ColoredTokensMulti", props, "")], title=f"Per-token geometry at layer {layer}",
-                           data=data, legend_html="Hover a label to colour the tokens by it; hover a token for all values.")
+                           data=data, legend_html="Hover a label to colour the tokens by it; hover a token for all values.",
+                           name="tokens_multi")
 
 
 def perpendicular_size(tokens_table: pd.DataFrame) -> pd.Series:
@@ -1013,7 +1018,7 @@ def top_perpendicular_tokens(
     legend = (f"||u_perp|| / ||r|| per token, coloured relative to the largest value ({scale:.3g}); "
               "columns: " + ", ".join(f"{j} = {c}" for j, c in enumerate(comps)) + ".")
     return CircuitsVisView([("TopkTokens", props, "")], title=f"Top-{k} tokens by perpendicular update size",
-                           data=top.reset_index(drop=True), legend_html=legend)
+                           data=top.reset_index(drop=True), legend_html=legend, name="top_perpendicular")
 
 
 __all__ = [
