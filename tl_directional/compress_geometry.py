@@ -89,6 +89,23 @@ class CompatibilityError(ValueError):
     """Dense and compressed models cannot be compared (architecture, vocabulary, tokenizer)."""
 
 
+_VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _vocab_fingerprint(tok) -> int:
+    """Hash of a tokenizer's token -> id table (cached per tokenizer object)."""
+    try:
+        return _VOCABS[tok]
+    except (KeyError, TypeError):
+        pass
+    fp = hash(frozenset(tok.get_vocab().items()))
+    try:
+        _VOCABS[tok] = fp
+    except TypeError:  # pragma: no cover - not weak-referenceable
+        pass
+    return fp
+
+
 def check_compatible(dense, compressed) -> None:
     """Raise :class:`CompatibilityError` unless the two models can be compared layer by layer."""
     check_hook_api(dense, "dense")
@@ -107,7 +124,7 @@ def check_compatible(dense, compressed) -> None:
             raise CompatibilityError(f"{what} differ: dense has {attr}={x}, compressed has {attr}={y}")
     ta, tb = getattr(dense, "tokenizer", None), getattr(compressed, "tokenizer", None)
     if ta is not None and tb is not None and ta is not tb:
-        if len(ta) != len(tb) or ta.get_vocab() != tb.get_vocab():
+        if len(ta) != len(tb) or _vocab_fingerprint(ta) != _vocab_fingerprint(tb):
             raise CompatibilityError(
                 f"tokenizers differ (dense: {len(ta)} tokens, compressed: {len(tb)} tokens, or the same "
                 "size with different ids): the models would not read the same token ids")
@@ -420,25 +437,44 @@ class _Runner:
         stream = (dense_store[s.sum_hook], state[s.sum_hook]) if self.mode == "global" else None
         self._accumulate(target, L, u, dense_u, up, dense_store[s.reference_hook], state, stream)
 
-    @torch.no_grad()
     def _accumulate(self, target: _Target, L, u, dense_u, up, ref, state, stream):
-        mask = state["mask"]
-        if state.get("all_tokens"):  # no padding: flatten views instead of masked copies
-            d = dense_u.shape[-1]
+        """Queue one row's tensors; :meth:`flush` computes every queued row in one batch of
+        tensor ops after the forward (many small ops per row cost more than the math)."""
+        state.setdefault("pending", []).append((self.row_of[(L, u)], dense_u, up.detach(), ref, stream))
 
+    @torch.no_grad()
+    def flush(self, target: _Target, state):
+        pending = state.pop("pending", [])
+        if not pending:
+            return
+        mask = state["mask"]
+        d = pending[0][1].shape[-1]
+        if state.get("all_tokens"):  # no padding: flatten views instead of masked copies
             def pick(t):
                 return t.reshape(-1, d)
         else:
             def pick(t):
                 return t[mask]
-        if stream is not None:
-            stream = (pick(stream[0]), pick(stream[1]))
-        stats = _token_stats(pick(dense_u), pick(up), pick(ref), self.eps, stream).double()
-        row = self.row_of[(L, u)]
-        target.total[row] += stats.sum(0).to(target.total.device)
-        if target.per_seq is not None:
-            seq = state["seq_index"].reshape(-1) if state.get("all_tokens") else state["seq_index"][mask]
-            target.per_seq[:, row].index_add_(0, seq.to(target.per_seq.device), stats.to(target.per_seq.device))
+        for glob in (True, False):
+            group = [p for p in pending if (p[4] is not None) == glob]
+            if not group:
+                continue
+            rows = [p[0] for p in group]
+            cat = [torch.cat([pick(p[i]) for p in group]) for i in (1, 2, 3)]
+            stream = None
+            if glob:
+                stream = (torch.cat([pick(p[4][0]) for p in group]), torch.cat([pick(p[4][1]) for p in group]))
+            stats = _token_stats(cat[0], cat[1], cat[2], self.eps, stream).double()
+            n = stats.shape[0] // len(rows)
+            stats = stats.view(len(rows), n, -1)
+            idx = torch.tensor(rows, device=stats.device)
+            target.total.index_add_(0, idx.to(target.total.device), stats.sum(1).to(target.total.device))
+            if target.per_seq is not None:
+                seq = state["seq_index"].reshape(-1) if state.get("all_tokens") else state["seq_index"][mask]
+                n_rows = target.per_seq.shape[1]
+                flat = target.per_seq.view(-1, stats.shape[-1])  # [n_seq * rows, K], a view
+                where = (seq.unsqueeze(0) * n_rows + idx.unsqueeze(1)).reshape(-1)
+                flat.index_add_(0, where.to(flat.device), stats.reshape(-1, stats.shape[-1]).to(flat.device))
 
 
 # model -> {layers: whether its MLP branch reproduced hook_mlp_out} (checked once per model)
@@ -489,6 +525,18 @@ def _choose_plan(runner: _Runner, sites, units, mode, target: _Target, part: Tok
     return plan
 
 
+_SITES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _sites_of(model) -> tuple[ModelSites, bool]:
+    """``resolve_sites`` once per model object (hook names do not change with the weights;
+    the bridge rebuilds its hook dictionary on every access, which costs a few ms)."""
+    if model not in _SITES:
+        sites = resolve_sites(model, warn=False)
+        _SITES[model] = (sites, f"blocks.{sites.n_layers - 1}.hook_resid_post" in model.hook_dict)
+    return _SITES[model]
+
+
 def compression_geometry(
     dense,
     compressed,
@@ -535,10 +583,8 @@ def compression_geometry(
     targets_in = _normalize_targets(compressed)
     for _, model, _ in targets_in:
         check_compatible(dense, model)
-    sites = resolve_sites(dense, warn=False)
-    for _, model, _ in targets_in:
-        if model is not dense:
-            resolve_sites(model, warn=False)
+    # Same lane, architecture class and shapes (checked above) mean the same hook names.
+    sites, has_resid_post = _sites_of(dense)
     units = _units(units, sites)
     layers = normalize_layers(layers, sites.n_layers)
     batch = prepare_inputs(dense, inputs, attention_mask)
@@ -548,9 +594,7 @@ def compression_geometry(
         verify_sites(dense, sites, first.tokens[:, :64], first.attention_mask[:, :64])
     runner = _Runner(dense, sites, units, layers, mode, eps)
     # nothing after the last measured block is needed: stop both forwards there
-    stop_at = f"blocks.{max(layers)}.hook_resid_post"
-    if stop_at not in dense.hook_dict:
-        stop_at = None
+    stop_at = f"blocks.{max(layers)}.hook_resid_post" if has_resid_post else None
     K = len(_STATS)
     targets = [
         _Target(name, model, record, torch.zeros(len(runner.rows), K, dtype=torch.float64),
@@ -586,6 +630,7 @@ def compression_geometry(
                     state = {"mask": mask, "seq_index": seq_index, "all_tokens": all_tokens}
                     _run(target.model, part.tokens, part.attention_mask,
                          runner.compressed_hooks(target.model, step, store, state, target), stop_at)
+                    runner.flush(target, state)
                 target.seconds += time.perf_counter() - t0
             n_tokens += int(mask.sum())
             seq_offset += len(part)
