@@ -1,7 +1,9 @@
 """The notebooks in notebooks/: committed without outputs, and each runs top to bottom offline.
 
-Execution uses nbclient with the ``python3`` kernel of the interpreter running the tests
-(ipykernel must be installed in it: the ``dev`` extra has it), in a scratch directory, with the
+Execution uses nbclient with a kernel of the interpreter running the tests (a temporary
+kernelspec whose ``argv`` is ``sys.executable -m ipykernel_launcher``, found first through
+``JUPYTER_PATH``, so a ``python3`` kernelspec installed elsewhere cannot substitute another
+Python; ipykernel must be installed: the ``dev`` extra has it), in a scratch directory, with the
 test process's environment (so offline flags and ``PYTHONPATH`` carry over). The notebooks run on
 the TransformerLens 4 bridge lane only; the legacy lane skips them (same code, twice the CI time).
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from tl_directional.models import tl_lane
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 REQUIRED = ("01_tour", "02_editing_and_sweeps", "03_compression_diagnostics", "04_training_suppression")
 CELL_TIMEOUT_S = 600
+KERNEL_NAME = "tl-directional-tests"
 
 
 def test_required_notebooks_exist():
@@ -50,8 +54,16 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", env_path)  # the kernel inherits the environment
     for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(key, "1")
-    client = nbclient.NotebookClient(book, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    spec_dir = tmp_path / "jupyter" / "kernels" / KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"tl-directional tests ({sys.executable})", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    work = tmp_path / "work"
+    work.mkdir()
+    client = nbclient.NotebookClient(book, timeout=CELL_TIMEOUT_S, kernel_name=KERNEL_NAME,
+                                     resources={"metadata": {"path": str(work)}})
     t0 = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - t0
