@@ -181,7 +181,7 @@ class ResidualScale(Edit):
         for L in self._layers(sites):
             unit = sites.unit(self.component, L)
             state: dict = {}
-            hooks.append((unit.reference_hook, _store_reference(state)))
+            hooks.append((unit.reference_hook, _store_first(state, "ref")))
             if self.positions is not None:
                 hooks.append((sites.value[L].pattern_hook, _track_key_length(state)))
             hooks.append((unit.update_hook, self._edit_hook(L, unit.update_is_difference, state, s_par, s_perp)))
@@ -207,10 +207,13 @@ class ResidualScale(Edit):
         return hook
 
 
-def _store_reference(state: dict):
+def _store_first(state: dict, key: str):
+    """Hook storing the tensor under ``key``; it is the first of the edit's hooks to fire
+    in a layer, so it also clears what the previous forward pass left."""
+
     def hook(tensor, hook):  # noqa: ARG001
-        state.clear()  # a new forward pass reaches this layer
-        state["ref"] = tensor
+        state.clear()
+        state[key] = tensor
         return tensor
 
     return hook
@@ -283,7 +286,7 @@ class ValueScale(_HeadScoped):
         for L in self._layers(sites):
             vs = sites.value[L]
             state: dict = {}
-            hooks.append((vs.v_hook, _store_value(state)))
+            hooks.append((vs.v_hook, _store_first(state, "v")))
             need_pattern = self.mode == "exclusive" or self.positions is not None
             if need_pattern:
                 hooks.append((vs.pattern_hook, _store_pattern(state)))
@@ -321,15 +324,6 @@ class ValueScale(_HeadScoped):
             return (z.to(delta.dtype) + delta).to(z.dtype)
 
         return hook
-
-
-def _store_value(state: dict):
-    def hook(v, hook):  # noqa: ARG001
-        state.clear()  # a new forward pass reaches this layer
-        state["v"] = v
-        return v
-
-    return hook
 
 
 def _store_pattern(state: dict):
@@ -426,7 +420,7 @@ class EffectiveDiagonal(_HeadScoped):
         for L in self._layers(sites):
             vs = sites.value[L]
             state: dict = {}
-            hooks.append((vs.v_hook, _store_value(state)))
+            hooks.append((vs.v_hook, _store_first(state, "v")))
             hooks.append((vs.pattern_hook, self._edit_hook(L, sites, state, s_par, head_mask)))
             hooks.append((vs.z_hook, _pattern_order_guard(state, L, "EffectiveDiagonal")))
         return hooks

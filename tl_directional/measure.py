@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from .fileio import atomic_path, atomic_write_text
 from .geometry import DEFAULT_EPS, compute_dtype, decompose, projection_coefficient
 from .inputs import first_token_mask, iter_batches, position_mask, prepare_inputs
 from .sites import (
@@ -268,10 +268,7 @@ class Profile:
             df = getattr(self, name)
             if df is None:
                 continue
-            target = out / f"{name}.{format}"
-            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
-            os.close(fd)
-            try:
+            with atomic_path(out / f"{name}.{format}") as tmp:
                 if format == "parquet":
                     import pyarrow as pa
                     import pyarrow.parquet as pq
@@ -283,11 +280,7 @@ class Profile:
                     pq.write_table(table, tmp)
                 else:
                     df.to_csv(tmp, index=False)
-                os.replace(tmp, target)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        _atomic_write_text(out / "metadata.json", json.dumps(meta, indent=2, default=str))
+        atomic_write_text(out / "metadata.json", json.dumps(meta, indent=2, default=str))
         return out
 
     @classmethod
@@ -363,17 +356,6 @@ class Profile:
         acc.tokens_seen = int(mask.sum())
         acc.sequences_seen = batch
         return _finish(acc, model, sites, components, eps, positions, exclude_first_token)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _check_components(components, sites: ModelSites) -> tuple[str, ...]:

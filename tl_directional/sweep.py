@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from .edit import (
     apply_edits,
     scales,
 )
+from .fileio import atomic_write_text
 from .inputs import TokenBatch, iter_batches, prepare_inputs
 from .sites import normalize_layers, resolve_sites
 
@@ -268,17 +268,6 @@ def _dist_info() -> tuple[int, int]:
     return 0, 1
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 @dataclass
 class _Progress:
     """Resumable state of a sweep: sums per setting after ``batches_done`` batches."""
@@ -288,7 +277,7 @@ class _Progress:
     sums: dict[str, list[float]] = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
-        _atomic_write(path, json.dumps(asdict(self)))
+        atomic_write_text(path, json.dumps(asdict(self)))
 
     @classmethod
     def load(cls, path: Path) -> _Progress:
