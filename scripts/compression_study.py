@@ -275,6 +275,13 @@ def main(argv=None) -> int:
             pooled = torch.einsum("bn,snk->bsk", weights, stacked)  # [B+1, S, K]
             for name, val in diagnostics(pooled).items():
                 cand_values[(mode, unit, name)] = val
+            if mode == "local":  # layer-resolved, for the paper's single-layer reading
+                for i in idx:
+                    L = geo_rows[i][0]
+                    stacked = torch.stack([seq_sums[(s, mode)][:, i] for s in ranked])
+                    d = diagnostics(torch.einsum("bn,snk->bsk", weights, stacked))
+                    for name in ("perp_energy", "par_energy", "one_minus_cos", "mse_energy"):
+                        cand_values[("local", f"{unit} L{L}", name)] = d[name]
     wre = torch.tensor([settings.set_index("setting").loc[s, "weight_rel_error"] for s in ranked],
                        dtype=torch.float64).expand(B + 1, S)
     cand_values[("data-free", "all", "weight_rel_error")] = wre
@@ -315,7 +322,7 @@ def main(argv=None) -> int:
     sp["_o"] = sp.diagnostic.map({k: i for i, k in enumerate(order)})
     sp["_m"] = sp["mode"].map({"local": 0, "global": 1, "data-free": 2})
     sp["_u"] = sp.unit.map({"attn": 0, "mlp": 1, "block": 2, "all": 3})
-    for r in sp.sort_values(["_m", "_u", "_o"]).itertuples():
+    for r in sp[sp._u.notna()].sort_values(["_m", "_u", "_o"]).itertuples():
         pb = "" if r.p_perp_energy_higher != r.p_perp_energy_higher else f"{r.p_perp_energy_higher:.2f}"
         lines.append(f"| {r.mode} | {r.unit} | {r.diagnostic} | {r.spearman:+.3f} | "
                      f"[{r.ci_lo:+.3f}, {r.ci_hi:+.3f}] | {pb} |")
@@ -329,6 +336,22 @@ def main(argv=None) -> int:
                      f"{r['local.block.par_energy']:.4f} | {r['local.block.one_minus_cos']:.5f} | "
                      f"{r['local.block.mse_energy']:.5f} | {r['global.block.perp_energy']:.4f} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
+    # compact: diagnostic x (mode, unit), "rho [lo, hi]"
+    cols = [("local", "attn"), ("local", "mlp"), ("local", "block"), ("global", "attn"), ("global", "mlp"),
+            ("global", "block")]
+    compact = ["| diagnostic | " + " | ".join(f"{m} {u}" for m, u in cols) + " |",
+               "|---|" + "---:|" * len(cols)]
+    look = sp.set_index(["mode", "unit", "diagnostic"])
+    for name in DIAGNOSTICS:
+        cells = []
+        for m, u in cols:
+            r = look.loc[(m, u, name)]
+            cells.append(f"{r.spearman:+.2f} [{r.ci_lo:+.2f}, {r.ci_hi:+.2f}]")
+        compact.append(f"| {name} | " + " | ".join(cells) + " |")
+    r = look.loc[("data-free", "all", "weight_rel_error")]
+    compact.append(f"| weight_rel_error (data-free) | {r.spearman:+.2f} [{r.ci_lo:+.2f}, {r.ci_hi:+.2f}] |"
+                   + " |" * (len(cols) - 1))
+    (out / "table_compact.md").write_text("\n".join(compact) + "\n")
 
     meta = {
         "model": str(args.model), "model_description": model_desc, "lane": lane_of(dense),
