@@ -59,6 +59,11 @@ def toks():
 
 
 @pytest.fixture(scope="module")
+def ident(gpt2):
+    return identity(gpt2)
+
+
+@pytest.fixture(scope="module")
 def rtn3(gpt2):
     """Shared 3-bit per-channel model (compressing clones the model, which costs a boot)."""
     return quantize_rtn(gpt2, 3)
@@ -220,13 +225,25 @@ def test_compressors_record_and_scope(gpt2, toks):  # one clone per compressor: 
 
 
 def test_wanda_uses_input_norms(gpt2, toks):
-    """Wanda and magnitude pruning differ exactly where input norms reorder |W| within a row."""
-    w = prune_wanda(gpt2, toks, 0.5, layers=[0], keys=["attn.o"]).model
-    m = prune_magnitude(gpt2, 0.5, per_row=True, layers=[0], keys=["attn.o"]).model
-    (lw_w,), (lw_m,) = linear_weights(w, layers=0, keys=["attn.o"]), linear_weights(m, layers=0, keys=["attn.o"])
-    kept_w, kept_m = lw_w.get() != 0, lw_m.get() != 0
-    assert (kept_w.sum(1) == kept_m.sum(1)).all()
-    assert not torch.equal(kept_w, kept_m)
+    """Wanda's keep-mask is the per-row top half of |W| * rms(x_j); it differs from magnitude
+    pruning exactly because the input norms reorder |W| within rows."""
+    from tl_directional.compress import collect_input_stats
+
+    stats = collect_input_stats(gpt2, toks, layers=[0])
+    (lw,) = linear_weights(gpt2, layers=0, keys=["attn.o"])
+    w = lw.get()
+    rms = stats.rms["blocks.0.attn.o"]
+    assert rms.shape == (w.shape[1],) and (rms > 0).all()
+    kept_w = magnitude_mask(w.abs() * rms, 0.5, per_row=True)
+    kept_m = magnitude_mask(w.abs(), 0.5, per_row=True)
+    assert (kept_w.sum(1) == kept_m.sum(1)).all() and not torch.equal(kept_w, kept_m)
+    # the same statistic, computed by hand from the input hook of W_O (heads flattened)
+    got = {}
+    hook = linear_input_hooks(gpt2, 0)["attn.o"].hook
+    gpt2.run_with_hooks(toks, return_type=None,
+                        fwd_hooks=[(hook, lambda t, hook: got.setdefault("x", t.detach().clone()))])
+    x = got["x"].reshape(-1, w.shape[1])
+    torch.testing.assert_close(rms, x.pow(2).mean(0).sqrt(), rtol=1e-5, atol=1e-6)
 
 
 def test_bad_settings_raise(gpt2, toks):
@@ -314,8 +331,8 @@ def test_local_one_pass_equals_one_layer_at_a_time(tiny_model, family):
 
 
 @pytest.mark.parametrize("mode", ["local", "global"])
-def test_identical_model_gives_exact_zero(gpt2, toks, mode):
-    df = compression_geometry(gpt2, identity(gpt2), toks, mode=mode)
+def test_identical_model_gives_exact_zero(gpt2, toks, mode, ident):
+    df = compression_geometry(gpt2, ident, toks, mode=mode)
     assert not df.isna().any().any()
     for c in ("err_par_over_update", "err_perp_over_update", "err_perp_share", "alpha_err", "rel_mse",
               "err_perp_energy", "err_par_energy", "err_perp_energy_vs_resid", "rel_mse_energy"):
