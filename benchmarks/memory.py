@@ -1,0 +1,212 @@
+"""Peak memory of streaming ``profile`` vs the naive cache, one subprocess per corpus size.
+
+Peak RSS only grows inside a process, so each (way, size) pair runs in its own subprocess::
+
+    python -m benchmarks.memory --model default --mode streaming --n-seq 128 --seq 128 --batch 8
+
+The worker loads the model, builds the inputs, runs one plain forward on a single 8-token
+sequence (so torch's and TransformerLens' one-off lazy set-up is paid before the baseline, and
+no batch-sized activations are held), then
+
+* on CPU: resets the kernel's peak-RSS mark (``echo 5 > /proc/self/clear_refs`` sets VmHWM
+  to the current VmRSS), reads the baseline VmRSS, does the work, reads VmHWM; the result is
+  ``VmHWM - baseline``. Where ``clear_refs`` is not available it falls back to
+  ``resource.getrusage`` (``ru_maxrss`` cannot be reset, so a load-time peak can hide a smaller
+  run-time peak; the JSON says which method was used);
+* on CUDA: ``torch.cuda.reset_peak_memory_stats()``, baseline ``memory_allocated()``, peak
+  ``max_memory_allocated()``.
+
+The subprocess runs with ``MALLOC_MMAP_THRESHOLD_=65536`` (unless the caller's environment
+sets it): glibc's default *dynamic* mmap threshold keeps freed activation buffers in the heap
+after the first batch, so peak RSS then depends on fragmentation history (33 to 40 MB for the
+same 1x run in trials here) rather than on what is alive. A fixed threshold makes every large
+tensor an mmap that is returned on free, so RSS follows live memory. The JSON records it
+(``allocator``); set ``MALLOC_MMAP_THRESHOLD_`` yourself to measure another way.
+
+The work is either ``profile(model, all_sequences, batch_size=B, verify=False)`` (streaming,
+one batch of activations alive at a time) or the naive way: one ``run_with_cache`` of every
+needed hook over all sequences, then ``Profile.from_cache`` (the only way to get one
+``Profile`` of the whole corpus from a cache). The worker prints one JSON line prefixed by
+``BENCH_MEMORY_JSON``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+MARKER = "BENCH_MEMORY_JSON "
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: glibc mmap threshold for the worker (bytes), see the module docstring.
+MMAP_THRESHOLD = "65536"
+#: Corpus sizes, as multiples of one batch, at which memory is reported.
+MULTIPLIERS = (1, 4, 16)
+#: Allowed growth of streaming peak memory from 1x to 16x (the target).
+STREAMING_GROWTH_TARGET = 1.10
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Set VmHWM to the current VmRSS (Linux >= 4.0); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    hwm, rss = _status_kb("VmHWM"), _status_kb("VmRSS")
+    return hwm is not None and rss is not None and hwm <= rss + 1024
+
+
+def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
+            device: str = "cpu", dtype: str = "float32", threads: int = 0) -> dict:
+    """Peak memory increment (MB) of one streaming or naive profile in this process."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    from tl_directional import profile
+    from tl_directional.inputs import TokenBatch
+    from tl_directional.models import load_model
+
+    from .workloads import all_components, forward, naive_profile, needed_hooks, text_batch
+
+    if mode not in ("streaming", "naive"):
+        raise ValueError(f"mode must be 'streaming' or 'naive', got {mode!r}")
+    model = load_model(model_source, device=device, dtype=getattr(torch, dtype)).eval()
+    inputs = text_batch(model, n_seq, seq).to(device)
+    comps = all_components(model)
+    names = needed_hooks(model, comps)
+    forward(model, TokenBatch(inputs.tokens[:1, :8], inputs.attention_mask[:1, :8]))
+    gc.collect()
+    cuda = str(device).startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base_b = torch.cuda.memory_allocated()
+        method = "torch.cuda.max_memory_allocated - memory_allocated before the work"
+    elif _reset_peak_rss():
+        base_b = _status_kb("VmRSS") * 1024
+        method = "VmHWM after the work - VmRSS before it (VmHWM reset via /proc/self/clear_refs)"
+    else:
+        base_b = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        method = "ru_maxrss after - ru_maxrss before (not resettable: may under-report)"
+
+    if mode == "streaming":
+        prof = profile(model, inputs, batch_size=batch_size, components=comps, verify=False,
+                       progress=False)
+    else:
+        prof = naive_profile(model, inputs, comps, names)
+
+    if cuda:
+        torch.cuda.synchronize()
+        peak_b = torch.cuda.max_memory_allocated()
+    elif method.startswith("VmHWM"):
+        peak_b = _status_kb("VmHWM") * 1024
+    else:
+        peak_b = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {
+        "mode": mode,
+        "n_sequences": n_seq,
+        "seq": seq,
+        "batch_size": batch_size,
+        "tokens_seen": int(prof.metadata["tokens_seen"]),
+        "baseline_mb": base_b / 2**20,
+        "peak_mb": peak_b / 2**20,
+        "peak_increment_mb": max(peak_b - base_b, 0) / 2**20,
+        "method": method,
+        "allocator": "glibc MALLOC_MMAP_THRESHOLD_=" + os.environ.get("MALLOC_MMAP_THRESHOLD_", "(dynamic)"),
+    }
+
+
+def run_worker(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
+               device: str = "cpu", dtype: str = "float32", threads: int = 0,
+               timeout: float = 900) -> dict:
+    """Run :func:`measure` in a fresh subprocess and return its result."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)
+    cmd = [sys.executable, "-m", "benchmarks.memory", "--model", str(model_source), "--mode", mode,
+           "--n-seq", str(n_seq), "--seq", str(seq), "--batch", str(batch_size),
+           "--device", str(device), "--dtype", dtype, "--threads", str(threads)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(MARKER):
+            return json.loads(line[len(MARKER):])
+    tail = (proc.stderr or proc.stdout)[-2000:]
+    raise RuntimeError(f"memory worker failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
+
+
+def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str = "cpu",
+                   dtype: str = "float32", multipliers=MULTIPLIERS, threads: int = 0,
+                   log=print) -> dict:
+    """Peak memory of streaming and naive profiling at ``multipliers`` x ``batch_size``
+    sequences, one subprocess each; growth is the largest size's increment over the smallest's."""
+    rows: dict[str, list[dict]] = {"streaming": [], "naive": []}
+    for m in multipliers:
+        for mode in ("streaming", "naive"):
+            r = run_worker(model_source, mode, m * batch_size, seq, batch_size, device, dtype,
+                           threads)
+            log(f"  memory {mode:9s} {m:>2d}x ({m * batch_size} seqs): "
+                f"+{r['peak_increment_mb']:.1f} MB")
+            rows[mode].append(r)
+
+    def growth(rs):
+        first, last = rs[0]["peak_increment_mb"], rs[-1]["peak_increment_mb"]
+        return last / first if first > 0 else float("inf")
+
+    s_growth, n_growth = growth(rows["streaming"]), growth(rows["naive"])
+    return {
+        "status": "ok",
+        "multipliers": list(multipliers),
+        "n_sequences": [m * batch_size for m in multipliers],
+        "seq": seq,
+        "batch_size": batch_size,
+        "streaming_peak_increment_mb": [r["peak_increment_mb"] for r in rows["streaming"]],
+        "naive_peak_increment_mb": [r["peak_increment_mb"] for r in rows["naive"]],
+        "streaming_growth": s_growth,
+        "naive_growth": n_growth,
+        "target": f"streaming peak increment {multipliers[-1]}x / {multipliers[0]}x <= "
+                  f"{STREAMING_GROWTH_TARGET:g} (and the naive way grows)",
+        "met": bool(s_growth <= STREAMING_GROWTH_TARGET and n_growth > s_growth),
+        "method": rows["streaming"][0]["method"],
+        "allocator": rows["streaming"][0]["allocator"],
+        "runs": rows["streaming"] + rows["naive"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="default")
+    p.add_argument("--mode", choices=("streaming", "naive"), required=True)
+    p.add_argument("--n-seq", type=int, required=True)
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    a = p.parse_args(argv)
+    result = measure(a.model, a.mode, a.n_seq, a.seq, a.batch, a.device, a.dtype, a.threads)
+    print(MARKER + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

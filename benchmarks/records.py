@@ -1,0 +1,143 @@
+"""Records of features that exist: streaming ``profile`` and value-space edits.
+
+Each function times a candidate against its baseline on the same batch with
+:meth:`benchmarks.registry.Bench.measure` and may add record-specific numbers (sanity checks,
+memory) to ``bench.extra``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tl_directional import Profile, ValueScale, apply_edits, profile
+from tl_directional.inputs import TokenBatch
+from tl_directional.sites import resolve_sites, verify_sites
+
+from .memory import memory_scaling
+from .registry import Bench, register
+from .timing import median_ci, paired_timing
+from .workloads import all_components, forward, naive_profile, needed_hooks
+
+
+def _profile_call(bench: Bench, comps):
+    model, batch = bench.model, bench.inputs
+
+    def call() -> Profile:
+        return profile(model, batch, batch_size=len(batch), components=comps, verify=False,
+                       progress=False)
+
+    return call
+
+
+@register(
+    "profile_overhead", target=1.20, op="<=", precision=0.20, models=("main", "wide"),
+    baseline="plain forward of the batch (return_type=None, as profile runs it)",
+    candidate="profile(model, batch, batch_size=len(batch), components=all, verify=False, "
+              "progress=False)",
+)
+def profile_overhead(bench: Bench):
+    """Streaming profile of all components (attn, mlp, block, value per head) over one batch
+    / a plain forward of the same batch.
+
+    The timed profile runs with ``verify=False`` and ``progress=False``. Verification is a
+    one-off per ``profile`` call (one extra forward on at most 2 x 64 tokens of the first
+    batch, amortised over a corpus); its cost is reported separately as
+    ``extra.verify_over_forward`` (median ratio of ``verify_sites`` on those tokens to the
+    plain forward of the whole batch).
+    """
+    model, batch = bench.model, bench.inputs
+    comps = all_components(model)
+    call = _profile_call(bench, comps)
+    prof = call()
+    bench.extra["components"] = list(comps)
+    bench.extra["tokens_per_call"] = int(prof.metadata["tokens_seen"])
+    bench.extra["check_tokens_seen_equals_batch_tokens"] = prof.metadata["tokens_seen"] == batch.n_tokens
+
+    def base():
+        forward(model, batch, return_type=None)
+
+    timing = bench.measure(base, call)
+
+    sites = resolve_sites(model, warn=False)
+    first = TokenBatch(batch.tokens[:2, :64], batch.attention_mask[:2, :64])
+    n = 2 if bench.harness.config.mode == "quick" else 5
+    v = paired_timing(base, lambda: verify_sites(model, sites, first.tokens, first.attention_mask),
+                      warmup=1, min_pairs=n, max_pairs=n, max_seconds=60, sync=bench.sync)
+    ratio, ci = median_ci(v.ratios, seed=bench.seed)
+    bench.extra["verify_over_forward"] = {"ratio": ratio, "ci95": list(ci), "n_pairs": v.n_pairs,
+                                          "note": "one-off per profile() call, not in the ratio"}
+    return timing
+
+
+@register(
+    "profile_vs_cache", target=1.0, op="<", precision=0.10, models=("main", "wide"),
+    baseline="naive: run_with_cache(names_filter=needed hooks) + Profile.from_cache",
+    candidate="streaming profile(..., verify=False, progress=False)",
+)
+def profile_vs_cache(bench: Bench):
+    """Streaming profile / the naive way (``run_with_cache`` of every needed hook, then
+    ``Profile.from_cache``) on the same batch, all components.
+
+    On the primary setting it also reports peak memory of both ways at 1x, 4x and 16x
+    sequences (one subprocess per size, see :mod:`benchmarks.memory`): the target is
+    streaming growth <= 10 % from 1x to 16x while the naive way grows.
+    """
+    model, batch = bench.model, bench.inputs
+    comps = all_components(model)
+    names = needed_hooks(model, comps)
+    call = _profile_call(bench, comps)
+    a, b = call(), naive_profile(model, batch, comps, names)
+    cols = ["energy_ratio", "par_frac_median", "alpha_mean"]
+    diff = (a.residual[cols] - b.residual[cols]).abs().max().max()
+    bench.extra["cached_hooks"] = len(names)
+    bench.extra["check_max_abs_diff_streaming_vs_cache"] = float(diff)
+
+    timing = bench.measure(lambda: naive_profile(model, batch, comps, names), call)
+
+    cfg = bench.harness.config
+    if bench.setting.primary and cfg.memory:
+        try:
+            bench.extra["memory"] = memory_scaling(
+                bench.model_source, seq=bench.setting.seq, batch_size=bench.setting.batch,
+                device=str(bench.device), dtype=bench.harness.dtype_name, log=bench.harness.log,
+                threads=cfg.threads)
+        except Exception as exc:  # noqa: BLE001 - reported in the record, never hidden
+            bench.extra["memory"] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}",
+                                     "met": False}
+    elif bench.setting.primary:
+        bench.extra["memory"] = {"status": "skipped", "met": None,
+                                 "reason": "memory scaling not requested (--quick without --memory, "
+                                           "or --no-memory)"}
+    return timing
+
+
+@register(
+    "edit_overhead", target=1.10, op="<=", precision=0.10, models=("main", "wide"),
+    baseline="plain forward of the batch (logits)",
+    candidate="with apply_edits(model, ValueScale(s_par=0.0)): forward (logits), every layer "
+              "and head",
+)
+def edit_overhead(bench: Bench):
+    """Forward with ``ValueScale(s_par=0)`` (V-Para removal) on every layer and head / a plain
+    forward, both returning logits; entering and leaving ``apply_edits`` is inside the timed
+    call, as a user would run it."""
+    model, batch = bench.model, bench.inputs
+    edit = ValueScale(s_par=0.0)
+
+    def base():
+        forward(model, batch, "logits")
+
+    def cand():
+        with apply_edits(model, edit):
+            return forward(model, batch, "logits")
+
+    plain = forward(model, batch, "logits")
+    edited = cand()
+    bench.extra["check_edit_changes_logits_max_abs"] = float((edited - plain).abs().max())
+    del plain, edited
+    if bench.harness.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return bench.measure(base, cand)
+
+
+__all__ = ["edit_overhead", "profile_overhead", "profile_vs_cache"]
