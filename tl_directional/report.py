@@ -219,6 +219,9 @@ CHROMIUM_FLAGS = (
     "--disable-domain-reliability", "--disable-client-side-phishing-detection", "--no-pings",
     "--disable-breakpad", "--no-default-browser-check", "--disable-dev-shm-usage", "--hide-scrollbars",
     "--disable-features=NetworkTimeServiceQuerying,OptimizationHints,MediaRouter,Translate",
+    # Chromium still makes a few background requests of its own (update checks); no host name
+    # resolves, so neither they nor anything else can leave the machine. Attempts stay in the log.
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost",
 )
 
 
