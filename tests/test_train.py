@@ -271,6 +271,8 @@ def test_export_roundtrip_matches_trained_model(tmp_path, tok_dir, data, lane):
     torch.testing.assert_close(hf, trained, atol=1e-5, rtol=1e-5)
     info = json.loads((out / "tl_directional_build.json").read_text())
     assert info["random_weights"] is False
+    # loadable by transformers 4.x (legacy lane) as well as 5.x
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
 
 
 # -- distributed ------------------------------------------------------------------------------

@@ -277,8 +277,23 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> Any:
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
-    # The backend tokenizer: no "sequence longer than the model" warning for a whole corpus.
-    return tokenizer.backend_tokenizer.encode(text).ids
+    """All token ids of ``text``, never truncated or padded.
+
+    Uses the backend tokenizer (no "sequence longer than the model" warning for a whole corpus).
+    ``transformers`` leaves truncation / padding switched on in the backend after a call with
+    ``truncation=True``; they are switched off for this call and restored afterwards.
+    """
+    backend = tokenizer.backend_tokenizer
+    trunc, pad = backend.truncation, backend.padding
+    try:
+        backend.no_truncation()
+        backend.no_padding()
+        return backend.encode(text).ids
+    finally:
+        if trunc is not None:
+            backend.enable_truncation(**trunc)
+        if pad is not None:
+            backend.enable_padding(**{k: v for k, v in pad.items() if k != "length" or v is not None})
 
 
 def make_windows(ids: Sequence[int], n_ctx: int, bos_id: int) -> Tensor:
@@ -940,6 +955,7 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
         with _quiet_transformers():
             fresh.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
+        _portable_tokenizer_config(tmp)
         info = {"family": "gpt2", "architecture": "GPT2LMHeadModel", "random_weights": False,
                 **(extra_info or {})}
         (tmp / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
@@ -956,6 +972,16 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _portable_tokenizer_config(path: Path) -> None:
+    """Name the tokenizer class ``PreTrainedTokenizerFast``, which transformers 4.x and 5.x both
+    know (transformers 5 writes ``TokenizersBackend``, which 4.x cannot load)."""
+    cfg_path = path / "tokenizer_config.json"
+    if cfg_path.is_file():
+        cfg = json.loads(cfg_path.read_text())
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def check_tokenizer_matches(model: Any, tokenizer: Any, where: str) -> None:
