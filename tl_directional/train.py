@@ -481,8 +481,8 @@ def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
     for group in by_storage.values():
         if len(group) < 2:
             continue
-        for name, p in group:
-            others = sum(q.numel() for n, q in group if q is not p)
+        for _name, p in group:
+            others = sum(q.numel() for _, q in group if q is not p)
             if p.numel() == others:
                 p.requires_grad_(False)
     return [(n, p) for n, p in params if p.requires_grad]
