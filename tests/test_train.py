@@ -303,3 +303,12 @@ def test_ddp_world_size_2_with_gloo_matches_single_process(tmp_path, tok_dir, da
     ref = weights(single.model)
     for k, v in ref.items():
         torch.testing.assert_close(tensors[f"model/{k}"], v, atol=1e-4, rtol=1e-3)
+
+
+def test_model_and_tokenizer_that_do_not_belong_together(tiny_model, data):
+    model = tiny_model("gpt2")  # vocabulary 512
+    T.check_tokenizer_matches(model, data.tokenizer, "ok")  # 512 tokens fit
+    big = train_tokenizer(["In the beginning God created the heaven and the earth."] * 50 +
+                          [chr(0x4e00 + i) * 3 for i in range(600)], 1024)
+    with pytest.raises(T.TokenizerMismatchError, match="my-model-dir"):
+        T.check_tokenizer_matches(model, big, "my-model-dir")
