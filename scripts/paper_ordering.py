@@ -61,6 +61,8 @@ def render_page(df: pd.DataFrame, meta: dict) -> str:
         f"({int(base['tokens'])} predicted tokens in {meta['sequences']} sequences of {meta['seq_len']} tokens). "
         f"Baseline loss {base['loss']:.4f}, perplexity {base['ppl']:.3f}.",
         "",
+        "The table behind this page: [`paper_ordering.csv`](paper_ordering.csv) (copied from `OUT/ordering.csv`).",
+        "",
         "## Parallel removal (s_par = 0), all layers",
         "",
         "| space | delta loss | delta ppl | delta ppl / base | KL(base‖edited) | top-1 agree | paper (Qwen3-4B) delta ppl | paper / base 80.4 |",
@@ -154,6 +156,7 @@ def main(argv=None) -> int:
         page = Path(args.page)
         page.parent.mkdir(parents=True, exist_ok=True)
         page.write_text(render_page(df, meta))
+        df.to_csv(page.with_suffix(".csv"), index=False)
         print(f"wrote {page}")
     return 0
 
