@@ -70,7 +70,7 @@ def profile_overhead(bench: Bench):
 
 
 @register(
-    "profile_vs_cache", target=1.0, op="<", precision=0.10, models=("main", "wide"),
+    "profile_vs_cache", target=1.0, op="<", precision=0.10, models=("main",),
     baseline="naive: run_with_cache(names_filter=needed hooks) + Profile.from_cache",
     candidate="streaming profile(..., verify=False, progress=False)",
 )

@@ -25,8 +25,9 @@ Timing method
   alike and cancel in the pair's ratio ``candidate_i / baseline_i``.
 * **Alternating order.** Even pairs run baseline first, odd pairs candidate first, so an
   order effect (the second call finding warm caches) cancels as well.
-* **Warm-up first.** ``warmup`` pairs (2 by default, 1 with ``--quick``) run and are thrown
-  away: they pay lazy imports, allocator growth and first-call set-up.
+* **Warm-up first.** ``warmup`` pairs (1 by default) run and are thrown away, after each
+  record has already called its candidate once to check it: they pay lazy imports,
+  allocator growth and first-call set-up.
 * **Median of paired ratios.** ``ratio`` is the median of the per-pair ratios, robust to the
   odd pair hit by a burst of load.
 * **Seeded bootstrap ci95.** ``ci95`` is the 2.5-97.5 % percentile interval of the medians of
@@ -462,7 +463,7 @@ def make_config(a: argparse.Namespace) -> Config:
         model=a.model,
         device=a.device,
         dtype=dtype,
-        warmup=a.warmup if a.warmup is not None else (1 if quick else 2),
+        warmup=a.warmup if a.warmup is not None else 1,
         min_pairs=a.min_pairs if a.min_pairs is not None else (2 if quick else 10),
         max_pairs=a.max_pairs if a.max_pairs is not None else (2 if quick else 60),
         max_seconds=a.max_seconds if a.max_seconds is not None else (10.0 if quick else 20.0),
