@@ -194,25 +194,43 @@ class MetricSums:
         }
 
 
-@torch.no_grad()
+class BaselineStats:
+    """What every setting is compared with on one batch, computed once: the unedited
+    next-token log-probs at the predicted positions, their probabilities, the
+    baseline NLL sum, ``sum p log p`` (for the KL) and the baseline's top-1."""
+
+    @torch.no_grad()
+    def __init__(self, base_logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"],
+                 attention_mask: Int[Tensor, "batch pos"]):
+        self.mask = prediction_mask(attention_mask)
+        self.target = tokens[:, 1:][self.mask][:, None]
+        self.dtype = torch.float64 if base_logits.dtype == torch.float64 else torch.float32
+        base_lp = F.log_softmax(base_logits[:, :-1][self.mask].to(self.dtype), dim=-1)
+        self.p = base_lp.exp()
+        self.p_log_p = (self.p * base_lp).sum()
+        self.base_nll = -base_lp.gather(-1, self.target).sum()
+        self.top1 = base_lp.argmax(-1)
+        self.tokens = float(self.mask.sum())
+
+    @torch.no_grad()
+    def compare(self, logits: Float[Tensor, "batch pos vocab"]) -> MetricSums:
+        """Sums of next-token NLL (edited and base), ``KL(base || edited)`` and top-1
+        agreement over the predicted tokens, in float32 or better."""
+        lp = F.log_softmax(logits[:, :-1][self.mask].to(self.dtype), dim=-1)
+        nll = -lp.gather(-1, self.target).sum()
+        kl = self.p_log_p - (self.p * lp).sum()
+        agree = (lp.argmax(-1) == self.top1).sum()
+        return MetricSums(self.tokens, float(nll), float(self.base_nll), float(kl), float(agree))
+
+
 def batch_metric_sums(
     base_logits: Float[Tensor, "batch pos vocab"],
     logits: Float[Tensor, "batch pos vocab"],
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"],
 ) -> MetricSums:
-    """Sums of next-token NLL (edited and base), ``KL(base || edited)`` and top-1
-    agreement over the predicted tokens of one batch, in float32 or better."""
-    mask = prediction_mask(attention_mask)
-    target = tokens[:, 1:][mask]
-    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    lp = F.log_softmax(logits[:, :-1][mask].to(dtype), dim=-1)
-    base_lp = F.log_softmax(base_logits[:, :-1][mask].to(dtype), dim=-1)
-    nll = -lp.gather(-1, target[:, None]).sum()
-    base_nll = -base_lp.gather(-1, target[:, None]).sum()
-    kl = (base_lp.exp() * (base_lp - lp)).sum()
-    agree = (lp.argmax(-1) == base_lp.argmax(-1)).sum()
-    return MetricSums(float(mask.sum()), float(nll), float(base_nll), float(kl), float(agree))
+    """One-off comparison of ``logits`` with ``base_logits`` (see :class:`BaselineStats`)."""
+    return BaselineStats(base_logits, tokens, attention_mask).compare(logits)
 
 
 # ---------------------------------------------------------------------------
@@ -244,11 +262,11 @@ def _stack_groups(settings: Sequence[Setting], width: int) -> list[list[Setting]
     return out
 
 
-def _eval_group(model, batch: TokenBatch, base_logits: Tensor, group: list[Setting]) -> list[MetricSums]:
+def _eval_group(model, batch: TokenBatch, base: BaselineStats, group: list[Setting]) -> list[MetricSums]:
     if len(group) == 1:
         with apply_edits(model, *group[0].edits()):
             logits = _forward(model, batch)
-        return [batch_metric_sums(base_logits, logits, batch.tokens, batch.attention_mask)]
+        return [base.compare(logits)]
     k, b = len(group), len(batch)
     stacked = TokenBatch(batch.tokens.repeat(k, 1), batch.attention_mask.repeat(k, 1))
     s_par = scales(torch.tensor([s.s_par for s in group], dtype=torch.float64).repeat_interleave(b), "batch")
@@ -256,10 +274,7 @@ def _eval_group(model, batch: TokenBatch, base_logits: Tensor, group: list[Setti
     edits = group[0].edits(s_par=s_par, s_perp=(s_perp if group[0].space != "eff-diag" else None))
     with apply_edits(model, *edits):
         logits = _forward(model, stacked)
-    return [
-        batch_metric_sums(base_logits, logits[i * b:(i + 1) * b], batch.tokens, batch.attention_mask)
-        for i in range(k)
-    ]
+    return [base.compare(logits[i * b:(i + 1) * b]) for i in range(k)]
 
 
 def _dist_info() -> tuple[int, int]:
@@ -388,10 +403,10 @@ def sweep(
     with torch.no_grad():
         for i in iterator:
             part = batches[i].to(device)
-            base_logits = _forward(model, part)
-            base_sums.add_(batch_metric_sums(base_logits, base_logits, part.tokens, part.attention_mask))
+            base = BaselineStats(_forward(model, part), part.tokens, part.attention_mask)
+            base_sums.add_(MetricSums(base.tokens, float(base.base_nll), float(base.base_nll), 0.0, base.tokens))
             for group in groups:
-                for s, m in zip(group, _eval_group(model, part, base_logits, group), strict=True):
+                for s, m in zip(group, _eval_group(model, part, base, group), strict=True):
                     sums[s.label].add_(m)
             state.batches_done = i + 1
             done_since_save += 1
@@ -457,14 +472,14 @@ class _Evaluator:
         device = _model_device(model)
         self.batches = [b.to(device) for b in iter_batches(batch, batch_size)]
         with torch.no_grad():
-            self.base = [_forward(model, b) for b in self.batches]
+            self.base = [BaselineStats(_forward(model, b), b.tokens, b.attention_mask) for b in self.batches]
         self.n_evals = 0
 
     def damage(self, edits: Sequence[Edit]) -> dict:
         total = MetricSums()
         with torch.no_grad(), apply_edits(self.model, *edits):
             for b, base in zip(self.batches, self.base, strict=True):
-                total.add_(batch_metric_sums(base, _forward(self.model, b), b.tokens, b.attention_mask))
+                total.add_(base.compare(_forward(self.model, b)))
         self.n_evals += 1
         return total.row()
 
@@ -605,5 +620,5 @@ def _search_group(evaluator: _Evaluator, factory, group, *, budget, metric, whic
     )
 
 
-__all__ = ["METRICS", "SPACES", "SafeScaleResult", "Setting", "batch_metric_sums", "find_safe_scale", "grid",
+__all__ = ["METRICS", "SPACES", "BaselineStats", "SafeScaleResult", "Setting", "batch_metric_sums", "find_safe_scale", "grid",
            "prediction_mask", "sweep", "sweep_figure"]
