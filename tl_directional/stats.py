@@ -162,33 +162,36 @@ class StreamingSummary:
         return self
 
     def quantile(self, metric: str, q: float) -> Float[Tensor, " n_groups"]:
-        """Approximate ``q``-quantile per group from the histogram (NaN for empty groups)."""
+        """Approximate ``q``-quantile per group from the histogram (NaN for empty groups).
+
+        Linear interpolation inside the bin holding the ``q * count``-th value, on the
+        grid's transformed axis; values in the underflow / overflow bins are reported
+        as the grid's edge (``0`` / ``inf`` for the positive grid).
+        """
         scale = BIN_SCALES[self.metrics[metric]]
-        hist = self.hist[metric].cpu()
+        hist = self.hist[metric].cpu()  # [groups, n_bins + 2]
         lo, hi = scale.edges
         width = (hi - lo) / scale.n_bins
-        out = torch.full((self.n_groups,), float("nan"), dtype=torch.float64)
-        for gi in range(self.n_groups):
-            h = hist[gi]
-            total = float(h.sum())
-            if total == 0:
-                continue
-            target = q * total
-            cum = torch.cumsum(h, 0)
-            b = int(torch.searchsorted(cum, torch.tensor(target, dtype=torch.float64)))
-            b = min(b, scale.n_bins + 1)
-            if b == 0:
-                out[gi] = scale.inverse(lo) if scale.kind != "positive" else 0.0
-                continue
-            if b == scale.n_bins + 1:
-                # overflow bin: inf values or beyond the grid
-                out[gi] = float("inf") if scale.kind == "positive" else scale.inverse(hi)
-                continue
-            before = float(cum[b - 1]) if b > 0 else 0.0
-            frac = (target - before) / max(float(h[b]), 1e-300)
-            t = lo + (b - 1 + min(max(frac, 0.0), 1.0)) * width
-            out[gi] = scale.inverse(t)
-        return out
+        total = hist.sum(-1)
+        cum = torch.cumsum(hist, -1)
+        target = (q * total).unsqueeze(-1)
+        b = torch.searchsorted(cum, target).squeeze(-1).clamp(max=scale.n_bins + 1)  # [groups]
+        before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1),
+                             torch.zeros_like(total))
+        in_bin = hist.gather(-1, b.unsqueeze(-1)).squeeze(-1).clamp_min(1e-300)
+        frac = ((target.squeeze(-1) - before) / in_bin).clamp(0.0, 1.0)
+        t = lo + (b - 1 + frac) * width
+        if scale.kind == "unit":
+            values = t
+        elif scale.kind == "positive":
+            values = torch.pow(10.0, t)
+        else:
+            values = torch.sinh(t) * scale.scale
+        under = 0.0 if scale.kind == "positive" else scale.inverse(lo)
+        over = float("inf") if scale.kind == "positive" else scale.inverse(hi)
+        values = torch.where(b == 0, torch.full_like(values, under), values)
+        values = torch.where(b == scale.n_bins + 1, torch.full_like(values, over), values)
+        return torch.where(total > 0, values, torch.full_like(values, float("nan")))
 
     def table(self) -> dict[str, Tensor]:
         """Column name -> per-group values (float64, CPU): count, degenerate,
