@@ -149,6 +149,86 @@ def per_sequence_loss(model, batch: TokenBatch, batch_size: int) -> tuple[torch.
     return torch.cat(nll), torch.cat(cnt)
 
 
+
+# Settings drawn in the per-layer figure (all are in per_layer.csv).
+FIGURE_SETTINGS = ["rtn w8 per-ch sym", "awq w4 g32 asym", "rtn w4 g32 sym", "rtn w3 per-ch sym",
+                   "svd rank 50%", "magnitude 50%", "wanda 50%", "wanda 2:4"]
+
+
+def write_outputs(out: Path, settings, pl, sp) -> None:
+    """Figures and Markdown tables from the study's three tables (also used by --replot)."""
+    # ---- figures ----------------------------------------------------------------------------
+    show = [x for x in FIGURE_SETTINGS if x in set(pl.setting)] or \
+        sorted(set(pl.setting) - set(settings[settings.by_construction_parallel].setting))
+    for unit in ("attn", "mlp"):
+        series = {}
+        for s in show:
+            sub = pl[(pl.setting == s) & (pl.unit == unit) & (pl["mode"] == "local")].sort_values("layer")
+            series[s] = list(zip(sub.layer.tolist(), sub.err_perp_energy.tolist(), strict=True))
+        svg = svg_chart(series, title=f"local {unit}: perpendicular error / update per layer "
+                        "(err_perp_energy)", xlabel="layer", ylabel="err_perp_energy", width=760, height=420)
+        (out / f"perp_per_layer_{unit}.svg").write_text(svg)
+    sc = {}
+    rk = settings[~settings.by_construction_parallel]
+    for name, col in (("perp", "local.block.perp_energy"), ("par", "local.block.par_energy"),
+                      ("1-cos", "local.block.one_minus_cos")):
+        sc[name] = list(zip(rk["loss_increase"].tolist(), rk[col].tolist(), strict=True))
+    (out / "scatter.svg").write_text(svg_chart(
+        sc, title="local block diagnostics vs held-out loss increase (log-log; ranked settings)",
+        xlabel="loss increase (nats/token)", ylabel="diagnostic", width=760, height=420,
+        markers_only=True, logx=True, logy=True))
+
+    # ---- table.md ---------------------------------------------------------------------------
+    lines = ["| mode | unit | diagnostic | Spearman rho | 95% bootstrap CI | P(perp_energy rho higher) |",
+             "|---|---|---|---:|---:|---:|"]
+    order = list(DIAGNOSTICS) + ["weight_rel_error"]
+    sp["_o"] = sp.diagnostic.map({k: i for i, k in enumerate(order)})
+    sp["_m"] = sp["mode"].map({"local": 0, "global": 1, "data-free": 2})
+    sp["_u"] = sp.unit.map({"attn": 0, "mlp": 1, "block": 2, "all": 3})
+    for r in sp[sp._u.notna()].sort_values(["_m", "_u", "_o"]).itertuples():
+        pb = "" if r.p_perp_energy_higher != r.p_perp_energy_higher else f"{r.p_perp_energy_higher:.2f}"
+        lines.append(f"| {r.mode} | {r.unit} | {r.diagnostic} | {r.spearman:+.3f} | "
+                     f"[{r.ci_lo:+.3f}, {r.ci_hi:+.3f}] | {pb} |")
+    lines += ["", "| setting | loss increase | local attn perp | local attn par | local block perp | "
+              "local block par | local block 1-cos | local block MSE | global block perp |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in settings.sort_values("loss_increase").to_dict("records"):
+        flag = " (drop: purely parallel, not ranked)" if r["by_construction_parallel"] else ""
+        lines.append(f"| {r['setting']}{flag} | {r['loss_increase']:+.4f} | {r['local.attn.perp_energy']:.4f} | "
+                     f"{r['local.attn.par_energy']:.4f} | {r['local.block.perp_energy']:.4f} | "
+                     f"{r['local.block.par_energy']:.4f} | {r['local.block.one_minus_cos']:.5f} | "
+                     f"{r['local.block.mse_energy']:.5f} | {r['global.block.perp_energy']:.4f} |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    # compact: diagnostic x (mode, unit), "rho [lo, hi]"
+    cols = [("local", "attn"), ("local", "mlp"), ("local", "block"), ("global", "attn"), ("global", "mlp"),
+            ("global", "block")]
+    compact = ["| diagnostic | " + " | ".join(f"{m} {u}" for m, u in cols) + " |",
+               "|---|" + "---:|" * len(cols)]
+    look = sp.set_index(["mode", "unit", "diagnostic"])
+    for name in DIAGNOSTICS:
+        cells = []
+        for m, u in cols:
+            r = look.loc[(m, u, name)]
+            cells.append(f"{r.spearman:+.2f} [{r.ci_lo:+.2f}, {r.ci_hi:+.2f}]")
+        compact.append(f"| {name} | " + " | ".join(cells) + " |")
+    r = look.loc[("data-free", "all", "weight_rel_error")]
+    compact.append(f"| weight_rel_error (data-free) | {r.spearman:+.2f} [{r.ci_lo:+.2f}, {r.ci_hi:+.2f}] |"
+                   + " |" * (len(cols) - 1))
+    (out / "table_compact.md").write_text("\n".join(compact) + "\n")
+    # within method families (full sample only: no interval), local block
+    fam = {"quantization (rtn, awq)": ("rtn", "awq"), "pruning (magnitude, wanda)": ("magnitude", "wanda"),
+           "all ranked settings": ("rtn", "awq", "magnitude", "wanda", "low_rank")}
+    names = ["perp_energy", "par_energy", "one_minus_cos", "mse_energy"]
+    within = ["| settings (n) | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for label, methods in fam.items():
+        sub = settings[settings.method.isin(methods) & ~settings.by_construction_parallel.astype(bool)]
+        y = torch.tensor(sub.loss_increase.values, dtype=torch.float64)
+        cells = [f"{float(spearman(torch.tensor(sub[f'local.block.{n}'].values, dtype=torch.float64), y)):+.2f}"
+                 for n in names]
+        within.append(f"| {label} ({len(sub)}) | " + " | ".join(cells) + " |")
+    (out / "table_within.md").write_text("\n".join(within) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
@@ -161,7 +241,17 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grid", nargs="*", default=None, help="spec strings (default: the built-in grid)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    p.add_argument("--replot", action="store_true",
+                   help="only redraw figures and tables from the CSVs already in --out")
     args = p.parse_args(argv)
+    if args.replot:
+        import pandas as pd
+
+        out = Path(args.out)
+        write_outputs(out, pd.read_csv(out / "settings.csv"), pd.read_csv(out / "per_layer.csv"),
+                      pd.read_csv(out / "spearman.csv"))
+        print(f"redrew {out}")
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
@@ -296,62 +386,7 @@ def main(argv=None) -> int:
     sp = pd.DataFrame(results)
     sp.to_csv(out / "spearman.csv", index=False)
 
-    # ---- figures ----------------------------------------------------------------------------
-    show = [r["setting"] for r in rows if r["method"] != "drop"]
-    for unit in ("attn", "mlp"):
-        series = {}
-        for s in show:
-            sub = pl[(pl.setting == s) & (pl.unit == unit) & (pl["mode"] == "local")].sort_values("layer")
-            series[s] = list(zip(sub.layer.tolist(), sub.err_perp_energy.tolist(), strict=True))
-        svg = svg_chart(series, title=f"local {unit}: perpendicular error / update per layer",
-                        xlabel="layer", ylabel="err_perp_energy", width=760, height=420)
-        (out / f"perp_per_layer_{unit}.svg").write_text(svg)
-    sc = {}
-    rk = settings[~settings.by_construction_parallel]
-    for name, col in (("perp", "local.block.perp_energy"), ("par", "local.block.par_energy"),
-                      ("1-cos", "local.block.one_minus_cos")):
-        sc[name] = list(zip(rk["loss_increase"].tolist(), rk[col].tolist(), strict=True))
-    (out / "scatter.svg").write_text(svg_chart(sc, title="local block diagnostics vs held-out loss increase",
-                                               xlabel="loss increase (nats/token)", ylabel="diagnostic",
-                                               width=760, height=420, markers_only=True))
-
-    # ---- table.md ---------------------------------------------------------------------------
-    lines = ["| mode | unit | diagnostic | Spearman rho | 95% bootstrap CI | P(perp_energy rho higher) |",
-             "|---|---|---|---:|---:|---:|"]
-    order = list(DIAGNOSTICS) + ["weight_rel_error"]
-    sp["_o"] = sp.diagnostic.map({k: i for i, k in enumerate(order)})
-    sp["_m"] = sp["mode"].map({"local": 0, "global": 1, "data-free": 2})
-    sp["_u"] = sp.unit.map({"attn": 0, "mlp": 1, "block": 2, "all": 3})
-    for r in sp[sp._u.notna()].sort_values(["_m", "_u", "_o"]).itertuples():
-        pb = "" if r.p_perp_energy_higher != r.p_perp_energy_higher else f"{r.p_perp_energy_higher:.2f}"
-        lines.append(f"| {r.mode} | {r.unit} | {r.diagnostic} | {r.spearman:+.3f} | "
-                     f"[{r.ci_lo:+.3f}, {r.ci_hi:+.3f}] | {pb} |")
-    lines += ["", "| setting | loss increase | local attn perp | local attn par | local block perp | "
-              "local block par | local block 1-cos | local block MSE | global block perp |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in settings.sort_values("loss_increase").to_dict("records"):
-        flag = " (drop: purely parallel, not ranked)" if r["by_construction_parallel"] else ""
-        lines.append(f"| {r['setting']}{flag} | {r['loss_increase']:+.4f} | {r['local.attn.perp_energy']:.4f} | "
-                     f"{r['local.attn.par_energy']:.4f} | {r['local.block.perp_energy']:.4f} | "
-                     f"{r['local.block.par_energy']:.4f} | {r['local.block.one_minus_cos']:.5f} | "
-                     f"{r['local.block.mse_energy']:.5f} | {r['global.block.perp_energy']:.4f} |")
-    (out / "table.md").write_text("\n".join(lines) + "\n")
-    # compact: diagnostic x (mode, unit), "rho [lo, hi]"
-    cols = [("local", "attn"), ("local", "mlp"), ("local", "block"), ("global", "attn"), ("global", "mlp"),
-            ("global", "block")]
-    compact = ["| diagnostic | " + " | ".join(f"{m} {u}" for m, u in cols) + " |",
-               "|---|" + "---:|" * len(cols)]
-    look = sp.set_index(["mode", "unit", "diagnostic"])
-    for name in DIAGNOSTICS:
-        cells = []
-        for m, u in cols:
-            r = look.loc[(m, u, name)]
-            cells.append(f"{r.spearman:+.2f} [{r.ci_lo:+.2f}, {r.ci_hi:+.2f}]")
-        compact.append(f"| {name} | " + " | ".join(cells) + " |")
-    r = look.loc[("data-free", "all", "weight_rel_error")]
-    compact.append(f"| weight_rel_error (data-free) | {r.spearman:+.2f} [{r.ci_lo:+.2f}, {r.ci_hi:+.2f}] |"
-                   + " |" * (len(cols) - 1))
-    (out / "table_compact.md").write_text("\n".join(compact) + "\n")
+    write_outputs(out, settings, pl, sp)
 
     meta = {
         "model": str(args.model), "model_description": model_desc, "lane": lane_of(dense),

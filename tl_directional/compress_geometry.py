@@ -713,15 +713,18 @@ class CheckResult:
     def worst(self, n: int = 10) -> pd.DataFrame:
         return self.table.sort_values(self.metric, ascending=False, kind="stable").head(n)
 
+    def _summary_columns(self) -> list[str]:
+        cols = ["unit", "layer", self.metric, "err_par_energy", "err_perp_share_energy", "cos_sim",
+                "rel_mse_energy", "status"]
+        return list(dict.fromkeys(c for c in cols if c in self.table))
+
     def summary(self, n: int = 10) -> str:
         """A one-screen text report: verdict, threshold, the ``n`` worst layers."""
         verdict = "PASS" if self.passed else "FAIL"
         head = (f"compress-check {verdict}: max {self.metric} = {self.table[self.metric].max():.4f} "
                 f"(threshold {self.threshold:g}; units {', '.join(self.units)}; {self.mode} mode; "
                 f"{self.geometry.attrs.get('tokens', 0)} tokens)")
-        cols = ["unit", "layer", self.metric, "err_par_energy", "err_perp_share_energy", "cos_sim",
-                "rel_mse_energy", "status"]
-        cols = list(dict.fromkeys(c for c in cols if c in self.table))
+        cols = self._summary_columns()
         with pd.option_context("display.width", 120, "display.max_columns", 12, "display.precision", 4):
             body = self.worst(n)[cols].to_string(index=False)
         lines = [head, f"dense: {self.dense_name}", f"compressed: {self.compressed_name}",
@@ -754,7 +757,7 @@ threshold {self.threshold:g}, units {escape(", ".join(self.units))}, {escape(sel
 {self.geometry.attrs.get("tokens", 0)} tokens.<br>dense: <code>{escape(self.dense_name)}</code><br>
 compressed: <code>{escape(self.compressed_name)}</code></p><ul>{reasons}</ul>
 {chart}
-<h2>Worst layers</h2>{self.worst(10).to_html(index=False, float_format=lambda x: f"{x:.4g}")}
+<h2>Worst layers</h2>{self.worst(10)[self._summary_columns()].to_html(index=False, float_format=lambda x: f"{x:.4g}")}
 <h2>All checked rows</h2>{self.table.to_html(index=False, float_format=lambda x: f"{x:.4g}")}
 <p>Definitions: METHOD.md sec. 6; <code>err_perp_energy = sqrt(sum ||e_perp||^2 / sum ||u||^2)</code>
 with <code>e = u' - u</code> split against the dense update <code>u</code>.</p></body></html>"""
@@ -917,11 +920,20 @@ def _nice_step(raw: float) -> float:
 
 def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str = "", xlabel: str = "",
               ylabel: str = "", hline: tuple[float, str] | None = None, width: int = 640, height: int = 360,
-              markers_only: bool = False) -> str:
+              markers_only: bool = False, logx: bool = False, logy: bool = False) -> str:
     """A small self-contained SVG line chart (no plotting dependency): one line with markers
-    per series (``markers_only``: a scatter plot), optional horizontal reference line."""
+    per series (``markers_only``: a scatter plot), optional horizontal reference line,
+    optional log10 axes (points <= 0 are left out there)."""
     from html import escape
 
+    if logx or logy:
+        def keep(x, y):
+            return (not logx or x > 0) and (not logy or y > 0)
+
+        series = {k: [(math.log10(x) if logx else x, math.log10(y) if logy else y)
+                      for x, y in v if keep(x, y)] for k, v in series.items()}
+        if hline is not None and logy:
+            hline = (math.log10(hline[0]), hline[1]) if hline[0] > 0 else None
     palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
     pts = [p for s in series.values() for p in s]
@@ -930,14 +942,16 @@ def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str
     if hline is not None:
         ys = ys + [hline[0]]
     x0, x1 = min(xs), max(xs)
-    y0, y1 = min(0.0, min(ys)), max(ys)
+    y0, y1 = (min(ys) if logy else min(0.0, min(ys))), max(ys)
+    if logx:
+        x0, x1 = math.floor(x0), math.ceil(x1)
     if x1 == x0:
         x1 = x0 + 1
     if y1 == y0:
         y1 = y0 + 1
-    step = _nice_step((y1 - y0) / 5)
+    step = 1.0 if logy else _nice_step((y1 - y0) / 5)
     y0 = step * math.floor(y0 / step)
-    y1 = step * math.ceil(y1 * 1.02 / step)
+    y1 = step * math.ceil((y1 if logy else y1 * 1.02) / step)
     left, right, top, bottom = 64, 170, 30, 44
     pw, ph = width - left - right, height - top - bottom
 
@@ -956,10 +970,17 @@ def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str
     for i in range(int(round((y1 - y0) / step)) + 1):
         yv = y0 + step * i
         parts.append(f'<line x1="{left - 4}" y1="{py(yv):.1f}" x2="{left + pw}" y2="{py(yv):.1f}" stroke="#eee"/>')
-        parts.append(f'<text x="{left - 6}" y="{py(yv) + 4:.1f}" text-anchor="end">{yv:.3g}</text>')
-    xticks = sorted(set(xs)) if len(set(xs)) <= 12 and not markers_only else [x0 + (x1 - x0) * i / 5 for i in range(6)]
+        label = f"{10 ** yv:g}" if logy else f"{yv:.3g}"
+        parts.append(f'<text x="{left - 6}" y="{py(yv) + 4:.1f}" text-anchor="end">{label}</text>')
+    if logx:
+        xticks = list(range(int(x0), int(x1) + 1))
+    elif len(set(xs)) <= 12 and not markers_only:
+        xticks = sorted(set(xs))
+    else:
+        xticks = [x0 + (x1 - x0) * i / 5 for i in range(6)]
     for xv in xticks:
-        parts.append(f'<text x="{px(xv):.1f}" y="{top + ph + 16}" text-anchor="middle">{xv:.3g}</text>')
+        label = f"{10 ** xv:g}" if logx else f"{xv:.3g}"
+        parts.append(f'<text x="{px(xv):.1f}" y="{top + ph + 16}" text-anchor="middle">{label}</text>')
     parts.append(f'<text x="{left + pw / 2}" y="{height - 8}" text-anchor="middle">{escape(xlabel)}</text>')
     parts.append(f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" '
                  f'text-anchor="middle">{escape(ylabel)}</text>')
