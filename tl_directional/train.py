@@ -695,8 +695,9 @@ class Trainer:
         self.model.train()
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(step, self.cfg)
-        loss = self.loss(self.batch(step))
-        loss.backward()
+        with torch.enable_grad():  # also when called from inside torch.no_grad()
+            loss = self.loss(self.batch(step))
+            loss.backward()
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_([p for _, p in self.named_params], self.cfg.grad_clip)
         self.optimizer.step()
