@@ -40,7 +40,14 @@ from tl_directional.compress_geometry import (
 from tl_directional.inputs import TokenBatch
 from tl_directional.sites import lane_of, linear_input_hooks, resolve_sites
 
-torch.set_grad_enabled(False)
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    """Gradients off inside this module's tests only (a module-level
+    torch.set_grad_enabled(False) would leak into every later test file)."""
+    with torch.no_grad():
+        yield
 
 
 def _tokens(n=4, length=12, seed=0, vocab=400):
