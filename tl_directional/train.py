@@ -60,6 +60,7 @@ import torch
 from torch import Tensor
 
 from .edit import Edit, ResidualScale, ValueScale, edit_hooks
+from .fileio import atomic_write_bytes
 
 #: The training variants (METHOD.md sec. 7).
 VARIANTS: tuple[str, ...] = ("baseline", "vpara", "attn-para")
@@ -494,19 +495,7 @@ def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, data)
 
 
 def _json_dumps(obj: Any) -> bytes:
