@@ -184,7 +184,8 @@ def test_sweep_shards_across_torchrun_ranks(tiny_model, tiny_model_dir, tmp_path
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script.write_text(DDP_SCRIPT.format(root=root, path=str(tiny_model_dir("gpt2")), texts=str(texts), out=str(out)))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+    # --standalone picks a free local port (a fixed port collides with any other torchrun on the machine)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ddp = pd.read_csv(out)
