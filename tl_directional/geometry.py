@@ -163,6 +163,16 @@ def decompose(
     )
 
 
+def parallel_part(
+    y: Float[Tensor, "*batch d"],
+    reference: Float[Tensor, "*batch d"],
+    eps: float = DEFAULT_EPS,
+) -> Float[Tensor, "*batch d"]:
+    """``y_par = a * r`` in the compute dtype (0 where degenerate); ``y_perp = y - y_par``."""
+    a, _, _, _ = projection_coefficient(y, reference, eps)
+    return a.unsqueeze(-1) * reference.to(a.dtype)
+
+
 def _as_scale(s: float | Tensor, dtype: torch.dtype, device) -> Tensor:
     t = torch.as_tensor(s, dtype=dtype, device=device)
     return t.unsqueeze(-1) if t.ndim else t
@@ -181,9 +191,8 @@ def component_delta(
     ``s_par = s_perp = 1`` it is exactly zero, so the edit is a bit-exact no-op.
     ``s_par`` / ``s_perp`` broadcast to ``[*batch]`` (no vector axis).
     """
-    a, _, _, _ = projection_coefficient(y, reference, eps)
-    dtype = a.dtype
-    y_par = a.unsqueeze(-1) * reference.to(dtype)
+    y_par = parallel_part(y, reference, eps)
+    dtype = y_par.dtype
     y_perp = y.to(dtype) - y_par
     return (_as_scale(s_par, dtype, y.device) - 1.0) * y_par + (
         _as_scale(s_perp, dtype, y.device) - 1.0
@@ -225,12 +234,9 @@ def patch_components(
         return source.to(target.dtype)
     if which not in ("par", "perp"):
         raise ValueError(f"which must be 'par', 'perp' or 'full', got {which!r}")
-    a_src, _, _, _ = projection_coefficient(source, reference, eps)
-    a_tgt, _, _, _ = projection_coefficient(target, reference, eps)
-    dtype = a_src.dtype
-    r = reference.to(dtype)
-    src_par = a_src.unsqueeze(-1) * r
-    tgt_par = a_tgt.unsqueeze(-1) * r
+    src_par = parallel_part(source, reference, eps)
+    tgt_par = parallel_part(target, reference, eps)
+    dtype = src_par.dtype
     if which == "par":
         out = target.to(dtype) - tgt_par + src_par
     else:

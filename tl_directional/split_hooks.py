@@ -26,7 +26,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .geometry import DEFAULT_EPS, projection_coefficient
+from .geometry import DEFAULT_EPS, parallel_part
 from .sites import add_hook_point, normalize_layers, remove_hook_point, resolve_sites
 
 
@@ -121,8 +121,7 @@ def _split(state: dict, hp_par, hp_perp, *, value: bool, n_heads: int, eps: floa
         if value:  # [batch, pos, n_kv_heads, d_head] -> one value per query head
             group = n_heads // ref.shape[2]
             ref = ref.repeat_interleave(group, dim=2) if group > 1 else ref
-        a, _, _, _ = projection_coefficient(t, ref, eps)
-        par = (a.unsqueeze(-1) * ref.to(a.dtype)).to(t.dtype)
+        par = parallel_part(t, ref, eps).to(t.dtype)
         perp = t - par
         new_par, new_perp = hp_par(par), hp_perp(perp)
         if new_par is par and new_perp is perp:
