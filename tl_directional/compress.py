@@ -883,8 +883,14 @@ def _unwrap(obj):
     return obj
 
 
-def save_compressed(model, path, record: CompressionRecord | None = None) -> Path:
+def save_compressed(model, path, record: CompressionRecord | None = None, *, force: bool = False,
+                    force_hint: str = "pass force=True") -> Path:
     """Write a (compressed) bridge-lane model as a Hugging Face directory.
+
+    Written into a temporary sibling with a ``manifest.json`` and swapped in
+    (:func:`tl_directional.fileio.replace_dir`): an interrupted save leaves the previous
+    directory intact, and a non-empty ``path`` that is not a previous compressed model is
+    refused unless ``force``.
 
     The model's wrapped ``transformers`` modules are read parameter by parameter into a
     fresh model of the same class and config (the bridge's own ``save_pretrained`` path
@@ -911,15 +917,18 @@ def save_compressed(model, path, record: CompressionRecord | None = None) -> Pat
             p.copy_(obj.detach().to(p.dtype))
     from .models import _quiet_transformers
 
+    from .fileio import replace_dir
+
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    with _quiet_transformers():
-        fresh.save_pretrained(str(path))
-    tok = getattr(model, "tokenizer", None)
-    if tok is not None:
-        tok.save_pretrained(str(path))
-    if record is not None:
-        (path / RECORD_FILE).write_text(json.dumps(record.as_dict(), indent=2) + "\n")
+    with replace_dir(path, "compressed-model", force=force, force_hint=force_hint,
+                     command="tl-directional compress") as tmp:
+        with _quiet_transformers():
+            fresh.save_pretrained(str(tmp))
+        tok = getattr(model, "tokenizer", None)
+        if tok is not None:
+            tok.save_pretrained(str(tmp))
+        if record is not None:
+            (tmp / RECORD_FILE).write_text(json.dumps(record.as_dict(), indent=2) + "\n")
     return path
 
 

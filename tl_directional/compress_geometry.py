@@ -214,6 +214,8 @@ def _token_stats(u: Tensor, up: Tensor, ref: Tensor, eps: float,
 
 
 def _safe_div(a: float, b: float) -> float:
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.nan  # never let a NaN / inf sum read as a zero error
     return a / b if b > 0 else 0.0
 
 
@@ -246,6 +248,8 @@ def summarize(sums: Tensor, mode: str) -> dict[str, float]:
         "update_norm_ratio": _safe_div(s["up_sq"], s["u_sq"]) ** 0.5,
         # u' == 0 on every token: e = -u exactly, zero perpendicular error by construction
         "by_construction_parallel": bool(n > 0 and s["up_sq"] == 0.0),
+        # NaN / inf activations or errors anywhere in this row's sums (a gate must fail on them)
+        "finite": bool(torch.isfinite(sums).all()),
     }
     if mode == "global":
         out.update({
@@ -721,7 +725,8 @@ class CheckResult:
     def summary(self, n: int = 10) -> str:
         """A one-screen text report: verdict, threshold, the ``n`` worst layers."""
         verdict = "PASS" if self.passed else "FAIL"
-        head = (f"compress-check {verdict}: max {self.metric} = {self.table[self.metric].max():.4f} "
+        worst = self.table[self.metric].max() if len(self.table) else math.nan
+        head = (f"compress-check {verdict}: max {self.metric} = {worst:.4f} "
                 f"(threshold {self.threshold:g}; units {', '.join(self.units)}; {self.mode} mode; "
                 f"{self.geometry.attrs.get('tokens', 0)} tokens)")
         cols = self._summary_columns()
@@ -765,6 +770,18 @@ with <code>e = u' - u</code> split against the dense update <code>u</code>.</p><
         return out / "report.html"
 
 
+def nonfinite_parameters(model) -> list[tuple[str, int]]:
+    """``(name, count)`` of every parameter of ``model`` holding NaN or inf values."""
+    out = []
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.is_floating_point() or p.is_complex():
+                bad = int((~torch.isfinite(p)).sum())
+                if bad:
+                    out.append((name, bad))
+    return out
+
+
 def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: str = "block", mode: str = "local",
                    metric: str = "err_perp_energy", batch_size: int = 8, fail_on_removed_update: bool = True,
                    dense_name: str = "dense", compressed_name: str = "compressed", progress: bool = False,
@@ -784,6 +801,8 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: st
     """
     if unit not in GATE_UNITS:
         raise ValueError(f"unit must be one of {GATE_UNITS}, got {unit!r}")
+    # Checked before the metric: a NaN / inf weight is a FAIL even where no metric would see it
+    # (``ln_f``, the unembedding) and it would otherwise turn the metrics into NaN.
     if metric not in GATE_METRICS:
         raise ValueError(f"metric must be one of {GATE_METRICS}, got {metric!r}")
     try:
@@ -799,15 +818,31 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: st
         units = ("attn", "mlp")
     else:
         units = (unit,)
+    bad_weights = [f"{which} {name} ({count} non-finite values)"
+                   for which, model in (("dense", dense), ("compressed", compressed))
+                   for name, count in nonfinite_parameters(model)]
+    if bad_weights:
+        empty = pd.DataFrame({"unit": pd.Series(dtype=str), "layer": pd.Series(dtype=int),
+                              metric: pd.Series(dtype=float), "status": pd.Series(dtype=str)})
+        reasons = ["non-finite (NaN / inf) weights, which no threshold can pass: " + ", ".join(bad_weights)]
+        return CheckResult(False, threshold, metric, tuple(units), mode, empty, reasons, pd.DataFrame(),
+                           dense_name, compressed_name)
     if geometry is None:
         geometry = compression_geometry(dense, compressed, inputs, mode=mode, units=units,
                                         batch_size=batch_size, progress=progress)
     table = geometry[geometry.unit.isin(units)].copy()
-    over = table[metric] > threshold
-    removed = table["by_construction_parallel"].astype(bool)
+    finite = table["finite"].astype(bool) if "finite" in table else pd.Series(True, index=table.index)
+    nonfinite = ~finite | ~table[metric].map(math.isfinite).astype(bool)
+    over = (table[metric] > threshold) & ~nonfinite
+    removed = table["by_construction_parallel"].astype(bool) & ~nonfinite
     table["status"] = "ok"
     table.loc[over, "status"] = "FAIL"
+    table.loc[nonfinite, "status"] = "FAIL (non-finite)"
     reasons = []
+    if nonfinite.any():
+        which = ", ".join(f"{r.unit} layer {int(r.layer)}" for r in table[nonfinite].itertuples())
+        reasons.append(f"non-finite (NaN / inf) activations or errors at {which}: the gate cannot "
+                       "measure them, so they fail")
     if over.any():
         worst = table.loc[table[metric].idxmax()]
         reasons.append(f"{int(over.sum())} row(s) over the threshold; worst {worst.unit} layer "
@@ -818,7 +853,7 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: st
         msg = (f"compressed update is exactly zero at {which}: the error there is purely parallel "
                "(e = -u), which a perpendicular threshold cannot see")
         reasons.append(msg if fail_on_removed_update else "warning: " + msg)
-    passed = not over.any() and not (fail_on_removed_update and removed.any())
+    passed = not over.any() and not nonfinite.any() and not (fail_on_removed_update and removed.any())
     return CheckResult(passed, threshold, metric, tuple(units), mode, table.reset_index(drop=True), reasons,
                        geometry, dense_name, compressed_name)
 
@@ -828,15 +863,30 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: st
 # ---------------------------------------------------------------------------------------------
 
 
+def _load_checked(path, argument: str):
+    """Load a model for the CLI; a missing, corrupt or truncated file is a user error
+    (exit 2) naming the argument and the file, never the gate's FAIL status."""
+    from .fileio import ArtefactError, check_model_dir
+    from .models import load_model
+
+    check_model_dir(path, argument)
+    try:
+        return load_model(path)
+    except (ValueError, TypeError, FileNotFoundError, NotImplementedError):
+        raise
+    except Exception as err:  # transformers / safetensors / tokenizers raise their own types
+        raise ArtefactError(f"{argument} {path} cannot be loaded ({type(err).__name__}: {err}); "
+                            "check that it is a complete Hugging Face model directory") from None
+
+
 def _cmd_compress_check(args) -> int:
     import sys
 
     from .cli import load_text_sequences
-    from .models import load_model
 
     try:
-        dense = load_model(args.dense)
-        compressed = load_model(args.compressed)
+        dense = _load_checked(args.dense, "--dense")
+        compressed = _load_checked(args.compressed, "--compressed")
         batch = load_text_sequences(dense, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
         result = compress_check(dense, compressed, batch, max_perp_error=args.max_perp_error, unit=args.unit,
                                 mode=args.mode, metric=args.metric, batch_size=args.batch_size,
@@ -857,16 +907,16 @@ def _cmd_compress(args) -> int:
 
     from .cli import load_text_sequences
     from .compress import compress, save_compressed
-    from .models import load_model
 
     try:
-        model = load_model(args.model)
+        model = _load_checked(args.model, "--model")
         calibration = None
         if args.spec.split(":")[0].strip().lower() in ("wanda", "awq"):
             calibration = load_text_sequences(model, args.calib_text, max_sequences=args.calib_sequences,
                                               seq_len=args.seq_len)
         result = compress(model, args.spec, calibration=calibration)
-        path = save_compressed(result.model, args.out, result.record)
+        path = save_compressed(result.model, args.out, result.record, force=args.force,
+                               force_hint="pass --force")
     except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -903,7 +953,9 @@ def add_cli_commands(sub, positive_int) -> None:
     p = sub.add_parser("compress", help="compress a model's weights and save it as a HF directory (bridge lane)")
     p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
     p.add_argument("--spec", required=True, help=SPEC_HELP)
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, help="output directory (written beside it, then swapped in)")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even when it holds files that are not a previous compress output")
     p.add_argument("--calib-text", default=None, help="calibration text for wanda / awq (default: bundled text)")
     p.add_argument("--calib-sequences", type=positive_int, default=32)
     p.add_argument("--seq-len", type=positive_int, default=128)

@@ -35,6 +35,25 @@ HookList = list[tuple[str, Callable]]
 _AXES = ("batch", "layer", "head")
 
 
+class NonFiniteEditError(ValueError):
+    """An edit turned a finite activation into NaN / inf (a scale beyond the dtype's range)."""
+
+
+def _cast_back(edited: Tensor, original: Tensor, edit, layer: int) -> Tensor:
+    """``edited`` (computed in the compute dtype) in ``original``'s dtype. Raises
+    :class:`NonFiniteEditError` naming the edit, its scales and the layer when the cast
+    makes a finite input non-finite (e.g. ``s_par = 1e6`` in float16); checked only
+    when the dtype narrows, where the overflow can happen."""
+    out = edited.to(original.dtype)
+    if out.dtype != edited.dtype and not bool(torch.isfinite(out).all()) and bool(torch.isfinite(original).all()):
+        info = torch.finfo(original.dtype)
+        raise NonFiniteEditError(
+            f"{edit!r} at layer {layer}: the edited output is not finite in {original.dtype} "
+            f"(largest value {info.max:.4g}); use smaller scales or run the model in float32"
+        )
+    return out
+
+
 class Scales:
     """A scale tensor with named axes, a subset of ``"batch layer head"`` in that order.
 
@@ -202,7 +221,7 @@ class ResidualScale(Edit):
                 sp = torch.where(pm, sp, torch.ones_like(sp))
                 sq = torch.where(pm, sq, torch.ones_like(sq))
             delta = component_delta(update, ref, sp, sq, self.eps)
-            return (tensor.to(delta.dtype) + delta).to(tensor.dtype)
+            return _cast_back(tensor.to(delta.dtype) + delta, tensor, self, layer)
 
         return hook
 
@@ -321,7 +340,7 @@ class ValueScale(_HeadScoped):
                 a_tt = pattern[:, :, idx, offset + idx].transpose(1, 2)  # [batch, q, heads]
                 y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v_full.to(dtype)
             delta = component_delta(y, v_full, sp, sq, self.eps)
-            return (z.to(delta.dtype) + delta).to(z.dtype)
+            return _cast_back(z.to(delta.dtype) + delta, z, self, layer)
 
         return hook
 
@@ -442,7 +461,7 @@ class EffectiveDiagonal(_HeadScoped):
             beta, _, _, _ = projection_coefficient(o, v_full, self.eps)  # [batch, q, heads]
             s = self._row_scale(s_par, layer, batch, n_q, 0, head_mask, pattern.device, dtype)
             add = ((s - 1.0) * beta).transpose(1, 2)  # [batch, heads, q]
-            return (pattern.to(dtype) + torch.diag_embed(add)).to(pattern.dtype)
+            return _cast_back(pattern.to(dtype) + torch.diag_embed(add), pattern, self, layer)
 
         return hook
 
@@ -478,6 +497,7 @@ __all__ = [
     "DiagonalRemoval",
     "Edit",
     "EffectiveDiagonal",
+    "NonFiniteEditError",
     "ResidualScale",
     "Scales",
     "ValueScale",

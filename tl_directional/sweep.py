@@ -16,10 +16,12 @@ damage stays within a budget.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,7 +40,15 @@ from .edit import (
     apply_edits,
     scales,
 )
-from .fileio import atomic_write_text
+from .fileio import (
+    SEAL_KEY,
+    ArtefactError,
+    atomic_write_bytes,
+    exclusive_lock,
+    fault_point,
+    sealed_json_dumps,
+    sealed_json_loads,
+)
 from .inputs import TokenBatch, iter_batches, prepare_inputs
 from .sites import normalize_layers, resolve_sites
 
@@ -178,6 +188,17 @@ class MetricSums:
     def from_tensor(cls, t: Tensor) -> MetricSums:
         return cls(*[float(x) for x in t.tolist()])
 
+    def to_disk(self) -> list:
+        """Exact form for a checkpoint: token and agreement counts as ints, sums as float64."""
+        return [int(self.tokens), self.nll, self.base_nll, self.kl, int(self.top1_agree)]
+
+    @classmethod
+    def from_disk(cls, values) -> MetricSums:
+        if not isinstance(values, list) or len(values) != 5 or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise ValueError(f"sums must be a list of 5 numbers, got {values!r}")
+        return cls(*[float(v) for v in values])
+
     def row(self) -> dict:
         n = max(self.tokens, 1.0)
         loss, base = self.nll / n, self.base_nll / n
@@ -292,17 +313,58 @@ class _Progress:
     sums: dict[str, list[float]] = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
-        atomic_write_text(path, json.dumps(asdict(self)))
+        # Sums are float64 on disk (JSON floats round-trip exactly) and counts exact ints,
+        # so a resumed sweep continues from bit-identical sums; the record is sealed.
+        atomic_write_bytes(path, sealed_json_dumps(asdict(self)))
 
     @classmethod
     def load(cls, path: Path) -> _Progress:
+        fix = "delete it to start the sweep afresh"
+        data = sealed_json_loads(path.read_bytes(), path, fix=fix)
+        data.pop(SEAL_KEY, None)
         try:
-            data = json.loads(path.read_text())
-            return cls(**data)
-        except (json.JSONDecodeError, TypeError) as e:
-            raise ValueError(
-                f"{path} is not a readable sweep checkpoint ({e}); delete it to start the sweep afresh"
-            ) from None
+            state = cls(**data)
+            sums = {k: MetricSums.from_disk(v) for k, v in state.sums.items()}
+            if not isinstance(state.batches_done, int) or isinstance(state.batches_done, bool):
+                raise TypeError(f"batches_done is {state.batches_done!r}")
+        except (TypeError, ValueError) as e:
+            raise ArtefactError(f"{path} is not a readable sweep checkpoint ({e}); {fix}") from None
+        state.sums = sums
+        return state
+
+
+def model_fingerprint(model) -> dict:
+    """Identity of a model for checkpoints: its class, its config and a sha256 of every
+    parameter and buffer (names, shapes, dtypes and bytes), so that another model, or the
+    same model with other weights, never resumes this one's sums."""
+    h = hashlib.sha256()
+    with torch.no_grad():
+        tensors = list(model.named_parameters()) + list(model.named_buffers())
+        for name, t in sorted(tensors, key=lambda kv: kv[0]):
+            t = t.detach().cpu().contiguous()
+            h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    cfg = getattr(model, "cfg", None)
+    cfg_items = cfg.to_dict() if hasattr(cfg, "to_dict") else vars(cfg) if cfg is not None else {}
+    config = {k: str(v) for k, v in sorted(cfg_items.items()) if k not in ("device", "n_devices", "model_name")}
+    return {"class": type(model).__name__, "config_sha256": hashlib.sha256(
+        json.dumps(config, sort_keys=True).encode()).hexdigest(), "weights_sha256": h.hexdigest()}
+
+
+def _tokens_sha256(batch: TokenBatch) -> str:
+    h = hashlib.sha256()
+    for t in (batch.tokens, batch.attention_mask):
+        t = t.detach().cpu().long().contiguous()
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def _save_progress(state: _Progress, sums: dict, base_sums: MetricSums, path: Path) -> None:
+    on_disk = _Progress(state.fingerprint, state.batches_done,
+                        {**{k: v.to_disk() for k, v in sums.items()}, "__baseline__": base_sums.to_disk()})
+    on_disk.save(path)
+    fault_point("sweep.after_checkpoint")
 
 
 def sweep(
@@ -363,33 +425,45 @@ def sweep(
     batches = list(iter_batches(batch, batch_size))
     rank, world = _dist_info()
 
-    fingerprint = {
-        "settings": [s.label for s in settings],
-        "n_sequences": len(batch),
-        "n_tokens": batch.n_tokens,
-        "batch_size": batch_size,
-        "token_checksum": int(batch.tokens.long().sum()) + 31 * int(batch.attention_mask.sum()),
-        "world_size": world,
-        "rank": rank,
-    }
     ckpt_path = None
     if checkpoint is not None:
         ckpt_path = Path(checkpoint)
         if world > 1:
             ckpt_path = ckpt_path.with_name(f"{ckpt_path.stem}.rank{rank}{ckpt_path.suffix}")
         ckpt_path.parent.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as held:
+        if ckpt_path is not None:  # one writer per checkpoint: a second sweep is refused, not mixed in
+            held.enter_context(exclusive_lock(ckpt_path, "tl-directional sweep"))
+        return _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, ckpt_path,
+                             checkpoint_every, progress, rank, world)
+
+
+def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, ckpt_path,
+                  checkpoint_every, progress, rank, world) -> pd.DataFrame:
+    fingerprint = {
+        "settings": [s.label for s in settings],
+        "settings_exact": [[s.space, repr(float(s.s_par)), repr(float(s.s_perp)),
+                            None if s.layers is None else list(s.layers)] for s in settings],
+        "n_sequences": len(batch),
+        "n_tokens": batch.n_tokens,
+        "batch_size": batch_size,
+        "stack": stack,
+        "tokens_sha256": _tokens_sha256(batch),
+        "model": model_fingerprint(model) if ckpt_path is not None else None,
+        "world_size": world,
+        "rank": rank,
+    }
     state = _Progress(fingerprint)
     if ckpt_path is not None and ckpt_path.exists():
         state = _Progress.load(ckpt_path)
         if state.fingerprint != fingerprint:
             diff = sorted(k for k in fingerprint if state.fingerprint.get(k) != fingerprint[k])
-            raise ValueError(
+            raise ArtefactError(
                 f"checkpoint {ckpt_path} belongs to a different sweep (differs in {diff}); "
                 "delete it or pass another checkpoint path"
             )
-    sums = {s.label: MetricSums.from_tensor(torch.tensor(state.sums[s.label])) if s.label in state.sums else MetricSums()
-            for s in settings}
-    base_sums = MetricSums.from_tensor(torch.tensor(state.sums["__baseline__"])) if "__baseline__" in state.sums else MetricSums()
+    sums = {s.label: state.sums.get(s.label, MetricSums()) for s in settings}
+    base_sums = state.sums.get("__baseline__", MetricSums())
 
     device = _model_device(model)
     groups = _stack_groups(settings, stack)
@@ -411,15 +485,11 @@ def sweep(
             state.batches_done = i + 1
             done_since_save += 1
             if ckpt_path is not None and done_since_save >= checkpoint_every:
-                state.sums = {k: v.as_tensor().tolist() for k, v in sums.items()}
-                state.sums["__baseline__"] = base_sums.as_tensor().tolist()
-                state.save(ckpt_path)
+                _save_progress(state, sums, base_sums, ckpt_path)
                 done_since_save = 0
     if ckpt_path is not None:
-        state.sums = {k: v.as_tensor().tolist() for k, v in sums.items()}
-        state.sums["__baseline__"] = base_sums.as_tensor().tolist()
         state.batches_done = len(batches)
-        state.save(ckpt_path)
+        _save_progress(state, sums, base_sums, ckpt_path)
     if world > 1:
         stacked = torch.stack([base_sums.as_tensor()] + [sums[s.label].as_tensor() for s in settings])
         torch.distributed.all_reduce(stacked)
