@@ -915,9 +915,8 @@ def save_compressed(model, path, record: CompressionRecord | None = None, *, for
             for part in name.split("."):
                 obj = getattr(_unwrap(obj), part)
             p.copy_(obj.detach().to(p.dtype))
-    from .models import _quiet_transformers
-
     from .fileio import replace_dir
+    from .models import _quiet_transformers
 
     path = Path(path)
     with replace_dir(path, "compressed-model", force=force, force_hint=force_hint,

@@ -444,3 +444,9 @@ def fault_point(name: str) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def seal(obj: dict) -> dict:
+    """``obj`` with its ``record_sha256`` added (for writers with their own JSON layout;
+    :func:`sealed_json_loads` checks it)."""
+    return {**obj, SEAL_KEY: _seal_of(obj)}

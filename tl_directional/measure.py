@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from .fileio import atomic_path, atomic_write_text
+from .fileio import ArtefactError, replace_dir, verify_manifest
 from .geometry import DEFAULT_EPS, compute_dtype, decompose, projection_coefficient
 from .inputs import first_token_mask, iter_batches, position_mask, prepare_inputs
 from .sites import (
@@ -256,19 +256,25 @@ class Profile:
         return wide
 
     # -- persistence ----------------------------------------------------
-    def save(self, path: str | os.PathLike, format: str = "parquet") -> Path:
-        """Write the tables and ``metadata.json`` into directory ``path`` atomically
-        (each file via a temporary file and rename). ``format``: "parquet" or "csv"."""
+    def save(self, path: str | os.PathLike, format: str = "parquet", *, overwrite: bool = False) -> Path:
+        """Write the tables, ``metadata.json`` and a ``manifest.json`` (sha256 and size of
+        every file) into directory ``path``. ``format``: "parquet" or "csv".
+
+        The directory is built beside ``path`` and swapped in under an exclusive lock
+        (:func:`tl_directional.fileio.replace_dir`): an interrupted save leaves the previous
+        profile, a second concurrent save is refused, no stale table survives, and a
+        non-empty ``path`` that is not a previous profile is refused unless ``overwrite``."""
         if format not in ("parquet", "csv"):
             raise ValueError(f"format must be 'parquet' or 'csv', got {format!r}")
         out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
         meta = dict(self.metadata, format=format)
-        for name in self._TABLES:
-            df = getattr(self, name)
-            if df is None:
-                continue
-            with atomic_path(out / f"{name}.{format}") as tmp:
+        with replace_dir(out, "profile", force=overwrite, force_hint="pass overwrite=True (or remove it)",
+                         command="Profile.save") as tmp:
+            for name in self._TABLES:
+                df = getattr(self, name)
+                if df is None:
+                    continue
+                target = tmp / f"{name}.{format}"
                 if format == "parquet":
                     import pyarrow as pa
                     import pyarrow.parquet as pq
@@ -277,28 +283,34 @@ class Profile:
                     table = table.replace_schema_metadata(
                         {**(table.schema.metadata or {}), b"tl_directional": json.dumps(meta).encode()}
                     )
-                    pq.write_table(table, tmp)
+                    pq.write_table(table, target)
                 else:
-                    df.to_csv(tmp, index=False)
-        atomic_write_text(out / "metadata.json", json.dumps(meta, indent=2, default=str))
+                    df.to_csv(target, index=False)
+            (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
         return out
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Profile:
-        """Read a directory written by :meth:`save`."""
+        """Read a directory written by :meth:`save`, after verifying every file against
+        its manifest (a changed, truncated or missing file raises naming it)."""
         src = Path(path)
         meta_file = src / "metadata.json"
         if not meta_file.is_file():
-            raise ValueError(f"{src} has no metadata.json; is it a directory written by Profile.save?")
-        meta = json.loads(meta_file.read_text())
+            raise ArtefactError(f"{src} has no metadata.json; is it a directory written by Profile.save?")
+        fix = "re-run Profile.save (tl-directional profile) to write it again"
+        manifest = verify_manifest(src, kind="profile", fix=fix)
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ArtefactError(f"{meta_file} is corrupt or truncated ({err}); {fix}") from None
         fmt = meta.get("format", "parquet")
         tables = {}
         for name in cls._TABLES:
             f = src / f"{name}.{fmt}"
-            if f.exists():
+            if f.name in manifest["files"]:  # only what this save wrote
                 tables[name] = pd.read_parquet(f) if fmt == "parquet" else pd.read_csv(f)
         if "residual" not in tables or "value" not in tables:
-            raise ValueError(f"{src} lacks residual.{fmt} or value.{fmt}; re-run Profile.save")
+            raise ArtefactError(f"{src} lacks residual.{fmt} or value.{fmt}; {fix}")
         return cls(metadata=meta, **tables)
 
     # -- from an existing cache ----------------------------------------

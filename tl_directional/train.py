@@ -52,6 +52,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,17 @@ import torch
 from torch import Tensor
 
 from .edit import Edit, ResidualScale, ValueScale, edit_hooks
-from .fileio import atomic_write_bytes
+from .fileio import (
+    ArtefactError,
+    atomic_write_bytes,
+    check_model_dir,
+    exclusive_lock,
+    fault_point,
+    replace_dir,
+    seal,
+    sealed_json_loads,
+    write_manifest,
+)
 
 #: The training variants (METHOD.md sec. 7).
 VARIANTS: tuple[str, ...] = ("baseline", "vpara", "attn-para")
@@ -81,7 +92,7 @@ SUMMARY_FILE = "summary.json"
 _OPERATIONAL_KEYS = frozenset({"ckpt_every", "keep_checkpoints"})
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ArtefactError):
     """A checkpoint is missing, corrupt, truncated or does not belong to this run."""
 
 
@@ -407,6 +418,7 @@ def build_init_dir(cfg: TrainConfig, tokenizer: Any, path: str | os.PathLike[str
         with _quiet_transformers():
             model.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
+        write_manifest(tmp, "init")
         try:
             os.rename(tmp, out)
         except OSError:
@@ -415,6 +427,31 @@ def build_init_dir(cfg: TrainConfig, tokenizer: Any, path: str | os.PathLike[str
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _load_init(init: Path, device: torch.device) -> Any:
+    """Load the run's seeded initial model, verified first: a damaged file is a
+    :class:`CheckpointError` naming it (the directory can always be rebuilt from the seed)."""
+    from .models import load_model
+
+    fix = f"the init directory is made from the seed: delete {init} and run again to rebuild it"
+    try:
+        check_model_dir(init, "init")
+        return load_model(init, device=device)
+    except CheckpointError:
+        raise
+    except Exception as err:  # safetensors / transformers raise their own types
+        raise CheckpointError(f"{init} cannot be loaded ({err}); {fix}") from None
+
+
+def data_sha256(data: Data) -> str:
+    """sha256 of the token windows a run trains and validates on (its corpus identity)."""
+    h = hashlib.sha256()
+    for t in (data.train, data.validation):
+        t = t.detach().cpu().long().contiguous()
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
 
 
 def _is_bridge(model: Any) -> bool:
@@ -530,13 +567,21 @@ def read_checkpoint(json_path: str | os.PathLike[str]) -> tuple[dict[str, Any], 
     fix = (f"Delete {json_path} and its .safetensors to resume from the previous checkpoint "
            f"{earlier[-1]}" if earlier else "Start a new run in a fresh --out directory")
     try:
-        meta = json.loads(json_path.read_text(encoding="utf-8"))
+        raw = json_path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint record {json_path} is missing. {fix}.") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"checkpoint record {json_path} is corrupt or truncated ({err}). {fix}.") from None
-    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT:
+    try:
+        meta = sealed_json_loads(raw, f"checkpoint record {json_path}", fix=f"{fix}.")
+    except ArtefactError as err:
+        raise CheckpointError(str(err)) from None
+    if meta.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{json_path} is not a {CHECKPOINT_FORMAT} checkpoint record. {fix}.")
+    for key, kind in (("step", int), ("bytes", int), ("sha256", str), ("config", dict), ("metrics", list),
+                      ("pending_train_losses", list)):
+        value = meta.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CheckpointError(f"checkpoint record {json_path}: {key!r} is {value!r}, not a "
+                                  f"{kind.__name__}. {fix}.")
     st_path = json_path.with_name(meta.get("tensors", json_path.stem + ".safetensors"))
     try:
         blob = st_path.read_bytes()
@@ -627,8 +672,6 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, run_dir: str | os.PathLike[str], *, data: Data | None = None,
                  device: str | torch.device = "cpu", dist: Dist | None = None):
-        from .models import load_model
-
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.device = torch.device(device)
@@ -641,10 +684,11 @@ class Trainer:
             if data is None:
                 data = prepare_data(cfg, self.run_dir, train_tokenizer_if_missing=False)
         self.data = data
+        self.data_sha256 = data_sha256(data)
         if self.dist.rank == 0:
             build_init_dir(cfg, data.tokenizer, self.run_dir / INIT_DIR)
         self.dist.barrier()
-        self.model = load_model(self.run_dir / INIT_DIR, device=self.device)
+        self.model = _load_init(self.run_dir / INIT_DIR, self.device)
         self.named_params = trainable_parameters(self.model)
         decay = [p for n, p in self.named_params if p.ndim >= 2]
         no_decay = [p for n, p in self.named_params if p.ndim < 2]
@@ -729,6 +773,7 @@ class Trainer:
         stem = f"ckpt-{self.step:07d}"
         blob = st_save(self._checkpoint_tensors())
         _write_atomic(ckdir / f"{stem}.safetensors", blob)
+        fault_point("train.between_tensors_and_record")
         meta = {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
@@ -736,6 +781,8 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "lane": "bridge" if _is_bridge(self.model) else "legacy",
             "tokenizer_sha256": self.data.tokenizer_sha256,
+            "data_sha256": self.data_sha256,
+            "corpus": self.data.corpus_info,
             "scheduler": {"kind": "linear warmup + cosine", "next_lr": lr_at(self.step, self.cfg),
                           "warmup_steps": self.cfg.warmup_steps, "max_steps": self.cfg.max_steps,
                           "min_lr_ratio": self.cfg.min_lr_ratio},
@@ -748,7 +795,7 @@ class Trainer:
         }
         # The record goes last: a checkpoint exists only once its JSON does.
         path = ckdir / f"{stem}.json"
-        _write_atomic(path, _json_dumps(meta))
+        _write_atomic(path, _json_dumps(seal(meta)))
         for old in checkpoint_paths(self.run_dir)[: -self.cfg.keep_checkpoints]:
             old.with_suffix(".safetensors").unlink(missing_ok=True)
             old.unlink(missing_ok=True)
@@ -774,6 +821,12 @@ class Trainer:
                 f"{json_path} was trained with tokenizer sha256 {meta.get('tokenizer_sha256')}, "
                 f"but the tokenizer now in use has {self.data.tokenizer_sha256}. Resume with the "
                 f"run's own tokenizer ({self.run_dir / TOKENIZER_DIR})."
+            )
+        if meta.get("data_sha256") not in (None, self.data_sha256):
+            raise CheckpointError(
+                f"{json_path} was trained on other data (token windows sha256 {meta['data_sha256'][:12]}..., "
+                f"now {self.data_sha256[:12]}...): the corpus or its split changed. Resume with the "
+                "corpus the run started with, or use a new --out directory."
             )
         model_state = {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")}
         load_canonical_state_dict_(self.model, model_state, source=str(json_path))
@@ -866,6 +919,21 @@ def _write_metrics_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     _write_atomic(path, buf.getvalue().encode())
 
 
+def remove_orphan_temporaries(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Delete the temporary files and directories that crashed writers left in ``run_dir``
+    (``checkpoints/.ckpt-*.tmp``, ``.metrics.csv.*.tmp``, ``.init.*``...). Call it only while
+    holding the run's lock: then no live writer owns them. Returns what was removed."""
+    run = Path(run_dir)
+    found = [p for p in (run / CHECKPOINT_DIR).glob(".ckpt-*.tmp")] + list(run.glob(".*.tmp"))
+    found += [p for name in (INIT_DIR, TOKENIZER_DIR) for p in run.glob(f".{name}.*") if p.is_dir()]
+    for p in found:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return found
+
+
 def train(cfg: TrainConfig, run_dir: str | os.PathLike[str], *, resume: bool = True,
           stop_after: int | None = None, progress: bool = True, data: Data | None = None,
           device: str | torch.device = "cpu") -> TrainResult:
@@ -893,9 +961,13 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike[str], *, resume: bool = T
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     try:
-        trainer = Trainer(cfg, run_dir, data=data, device=device, dist=dist)
-        trainer.resume_if_possible(resume)
-        return trainer.run(stop_after=stop_after, progress=progress)
+        with ExitStack() as held:
+            if dist.rank == 0:  # one run per directory: a second writer is refused, not mixed in
+                held.enter_context(exclusive_lock(run_dir, "tl-directional train"))
+                remove_orphan_temporaries(run_dir)
+            trainer = Trainer(cfg, run_dir, data=data, device=device, dist=dist)
+            trainer.resume_if_possible(resume)
+            return trainer.run(stop_after=stop_after, progress=progress)
     finally:
         if dist.initialized_here:
             torch.distributed.destroy_process_group()
@@ -907,12 +979,16 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike[str], *, resume: bool = T
 
 
 def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
-                 dtype: torch.dtype = torch.float16, extra_info: dict[str, Any] | None = None) -> Path:
+                 dtype: torch.dtype = torch.float16, extra_info: dict[str, Any] | None = None,
+                 force: bool = False, force_hint: str = "pass force=True") -> Path:
     """Save a bridge-lane model as a plain Hugging Face directory (safetensors + tokenizer).
 
     The directory loads with ``TransformerBridge.boot_transformers(path)``,
     ``transformers.GPT2LMHeadModel.from_pretrained(path)`` and, on the legacy lane,
-    :func:`tl_directional.models.load_model`. Written to a temp directory and renamed.
+    :func:`tl_directional.models.load_model`. Written to a temporary sibling with a
+    ``manifest.json`` and swapped in (:func:`tl_directional.fileio.replace_dir`); a
+    non-empty ``path`` that is not a previous export (e.g. the run directory itself) is
+    refused unless ``force``, so no user file is ever deleted.
     """
     import transformers
 
@@ -938,10 +1014,7 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
     fresh.load_state_dict(state, strict=True)
     fresh = fresh.to(dtype)
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes 0700
-    try:
+    with replace_dir(out, "export", force=force, force_hint=force_hint, command="tl-directional train --export") as tmp:
         with _quiet_transformers():
             fresh.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
@@ -951,16 +1024,6 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
         (tmp / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         for f in tmp.iterdir():
             os.chmod(f, 0o644)
-        if out.exists():
-            backup = out.with_name(f".{out.name}.old")
-            shutil.rmtree(backup, ignore_errors=True)
-            os.rename(out, backup)
-            os.rename(tmp, out)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -1097,6 +1160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export", default=None, metavar="DIR",
                    help="after training, save the model as a Hugging Face directory (bridge lane)")
     p.add_argument("--export-dtype", choices=("float16", "bfloat16", "float32"), default="float16")
+    p.add_argument("--export-force", action="store_true",
+                   help="let --export replace a non-empty DIR that is not a previous export")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -1107,6 +1172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         cfg = config_from_args(args)
+        if args.export:  # refuse a bad --export before training, not after
+            from .fileio import check_replaceable
+
+            check_replaceable(args.export, "export", force=args.export_force, force_hint="pass --export-force")
         result = train(cfg, args.out, resume=not args.no_resume, stop_after=args.stop_after,
                        progress=not args.quiet, device=args.device)
     except (CheckpointError, TokenizerMismatchError, FileNotFoundError, ValueError) as err:
@@ -1120,8 +1189,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{cfg.variant} seed {cfg.seed}: stopped at step {result.step} (checkpointed)")
         if args.export and result.step == cfg.max_steps:
             tokenizer = load_tokenizer(cfg.tokenizer or Path(args.out) / TOKENIZER_DIR)
-            export_model(result.model, tokenizer, args.export, dtype=getattr(torch, args.export_dtype),
-                         extra_info={"train_config": cfg.to_dict(), "final_val_loss": result.final_val_loss})
+            try:
+                export_model(result.model, tokenizer, args.export, dtype=getattr(torch, args.export_dtype),
+                             extra_info={"train_config": cfg.to_dict(), "final_val_loss": result.final_val_loss},
+                             force=args.export_force, force_hint="pass --export-force")
+            except ArtefactError as err:
+                print(f"tl-directional train: error: {err}", file=sys.stderr)
+                return 2
             print(f"exported to {args.export}")
     return 0
 
