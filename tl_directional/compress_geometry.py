@@ -818,9 +818,9 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: st
         units = ("attn", "mlp")
     else:
         units = (unit,)
+    models = [("dense", dense)] + [(name, m) for name, m, _ in _normalize_targets(compressed)]
     bad_weights = [f"{which} {name} ({count} non-finite values)"
-                   for which, model in (("dense", dense), ("compressed", compressed))
-                   for name, count in nonfinite_parameters(model)]
+                   for which, model in models for name, count in nonfinite_parameters(model)]
     if bad_weights:
         empty = pd.DataFrame({"unit": pd.Series(dtype=str), "layer": pd.Series(dtype=int),
                               metric: pd.Series(dtype=float), "status": pd.Series(dtype=str)})
