@@ -777,8 +777,8 @@ def nonfinite_parameters(model) -> list[tuple[str, int]]:
         for name, p in model.named_parameters():
             if p.is_floating_point() or p.is_complex():
                 bad = int((~torch.isfinite(p)).sum())
-                if bad:
-                    out.append((name, bad))
+                if bad:  # bridge names without the wrapper's "_original_component" hops
+                    out.append((name.replace("._original_component", "").replace("_original_component.", ""), bad))
     return out
 
 

@@ -313,6 +313,7 @@ def _swap_in(tmp: Path, target: Path) -> None:
     if aside.exists():
         shutil.rmtree(aside)
     os.rename(target, aside)
+    fault_point("replace_dir.mid_swap")
     os.rename(tmp, target)
     if aside.is_dir() and not aside.is_symlink():
         shutil.rmtree(aside, ignore_errors=True)
@@ -345,6 +346,7 @@ def replace_dir(target: str | os.PathLike, kind: str, *, force: bool = False,
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700
         try:
             yield tmp
+            fault_point("replace_dir.before_swap")
             for f in tmp.rglob("*"):
                 if f.is_file():
                     with open(f, "rb") as fh:

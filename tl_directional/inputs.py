@@ -176,6 +176,13 @@ def prepare_inputs(
         raise ValueError(
             f"{argument} row(s) {bad[:8]} have {what}; drop them or fix the attention_mask"
         )
+    n_ctx = getattr(getattr(model, "cfg", None), "n_ctx", None)
+    if isinstance(n_ctx, int) and batch.tokens.shape[1] > n_ctx:
+        raise ValueError(
+            f"{argument} has sequences of {batch.tokens.shape[1]} positions but the model's context "
+            f"window is n_ctx={n_ctx}; pass at most {n_ctx} tokens a sequence (on the command line: "
+            f"--seq-len {n_ctx} or less)"
+        )
     return batch
 
 
