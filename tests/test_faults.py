@@ -481,6 +481,15 @@ def test_profile_save_refuses_a_foreign_directory(tmp_path):
     assert (mine / "data.csv").read_text() == "precious"
 
 
+def test_profile_save_replaces_a_profile_written_before_manifests(tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("metadata.json", "residual.csv", "value.csv"):
+        (old / name).write_text("{}" if name.endswith("json") else "layer\n0\n")
+    _profile().save(old, format="csv")
+    assert tld.Profile.load(old).residual["x"].tolist() == [0.1, 0.2, 0.3, 0.4]
+
+
 def test_profile_killed_mid_save_keeps_the_previous_one(tmp_path):
     out = _profile().save(tmp_path / "p")
     before = _snapshot(out)

@@ -232,7 +232,7 @@ def exclusive_lock(target: str | os.PathLike, command: str = "") -> Iterator[Pat
     """
     import fcntl
 
-    lock = lock_path_for(target)
+    lock = lock_path_for(Path(target).resolve())
     lock.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -267,9 +267,10 @@ def _is_empty_dir(path: Path) -> bool:
 
 
 def check_replaceable(target: str | os.PathLike, kind: str, *, force: bool = False,
-                      force_hint: str = "pass force=True") -> None:
+                      force_hint: str = "pass force=True", legacy_names: frozenset[str] = frozenset()) -> None:
     """Refuse to replace ``target`` unless it is absent, an empty directory, or a
-    previous ``kind`` output (its manifest says so); ``force`` overrides."""
+    previous ``kind`` output: its manifest says so, or (written before manifests
+    existed) it holds only files named in ``legacy_names``. ``force`` overrides."""
     target = Path(target)
     if not target.exists() or force:
         return
@@ -282,6 +283,9 @@ def check_replaceable(target: str | os.PathLike, kind: str, *, force: bool = Fal
         doc = read_manifest(target)
     except ArtefactError:
         doc = None
+    if doc is None and legacy_names and all(
+            p.is_file() and p.name in legacy_names for p in target.iterdir() if not p.name.startswith(".")):
+        return
     if doc is None or doc.get("kind") != kind:
         raise ArtefactError(
             f"refusing to replace {target}: it is not empty and is not a previous {kind} output "
@@ -324,19 +328,19 @@ def _swap_in(tmp: Path, target: Path) -> None:
 @contextmanager
 def replace_dir(target: str | os.PathLike, kind: str, *, force: bool = False,
                 force_hint: str = "pass force=True", command: str = "",
-                manifest_extra: dict | None = None) -> Iterator[Path]:
+                manifest_extra: dict | None = None, legacy_names: frozenset[str] = frozenset()) -> Iterator[Path]:
     """Yield a fresh temporary sibling of ``target`` to fill; on success write its
     manifest (kind ``kind``) and swap it in place of ``target``.
 
     Under :func:`exclusive_lock` of ``target``. A crash at any point leaves either the
     previous output or the complete new one under ``target`` (never a mixture), and
     the temporaries of earlier crashes are removed. ``target`` must be absent, empty,
-    or a previous ``kind`` output, unless ``force``.
+    or a previous ``kind`` output (see :func:`check_replaceable`), unless ``force``.
     """
-    target = Path(target)
+    target = Path(target).resolve()  # "." or "out/.." name the real directory
     with exclusive_lock(target, command or kind):
         _restore_interrupted_swap(target)
-        check_replaceable(target, kind, force=force, force_hint=force_hint)
+        check_replaceable(target, kind, force=force, force_hint=force_hint, legacy_names=legacy_names)
         target.parent.mkdir(parents=True, exist_ok=True)
         for orphan in target.parent.glob(f".{target.name}.*.partial"):
             shutil.rmtree(orphan, ignore_errors=True)  # we hold the lock: their writer is dead
