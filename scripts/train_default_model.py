@@ -138,7 +138,7 @@ def stage_export(run: Path, result=None) -> None:
         "tokenizer_sha256": meta["tokenizer_sha256"],
         "command": "python scripts/train_default_model.py all --corpus CORPUS_DIR --run RUN_DIR",
     }
-    export_model(model, tokenizer, MODEL_DIR, dtype=torch.float16, extra_info=info)
+    export_model(model, tokenizer, MODEL_DIR, dtype=torch.float16, extra_info=info, force=True)  # replaces the bundled copy
     # The validation curve travels with the model (small CSV).
     (MODEL_DIR / "training_curve.csv").write_text((run / "metrics.csv").read_text())
     os.chmod(MODEL_DIR / "training_curve.csv", 0o644)
