@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,7 +169,12 @@ DDP_SCRIPT = textwrap.dedent("""
     df = sweep(model, texts, grid("value,resid-mlp", s_par=[0.0, 2.0]), batch_size=1, progress=False)
     if dist.get_rank() == 0:
         df.to_csv({out!r}, index=False)
+    rank = dist.get_rank()
     dist.destroy_process_group()
+    # the plain torch call, as a user's script makes it, must free the group and join its threads
+    # (left running, they can abort the process at interpreter exit: issue 16)
+    from tl_directional.distributed import group_threads_alive
+    open({out!r} + f".threads{{rank}}", "w").write(json.dumps(group_threads_alive()))
 """)
 
 
@@ -188,6 +194,9 @@ def test_sweep_shards_across_torchrun_ranks(tiny_model, tiny_model_dir, tmp_path
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        left = json.loads(Path(f"{out}.threads{rank}").read_text())
+        assert left in ([], None), f"rank {rank}: process-group threads alive after destroy: {left}"
     ddp = pd.read_csv(out)
     single = sweep(tiny_model("gpt2"), TEXTS[:4], grid("value,resid-mlp", s_par=[0.0, 2.0]), batch_size=1, progress=False)
     assert ddp["tokens"].tolist() == single["tokens"].tolist()

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .distributed import release_captured_groups
 from .edit import (
     DiagonalRemoval,
     Edit,
@@ -495,6 +496,9 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
         torch.distributed.all_reduce(stacked)
         base_sums = MetricSums.from_tensor(stacked[0])
         sums = {s.label: MetricSums.from_tensor(stacked[j + 1]) for j, s in enumerate(settings)}
+        # loading the model after init_process_group() made torch.distributed.nn.functional hold
+        # the group; let the caller's destroy_process_group() free it (see tl_directional.distributed)
+        release_captured_groups()
 
     keep = {"loss": ["loss", "base_loss", "delta_loss"], "ppl": ["ppl", "base_ppl", "delta_ppl"],
             "kl": ["kl"], "top1_agree": ["top1_agree"]}

@@ -965,12 +965,24 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike[str], *, resume: bool = T
             if dist.rank == 0:  # one run per directory: a second writer is refused, not mixed in
                 held.enter_context(exclusive_lock(run_dir, "tl-directional train"))
                 remove_orphan_temporaries(run_dir)
-            trainer = Trainer(cfg, run_dir, data=data, device=device, dist=dist)
-            trainer.resume_if_possible(resume)
-            return trainer.run(stop_after=stop_after, progress=progress)
+            return _run_trainer(cfg, run_dir, resume=resume, stop_after=stop_after,
+                                progress=progress, data=data, device=device, dist=dist)
     finally:
         if dist.initialized_here:
-            torch.distributed.destroy_process_group()
+            # the trainer (its DistributedDataParallel holds the group) is gone by now, so this
+            # frees the group and joins its worker threads here, not at interpreter exit
+            from .distributed import destroy_process_group
+
+            destroy_process_group()
+
+
+def _run_trainer(cfg: TrainConfig, run_dir: str | os.PathLike[str], *, resume: bool,
+                 stop_after: int | None, progress: bool, data: Data | None,
+                 device: str | torch.device, dist: Dist) -> TrainResult:
+    # own frame: the Trainer and its DistributedDataParallel wrapper die when it returns
+    trainer = Trainer(cfg, run_dir, data=data, device=device, dist=dist)
+    trainer.resume_if_possible(resume)
+    return trainer.run(stop_after=stop_after, progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------
