@@ -468,7 +468,10 @@ def apply_edits(model, *edits: Edit):
     from the live, already edited stream) and always removed on exit, also when
     the body raises.
     """
+    from .generation import fix_generate
+
     hooks = edit_hooks(model, *edits)
+    fix_generate(model)  # so model.generate inside the block gives a manual greedy loop's tokens
     with model.hooks(fwd_hooks=hooks):
         yield model
 

@@ -1,0 +1,105 @@
+"""TransformerLens habits that used to give wrong or surprising results (issue 14).
+
+Each test goes through the public API a TL user would reach for first."""
+
+import pytest
+import torch
+
+import tl_directional as tld
+from tl_directional.models import load_model
+
+PROMPT = "In the beginning God created"
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    return load_model("default")
+
+
+def _model(name, tiny_model, default_model):
+    return default_model if name == "default" else tiny_model(name)
+
+
+def _manual_greedy(model, tokens, n):
+    """The reference: argmax of a full forward pass, one token at a time."""
+    for _ in range(n):
+        with torch.no_grad():
+            nxt = model(tokens)[:, -1].argmax(-1, keepdim=True)
+        tokens = torch.cat([tokens, nxt], dim=1)
+    return tokens
+
+
+# -- 1. generate ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "neox", "default"])
+@pytest.mark.parametrize("edit", [None, "value"])
+def test_generate_equals_manual_greedy_loop(name, edit, tiny_model, default_model):
+    model = _model(name, tiny_model, default_model)
+    prompt = tld.prepare_inputs(model, [PROMPT]).tokens
+    edits = [] if edit is None else [tld.ValueScale(0.0, layers=[0])]
+    with tld.apply_edits(model, *edits):
+        want = _manual_greedy(model, prompt, 6)
+        got = model.generate(prompt, max_new_tokens=6, do_sample=False, stop_at_eos=False, verbose=False)
+        text = model.generate(PROMPT, max_new_tokens=6, do_sample=False, stop_at_eos=False, verbose=False)
+    assert torch.equal(got.cpu(), want.cpu())
+    assert text == model.tokenizer.decode(want[0], skip_special_tokens=True)
+
+
+def test_cached_generate_is_right_or_refused(tiny_model, lane):
+    """Explicit use_past_kv_cache=True gives the manual loop's tokens where the cache is
+    right (legacy lane; NeoX on the bridge) and a clear error where it is not."""
+    for name in ("gpt2", "llama", "neox"):
+        model = tiny_model(name)
+        prompt = tld.prepare_inputs(model, [PROMPT]).tokens
+        want = _manual_greedy(model, prompt, 5)
+        if lane == "bridge" and name != "neox":
+            with pytest.raises(ValueError, match="use_past_kv_cache=False"):
+                model.generate(prompt, max_new_tokens=5, do_sample=False, use_past_kv_cache=True,
+                               stop_at_eos=False, verbose=False)
+            continue
+        got = model.generate(prompt, max_new_tokens=5, do_sample=False, use_past_kv_cache=True,
+                             stop_at_eos=False, verbose=False)
+        assert torch.equal(got.cpu(), want.cpu()), name
+
+
+# -- 2. EffectiveDiagonal and the KV cache ---------------------------------------
+
+def test_effective_diagonal_in_generation(tiny_model, lane):
+    model = tiny_model("gpt2")
+    prompt = tld.prepare_inputs(model, [PROMPT]).tokens
+    kw = dict(max_new_tokens=5, do_sample=False, stop_at_eos=False, verbose=False)
+    with tld.apply_edits(model, tld.EffectiveDiagonal(0.0)):
+        want = _manual_greedy(model, prompt, 5)
+        got = model.generate(prompt, use_past_kv_cache=False, **kw)
+        with pytest.raises((RuntimeError, ValueError), match="use_past_kv_cache=False|Use ValueScale"):
+            model.generate(prompt, use_past_kv_cache=True, **kw)
+    assert torch.equal(got.cpu(), want.cpu())
+    with tld.apply_edits(model, tld.ValueScale(0.0)):  # the same edit in hook_z form
+        assert torch.equal(model.generate(prompt, **kw).cpu(), want.cpu())
+
+
+def test_effective_diagonal_equals_hook_z_form_in_a_cached_step(tiny_model, lane):
+    """A direct cached forward (no generate) on a bridge whose cached pattern is one key
+    wide: the pattern form gives the hook_z form's logits, or refuses."""
+    model = tiny_model("gpt2")
+    tokens = tld.prepare_inputs(model, [PROMPT]).tokens
+    if lane == "legacy":
+        from transformer_lens.past_key_value_caching import HookedTransformerKeyValueCache
+
+        def step(*edits):
+            cache = HookedTransformerKeyValueCache.init_cache(model.cfg, model.cfg.device, 1)
+            model(tokens[:, :-1], past_kv_cache=cache)
+            with tld.apply_edits(model, *edits):
+                return model(tokens[:, -1:], past_kv_cache=cache)
+    else:
+        def step(*edits):
+            _, past = model(tokens[:, :-1], return_type="logits_and_cache")
+            with tld.apply_edits(model, *edits):
+                return model(tokens[:, -1:], past_key_values=past)
+    z_form = step(tld.ValueScale(0.0))
+    try:
+        pattern_form = step(tld.EffectiveDiagonal(0.0))
+    except RuntimeError as err:
+        assert "Use ValueScale" in str(err)
+    else:
+        torch.testing.assert_close(pattern_form, z_form, atol=1e-5, rtol=1e-5)
