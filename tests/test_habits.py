@@ -103,3 +103,42 @@ def test_effective_diagonal_equals_hook_z_form_in_a_cached_step(tiny_model, lane
         assert "Use ValueScale" in str(err)
     else:
         torch.testing.assert_close(pattern_form, z_form, atol=1e-5, rtol=1e-5)
+
+
+# -- 6. negative indices ----------------------------------------------------------
+
+TEXTS = ["In the beginning God created the heaven and the earth.", "And God said, Let there be light."]
+
+
+def test_negative_layers_and_heads_mean_the_last(tiny_model):
+    model = tiny_model("llama")  # GQA: heads are query heads
+    batch = tld.prepare_inputs(model, TEXTS)
+    n_l, n_h = model.cfg.n_layers, model.cfg.n_heads
+
+    def run(*edits):
+        with torch.no_grad(), tld.apply_edits(model, *edits):
+            return model(batch.tokens, attention_mask=batch.attention_mask)
+
+    assert torch.equal(run(tld.ValueScale(0.0, layers=[-1], heads=[-1])),
+                       run(tld.ValueScale(0.0, layers=[n_l - 1], heads=[n_h - 1])))
+    assert torch.equal(run(tld.ResidualScale("mlp", 0.0, layers=-1)), run(tld.ResidualScale("mlp", 0.0, layers=n_l - 1)))
+    assert torch.equal(run(tld.DiagonalRemoval(layers=[-2], heads=-2)),
+                       run(tld.DiagonalRemoval(layers=[n_l - 2], heads=n_h - 2)))
+    with pytest.raises(ValueError, match=r"layers has layer -3, out of range .*-2\.\.-1"):
+        tld.ValueScale(0.0, layers=[-3]).fwd_hooks(model)
+
+    def metric(logits):
+        return logits[:, -1, 5].mean()
+    res, table = tld.directional_patch(model, TEXTS[:1], TEXTS[:1], metric, components=("value", "attn"),
+                                       layers=[-1], heads=[-1])
+    assert set(table["layer"]) == {n_l - 1}
+    assert set(table.loc[table["component"] == "value", "head"]) == {n_h - 1}
+
+    with tld.split_hook_points(model, components=("attn",), layers=[-1]) as h:
+        assert h.names == [f"blocks.{n_l - 1}.hook_attn_out.hook_par", f"blocks.{n_l - 1}.hook_attn_out.hook_perp"]
+
+    from tl_directional.views import attention_triptych_figure
+    a = attention_triptych_figure(model, TEXTS[:1], -1, -1)
+    b = attention_triptych_figure(model, TEXTS[:1], n_l - 1, n_h - 1)
+    fa, fb = (getattr(x, "figure", x) for x in (a, b))
+    assert fa.layout.title.text == fb.layout.title.text

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .geometry import DEFAULT_EPS, decompose, patch_components
 from .inputs import prepare_inputs
-from .sites import ModelSites, normalize_layers, resolve_sites
+from .sites import ModelSites, normalize_heads, normalize_layers, resolve_sites
 
 WHICH = ("par", "perp", "full")
 
@@ -132,10 +132,7 @@ def directional_patch(
         if c != "value" and c not in sites.units:
             raise ValueError(f"components has {c!r}; choose from {sites.components + ('value',)}")
     layer_list = normalize_layers(layers, sites.n_layers)
-    head_list = list(range(sites.n_heads)) if heads is None else list(heads)
-    for h in head_list:
-        if not 0 <= h < sites.n_heads:
-            raise ValueError(f"heads has {h}, out of range for {sites.n_heads} heads")
+    head_list = normalize_heads(heads, sites.n_heads) or list(range(sites.n_heads))
     device = next(model.parameters()).device
     ct, am = c_batch.tokens.to(device), c_batch.attention_mask.to(device)
     xt = x_batch.tokens.to(device)

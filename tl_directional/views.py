@@ -642,11 +642,12 @@ def _one_sequence(model, inputs, sequence: int, max_tokens: int | None):
     return row.unsqueeze(0)
 
 
-def _check_layer_head(sites, layer: int, head: int | None) -> None:
-    if not isinstance(layer, int) or not 0 <= layer < sites.n_layers:
-        raise ValueError(f"layer={layer!r} is out of range for {sites.n_layers} layers (valid: 0..{sites.n_layers - 1})")
-    if head is not None and (not isinstance(head, int) or not 0 <= head < sites.n_heads):
-        raise ValueError(f"head={head!r} is out of range for {sites.n_heads} heads (valid: 0..{sites.n_heads - 1})")
+def _check_layer_head(sites, layer: int, head: int | None) -> tuple[int, int | None]:
+    """``(layer, head)`` in ``0..n-1`` (negative indices count from the end)."""
+    from .sites import normalize_index
+
+    layer = normalize_index(layer, sites.n_layers, "layer")
+    return layer, None if head is None else normalize_index(head, sites.n_heads, "head", "head")
 
 
 def _device(model):
@@ -692,7 +693,7 @@ def edited_patterns(
     from .sites import resolve_sites
 
     sites = resolve_sites(model, warn=False)
-    _check_layer_head(sites, layer, head)
+    layer, head = _check_layer_head(sites, layer, head)
     tokens = _one_sequence(model, inputs, sequence, max_tokens).to(_device(model))
     edits = triptych_edits(layer, head) if edits is None else edits
     hook_name = sites.value[layer].pattern_hook
@@ -756,6 +757,9 @@ def attention_triptych(
     """
     from .sites import resolve_sites
 
+    from .sites import resolve_sites as _resolve
+
+    layer, head = _check_layer_head(_resolve(model, warn=False), layer, head)  # -1 = the last
     toks, pats = edited_patterns(model, inputs, layer, head, edits or triptych_edits(layer, head, s_par),
                                  sequence=sequence, max_tokens=max_tokens)
     causal = resolve_sites(model, warn=False).causal
@@ -785,6 +789,9 @@ def attention_triptych_figure(
     """:func:`attention_triptych` as plotly heatmaps: one diverging scale (``RdBu``, centred
     on 0) shared by the panels, so the effective diagonal's negative entries show as red."""
     go, make_subplots = _plotly()
+    from .sites import resolve_sites as _resolve
+
+    layer, head = _check_layer_head(_resolve(model, warn=False), layer, head)  # -1 = the last
     toks, pats = edited_patterns(model, inputs, layer, head, edits or triptych_edits(layer, head, s_par),
                                  sequence=sequence, max_tokens=max_tokens)
     m = max(float(np.abs(p).max()) for p in pats.values()) or 1.0
@@ -794,8 +801,10 @@ def attention_triptych_figure(
         fig.add_trace(go.Heatmap(z=p, x=labels, y=labels, colorscale="RdBu", zmid=0.0, zmin=-m, zmax=m,
                                  showscale=i == len(pats), colorbar={"thickness": 10},
                                  hovertemplate="query %{y}<br>key %{x}<br>A %{z:.4f}<extra></extra>"), row=1, col=i)
-        fig.update_xaxes(showticklabels=len(toks) <= 24, tickangle=-60, tickfont={"size": 8}, row=1, col=i)
+        fig.update_xaxes(showticklabels=len(toks) <= 24, tickangle=-60, tickfont={"size": 8},
+                         title_text="key position", row=1, col=i)
     fig.update_yaxes(autorange="reversed", tickfont={"size": 8}, showticklabels=len(toks) <= 24)
+    fig.update_yaxes(title_text="query position", row=1, col=1)
     fig.update_layout(title=f"Attention of L{layer}H{head}: baseline / hard removal / effective diagonal "
                       f"(shared scale [-{m:.3g}, {m:.3g}], red = negative)", template="plotly_white", height=480)
     return PlotlyView(fig, data=_patterns_frame(toks, pats, layer, head), name="triptych_heatmap")
@@ -870,7 +879,7 @@ def colored_tokens(
     from .sites import resolve_sites
 
     sites = resolve_sites(model, warn=False)
-    _check_layer_head(sites, layer, head)
+    layer, head = _check_layer_head(sites, layer, head)
     tokens = _one_sequence(model, inputs, sequence, max_tokens)
     prof = _token_profile(model, tokens, component, profile)
     values = _token_values(prof, layer, component, metric, head, 0 if profile is None else sequence)
@@ -906,7 +915,7 @@ def colored_tokens_multi(
     from .sites import resolve_sites
 
     sites = resolve_sites(model, warn=False)
-    _check_layer_head(sites, layer, None)
+    layer, _ = _check_layer_head(sites, layer, None)
     components = list(components)
     for c in components:
         if c == "value" or c not in sites.units:
