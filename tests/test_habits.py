@@ -142,3 +142,102 @@ def test_negative_layers_and_heads_mean_the_last(tiny_model):
     b = attention_triptych_figure(model, TEXTS[:1], n_l - 1, n_h - 1)
     fa, fb = (getattr(x, "figure", x) for x in (a, b))
     assert fa.layout.title.text == fb.layout.title.text
+
+
+# -- 3. two meanings of a parallel-only patch --------------------------------------
+
+def _tl_patching():
+    try:
+        from transformer_lens import patching
+    except ImportError:  # pragma: no cover
+        pytest.skip("transformer_lens.patching not available")
+    return patching
+
+
+def _replace_setter(corrupted_activation, index, clean_activation):
+    corrupted_activation[...] = clean_activation
+    return corrupted_activation
+
+
+def test_parallel_only_patch_two_routes(tiny_model):
+    """TL's patching on the nested hook_par puts in the *clean* run's parallel part
+    (against the clean reference); directional_patch puts in P_r u_c with r from the
+    *corrupted* run (METHOD sec. 5). Both are reachable, and they differ."""
+    from tl_directional.geometry import parallel_part
+
+    patching = _tl_patching()
+    model = tiny_model("gpt2")
+    clean = tld.prepare_inputs(model, ["And God said, Let there be light."]).tokens
+    corrupted = clean.clone()
+    corrupted[0, 2:4] = clean[0, 2:4].flip(0) + 1  # other tokens, same length
+    answer = int(clean[0, -1])
+
+    def metric(logits):
+        return logits[:, -1, answer].mean()
+
+    with tld.split_hook_points(model):
+        _, clean_cache = model.run_with_cache(clean)
+        tl_attn = patching.generic_activation_patch(model, corrupted, clean_cache, metric, _replace_setter,
+                                                    "attn_out.hook_par", index_axis_names=("layer",))
+        tl_value = patching.generic_activation_patch(model, corrupted, clean_cache, metric, _replace_setter,
+                                                     "z.hook_par", index_axis_names=("layer",))  # KeyError before
+        assert torch.equal(clean_cache["blocks.0.hook_z.hook_par"], clean_cache["blocks.0.attn.hook_z.hook_par"])
+    results, _ = tld.directional_patch(model, clean, corrupted, metric, components=("attn",))
+    ours = results["attn"]["par"]
+
+    # The TL route by hand: corrupted update with its parallel part replaced by the clean one's.
+    def captured(tokens, names):
+        store = {}
+        hooks = [(n, lambda t, hook, n=n: store.__setitem__(n, t.detach().clone())) for n in names]
+        model.run_with_hooks(tokens, fwd_hooks=hooks)
+        return store
+    names = ["blocks.0.hook_attn_out", "blocks.0.hook_resid_pre"]
+    c = captured(clean, names)
+    clean_par = parallel_part(c[names[0]], c[names[1]])
+
+    def swap_par(t, hook):
+        ref = state["ref"]
+        return t - parallel_part(t, ref).to(t.dtype) + clean_par.to(t.dtype)
+    state = {}
+    by_hand = model.run_with_hooks(corrupted, fwd_hooks=[
+        (names[1], lambda t, hook: state.__setitem__("ref", t) or t), (names[0], swap_par)])
+    torch.testing.assert_close(float(tl_attn[0]), float(metric(by_hand)), atol=1e-5, rtol=1e-5)
+    assert abs(float(tl_attn[0]) - float(ours[0])) > 1e-4  # the two definitions differ
+    assert torch.isfinite(tl_value).all() and tl_value.shape == (2,)
+
+
+# -- 5. split DLA vs TL's cache.logit_attrs ----------------------------------------
+
+def test_split_dla_vs_tl_logit_attrs(default_model):
+    """TL's logit_attrs skips ln_final.w (it assumes fold_ln); ours applies it, so ours
+    equals TL's with the direction times ln_final.w, and the parts add up to the true
+    logit difference."""
+    model = default_model
+    tokens = tld.prepare_inputs(model, ["And God said, Let there be"]).tokens
+    table = tld.split_logit_attribution(model, tokens, [" light"], wrong_tokens=[" water"])  # strings work
+    ans, wrong = (model.tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in (" light", " water"))
+    logits, cache = model.run_with_cache(tokens)
+    true_diff = float(logits[0, -1, ans] - logits[0, -1, wrong])
+    w = model.ln_final.w if hasattr(model.ln_final, "w") else model.ln_final.original_component.weight
+    direction = model.W_U[:, ans] - model.W_U[:, wrong]
+    scale = cache["ln_final.hook_scale"][0, -1]
+
+    def attr(vec, weighted):  # TL's apply_ln_to_stack (centre, divide by scale) then the direction
+        x = (vec - vec.mean(-1, keepdim=True)) / scale
+        return float(x @ (direction * w if weighted else direction))
+
+    mlp0 = cache["blocks.0.hook_mlp_out"][0, -1]
+    ours = float(table.query("unit == 'mlp' and layer == 0")["dla"].iloc[0])
+    tl = float(cache.logit_attrs(mlp0[None, None, None], tokens=torch.tensor([ans]),
+                                 incorrect_tokens=torch.tensor([wrong]), pos_slice=-1).flatten()[0])
+    assert abs(tl - attr(mlp0, False)) < 1e-4  # TL's logit_attrs: no ln_final weight
+    assert abs(ours - attr(mlp0, True)) < 1e-4  # ours: with it
+    assert abs(ours - tl) > 1e-2
+    # Ours reconstructs the true logit difference: units + embeddings + the biases' share.
+    units = float(table.query("unit in ['attn', 'mlp']")["dla"].sum())
+    embed = attr(cache["blocks.0.hook_resid_pre"][0, -1], True)
+    b = getattr(model.ln_final, "b", None)
+    if b is None:
+        b = model.ln_final.original_component.bias
+    bias = float(b @ direction) + float(model.b_U[ans] - model.b_U[wrong]) if b is not None else 0.0
+    assert abs(units + embed + bias - true_diff) < 1e-3

@@ -169,6 +169,7 @@ def prepare_inputs(
         batch = TokenBatch(batch.tokens, attention_mask.long().to(batch.tokens.device))
     if batch.tokens.numel() == 0:
         raise ValueError(f"{argument} is empty: no tokens")
+    check_token_range(model, batch.tokens[batch.attention_mask.bool()], argument)
     per_row = batch.attention_mask.sum(-1)
     bad = (per_row < max(min_tokens, 1)).nonzero().flatten().tolist()
     if bad:
@@ -177,6 +178,65 @@ def prepare_inputs(
             f"{argument} row(s) {bad[:8]} have {what}; drop them or fix the attention_mask"
         )
     return batch
+
+
+def _vocab_size(model) -> int | None:
+    n = getattr(getattr(model, "cfg", None), "d_vocab", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def check_token_range(model, ids: Tensor, argument: str) -> None:
+    """Raise a ValueError naming the first token id outside ``0 .. d_vocab - 1``."""
+    n = _vocab_size(model)
+    if n is None or ids.numel() == 0:
+        return
+    bad = (ids < 0) | (ids >= n)
+    if bool(bad.any()):
+        first = int(ids[bad].flatten()[0])
+        raise ValueError(
+            f"{argument} has token id {first}, outside the vocabulary (valid: 0..{n - 1}, d_vocab={n}); "
+            "were the ids made with another model's tokenizer?"
+        )
+
+
+def token_ids(model, values, *, n: int, argument: str) -> Tensor:
+    """``n`` token ids from ints, a tensor, or strings (each must be exactly one token of
+    the model's tokenizer, e.g. ``" light"``); a single value is used for every row."""
+    if isinstance(values, (str, int)) and not isinstance(values, bool):
+        values = [values] * n
+    if isinstance(values, Tensor):
+        if values.is_floating_point() or values.dtype == torch.bool:
+            raise TypeError(f"{argument} must hold integer token ids, got dtype {values.dtype}")
+        ids = values.reshape(-1).long().cpu()
+    else:
+        try:
+            values = list(values)
+        except TypeError:
+            raise TypeError(
+                f"{argument} must be token ids or single-token strings, got {type(values).__name__}"
+            ) from None
+        out = []
+        for i, v in enumerate(values):
+            if isinstance(v, str):
+                tok = getattr(model, "tokenizer", None)
+                if tok is None:
+                    raise ValueError(f"{argument}[{i}] is a string but the model has no tokenizer; pass token ids")
+                enc = list(tok(v, add_special_tokens=False)["input_ids"])
+                if len(enc) != 1:
+                    raise ValueError(
+                        f"{argument}[{i}] = {v!r} is {len(enc)} tokens {enc}, not one; pass a single-token "
+                        "string (mind the leading space, e.g. ' light') or a token id"
+                    )
+                out.append(int(enc[0]))
+            elif isinstance(v, int) and not isinstance(v, bool) or (isinstance(v, Tensor) and v.numel() == 1):
+                out.append(int(v))
+            else:
+                raise TypeError(f"{argument}[{i}] = {v!r} is neither a token id nor a string")
+        ids = torch.tensor(out, dtype=torch.long)
+    if ids.numel() != n:
+        raise ValueError(f"{argument} has {ids.numel()} entries for {n} sequences; pass one per sequence")
+    check_token_range(model, ids, argument)
+    return ids
 
 
 def iter_batches(batch: TokenBatch, batch_size: int) -> Iterator[TokenBatch]:
