@@ -241,3 +241,35 @@ def test_split_dla_vs_tl_logit_attrs(default_model):
         b = model.ln_final.original_component.bias
     bias = float(b @ direction) + float(model.b_U[ans] - model.b_U[wrong]) if b is not None else 0.0
     assert abs(units + embed + bias - true_diff) < 1e-3
+
+
+# -- 4. statistics never quietly contaminated or empty ------------------------------
+
+def test_profile_inputs_are_checked(tiny_model):
+    model = tiny_model("gpt2")
+    n_real = tld.prepare_inputs(model, TEXTS).n_tokens
+    padded = model.to_tokens(TEXTS)  # TL pads the shorter row, no mask
+    with pytest.warns(UserWarning, match="looks padded.*attention_mask"):
+        tld.profile(model, padded, progress=False)
+    assert int(tld.profile(model, TEXTS, progress=False).residual["count"].iloc[0]) == n_real - len(TEXTS)
+    with pytest.raises(ValueError, match="empty string.*BOS alone"):
+        tld.profile(model, "", progress=False)
+    with pytest.raises(ValueError, match=r"positions=\[500\] selects no token.*0\.\.\d+"):
+        tld.profile(model, TEXTS, positions=[500], progress=False)
+    long_text = " ".join(["And God said, Let there be light."] * 60)
+    with pytest.warns(UserWarning, match="more than the model's context of 128.*windows"):
+        tld.profile(model, long_text, progress=False)
+    with pytest.raises(ValueError, match="token id 9999, outside the vocabulary"):
+        tld.profile(model, torch.tensor([[0, 5, 9999]]), progress=False)
+
+
+def test_first_token_left_out_of_statistics_by_default(tiny_model):
+    """BOS (the attention sink) is not mixed into the summaries unless asked for."""
+    model = tiny_model("gpt2")
+    default = tld.profile(model, TEXTS, progress=False)
+    with_bos = tld.profile(model, TEXTS, exclude_first_token=False, progress=False)
+    only_bos = tld.profile(model, TEXTS, positions=[0], progress=False)  # explicit positions count as asked
+    assert default.metadata["exclude_first_token"] is True
+    assert (with_bos.residual["count"] - default.residual["count"] == len(TEXTS)).all()
+    assert (only_bos.residual["count"] == len(TEXTS)).all()
+    assert not default.value["beta_mean"].equals(with_bos.value["beta_mean"])

@@ -822,7 +822,7 @@ def _token_profile(model, tokens, component: str, profile=None):
             raise ValueError("profile has no per-token tables; compute it with per_token=True")
         return profile
     comps = ("value",) if component == "value" else (component,)
-    return run_profile(model, tokens, per_token=True, components=comps, progress=False)
+    return run_profile(model, tokens, per_token=True, components=comps, progress=False, exclude_first_token=False)
 
 
 def _token_values(prof, layer: int, component: str, metric: str, head: int | None, sequence: int) -> np.ndarray:
@@ -924,7 +924,8 @@ def colored_tokens_multi(
     if profile is None:
         from .measure import profile as run_profile
 
-        profile = run_profile(model, tokens, per_token=True, components=tuple(components), progress=False)
+        profile = run_profile(model, tokens, per_token=True, components=tuple(components), progress=False,
+                              exclude_first_token=False)
         sequence = 0
     cols, labels = [], []
     for c in components:
@@ -990,7 +991,8 @@ def top_perpendicular_tokens(
         from .inputs import pad_sequences
 
         padded = pad_sequences([s.tolist() for s in seqs], pad_id=0, padding_side="right")
-        profile = run_profile(model, padded, per_token=True, components=tuple(comps), progress=False)
+        profile = run_profile(model, padded, per_token=True, components=tuple(comps), progress=False,
+                              exclude_first_token=False)
     t = profile.tokens
     t = t[t["component"].isin(comps) & (t["sequence"] < n_seq)].copy()
     t["perp_rel"] = perpendicular_size(t)
