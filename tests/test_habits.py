@@ -273,3 +273,90 @@ def test_first_token_left_out_of_statistics_by_default(tiny_model):
     assert (with_bos.residual["count"] - default.residual["count"] == len(TEXTS)).all()
     assert (only_bos.residual["count"] == len(TEXTS)).all()
     assert not default.value["beta_mean"].equals(with_bos.value["beta_mean"])
+
+
+# -- CLI: one error line, exit status 2, never a traceback ----------------------------
+
+def _cli(*argv):
+    """Run the real entry point; returns (exit status, stderr)."""
+    import contextlib
+    import io
+
+    from tl_directional.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse's own usage errors
+            rc = exc.code
+    return rc, err.getvalue()
+
+
+def _assert_one_error_line(rc, err, *fragments):
+    lines = [ln for ln in err.splitlines() if ln.strip() and "Warning" not in ln and not ln.startswith("  ")]
+    assert rc == 2, err
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+
+
+def test_cli_user_mistakes_give_one_error_line(tiny_model_dir, tmp_path):
+    model = tiny_model_dir("gpt2")  # n_ctx 128, 2 layers, 4 heads
+    out = tmp_path / "out"
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("hello")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("Caf\xe9 au lait, na\xefve.".encode("latin-1"))
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    cases = [
+        (("profile", "--model", tmp_path / "nope", "--out", out), ["--model", "does not exist"]),
+        (("profile", "--model", empty_dir, "--out", out), ["--model", "config.json"]),
+        (("profile", "--model", "gpt2", "--out", out), ["--model gpt2", "local HF model directory"]),
+        (("profile", "--model", model, "--text", latin1, "--out", out), ["--text", "not UTF-8"]),
+        (("profile", "--model", model, "--seq-len", 200, "--out", out), ["--seq-len 200", "n_ctx=128"]),
+        (("profile", "--model", model, "--out", a_file), ["--out", "existing file"]),
+        (("sweep", "--model", model, "--space", "values", "--out", out), ["--space", "values", "resid-attn"]),
+        (("sweep", "--model", model, "--layers", "9", "--out", out), ["--layers", "9", "0..1"]),
+        (("report", "--model", model, "--layer", 9, "--out", out), ["--layer=9", "0..1"]),
+        (("report", "--model", model, "--head", 7, "--out", out), ["--head=7", "0..3"]),
+        (("sweep", "--model", model, "--s-par", "x", "--out", out), ["--s-par", "numbers"]),
+    ]
+    for argv, fragments in cases:
+        rc, err = _cli(*argv)
+        _assert_one_error_line(rc, err, *fragments)
+
+
+def test_cli_sweep_rerun_with_other_settings(tiny_model_dir, tmp_path):
+    model = tiny_model_dir("gpt2")
+    common = ("sweep", "--model", model, "--space", "value", "--max-sequences", 2, "--seq-len", 16,
+              "--quiet", "--out", tmp_path)
+    rc, err = _cli(*common, "--s-par", "0")
+    assert rc == 0, err
+    rc, err = _cli(*common, "--s-par", "0.5")  # the finished sweep's progress file is still there
+    _assert_one_error_line(rc, err, "--out", "--restart")
+    rc, err = _cli(*common, "--s-par", "0.5", "--restart")
+    assert rc == 0, err
+    rc, err = _cli(*common, "--s-par", "0.5", "--layers", "-1", "--restart")  # negative = from the end
+    assert rc == 0, err
+    import pandas as pd
+    assert list(pd.read_csv(tmp_path / "sweep.csv")["label"]) == ["baseline", "value[s_par=0.5,s_perp=1,L=1]"]
+
+
+def test_cli_real_entry_point_subprocess(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-m", "tl_directional.cli", "profile", "--model", str(tmp_path / "nope"),
+                           "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env, timeout=300)
+    _assert_one_error_line(proc.returncode, proc.stderr, "--model")
+    help_text = subprocess.run([sys.executable, "-m", "tl_directional.cli", "--help"], capture_output=True,
+                               text=True, env=env, timeout=300).stdout
+    assert "``" not in help_text and "compress-check" in help_text
+    sweep_help = subprocess.run([sys.executable, "-m", "tl_directional.cli", "sweep", "--help"], capture_output=True,
+                                text=True, env=env, timeout=300).stdout
+    assert "(default: 32)" in sweep_help and "(default: -1,0,0.5,1,2)" in sweep_help

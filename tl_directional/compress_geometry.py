@@ -829,9 +829,7 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: st
 
 
 def _cmd_compress_check(args) -> int:
-    import sys
-
-    from .cli import load_text_sequences
+    from .cli import USER_ERRORS, load_text_sequences, report_user_error
     from .models import load_model
 
     try:
@@ -842,9 +840,8 @@ def _cmd_compress_check(args) -> int:
                                 mode=args.mode, metric=args.metric, batch_size=args.batch_size,
                                 fail_on_removed_update=not args.allow_removed_updates,
                                 dense_name=str(args.dense), compressed_name=str(args.compressed))
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as exc:  # the CLI's one error format (tl_directional.cli)
+        return report_user_error(exc)
     print(result.summary(args.top))
     if args.report:
         page = result.write_report(args.report)
@@ -853,9 +850,7 @@ def _cmd_compress_check(args) -> int:
 
 
 def _cmd_compress(args) -> int:
-    import sys
-
-    from .cli import load_text_sequences
+    from .cli import USER_ERRORS, load_text_sequences, report_user_error
     from .compress import compress, save_compressed
     from .models import load_model
 
@@ -867,9 +862,8 @@ def _cmd_compress(args) -> int:
                                               seq_len=args.seq_len)
         result = compress(model, args.spec, calibration=calibration)
         path = save_compressed(result.model, args.out, result.record)
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as exc:  # the CLI's one error format (tl_directional.cli)
+        return report_user_error(exc)
     print(f"{result.record.label}: {len(result.record.weights)} weights in layers {result.record.layers}; "
           f"stats {json.dumps({k: round(v, 4) for k, v in result.record.stats.items()})}")
     print(f"wrote {path}")

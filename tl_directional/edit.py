@@ -29,7 +29,14 @@ from torch import Tensor
 
 from .geometry import DEFAULT_EPS, component_delta, compute_dtype, projection_coefficient
 from .inputs import position_mask
-from .sites import COMPONENTS, ModelSites, check_component, normalize_heads, normalize_layers, resolve_sites
+from .sites import (
+    COMPONENTS,
+    ModelSites,
+    check_component,
+    normalize_heads,
+    normalize_layers,
+    resolve_sites,
+)
 
 HookList = list[tuple[str, Callable]]
 _AXES = ("batch", "layer", "head")

@@ -313,6 +313,36 @@ def check_positions_select(positions, batch: TokenBatch, argument: str = "positi
         )
 
 
+def scale_list(value, argument: str) -> list[float]:
+    """Scales given as a number (``0.5``), a comma string (``"-1,0,0.5"``) or a sequence of
+    numbers -> a list of finite floats; errors name ``argument`` and the value."""
+    import math
+    import numbers
+
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        try:
+            value = [float(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"{argument}={value!r}: expected comma-separated numbers, e.g. '-1,0,0.5'") from None
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = [value]
+    elif isinstance(value, Tensor):
+        value = value.reshape(-1).tolist()
+    try:
+        out = [float(v) for v in value]
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{argument} must be a number, a list of numbers or a string like '-1,0,0.5', got {value!r}"
+        ) from None
+    if not out:
+        raise ValueError(f"{argument} is empty; pass at least one scale")
+    bad = [v for v in out if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"{argument} has non-finite scale {bad[0]}; scales must be finite numbers")
+    return out
+
+
 def iter_batches(batch: TokenBatch, batch_size: int) -> Iterator[TokenBatch]:
     """Consecutive slices of at most ``batch_size`` sequences, trimmed of all-padding columns."""
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:

@@ -13,7 +13,6 @@ never the bridge's internal aliases (``blocks.3.hook_in``).
 from __future__ import annotations
 
 import numbers
-
 import warnings
 from dataclasses import dataclass, field
 

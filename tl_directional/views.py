@@ -757,9 +757,7 @@ def attention_triptych(
     """
     from .sites import resolve_sites
 
-    from .sites import resolve_sites as _resolve
-
-    layer, head = _check_layer_head(_resolve(model, warn=False), layer, head)  # -1 = the last
+    layer, head = _check_layer_head(resolve_sites(model, warn=False), layer, head)  # -1 = the last
     toks, pats = edited_patterns(model, inputs, layer, head, edits or triptych_edits(layer, head, s_par),
                                  sequence=sequence, max_tokens=max_tokens)
     causal = resolve_sites(model, warn=False).causal
