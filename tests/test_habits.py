@@ -360,3 +360,61 @@ def test_cli_real_entry_point_subprocess(tmp_path):
     sweep_help = subprocess.run([sys.executable, "-m", "tl_directional.cli", "sweep", "--help"], capture_output=True,
                                 text=True, env=env, timeout=300).stdout
     assert "(default: 32)" in sweep_help and "(default: -1,0,0.5,1,2)" in sweep_help
+
+
+# -- 8. errors that name the argument ---------------------------------------------------
+
+def test_argument_errors_name_the_fix(tiny_model):
+    from tl_directional.sweep import grid
+
+    model = tiny_model("gpt2")
+    assert [s.s_par for s in grid("value", s_par=0.5)] == [0.5]  # a scalar is accepted
+    assert [s.s_par for s in grid("value", s_par="-1,0")] == [-1.0, 0.0]  # so is the CLI's string
+    with pytest.raises(ValueError, match=r"s_par='-1,x'.*comma-separated numbers"):
+        grid("value", s_par="-1,x")
+    with pytest.raises(TypeError, match=r"layers=\[0, 1\] must be a list of layer sets"):
+        grid("value", layers=[0, 1])
+    with pytest.raises(ValueError, match=r"metric returned a tensor of shape \(2,\).*one number"):
+        tld.directional_patch(model, TEXTS, TEXTS, lambda logits: logits[:, -1, 5], components=("attn",))
+    with pytest.raises(ValueError, match=r"answer_tokens\[0\] = ' light house' is \d+ tokens"):
+        tld.split_logit_attribution(model, TEXTS[:1], [" light house"])
+    with pytest.raises(ValueError, match="answer_tokens has token id 600, outside the vocabulary"):
+        tld.split_logit_attribution(model, TEXTS[:1], [600])
+    with pytest.raises(ValueError, match="token id 512, outside the vocabulary"):
+        tld.directional_patch(model, torch.tensor([[0, 512]]), torch.tensor([[0, 3]]), lambda x: x.sum())
+
+
+# -- 7. integer index columns ------------------------------------------------------
+
+def test_layer_and_head_columns_are_integers(tiny_model):
+    model = tiny_model("gpt2")
+    _, patch = tld.directional_patch(model, TEXTS[:1], TEXTS[:1], lambda x: x[0, -1, 5], components=("attn", "value"))
+    dla = tld.split_logit_attribution(model, TEXTS[:1], [5])
+    for table in (patch, dla):
+        for col in ("layer", "head"):
+            assert pd_is_integer(table[col]), (col, table[col].dtype)
+    assert patch.loc[patch["component"] == "value", "head"].tolist() == [0, 1, 2, 3] * model.cfg.n_layers
+
+
+def pd_is_integer(series):
+    import pandas as pd
+
+    return pd.api.types.is_integer_dtype(series.dtype)
+
+
+# -- 9. views ---------------------------------------------------------------------
+
+def test_views_are_views_with_titles_and_robust_colours(tiny_model):
+    from tl_directional.patching import split_dla_figure
+    from tl_directional.views import View, attention_triptych_figure, top_perpendicular_tokens
+
+    model = tiny_model("gpt2")
+    dla_view = split_dla_figure(tld.split_logit_attribution(model, TEXTS[:1], [5]))
+    assert isinstance(dla_view, View) and len(dla_view.figure.data) == 2
+    fig = attention_triptych_figure(model, TEXTS[:1], 0, 0).figure
+    assert fig.layout.xaxis.title.text == "key position" and fig.layout.yaxis.title.text == "query position"
+    view = top_perpendicular_tokens(model, TEXTS, 3)
+    assert "quantile" in view.legend_html
+    vals = torch.tensor(view.panels[0][1]["topkVals"]).flatten()
+    assert float(vals.max()) <= 1.0
+    assert float((vals > 0.1).float().mean()) > 0.3  # not all washed out by one outlier

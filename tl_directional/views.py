@@ -952,6 +952,10 @@ def perpendicular_size(tokens_table: pd.DataFrame) -> pd.Series:
     return pd.Series(np.where(np.isfinite(out), out, np.nan), index=tokens_table.index, name="perp_rel")
 
 
+#: Quantile of the values that maps to full colour in :func:`top_perpendicular_tokens`.
+COLOR_QUANTILE = 0.99
+
+
 def top_perpendicular_tokens(
     model,
     inputs,
@@ -968,8 +972,10 @@ def top_perpendicular_tokens(
     columns are components in the order of the legend).
 
     ``data`` holds the top ``k`` tokens over all sequences per (layer, component), with
-    ``perp_rel``, ``par_frac`` and ``rel_update``. Cell colours are ``perp_rel`` divided
-    by the table's largest value (the widget's scale is 0..1).
+    ``perp_rel``, ``par_frac`` and ``rel_update``. Cells show ``perp_rel`` divided by its
+    99th percentile over the table (``COLOR_QUANTILE``), clipped to the widget's 0..1, so
+    that one outlier does not wash out every other colour; the legend states the
+    scale and how many values were clipped. Ranks use the unclipped values.
     """
     from .inputs import prepare_inputs
     from .measure import profile as run_profile
@@ -1002,8 +1008,14 @@ def top_perpendicular_tokens(
            .sort_values(["layer", "component", "perp_rel"], ascending=[True, True, False]))
     top.insert(2, "rank", top.groupby(["layer", "component"]).cumcount() + 1)
     top = top[["layer", "component", "rank", "sequence", "position", "token", "perp_rel", "par_frac", "rel_update"]]
-    scale = float(np.nanmax(t["perp_rel"].to_numpy())) if t["perp_rel"].notna().any() else 1.0
-    scale = scale or 1.0
+    # Colour scale: the 99th percentile of the finite values, not the maximum, so one outlier
+    # (a BOS or a tiny-norm stream) does not leave every other cell uncoloured.
+    finite = t["perp_rel"].to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite)]
+    top_value = float(finite.max()) if finite.size else 1.0
+    scale = float(np.quantile(finite, COLOR_QUANTILE)) if finite.size else 1.0
+    scale = scale or top_value or 1.0
+    n_clipped = int((finite > scale).sum())
     kk = min(k, min(len(s) for s in toks))
     topk_vals, topk_idx, bot_vals, bot_idx = [], [], [], []
     for i, s_toks in enumerate(toks):
@@ -1012,9 +1024,11 @@ def top_perpendicular_tokens(
         ci = {c: j for j, c in enumerate(comps)}
         for L, c, p, v in zip(part["layer"], part["component"], part["position"], part["perp_rel"], strict=True):
             acts[int(L), int(p), ci[c]] = 0.0 if not np.isfinite(v) else v / scale
-        a = torch.from_numpy(acts)
-        tv, ti = a.topk(kk, dim=1)
-        bv, bi = a.topk(kk, dim=1, largest=False)
+        raw = torch.from_numpy(acts)
+        _, ti = raw.topk(kk, dim=1)  # ranks from the raw values, colours clipped to the widget's 0..1
+        _, bi = raw.topk(kk, dim=1, largest=False)
+        a = raw.clamp(max=1.0)
+        tv, bv = a.gather(1, ti), a.gather(1, bi)
         topk_vals.append(np.round(tv.numpy(), 5).tolist())
         topk_idx.append(ti.tolist())
         bot_vals.append(np.round(bv.flip(1).numpy(), 5).tolist())
@@ -1024,8 +1038,10 @@ def top_perpendicular_tokens(
              "thirdDimensionName": "Component (" + ", ".join(f"{j}={c}" for j, c in enumerate(comps)) + ")",
              "sampleLabels": [f"sequence {i}" for i in range(n_seq)],
              "firstDimensionLabels": [f"layer {L}" for L in range(sites.n_layers)]}
-    legend = (f"||u_perp|| / ||r|| per token, coloured relative to the largest value ({scale:.3g}); "
-              "columns: " + ", ".join(f"{j} = {c}" for j, c in enumerate(comps)) + ".")
+    legend = (f"||u_perp|| / ||r|| per token, shown relative to the {COLOR_QUANTILE:.0%} quantile of all values "
+              f"({scale:.3g} = 1.0; the largest is {top_value:.3g}); {n_clipped} value(s) above it are shown as 1.0 "
+              "(full colour; their true values are in the CSV / .data). Columns: "
+              + ", ".join(f"{j} = {c}" for j, c in enumerate(comps)) + ".")
     return CircuitsVisView([("TopkTokens", props, "")], title=f"Top-{k} tokens by perpendicular update size",
                            data=top.reset_index(drop=True), legend_html=legend, name="top_perpendicular")
 
