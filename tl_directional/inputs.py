@@ -339,7 +339,7 @@ def scale_list(value, argument: str) -> list[float]:
         raise ValueError(f"{argument} is empty; pass at least one scale")
     bad = [v for v in out if not math.isfinite(v)]
     if bad:
-        raise ValueError(f"{argument} has non-finite scale {bad[0]}; scales must be finite numbers")
+        raise ValueError(f"{argument} must be a finite number, got {bad[0]} (every scale must be finite)")
     return out
 
 
