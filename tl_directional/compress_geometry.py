@@ -880,9 +880,7 @@ def _load_checked(path, argument: str):
 
 
 def _cmd_compress_check(args) -> int:
-    import sys
-
-    from .cli import load_text_sequences
+    from .cli import USER_ERRORS, load_text_sequences, report_user_error
 
     try:
         dense = _load_checked(args.dense, "--dense")
@@ -892,9 +890,8 @@ def _cmd_compress_check(args) -> int:
                                 mode=args.mode, metric=args.metric, batch_size=args.batch_size,
                                 fail_on_removed_update=not args.allow_removed_updates,
                                 dense_name=str(args.dense), compressed_name=str(args.compressed))
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as exc:  # the CLI's one error format (tl_directional.cli)
+        return report_user_error(exc)
     print(result.summary(args.top))
     if args.report:
         page = result.write_report(args.report)
@@ -903,9 +900,7 @@ def _cmd_compress_check(args) -> int:
 
 
 def _cmd_compress(args) -> int:
-    import sys
-
-    from .cli import load_text_sequences
+    from .cli import USER_ERRORS, load_text_sequences, report_user_error
     from .compress import compress, save_compressed
 
     try:
@@ -917,9 +912,8 @@ def _cmd_compress(args) -> int:
         result = compress(model, args.spec, calibration=calibration)
         path = save_compressed(result.model, args.out, result.record, force=args.force,
                                force_hint="pass --force")
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as exc:  # the CLI's one error format (tl_directional.cli)
+        return report_user_error(exc)
     print(f"{result.record.label}: {len(result.record.weights)} weights in layers {result.record.layers}; "
           f"stats {json.dumps({k: round(v, 4) for k, v in result.record.stats.items()})}")
     print(f"wrote {path}")

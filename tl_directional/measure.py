@@ -23,7 +23,15 @@ from torch import Tensor
 
 from .fileio import ArtefactError, replace_dir, verify_manifest
 from .geometry import DEFAULT_EPS, compute_dtype, decompose, projection_coefficient
-from .inputs import first_token_mask, iter_batches, position_mask, prepare_inputs
+from .inputs import (
+    TokenBatch,
+    check_positions_select,
+    first_token_mask,
+    iter_batches,
+    position_mask,
+    prepare_inputs,
+    resolve_exclude_first_token,
+)
 from .sites import (
     ModelSites,
     UnitSite,
@@ -323,7 +331,7 @@ class Profile:
         *,
         attention_mask: Tensor | None = None,
         positions=None,
-        exclude_first_token: bool = False,
+        exclude_first_token: bool | None = None,
         components=None,
         eps: float = DEFAULT_EPS,
         per_token: bool = False,
@@ -346,6 +354,8 @@ class Profile:
         ref_any = get(sites.units["attn"][0].reference_hook)
         batch, pos = ref_any.shape[:2]
         am = torch.ones(batch, pos, dtype=torch.long) if attention_mask is None else attention_mask
+        exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
+        check_positions_select(positions, TokenBatch(am, am))
         mask = _token_mask(am.cpu(), positions, exclude_first_token)
         for L in range(sites.n_layers):
             alpha_attn = None
@@ -484,7 +494,7 @@ def profile(
     batch_size: int = 8,
     attention_mask: Tensor | None = None,
     positions=None,
-    exclude_first_token: bool = False,
+    exclude_first_token: bool | None = None,
     components=None,
     eps: float = DEFAULT_EPS,
     per_token: bool = False,
@@ -502,7 +512,10 @@ def profile(
             excluded from every statistic.
         positions: restrict to these absolute query positions (int, list, slice or
             bool mask ``[pos]`` / ``[batch, pos]``).
-        exclude_first_token: drop each sequence's first real token (BOS).
+        exclude_first_token: drop each sequence's first real token (BOS in most
+            tokenizers: the attention sink, an outlier in every statistic; METHOD.md
+            sec. 1). Default None: dropped unless ``positions`` is given (then exactly
+            those positions count). ``metadata["exclude_first_token"]`` records it.
         components: any of ``"attn"``, ``"mlp"``, ``"block"`` (residual space) and
             ``"value"`` (per head); None means all that the architecture defines
             (post-LN models have no ``"block"``).
@@ -518,6 +531,8 @@ def profile(
     sites = resolve_sites(model)
     components = _check_components(components, sites)
     batch = prepare_inputs(model, inputs, attention_mask)
+    exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
+    check_positions_select(positions, batch)
     device = _model_device(model)
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)

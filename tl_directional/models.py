@@ -609,15 +609,17 @@ def load_model(
             f"name_or_path must be a str or os.PathLike, got {type(name_or_path).__name__}."
         )
 
+    from .generation import fix_generate  # generate == a manual greedy loop (see generation.py)
+
     if path is None:
-        return _load_by_name(str(name_or_path), resolved, device=device, dtype=dtype)
+        return fix_generate(_load_by_name(str(name_or_path), resolved, device=device, dtype=dtype))
     _check_model_dir(path, "name_or_path")
     if resolved == "bridge":
         model = _load_bridge_dir(path, device=device, dtype=dtype)
     else:
         model = _load_legacy_dir(path, device=device, dtype=dtype)
     model.eval()
-    return model
+    return fix_generate(model)
 
 
 def load_hf_model(

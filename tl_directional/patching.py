@@ -23,10 +23,35 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .geometry import DEFAULT_EPS, decompose, patch_components
-from .inputs import prepare_inputs
-from .sites import ModelSites, normalize_layers, resolve_sites
+from .inputs import prepare_inputs, token_ids
+from .sites import ModelSites, normalize_heads, normalize_layers, resolve_sites
 
 WHICH = ("par", "perp", "full")
+
+
+def _integer_columns(table: pd.DataFrame, columns) -> pd.DataFrame:
+    """Index columns as integers (pandas ``Int64``, so rows without a head or position
+    hold ``<NA>`` instead of turning the column into floats)."""
+    for c in columns:
+        if c in table:
+            table[c] = table[c].astype("Int64")
+    return table
+
+
+def _scalar_metric(metric, logits) -> float:
+    """``metric(logits)`` as a float; a clear error for a vector or a non-number."""
+    value = metric(logits)
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number "
+                "per run, e.g. reduce over the batch: lambda logits: (logits[:, -1, a] - logits[:, -1, b]).mean()"
+            )
+        return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"metric must return a number or a 1-element tensor, got {type(value).__name__}") from None
 
 
 def _capture(model, tokens, attention_mask, names: Sequence[str]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -132,10 +157,7 @@ def directional_patch(
         if c != "value" and c not in sites.units:
             raise ValueError(f"components has {c!r}; choose from {sites.components + ('value',)}")
     layer_list = normalize_layers(layers, sites.n_layers)
-    head_list = list(range(sites.n_heads)) if heads is None else list(heads)
-    for h in head_list:
-        if not 0 <= h < sites.n_heads:
-            raise ValueError(f"heads has {h}, out of range for {sites.n_heads} heads")
+    head_list = normalize_heads(heads, sites.n_heads) or list(range(sites.n_heads))
     device = next(model.parameters()).device
     ct, am = c_batch.tokens.to(device), c_batch.attention_mask.to(device)
     xt = x_batch.tokens.to(device)
@@ -151,8 +173,8 @@ def directional_patch(
     clean_logits, clean_cache = _capture(model, ct, am, names)
     with torch.no_grad():
         corrupted_logits = model(xt, attention_mask=am)
-    clean_metric = float(metric(clean_logits))
-    corrupted_metric = float(metric(corrupted_logits))
+    clean_metric = _scalar_metric(metric, clean_logits)
+    corrupted_metric = _scalar_metric(metric, corrupted_logits)
 
     n_pos = ct.shape[1]
     positions = list(range(n_pos)) if per_position else [None]
@@ -189,7 +211,7 @@ def directional_patch(
                         hooks = _patch_residual_hooks(u, clean_u, which, pos_mask, eps)
                     with torch.no_grad():
                         logits = model.run_with_hooks(xt, attention_mask=am, fwd_hooks=hooks)
-                    values[which] = float(metric(logits))
+                    values[which] = _scalar_metric(metric, logits)
                 idx = (L,) + ((p,) if p is not None else ()) + ((h,) if h is not None else ())
                 for which, v in values.items():
                     res[which][idx] = v
@@ -200,7 +222,7 @@ def directional_patch(
                     "effect_perp": values["perp"] - corrupted_metric,
                     "effect_full": values["full"] - corrupted_metric,
                 })
-    table = pd.DataFrame(rows)
+    table = _integer_columns(pd.DataFrame(rows), ("layer", "head", "position"))
     if not table.empty:
         table["par_plus_perp_minus_full"] = table["effect_par"] + table["effect_perp"] - table["effect_full"]
         table["clean_metric"] = clean_metric
@@ -231,9 +253,9 @@ def _final_norm_linear(model, sites: ModelSites, x: Tensor, scale: Tensor) -> Te
 def split_logit_attribution(
     model,
     inputs,
-    answer_tokens: Int[Tensor, " batch"] | Sequence[int],
+    answer_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str,
     *,
-    wrong_tokens: Int[Tensor, " batch"] | Sequence[int] | None = None,
+    wrong_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str | None = None,
     position: int = -1,
     eps: float = DEFAULT_EPS,
 ) -> pd.DataFrame:
@@ -247,6 +269,16 @@ def split_logit_attribution(
     ``W_O[h]^T z_h`` (no bias) split against ``resid_pre``; sub-layers use their
     sites (attention update vs ``resid_pre``, MLP update vs its reference).
 
+    ``answer_tokens`` / ``wrong_tokens``: one per sequence (or one for all), as token
+    ids or single-token strings (``" light"``).
+
+    Versus TransformerLens's ``cache.logit_attrs``: TL's applies the final norm's
+    centring and scale but not its weight ``ln_final.w`` (it assumes the weight was
+    folded into ``W_U``, as ``fold_ln`` does). The unprocessed models this library
+    measures keep that weight, so here it is applied: ``dla`` equals TL's
+    ``logit_attrs`` with the direction multiplied by ``ln_final.w``, and the rows
+    (with the embedding and bias terms) add up to the true logit difference.
+
     Returns:
         A DataFrame with one row per (sequence, layer, unit): ``unit`` is ``"attn"``,
         ``"mlp"`` or ``"head"`` (with ``head``), and ``dla``, ``dla_par``, ``dla_perp``,
@@ -258,15 +290,11 @@ def split_logit_attribution(
     batch = prepare_inputs(model, inputs)
     device = next(model.parameters()).device
     tokens, am = batch.tokens.to(device), batch.attention_mask.to(device)
-    answer = torch.as_tensor(answer_tokens, device=device).long().reshape(-1)
-    if answer.numel() != tokens.shape[0]:
-        raise ValueError(f"answer_tokens has {answer.numel()} entries for {tokens.shape[0]} sequences")
+    answer = token_ids(model, answer_tokens, n=tokens.shape[0], argument="answer_tokens").to(device)
     W_U = model.W_U  # [d_model, vocab]
     direction = W_U[:, answer].T  # [batch, d_model]
     if wrong_tokens is not None:
-        wrong = torch.as_tensor(wrong_tokens, device=device).long().reshape(-1)
-        if wrong.numel() != tokens.shape[0]:
-            raise ValueError(f"wrong_tokens has {wrong.numel()} entries for {tokens.shape[0]} sequences")
+        wrong = token_ids(model, wrong_tokens, n=tokens.shape[0], argument="wrong_tokens").to(device)
         direction = direction - W_U[:, wrong].T
     if position == -1:
         pos = am.long().cumsum(-1).argmax(-1)  # last real token (right or left padding)
@@ -312,24 +340,31 @@ def split_logit_attribution(
                     rows.append({"sequence": b, "layer": L, "unit": "head", "head": h, "dla": float(total[b, h]),
                                  "dla_par": float(par[b, h]), "dla_perp": float(perp[b, h]),
                                  "par_frac": float(d.par_frac[b, h])})
-    return pd.DataFrame(rows)
+    return _integer_columns(pd.DataFrame(rows), ("sequence", "layer", "head"))
 
 
 def split_dla_figure(table: pd.DataFrame, sequence: int = 0):
-    """Plotly heatmaps of per-head ``dla_par`` and ``dla_perp`` for one sequence."""
+    """Per-head ``dla_par`` and ``dla_perp`` of one sequence as plotly heatmaps, in a
+    :class:`~tl_directional.views.PlotlyView` (like the other views: ``.figure``,
+    ``.data`` = the rows shown, ``.save``)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from .views import PlotlyView
+
     heads = table[(table["unit"] == "head") & (table["sequence"] == sequence)]
+    if heads.empty:
+        raise ValueError(f"table has no head rows for sequence={sequence}; pass split_logit_attribution's table")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("parallel part", "perpendicular part"), shared_yaxes=True)
     for col, key in enumerate(("dla_par", "dla_perp"), start=1):
         grid = heads.pivot(index="layer", columns="head", values=key)
-        fig.add_trace(go.Heatmap(z=grid.values, x=grid.columns, y=grid.index, coloraxis="coloraxis"), row=1, col=col)
+        fig.add_trace(go.Heatmap(z=grid.values, x=list(grid.columns), y=list(grid.index), coloraxis="coloraxis"),
+                      row=1, col=col)
     fig.update_layout(title="direct logit attribution per head, split", coloraxis={"colorscale": "RdBu", "cmid": 0},
                       template="plotly_white")
     fig.update_xaxes(title_text="head")
     fig.update_yaxes(title_text="layer", col=1)
-    return fig
+    return PlotlyView(fig, data=heads.reset_index(drop=True), name="split_dla")
 
 
 __all__ = ["WHICH", "directional_patch", "split_dla_figure", "split_logit_attribution"]

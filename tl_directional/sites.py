@@ -12,6 +12,7 @@ never the bridge's internal aliases (``blocks.3.hook_in``).
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from dataclasses import dataclass, field
 
@@ -119,8 +120,7 @@ class ModelSites:
     def unit(self, component: str, layer: int) -> UnitSite:
         """The :class:`UnitSite` of ``component`` at ``layer`` (clear errors otherwise)."""
         check_component(component, self)
-        check_layer(layer, self.n_layers, "layer")
-        return self.units[component][layer]
+        return self.units[component][check_layer(layer, self.n_layers, "layer")]
 
     def kv_head(self, head: int) -> int:
         """GQA mapping ``kv(h) = h // (n_heads // n_kv_heads)``."""
@@ -166,35 +166,62 @@ def check_component(component: str, sites: ModelSites | None = None) -> None:
         )
 
 
-def check_layer(layer: int, n_layers: int, argument: str = "layers") -> None:
-    if not isinstance(layer, int) or isinstance(layer, bool):
-        raise TypeError(f"{argument} must hold ints, got {layer!r} ({type(layer).__name__})")
-    if not 0 <= layer < n_layers:
+def normalize_index(index, size: int, argument: str, what: str = "layer", *, in_list: bool = False) -> int:
+    """One layer / head index in ``-size .. size - 1`` -> ``0 .. size - 1`` (negative
+    indices count from the end, as in Python and TransformerLens: ``-1`` is the last)."""
+    if isinstance(index, Tensor) and index.numel() == 1 and not index.is_floating_point():
+        index = int(index)
+    if not isinstance(index, numbers.Integral) or isinstance(index, bool):
+        raise TypeError(f"{argument} must hold ints, got {index!r} ({type(index).__name__})")
+    index = int(index)
+    if not -size <= index < size:
+        if in_list:  # "layers has layer 7" / "heads has 9"
+            shown = f"{argument} has {what} {index}," if what == "layer" else f"{argument} has {index},"
+        else:
+            shown = f"{argument}={index} is"
         raise ValueError(
-            f"{argument} has layer {layer}, out of range for a model with {n_layers} layers "
-            f"(valid: 0..{n_layers - 1})"
+            f"{shown} out of range for a model with {size} {what}s "
+            f"(valid: 0..{size - 1}, or -{size}..-1 counting from the end)"
         )
+    return index % size
+
+
+def check_layer(layer: int, n_layers: int, argument: str = "layers") -> int:
+    """Validate one layer index; returns it in ``0 .. n_layers - 1`` (see :func:`normalize_index`)."""
+    return normalize_index(layer, n_layers, argument, "layer", in_list=argument.endswith("s"))
+
+
+def _index_list(values, size: int, argument: str, what: str) -> list[int] | None:
+    if values is None:
+        return None
+    if isinstance(values, int) and not isinstance(values, bool):
+        values = [values]
+    if isinstance(values, Tensor):
+        values = values.reshape(-1).tolist()
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{argument} must be None, an int or a sequence of ints, got the string {values!r}")
+    try:
+        values = list(values)
+    except TypeError:
+        raise TypeError(
+            f"{argument} must be None, an int or a sequence of ints, got {type(values).__name__}"
+        ) from None
+    if not values:
+        raise ValueError(f"{argument} is empty; pass None for all {what}s")
+    return sorted({normalize_index(v, size, argument, what, in_list=True) for v in values})
 
 
 def normalize_layers(layers, n_layers: int, argument: str = "layers") -> list[int]:
-    """``None`` -> all layers; an int, range or sequence of ints -> sorted unique list."""
-    if layers is None:
-        return list(range(n_layers))
-    if isinstance(layers, int) and not isinstance(layers, bool):
-        layers = [layers]
-    if isinstance(layers, Tensor):
-        layers = layers.tolist()
-    try:
-        layers = list(layers)
-    except TypeError:
-        raise TypeError(
-            f"{argument} must be None, an int or a sequence of ints, got {type(layers).__name__}"
-        ) from None
-    if not layers:
-        raise ValueError(f"{argument} is empty; pass None for all layers")
-    for layer in layers:
-        check_layer(layer, n_layers, argument)
-    return sorted(set(layers))
+    """``None`` -> all layers; an int, range or sequence of ints (negative ones count from
+    the end) -> sorted unique list in ``0 .. n_layers - 1``."""
+    out = _index_list(layers, n_layers, argument, "layer")
+    return list(range(n_layers)) if out is None else out
+
+
+def normalize_heads(heads, n_heads: int, argument: str = "heads") -> list[int] | None:
+    """``None`` -> None (all heads); an int or sequence of query-head indices (negative ones
+    count from the end) -> sorted unique list in ``0 .. n_heads - 1``."""
+    return _index_list(heads, n_heads, argument, "head")
 
 
 def _cfg(model, *names, default=None):
@@ -378,7 +405,7 @@ def linear_input_hooks(model, layer: int) -> dict[str, LinearInput]:
     ``attn.hook_z``, ``W_in``/``W_gate`` read ``ln2.hook_normalized``, ``W_out`` reads
     ``mlp.hook_post``.
     """
-    check_layer(layer, int(model.cfg.n_layers), "layer")
+    layer = check_layer(layer, int(model.cfg.n_layers), "layer")
     hook_dict = model.hook_dict
     block = model.blocks[layer]
     b = f"blocks.{layer}"

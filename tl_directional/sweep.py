@@ -50,7 +50,7 @@ from .fileio import (
     sealed_json_dumps,
     sealed_json_loads,
 )
-from .inputs import TokenBatch, iter_batches, prepare_inputs
+from .inputs import TokenBatch, iter_batches, prepare_inputs, scale_list
 from .sites import normalize_layers, resolve_sites
 
 # Space name -> how a (s_par, s_perp, layers) setting becomes edits.
@@ -121,19 +121,24 @@ class Setting:
 
 def grid(
     spaces: str | Sequence[str],
-    s_par: Sequence[float] = (1.0,),
-    s_perp: Sequence[float] = (1.0,),
+    s_par: Sequence[float] | float | str = (1.0,),
+    s_perp: Sequence[float] | float | str = (1.0,),
     layers: Sequence[Sequence[int] | None] | None = None,
 ) -> list[Setting]:
     """The product grid of spaces x s_par x s_perp x layer sets (duplicates dropped).
 
     ``hard-diag`` ignores scales (one setting per layer set); ``eff-diag`` only
-    takes ``s_perp = 1``. ``layers``: a list of layer sets, e.g. ``[None, [0, 1], range(2, 4)]``.
+    takes ``s_perp = 1``. ``s_par`` / ``s_perp``: a number, a list of numbers or a comma
+    string (``"-1,0,0.5"``). ``layers``: a list of layer sets, e.g. ``[None, [0, 1], range(2, 4)]``.
     """
     if isinstance(spaces, str):
         spaces = [s.strip() for s in spaces.split(",") if s.strip()]
     if not spaces:
         raise ValueError("spaces is empty; choose from " + ", ".join(sorted(SPACES)))
+    s_par, s_perp = scale_list(s_par, "s_par"), scale_list(s_perp, "s_perp")  # 0.5, "-1,0" or lists
+    if layers is not None and any(isinstance(ls, int) for ls in layers):
+        raise TypeError(f"layers={layers!r} must be a list of layer sets, e.g. [[0, 1]] for one setting on "
+                        "layers 0 and 1, [[0], [1]] for two, or None for all layers")
     layer_sets = [None] if layers is None else [None if ls is None else tuple(int(x) for x in ls) for ls in layers]
     out: list[Setting] = []
     for space in spaces:
