@@ -36,8 +36,9 @@ SANDWICH_ARCHITECTURES = frozenset({
     "Olmo3ForCausalLM",
 })
 # Module names of a post-sub-layer norm: TransformerLens (both lanes) calls them ln1_post /
-# ln2_post; HF's OLMo-2 / Gemma names survive on some bridges.
-_POST_NORM_CHILDREN = ("ln1_post", "ln2_post", "post_attention_layernorm", "post_feedforward_layernorm")
+# ln2_post; HF Gemma-2/3 and OLMo-2 layers call the MLP one post_feedforward_layernorm (HF Llama
+# has a post_attention_layernorm too, but it is the pre-MLP norm, so it is not a sign).
+_POST_NORM_CHILDREN = ("ln1_post", "ln2_post", "post_feedforward_layernorm")
 
 #: Why the sec. 3 factorization columns are NaN on a sandwich-norm model (Profile.metadata).
 SANDWICH_NOTE = (
@@ -378,6 +379,21 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
             stacklevel=2,
         )
     return sites
+
+
+def final_norm_weight(model) -> Tensor | None:
+    """Effective gain of the final norm (``ln_final``), ``[d_model]``, or None without a gain.
+
+    HF's ``Gemma*RMSNorm`` computes ``x * (1 + weight)``: on the bridge (which wraps the HF
+    module and exposes its raw ``weight`` as ``w``) the gain is ``1 + weight``; the legacy
+    converters fold the 1 into ``ln_final.w`` already.
+    """
+    ln = model.ln_final
+    inner = getattr(ln, "original_component", None)
+    if inner is not None and type(inner).__name__.startswith("Gemma") and getattr(inner, "weight", None) is not None:
+        return 1.0 + inner.weight
+    w = getattr(ln, "w", None)
+    return w if w is not None else getattr(inner, "weight", None)
 
 
 def attention_output_weights(model, layer: int) -> tuple[Float[Tensor, "n_heads d_head d_model"], Float[Tensor, " d_model"] | None]:
