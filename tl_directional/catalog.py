@@ -188,6 +188,16 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def manifest_files(path: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"sha256", "size"}}`` of every file under ``path`` (the manifest's
+    ``files`` entry)."""
+    return {
+        str(f.relative_to(path)): {"sha256": sha256_file(f), "size": f.stat().st_size}
+        for f in sorted(path.rglob("*"))
+        if f.is_file() and f.name != MANIFEST_FILE
+    }
+
+
 def verify_entry(path: Path) -> tuple[bool, str]:
     """Check a converted directory against its manifest.
 
@@ -340,10 +350,7 @@ def _convert_into(model: RealModel, out: Path, work: Path, progress: bool) -> di
     cfg_file.write_text(json.dumps(_portable_config(json.loads(cfg_file.read_text())), indent=2) + "\n")
     bar.update()
     step(5)
-    files = {}
-    for f in sorted(out.rglob("*")):
-        if f.is_file():
-            files[str(f.relative_to(out))] = {"sha256": sha256_file(f), "size": f.stat().st_size}
+    files = manifest_files(out)
     bar.update()
     bar.close()
     return {
@@ -472,6 +479,7 @@ __all__ = [
     "entry_dir",
     "is_installed",
     "listing",
+    "manifest_files",
     "real_model_dir",
     "sha256_file",
     "verify_entry",
