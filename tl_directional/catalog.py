@@ -404,6 +404,9 @@ def real_model_dir(name: str, *, progress: bool = True) -> Path:
     try:
         manifest = _convert_into(model, tmp, work, progress)
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a shared cache should be readable
         _install_entry(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
