@@ -297,6 +297,10 @@ def test_tiny_gemma3_profile_masks_only_the_factorization(tiny_gemma):
     assert prof.residual["par_frac_mean"].notna().all()
     assert prof.value_tokens[["phi", "alpha_head"]].isna().all().all()
     assert prof.value_tokens["beta"].notna().all()
+    from tl_directional.views import head_heatmaps
+
+    titles = [a.text for a in head_heatmaps(prof).figure.layout.annotations]
+    assert "not applicable" in titles[2] and "not applicable" not in titles[0]  # phi vs beta
     # the same numbers a pre-LN model would report, for everything that is still defined
     with torch.no_grad():
         _, cache = tiny_gemma.run_with_cache(tokens)

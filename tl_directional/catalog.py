@@ -272,6 +272,24 @@ def _portable_config(config: dict) -> dict:
     return out
 
 
+def _portable_tokenizer_config(config: dict) -> dict:
+    """transformers 5 records its generic fast tokenizer as ``TokenizersBackend``, a class
+    transformers 4 does not know; ``PreTrainedTokenizerFast`` names the same thing in both."""
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        return dict(config, tokenizer_class="PreTrainedTokenizerFast")
+    return config
+
+
+def _make_portable(out: Path) -> None:
+    """Rewrite ``config.json`` / ``tokenizer_config.json`` of a saved directory so transformers
+    4.x and 5.x load the same model from it (see :func:`_portable_config`)."""
+    for name, fix in (("config.json", _portable_config),
+                      ("tokenizer_config.json", _portable_tokenizer_config)):
+        f = out / name
+        if f.is_file():
+            f.write_text(json.dumps(fix(json.loads(f.read_text())), indent=2) + "\n")
+
+
 def _convert_into(model: RealModel, out: Path, work: Path, progress: bool) -> dict:
     """Dequantise ``model``'s GGUF into a float32 HF directory ``out``; return the manifest."""
     import torch
@@ -346,8 +364,7 @@ def _convert_into(model: RealModel, out: Path, work: Path, progress: bool) -> di
         fresh.save_pretrained(out)
         tokenizer.save_pretrained(out)
     del fresh
-    cfg_file = out / "config.json"
-    cfg_file.write_text(json.dumps(_portable_config(json.loads(cfg_file.read_text())), indent=2) + "\n")
+    _make_portable(out)
     bar.update()
     step(5)
     files = manifest_files(out)
