@@ -137,6 +137,13 @@ def real(request):
     del model
 
 
+@pytest.fixture(scope="module")
+def real_profile(real):
+    """``profile`` of the real model's 2 x 16 tokens, shared by the tests that read it."""
+    _, model, tokens = real
+    return profile(model, tokens, batch_size=2, progress=False)
+
+
 @pytest.mark.real_model
 def test_real_architecture_and_gqa_mapping(real):
     name, model, tokens = real
@@ -161,10 +168,10 @@ def test_real_additive_identity_every_layer(real):
 
 
 @pytest.mark.real_model
-def test_real_profile_matches_plain_torch(real):
+def test_real_profile_matches_plain_torch(real, real_profile):
     name, model, tokens = real
     n_heads, n_kv, sandwich = SHAPES[name]
-    prof = profile(model, tokens, batch_size=2, progress=False)
+    prof = real_profile
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens)
     idx = _kv_index(n_heads, n_kv)
@@ -190,9 +197,9 @@ def test_real_profile_matches_plain_torch(real):
 
 
 @pytest.mark.real_model
-def test_real_factorization_columns(real):
+def test_real_factorization_columns(real, real_profile):
     name, model, tokens = real
-    prof = profile(model, tokens, batch_size=2, progress=False)
+    prof = real_profile
     fact = ["phi_mean", "alpha_head_mean", "self_term_mean", "cross_term_mean", "factorization_error_max"]
     kept = ["beta_mean", "A_tt_mean", "gamma_mean", "par_frac_full_mean", "energy_ratio_full"]
     assert prof.value[kept].notna().all().all()
@@ -407,6 +414,18 @@ def test_crash_during_conversion_leaves_nothing(fake_catalog, monkeypatch):
         catalog.real_model_dir("gemma-3-270m", progress=False)
     root = catalog.entry_dir("gemma-3-270m").parent
     assert not catalog.entry_dir("gemma-3-270m").exists() and _leftovers(root) == []
+
+
+def test_leftovers_of_a_killed_build_are_removed(fake_catalog):
+    root = catalog.entry_dir("smollm2-135m").parent
+    root.mkdir(parents=True)
+    old = root / ".smollm2-135m-v1.building.killed"
+    old.mkdir()
+    os.utime(old, (1, 1))
+    live = root / ".smollm2-135m-v1.building.running"  # another process, still converting
+    live.mkdir()
+    catalog.real_model_dir("smollm2-135m", progress=False)
+    assert not old.exists() and live.exists()
 
 
 def test_unwritable_cache_dir_is_a_clear_error(tmp_path, monkeypatch):

@@ -416,6 +416,7 @@ def real_model_dir(name: str, *, progress: bool = True) -> Path:
         raise _missing(model)
     root = final.parent
     _check_writable(root)
+    _remove_stale_builds(root, final.name)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building.", dir=root))
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}.source.", dir=root))
     try:
@@ -429,6 +430,19 @@ def real_model_dir(name: str, *, progress: bool = True) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+#: Temporary build directories older than this are leftovers of a killed process (a SIGKILL
+#: skips the cleanup); a live conversion takes minutes.
+STALE_BUILD_SECONDS = 6 * 3600
+
+
+def _remove_stale_builds(root: Path, name: str) -> None:
+    now = time.time()
+    for p in root.glob(f".{name}.*"):
+        with contextlib.suppress(OSError):
+            if now - p.stat().st_mtime > STALE_BUILD_SECONDS:
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def _install_entry(tmp: Path, final: Path) -> None:
