@@ -69,8 +69,9 @@ def _kv_index(n_heads: int, n_kv: int) -> torch.Tensor:
 
 def _tokens(model, n_seq: int = 2, n_pos: int = 16) -> torch.Tensor:
     """``n_seq`` windows of held-out text, each BOS + ``n_pos - 1`` tokens."""
-    ids = model.to_tokens(heldout_text()[:4000], prepend_bos=False)[0]
     bos = model.tokenizer.bos_token_id
+    ids = model.to_tokens(heldout_text()[:4000], prepend_bos=False)[0]
+    ids = ids[ids != bos]  # Gemma's tokenizer adds its own BOS
     rows = [[bos] + ids[i * (n_pos - 1):(i + 1) * (n_pos - 1)].tolist() for i in range(n_seq)]
     return torch.tensor(rows)
 
@@ -464,3 +465,19 @@ def test_cache_entry_is_shared_across_lanes():
     # serves both lanes (the config is written for transformers 4 and 5).
     assert catalog.entry_dir("gemma-3-270m").name == f"gemma-3-270m-v{catalog.FORMAT_VERSION}"
     assert os.sep not in catalog.entry_dir("gemma-3-270m").name
+
+
+def test_cli_models_lists_what_loads_offline(fake_catalog, capsys):
+    from tl_directional.cli import main
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(" ")}
+    assert {"default", "smollm2-135m", "gemma-3-270m"} <= lines.keys()
+    assert "LlamaForCausalLM" in lines["smollm2-135m"] and "Gemma3ForCausalLM" in lines["gemma-3-270m"]
+    assert main(["models", "--convert", "smollm2-135m", "--quiet"]) == 0
+    assert catalog.entry_dir("smollm2-135m").name in capsys.readouterr().out
+    listed = json.loads((main(["models", "--json"]), capsys.readouterr().out)[1])
+    assert next(r for r in listed if r["name"] == "smollm2-135m")["cached"] is True
+    with pytest.raises(SystemExit, match="--convert nope: unknown real model 'nope'"):
+        main(["models", "--convert", "nope"])
