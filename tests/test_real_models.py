@@ -150,6 +150,7 @@ def test_real_architecture_and_gqa_mapping(real):
     name, model, tokens = real
     n_heads, n_kv, sandwich = SHAPES[name]
     sites = resolve_sites(model, warn=False)
+    assert sites.model_name == name
     assert (sites.n_heads, sites.n_kv_heads) == (n_heads, n_kv)
     assert [sites.kv_head(h) for h in range(n_heads)] == _kv_index(n_heads, n_kv).tolist()
     assert is_sandwich_norm(model) is sandwich and sites.factorization_applicable is (not sandwich)

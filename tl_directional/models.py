@@ -649,6 +649,7 @@ def load_model(
         mode where the class has one.
     """
     resolved = _resolve_lane(lane)
+    real_name = None  # catalogue name, recorded as cfg.model_name instead of the cache path
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}.")
     if isinstance(name_or_path, os.PathLike):
@@ -662,6 +663,7 @@ def load_model(
             from .catalog import real_model_dir
 
             path = real_model_dir(name_or_path)
+            real_name = name_or_path
         elif Path(name_or_path).expanduser().exists() or _looks_like_path(name_or_path):
             path = Path(name_or_path).expanduser()
         else:
@@ -678,6 +680,8 @@ def load_model(
         model = _load_bridge_dir(path, device=device, dtype=dtype)
     else:
         model = _load_legacy_dir(path, device=device, dtype=dtype)
+    if real_name is not None:
+        model.cfg.model_name = real_name
     model.eval()
     return model
 
