@@ -318,6 +318,16 @@ def test_tiny_gemma3_profile_masks_only_the_factorization(tiny_gemma):
     assert got == pytest.approx(float(_coef(z, v).mean((0, 1))[2]), rel=1e-5)
 
 
+def test_tiny_gemma3_token_view_refuses_factorization_metrics(tiny_gemma):
+    from tl_directional.views import colored_tokens
+
+    tokens = torch.randint(1, 500, (1, 8), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="metric='phi' is not defined on this sandwich-norm model"):
+        colored_tokens(tiny_gemma, tokens, 0, "value", "phi", head=0)
+    view = colored_tokens(tiny_gemma, tokens, 0, "value", "beta", head=0)
+    assert view.data["value"].notna().all()
+
+
 def test_tiny_gemma3_edits_match_hand_written_hooks(tiny_gemma):
     tokens = torch.randint(1, 500, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -873,6 +873,14 @@ def colored_tokens(
 
     sites = resolve_sites(model, warn=False)
     _check_layer_head(sites, layer, head)
+    from .measure import FACTORIZATION_METRICS
+
+    if component == "value" and metric in FACTORIZATION_METRICS and not sites.factorization_applicable:
+        raise ValueError(
+            f"metric={metric!r} is not defined on this sandwich-norm model ({sites.model_name}): a "
+            "norm follows W_O, so the METHOD sec. 3 factorization does not apply. Use 'beta', "
+            "'A_tt' or 'gamma'."
+        )
     tokens = _one_sequence(model, inputs, sequence, max_tokens)
     prof = _token_profile(model, tokens, component, profile)
     values = _token_values(prof, layer, component, metric, head, 0 if profile is None else sequence)
