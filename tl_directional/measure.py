@@ -456,6 +456,8 @@ def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude
     if acc.per_token:
         tokens = _rows_to_frame(acc.token_rows)
         value_tokens = _rows_to_frame(acc.value_token_rows)
+    if not sites.factorization_applicable:
+        residual, value, value_tokens = _mask_factorization(residual, value, value_tokens)
     metadata = {
         "model_name": sites.model_name,
         "lane": sites.lane,
@@ -472,9 +474,32 @@ def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude
         "dtype": str(getattr(model.cfg, "dtype", "")),
         "quantiles": "approximate: linear interpolation in fixed histograms (tl_directional.stats.BIN_SCALES); means, counts and energy ratios are exact sums",
         "notes": list(sites.notes),
+        "factorization_applicable": sites.factorization_applicable,
         "created_unix": time.time(),
     }
     return Profile(residual=residual, value=value, metadata=metadata, tokens=tokens, value_tokens=value_tokens)
+
+
+#: Value-table metrics that belong to the METHOD sec. 3 factorization through W_O (NaN where
+#: the attention update is not linear in z, see sites.SANDWICH_ARCHITECTURES).
+FACTORIZATION_METRICS = ("phi", "alpha_head", "self_term", "cross_term")
+
+
+def _mask_factorization(residual: pd.DataFrame, value: pd.DataFrame, value_tokens):
+    """NaN every factorization column (``phi`` / ``alpha_head`` / ``self_term`` /
+    ``cross_term`` statistics and ``factorization_error_max``) of the three tables; the other
+    columns (beta, A_tt, gamma, the splits) are defined on any architecture and stay."""
+    def mask(df):
+        if df is None or df.empty:
+            return df
+        cols = [c for c in df.columns
+                if c == "factorization_error_max"
+                or any(c == m or c.startswith(m + "_") for m in FACTORIZATION_METRICS)]
+        df = df.copy()
+        df[cols] = float("nan")
+        return df
+
+    return mask(residual), mask(value), mask(value_tokens)
 
 
 def _rows_to_frame(rows: list[dict]) -> pd.DataFrame:

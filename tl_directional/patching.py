@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .geometry import DEFAULT_EPS, decompose, patch_components
 from .inputs import prepare_inputs, token_ids
-from .sites import ModelSites, normalize_heads, normalize_layers, resolve_sites
+from .sites import ModelSites, final_norm_weight, normalize_heads, normalize_layers, resolve_sites
 
 WHICH = ("par", "perp", "full")
 
@@ -54,7 +54,9 @@ def _scalar_metric(metric, logits) -> float:
         raise TypeError(f"metric must return a number or a 1-element tensor, got {type(value).__name__}") from None
 
 
-def _capture(model, tokens, attention_mask, names: Sequence[str]) -> tuple[Tensor, dict[str, Tensor]]:
+def _capture(model, tokens, attention_mask, names: Sequence[str], *, logits: bool = True) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """One forward keeping copies of the hooks ``names``; ``logits=False`` skips the unembedding
+    output (``[batch, pos, vocab]``: 1 GB at 8 x 128 tokens for a 262k vocabulary)."""
     store: dict[str, Tensor] = {}
 
     def keep(name):
@@ -64,9 +66,10 @@ def _capture(model, tokens, attention_mask, names: Sequence[str]) -> tuple[Tenso
         return hook
 
     with torch.no_grad():
-        logits = model.run_with_hooks(tokens, attention_mask=attention_mask,
-                                      fwd_hooks=[(n, keep(n)) for n in sorted(set(names))])
-    return logits, store
+        out = model.run_with_hooks(tokens, attention_mask=attention_mask,
+                                   fwd_hooks=[(n, keep(n)) for n in sorted(set(names))],
+                                   **({} if logits else {"return_type": None}))
+    return out, store
 
 
 def _patch_residual_hooks(unit, clean_update: Tensor, which: str, pos_mask: Tensor | None, eps: float):
@@ -170,11 +173,13 @@ def directional_patch(
             else:
                 u = sites.units[c][L]
                 names += [u.update_hook, u.reference_hook]
+    # Each run's logits are reduced to the metric at once and dropped, so at most one
+    # [batch, pos, vocab] tensor is alive at a time (large vocabularies: Gemma-3 has 262k).
     clean_logits, clean_cache = _capture(model, ct, am, names)
-    with torch.no_grad():
-        corrupted_logits = model(xt, attention_mask=am)
     clean_metric = _scalar_metric(metric, clean_logits)
-    corrupted_metric = _scalar_metric(metric, corrupted_logits)
+    del clean_logits
+    with torch.no_grad():
+        corrupted_metric = _scalar_metric(metric, model(xt, attention_mask=am))
 
     n_pos = ct.shape[1]
     positions = list(range(n_pos)) if per_position else [None]
@@ -210,8 +215,8 @@ def directional_patch(
                             clean_u = clean_u - clean_cache[u.reference_hook]
                         hooks = _patch_residual_hooks(u, clean_u, which, pos_mask, eps)
                     with torch.no_grad():
-                        logits = model.run_with_hooks(xt, attention_mask=am, fwd_hooks=hooks)
-                    values[which] = _scalar_metric(metric, logits)
+                        values[which] = _scalar_metric(
+                            metric, model.run_with_hooks(xt, attention_mask=am, fwd_hooks=hooks))
                 idx = (L,) + ((p,) if p is not None else ()) + ((h,) if h is not None else ())
                 for which, v in values.items():
                     res[which][idx] = v
@@ -239,14 +244,11 @@ def _final_norm_linear(model, sites: ModelSites, x: Tensor, scale: Tensor) -> Te
     """Apply the final norm *linearised* at the cached scale: centre (LayerNorm) and
     divide by the cached scale, then the norm's weight. Linear in ``x``, so the
     attribution of a sum is the sum of attributions."""
-    ln = model.ln_final
     norm_type = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
     if norm_type.startswith("LN"):
         x = x - x.mean(-1, keepdim=True)
     x = x / scale
-    w = getattr(ln, "w", None)
-    if w is None:
-        w = getattr(getattr(ln, "original_component", None), "weight", None)
+    w = final_norm_weight(model)
     return x * w if w is not None else x
 
 
@@ -279,6 +281,11 @@ def split_logit_attribution(
     ``logit_attrs`` with the direction multiplied by ``ln_final.w``, and the rows
     (with the embedding and bias terms) add up to the true logit difference.
 
+    On sandwich-norm models (Gemma-2/3, OLMo-2) a norm follows ``W_O``, so what a head adds
+    to the stream is not ``W_O[h]^T z_h`` and per-head attributions are not defined: head rows
+    carry NaN and ``table.attrs["notes"]`` says why; the ``attn`` / ``mlp`` rows (the normalised
+    updates actually added) stay exact.
+
     Returns:
         A DataFrame with one row per (sequence, layer, unit): ``unit`` is ``"attn"``,
         ``"mlp"`` or ``"head"`` (with ``head``), and ``dla``, ``dla_par``, ``dla_perp``,
@@ -310,7 +317,7 @@ def split_logit_attribution(
         for c in ("attn", "mlp"):
             u = sites.units[c][L]
             names += [u.update_hook, u.reference_hook]
-    _, cache = _capture(model, tokens, am, names)
+    _, cache = _capture(model, tokens, am, names, logits=False)
     scale = cache["ln_final.hook_scale"][rows_idx, pos]  # [batch, 1]
 
     def dla_of(vec: Tensor) -> Tensor:  # [batch, ..., d_model] -> [batch, ...]
@@ -335,12 +342,20 @@ def split_logit_attribution(
             out = torch.einsum("bhe,hed->bhd", z, W_O)
             d = decompose(out, x.unsqueeze(1), eps)
             total, par, perp = dla_of(out.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
+            if not sites.factorization_applicable:  # W_O[h]^T z_h is not what the head adds
+                total, par, perp = (torch.full_like(t, float("nan")) for t in (total, par, perp))
             for b in range(tokens.shape[0]):
                 for h in range(sites.n_heads):
                     rows.append({"sequence": b, "layer": L, "unit": "head", "head": h, "dla": float(total[b, h]),
                                  "dla_par": float(par[b, h]), "dla_perp": float(perp[b, h]),
-                                 "par_frac": float(d.par_frac[b, h])})
-    return _integer_columns(pd.DataFrame(rows), ("sequence", "layer", "head"))
+                                 "par_frac": float(d.par_frac[b, h]) if sites.factorization_applicable
+                                 else float("nan")})
+    table = _integer_columns(pd.DataFrame(rows), ("sequence", "layer", "head"))
+    table.attrs["notes"] = [] if sites.factorization_applicable else [
+        "sandwich-norm model: a norm follows W_O, so per-head DLA (W_O[h]^T z_h) is not what a head "
+        "adds; head rows are NaN, the attn / mlp rows are exact."
+    ]
+    return table
 
 
 def split_dla_figure(table: pd.DataFrame, sequence: int = 0):

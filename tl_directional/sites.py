@@ -26,6 +26,30 @@ SEQUENTIAL = "sequential"  # pre-LN, attn then MLP (GPT-2, Llama, Qwen, Mistral)
 PARALLEL = "parallel"  # pre-LN, attn and MLP read the same stream (GPT-J, Pythia/NeoX)
 POST_LN = "post_ln"  # BERT: each update is added before a LayerNorm
 
+# Sandwich-norm decoders: each sub-layer's output is normalised (a norm after W_O and after the
+# MLP) before the residual add, so the update is not linear in hook_z. Residual-space identities
+# still hold (the hooked update is what is added); the value-space factorization does not.
+SANDWICH_ARCHITECTURES = frozenset({
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",
+    "Olmo2ForCausalLM",
+    "Olmo3ForCausalLM",
+})
+# Module names of a post-sub-layer norm: TransformerLens (both lanes) calls them ln1_post /
+# ln2_post; HF Gemma-2/3 and OLMo-2 layers call the MLP one post_feedforward_layernorm (HF Llama
+# has a post_attention_layernorm too, but it is the pre-MLP norm, so it is not a sign).
+_POST_NORM_CHILDREN = ("ln1_post", "ln2_post", "post_feedforward_layernorm")
+
+#: Why the sec. 3 factorization columns are NaN on a sandwich-norm model (Profile.metadata).
+SANDWICH_NOTE = (
+    "sandwich-norm model: a norm follows W_O (and the MLP) before each residual add, so the "
+    "attention update is not linear in hook_z; the value-space factorization of METHOD sec. 3 "
+    "(phi, alpha_head, self_term, cross_term, factorization_error_max) is not applicable and "
+    "reported as NaN. Residual-space splits, beta, A_tt, gamma, the value-space splits and all "
+    "edits are unaffected."
+)
+
 
 class WeightProcessingWarning(UserWarning):
     """The model's weights were processed (centred / folded): geometry differs from raw weights."""
@@ -131,6 +155,20 @@ def architecture_name(model) -> str:
     """The HF architecture class name (``cfg.original_architecture`` on the legacy
     lane, ``cfg.architecture`` on the bridge), or ""."""
     return str(_cfg(model, "original_architecture", "architecture", default="") or "")
+
+
+def is_sandwich_norm(model) -> bool:
+    """Whether ``model`` normalises each sub-layer output before the residual add (Gemma-2/3,
+    OLMo-2 style): the legacy ``cfg.use_normalization_before_and_after`` flag, a known
+    architecture name, or a post-norm child module in the first block (the bridge has no flag)."""
+    if bool(getattr(model.cfg, "use_normalization_before_and_after", False)):
+        return True
+    if architecture_name(model) in SANDWICH_ARCHITECTURES:
+        return True
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or len(blocks) == 0:
+        return False
+    return any(getattr(blocks[0], n, None) is not None for n in _POST_NORM_CHILDREN)
 
 
 def lane_of(model) -> str:
@@ -308,7 +346,7 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
         arch = PARALLEL
     else:
         arch = SEQUENTIAL
-    sandwich = bool(getattr(cfg, "use_normalization_before_and_after", False))
+    sandwich = is_sandwich_norm(model)
     weights = detect_weight_processing(model)
     sites = ModelSites(
         model_name=str(_cfg(model, "model_name", default=type(model).__name__)),
@@ -357,10 +395,7 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
             "MLP at ln2.hook_in); there is no block update. Attention is bidirectional."
         )
     if sandwich:
-        sites.notes.append(
-            "sandwich-norm model: a norm follows W_O, so the value-space factorization of the "
-            "attention alpha is not applicable (reported as NaN)."
-        )
+        sites.notes.append(SANDWICH_NOTE)
     if warn and weights.any:
         warnings.warn(
             f"{sites.model_name}: weights look processed ({weights.as_dict()}). Centering writing "
@@ -371,6 +406,21 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
             stacklevel=2,
         )
     return sites
+
+
+def final_norm_weight(model) -> Tensor | None:
+    """Effective gain of the final norm (``ln_final``), ``[d_model]``, or None without a gain.
+
+    HF's ``Gemma*RMSNorm`` computes ``x * (1 + weight)``: on the bridge (which wraps the HF
+    module and exposes its raw ``weight`` as ``w``) the gain is ``1 + weight``; the legacy
+    converters fold the 1 into ``ln_final.w`` already.
+    """
+    ln = model.ln_final
+    inner = getattr(ln, "original_component", None)
+    if inner is not None and type(inner).__name__.startswith("Gemma") and getattr(inner, "weight", None) is not None:
+        return 1.0 + inner.weight
+    w = getattr(ln, "w", None)
+    return w if w is not None else getattr(inner, "weight", None)
 
 
 def attention_output_weights(model, layer: int) -> tuple[Float[Tensor, "n_heads d_head d_model"], Float[Tensor, " d_model"] | None]:
@@ -452,7 +502,7 @@ def mlp_branch(model, layer: int):
     block's own ``hook_mlp_out`` once before trusting it."""
     if "Bert" in architecture_name(model) or bool(getattr(model.cfg, "parallel_attn_mlp", False)):
         return None
-    if bool(getattr(model.cfg, "use_normalization_before_and_after", False)):
+    if is_sandwich_norm(model):
         return None
     block = model.blocks[layer]
     ln2, mlp = getattr(block, "ln2", None), getattr(block, "mlp", None)

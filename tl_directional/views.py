@@ -443,6 +443,8 @@ def head_heatmaps(
             hovertemplate=f"layer %{{y}} head %{{x}}<br>{col} %{{z:.4g}}<extra></extra>"), row=1, col=i + 1)
         fig.update_xaxes(title_text="head", dtick=1, row=1, col=i + 1)
         fig.update_yaxes(title_text="layer" if i == 0 else None, dtick=1, autorange="reversed", row=1, col=i + 1)
+        if not finite.size:  # e.g. phi on a sandwich-norm model (NaN by design, METHOD sec. 3)
+            fig.layout.annotations[i].text += " (not applicable: all NaN)"
     fig.update_layout(title=title or "Value space per head (METHOD sec. 3)", template="plotly_white",
                       height=max(320, 40 * n_layers + 200), width=None, margin={"t": 90})
     return PlotlyView(fig, data=pd.DataFrame(rows), name="head_heatmaps")
@@ -878,6 +880,14 @@ def colored_tokens(
 
     sites = resolve_sites(model, warn=False)
     layer, head = _check_layer_head(sites, layer, head)
+    from .measure import FACTORIZATION_METRICS
+
+    if component == "value" and metric in FACTORIZATION_METRICS and not sites.factorization_applicable:
+        raise ValueError(
+            f"metric={metric!r} is not defined on this sandwich-norm model ({sites.model_name}): a "
+            "norm follows W_O, so the METHOD sec. 3 factorization does not apply. Use 'beta', "
+            "'A_tt' or 'gamma'."
+        )
     tokens = _one_sequence(model, inputs, sequence, max_tokens)
     prof = _token_profile(model, tokens, component, profile)
     values = _token_values(prof, layer, component, metric, head, 0 if profile is None else sequence)
