@@ -132,6 +132,7 @@ class StreamingSummary:
             offs = torch.tensor([self._offsets[names[j]] for j in cols], dtype=torch.long,
                                 device=self.device)
             self._by_scale[s] = (cols, offs.unsqueeze(-1))
+        self._staged: list[tuple] = []
         self._pending: list[Tensor] = []
         self._pending_n = 0
 
@@ -147,31 +148,39 @@ class StreamingSummary:
     ) -> None:
         """Add ``n`` tokens. Degenerate tokens are counted but excluded from every statistic;
         tokens where ``keep`` is False are ignored entirely (as if not passed), so callers can
-        pass whole ``[batch * pos]`` blocks with a mask instead of gathering."""
+        pass whole ``[batch * pos]`` blocks with a mask instead of gathering.
+
+        The tokens are staged and summed by :meth:`flush` together with the other updates
+        of the batch (every reader flushes first), so many small updates cost one pass."""
         group = group.to(self.device).long().reshape(-1)
         n = group.numel()
         if n == 0:
             return
-        if keep is None:
-            keep = torch.ones(n, dtype=torch.bool, device=self.device)
-        else:
-            keep = keep.reshape(-1).to(self.device)
-        if degenerate is None:
-            ok = keep
-        else:
-            degenerate = degenerate.reshape(-1).to(self.device)
-            deg = degenerate & keep
-            self.degenerate.index_add_(0, group, deg.double())
-            ok = keep & ~degenerate
-        okd = ok.double()
-        self.count.index_add_(0, group, okd)
+
+        def flat(t, fill, dtype):
+            if t is None:
+                return torch.full((n,), fill, dtype=dtype, device=self.device)
+            return t.reshape(-1).to(self.device)
+
+        x = torch.stack([values[m].reshape(-1).to(self.device) for m in self.metrics])
+        self._staged.append((group, x, flat(degenerate, False, torch.bool),
+                             flat(par_sq, 0.0, x.dtype), flat(perp_sq, 0.0, x.dtype),
+                             flat(keep, True, torch.bool)))
+        self._pending_n += n * len(self.metrics)
+        if self._pending_n >= self.FLUSH_AT:
+            self.flush()
+
+    def _accumulate(self, group: Tensor, x: Tensor, degenerate: Tensor, par_sq: Tensor,
+                    perp_sq: Tensor, keep: Tensor) -> None:
+        """Add staged tokens: ``x`` is ``[n_metrics, n]`` in the order of ``self.metrics``."""
+        deg = degenerate & keep
+        self.degenerate.index_add_(0, group, deg.double())
+        ok = keep & ~degenerate
+        self.count.index_add_(0, group, ok.double())
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
-        if par_sq is not None:
-            self.par_sq.index_add_(0, group, torch.where(ok, par_sq.reshape(-1).double(), zero))
-        if perp_sq is not None:
-            self.perp_sq.index_add_(0, group, torch.where(ok, perp_sq.reshape(-1).double(), zero))
-        x = torch.stack([values[m].reshape(-1).to(self.device, torch.float64)
-                         for m in self.metrics])  # [n_metrics, n]
+        self.par_sq.index_add_(0, group, torch.where(ok, par_sq.double(), zero))
+        self.perp_sq.index_add_(0, group, torch.where(ok, perp_sq.double(), zero))
+        x = x.double()
         fin = torch.isfinite(x) & ok
         xf = torch.where(fin, x, zero)
         self._sums.index_add_(0, group, xf.T)
@@ -191,17 +200,24 @@ class StreamingSummary:
             flat = offs + group * (scale.n_bins + 2) + idx
             use = ok & ~torch.isnan(xs)
             self._pending.append(torch.where(use, flat, self._spare).reshape(-1))
-            self._pending_n += flat.numel()
-        if self._pending_n >= self.FLUSH_AT:
-            self.flush()
 
     def flush(self) -> None:
-        """Count the pending bin indices into the histograms (one kernel for all of them)."""
+        """Sum the staged tokens and count their bin indices into the histograms (one
+        kernel for all of them)."""
+        if self._staged:
+            staged = self._staged
+            self._staged = []
+            if len(staged) == 1:
+                self._accumulate(*staged[0])
+            else:
+                self._accumulate(torch.cat([s[0] for s in staged]),
+                                 torch.cat([s[1] for s in staged], dim=1),
+                                 *(torch.cat([s[k] for s in staged]) for k in range(2, 6)))
+        self._pending_n = 0
         if not self._pending:
             return
         idx = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
         self._pending.clear()
-        self._pending_n = 0
         if self.device.type == "cpu":
             self._hist += torch.bincount(idx, minlength=self._hist.numel())
         else:  # bincount on CUDA reads its size back to the host; index_add_ does not
@@ -253,29 +269,26 @@ class StreamingSummary:
         scale = BIN_SCALES[self.metrics[metric]]
         lo, hi = scale.edges
         width = (hi - lo) / scale.n_bins
-        total = hist.sum(-1)
+        total = hist.sum(-1, keepdim=True)  # [groups, 1]
         cum = torch.cumsum(hist, -1)
+        target = torch.tensor(list(qs), dtype=hist.dtype) * total  # [groups, n_q]
+        b = torch.searchsorted(cum, target).clamp(max=scale.n_bins + 1)
+        before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp(min=0)), torch.zeros_like(target))
+        in_bin = hist.gather(-1, b).clamp_min(1e-300)
+        frac = ((target - before) / in_bin).clamp(0.0, 1.0)
+        t = lo + (b - 1 + frac) * width
+        if scale.kind == "unit":
+            values = t
+        elif scale.kind == "positive":
+            values = torch.pow(10.0, t)
+        else:
+            values = torch.sinh(t) * scale.scale
         under = 0.0 if scale.kind == "positive" else scale.inverse(lo)
         over = float("inf") if scale.kind == "positive" else scale.inverse(hi)
-        out = []
-        for q in qs:
-            target = (q * total).unsqueeze(-1)
-            b = torch.searchsorted(cum, target).squeeze(-1).clamp(max=scale.n_bins + 1)  # [groups]
-            before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1),
-                                 torch.zeros_like(total))
-            in_bin = hist.gather(-1, b.unsqueeze(-1)).squeeze(-1).clamp_min(1e-300)
-            frac = ((target.squeeze(-1) - before) / in_bin).clamp(0.0, 1.0)
-            t = lo + (b - 1 + frac) * width
-            if scale.kind == "unit":
-                values = t
-            elif scale.kind == "positive":
-                values = torch.pow(10.0, t)
-            else:
-                values = torch.sinh(t) * scale.scale
-            values = torch.where(b == 0, torch.full_like(values, under), values)
-            values = torch.where(b == scale.n_bins + 1, torch.full_like(values, over), values)
-            out.append(torch.where(total > 0, values, torch.full_like(values, float("nan"))))
-        return out
+        values = torch.where(b == 0, torch.full_like(values, under), values)
+        values = torch.where(b == scale.n_bins + 1, torch.full_like(values, over), values)
+        values = torch.where(total > 0, values, torch.full_like(values, float("nan")))
+        return list(values.unbind(-1))
 
     def table(self) -> dict[str, Tensor]:
         """Column name -> per-group values (float64, CPU): count, degenerate,
