@@ -216,36 +216,40 @@ class BaselineStats:
                  attention_mask: Int[Tensor, "batch pos"]):
         self.mask = prediction_mask(attention_mask)
         batch, pos, vocab = base_logits.shape
-        # flat row index b * pos + t of every predicted position (t < pos - 1)
-        grid = torch.arange(batch * pos, device=base_logits.device).view(batch, pos)[:, :-1]
-        rows = grid[self.mask.to(grid.device)]
-        self.target = tokens[:, 1:][self.mask][:, None].to(base_logits.device)
+        dev = base_logits.device
+        self.target = tokens[:, 1:][self.mask][:, None]
         self.dtype = torch.float64 if base_logits.dtype == torch.float64 else torch.float32
-        self.vocab = vocab
-        self.base_flat = base_logits.reshape(-1, vocab)
+        # Row b * pos + t of the flat [batch * pos, vocab] logits predicts token t + 1. Rows are
+        # processed in contiguous slices (views, no gather); rows that predict nothing (the
+        # last position, padding) are computed and weighted out, 1 / pos extra work.
+        weight = torch.zeros(batch, pos, dtype=torch.bool, device=dev)
+        weight[:, :-1] = self.mask.to(dev)
+        self._weight = weight.reshape(-1)
+        tgt = torch.zeros(batch, pos, dtype=torch.long, device=dev)
+        tgt[:, :-1] = tokens[:, 1:].to(dev)
+        self._tgt = tgt.reshape(-1, 1)
+        self._base = base_logits.reshape(-1, vocab)
         step = max(1, self.CHUNK_ELEMENTS // vocab)
-        self.chunks = [rows[k:k + step] for k in range(0, rows.numel(), step)]
-        self.targets = [self.target[k:k + step] for k in range(0, rows.numel(), step)]
-        keep = rows.numel() * vocab <= self.KEEP_PROBS_ELEMENTS
-        zero = torch.zeros((), dtype=self.dtype, device=base_logits.device)
+        n_rows = batch * pos
+        self.ranges = [(a, min(a + step, n_rows)) for a in range(0, n_rows, step)]
+        keep = n_rows * vocab <= self.KEEP_PROBS_ELEMENTS
+        zero = torch.zeros((), dtype=self.dtype, device=dev)
         self.p_log_p, self.base_nll = zero.clone(), zero.clone()
-        self.p_log_p_chunks, self._p, top1 = [], [], []
-        for r, t in zip(self.chunks, self.targets, strict=True):
-            base_lp = self._log_probs(self.base_flat, r)
+        self._p, plp_rows, top1 = [], [], []
+        for a, e in self.ranges:
+            w = self._weight[a:e]
+            base_lp = F.log_softmax(self._base[a:e].to(self.dtype), dim=-1)
             p = base_lp.exp()
-            plp = (p * base_lp).sum()
-            self.p_log_p_chunks.append(plp)
-            self.p_log_p += plp
-            self.base_nll -= base_lp.gather(-1, t).sum()
+            plp = (p * base_lp).sum(-1)
+            plp_rows.append(plp)
+            self.p_log_p += torch.where(w, plp, zero).sum()
+            self.base_nll -= torch.where(w, base_lp.gather(-1, self._tgt[a:e]).squeeze(-1), zero).sum()
             top1.append(base_lp.argmax(-1))
             if keep:
                 self._p.append(p)
-        self.top1 = torch.cat(top1) if top1 else torch.zeros(0, dtype=torch.long)
-        self._top1 = top1
+        self._plp_rows = torch.cat(plp_rows)
+        self._top1 = torch.cat(top1)
         self.tokens = float(self.mask.sum())
-
-    def _log_probs(self, flat: Tensor, rows: Tensor) -> Tensor:
-        return F.log_softmax(flat.index_select(0, rows).to(self.dtype), dim=-1)
 
     @torch.no_grad()
     def compare(self, logits: Float[Tensor, "batch pos vocab"]) -> MetricSums:
@@ -254,12 +258,13 @@ class BaselineStats:
         flat = logits.reshape(-1, logits.shape[-1])
         zero = torch.zeros((), dtype=self.dtype, device=flat.device)
         nll, kl, agree = zero.clone(), zero.clone(), zero.clone()
-        for c, (r, t) in enumerate(zip(self.chunks, self.targets, strict=True)):
-            lp = self._log_probs(flat, r)
-            p = self._p[c] if self._p else self._log_probs(self.base_flat, r).exp()
-            nll -= lp.gather(-1, t).sum()
-            kl += self.p_log_p_chunks[c] - (p * lp).sum()
-            agree += (lp.argmax(-1) == self._top1[c]).sum()
+        for c, (a, e) in enumerate(self.ranges):
+            w = self._weight[a:e]
+            lp = F.log_softmax(flat[a:e].to(self.dtype), dim=-1)
+            p = self._p[c] if self._p else F.log_softmax(self._base[a:e].to(self.dtype), dim=-1).exp()
+            nll -= torch.where(w, lp.gather(-1, self._tgt[a:e]).squeeze(-1), zero).sum()
+            kl += torch.where(w, self._plp_rows[a:e] - (p * lp).sum(-1), zero).sum()
+            agree += ((lp.argmax(-1) == self._top1[a:e]) & w).sum()
         return MetricSums(self.tokens, float(nll), float(self.base_nll), float(kl), float(agree))
 
 
