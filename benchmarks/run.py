@@ -83,9 +83,9 @@ from pathlib import Path
 
 import torch
 
+from . import peers as _peers  # noqa: F401
 from . import planned as _planned  # noqa: F401 - importing registers the records
 from . import records as _records  # noqa: F401
-from . import peers as _peers  # noqa: F401
 from .registry import REGISTRY, Bench, NotAvailable, RecordSpec, Setting, Skipped, make_record
 from .timing import N_BOOTSTRAP
 
