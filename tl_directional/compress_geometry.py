@@ -614,8 +614,15 @@ def compression_geometry(
     dense_seconds = 0.0
     n_tokens = 0
     seq_offset = 0
+    # under torchrun each rank takes every world-th batch (as sweep does); sums are all-reduced
+    from .sweep import _dist_info
+
+    rank, world = _dist_info()
     with torch.no_grad():
-        for part in iterator:
+        for bi, part in enumerate(iterator):
+            if bi % world != rank:
+                seq_offset += len(part)
+                continue
             part = part.to(device)
             mask = part.attention_mask.bool()
             if exclude_first_token:
@@ -639,6 +646,8 @@ def compression_geometry(
             n_tokens += int(mask.sum())
             seq_offset += len(part)
             del store
+    if world > 1:
+        n_tokens = _all_reduce_sums(targets, n_tokens)
     frames = []
     for target in targets:
         rows = []
@@ -675,6 +684,28 @@ def compression_geometry(
     if per_sequence:
         out.attrs["per_sequence"] = {t.name: t.per_seq for t in targets}
     return out
+
+
+def _all_reduce_sums(targets: list[_Target], n_tokens: int) -> int:
+    """Sum every target's exact float64 sums (and per-sequence sums) and the token count over
+    the ranks of the default process group; returns the global token count."""
+    import torch.distributed as dist
+
+    for target in targets:
+        for name in ("total", "per_seq"):
+            t = getattr(target, name)
+            if t is None:
+                continue
+            # reduce on the backend's device (NCCL needs CUDA tensors), copy back
+            dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+            buf = t.to(dev)
+            dist.all_reduce(buf)
+            t.copy_(buf.to(t.device))
+    count = torch.tensor([n_tokens], dtype=torch.long)
+    if dist.get_backend() == "nccl":
+        count = count.cuda()
+    dist.all_reduce(count)
+    return int(count[0])
 
 
 def pooled_sums(sums: Tensor, rows: Sequence[tuple[int, str]], unit: str, layers=None) -> Tensor:
