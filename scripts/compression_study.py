@@ -42,6 +42,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "scripts") not in sys.path:  # _realrun, for the real-model options
+    sys.path.insert(1, str(ROOT / "scripts"))
 
 from tl_directional.compress import collect_input_stats, compress  # noqa: E402
 from tl_directional.compress_geometry import _IDX, compression_geometry, svg_chart  # noqa: E402
