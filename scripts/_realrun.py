@@ -186,7 +186,9 @@ def per_sequence_sweep(model, batch, settings: list[Setting], batch_size: int, l
         target = part.tokens[:, 1:].unsqueeze(-1)
         base_lp = torch.log_softmax(model(part.tokens, attention_mask=part.attention_mask)[:, :-1].float(), -1)
         out["baseline"].append(_per_row(base_lp, base_lp, target, mask))
-        for s in settings:
+        for j, s in enumerate(settings):
+            if j and j % 10 == 0:
+                log(f"    batch {bi + 1}: {j}/{len(settings)} settings ({time.time() - t0:.0f} s)")
             with apply_edits(model, *s.edits()):
                 logits = model(part.tokens, attention_mask=part.attention_mask)
             lp = torch.log_softmax(logits[:, :-1].float(), -1)
