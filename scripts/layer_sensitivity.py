@@ -184,6 +184,7 @@ def main(argv=None) -> int:
             seq = R.per_sequence_sweep(model, batch, sets, args.batch_size, log=lambda m: print(m, flush=True))
             torch.save(seq, out / f"seq_{text}.pt")
             meta["texts"][text] = {"sequences": len(batch), "seconds": time.time() - t1}
+            meta["seconds"] = time.time() - t0  # so a run stopped after one text can still be re-rendered
             R.write_json(out / "meta.json", meta)
         if args.safe_scale:
             from tl_directional.sweep import find_safe_scale

@@ -200,6 +200,8 @@ def main(argv=None) -> int:
             seq = R.per_sequence_sweep(model, batch, sets, args.batch_size, log=lambda m: print(m, flush=True))
             torch.save(seq, out / f"seq_{text}.pt")
             meta["texts"][text] = {"sequences": len(batch), "seconds": time.time() - t1}
+            meta["seconds"] = time.time() - t0  # a run stopped after one text can still be re-rendered
+            R.write_json(out / "meta.json", meta)
         meta["seconds"] = time.time() - t0
     tables, readings, frames = {}, {}, []
     for text in meta["texts"]:
