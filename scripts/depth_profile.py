@@ -148,6 +148,11 @@ def reading_lines(res: pd.DataFrame, val: pd.DataFrame, levels: dict) -> list[st
         out.append(f"- `{text}`, BOS in vs out (attn energy ratio): largest change at layer {int(shift.idxmax())} "
                    f"({a['out'][shift.idxmax()]:.3f} without BOS, {a['in'][shift.idxmax()]:.3f} with), "
                    f"median change x{shift.median():.2f}.")
+        blk = res[(res.text == text) & (res.bos == "out")]
+        top = blk.loc[blk.alpha_median.abs().idxmax()]
+        out.append(f"- `{text}`: the most stream-aligned update is layer {int(top.layer)} {top.component} (median alpha "
+                   f"{top.alpha_median:+.2f}, i.e. the old stream is kept with factor 1 + alpha; median ||u||/||r|| "
+                   f"{top.rel_update_median:.2f}).")
         v = val[(val.text == text) & (val.bos == "out")]
         out.append(f"- `{text}`, value space (BOS out): mean beta over all heads {v.beta_mean.mean():+.3f} "
                    f"(A_tt {v.A_tt_mean.mean():.3f} + gamma {v.gamma_mean.mean():+.3f}); heads with mean beta > 0.5: "
@@ -167,9 +172,17 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="results/depth")
     ap.add_argument("--page", default=None)
+    ap.add_argument("--replot", action="store_true", help="re-render from OUT/residual.csv, value.csv, meta.json")
     args = ap.parse_args(argv)
     R.set_threads(args.threads)
     t0 = time.time()
+    if args.replot:
+        import json
+
+        out = Path(args.out)
+        meta = json.loads((out / "meta.json").read_text())
+        res, val = pd.read_csv(out / "residual.csv"), pd.read_csv(out / "value.csv")
+        return finish(args, out, meta, res, val, meta["random_levels"])
     model, resolved = R.load(args.model)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -196,13 +209,17 @@ def main(argv=None) -> int:
     val = pd.concat(val_all, ignore_index=True)
     res.to_csv(out / "residual.csv", index=False)
     val.to_csv(out / "value.csv", index=False)
-    svgs = charts(res, val, levels, meta["model"])
-    for name, svg in svgs.items():
-        (out / name).write_text(svg)
     meta.update({"command": "python scripts/depth_profile.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                  "seq_len": args.seq_len, "texts": texts, "random_levels": levels, "sandwich_norm": sandwich,
                  "seconds": time.time() - t0,
                  "tokens_total": sum(v["tokens_bos_in"] for v in texts.values())})
+    return finish(args, out, meta, res, val, levels)
+
+
+def finish(args, out: Path, meta: dict, res: pd.DataFrame, val: pd.DataFrame, levels: dict) -> int:
+    svgs = charts(res, val, levels, meta["model"])
+    for name, svg in svgs.items():
+        (out / name).write_text(svg)
     reading = reading_lines(res, val, levels)
     meta["reading"] = reading
     R.write_json(out / "meta.json", meta)
