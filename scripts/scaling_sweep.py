@@ -82,19 +82,20 @@ def reading(df: pd.DataFrame, boot: dict, text: str) -> list[str]:
                f"[{v.delta_loss_lo:+.4f}, {v.delta_loss_hi:+.4f}], delta ppl {v.delta_ppl:+.2f} "
                f"({v.delta_ppl / v.base_ppl:+.1%} of base {v.base_ppl:.2f}): "
                f"{verdict}.")
-    worse, n = [], 0
+    worse, pairs = [], []
     for s in SPACES:
         for sc in (0.0, 0.5, 2.0):
             a, b = pick(df, s, 1.0, sc), pick(df, s, sc, 1.0)
             if a is None or b is None:
                 continue
-            n += 1
+            pairs.append(f"{s}@{sc:g}")
             diff = boot[a.label] - boot[b.label]
             if float(torch.quantile(diff[1:], 0.025)) > 0:
                 worse.append(f"{s}@{sc:g}")
+    n = len(pairs)
     out.append(f"  Perpendicular scaling more damaging than the same parallel scaling (paired bootstrap, 95% lower "
                f"bound of the difference > 0) in {len(worse)} of {n} (space, scale) pairs"
-               + (f"; not in: {', '.join(sorted(set(f'{s}@{sc:g}' for s in SPACES for sc in (0.0, 0.5, 2.0)) - set(worse)))}"
+               + (f"; not in: {', '.join(p for p in pairs if p not in worse)}"
                   if len(worse) < n else "") + " (paper: in every space).")
     hd = pick(df, "hard-diag")
     out.append(f"  Hard diagonal removal: delta loss {hd.delta_loss:+.4f} [{hd.delta_loss_lo:+.4f}, {hd.delta_loss_hi:+.4f}] "

@@ -26,6 +26,7 @@ def _script(name):
         sys.path.insert(0, str(SCRIPTS))
     spec = importlib.util.spec_from_file_location(f"_smoke_{name}", SCRIPTS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
@@ -90,6 +91,14 @@ def test_scaling_sweep_smoke(llama_dir, tmp_path):
     assert (df[df.space == "baseline"].delta_loss == 0).all()
     _check_meta(json.loads(page.with_name("sweep.meta.json").read_text()), llama_dir)
     assert "least to most damaging" in page.read_text()
+    # the BOS check re-runs the removals with the first position spared, on the same windows
+    bos = _script("bos_check")
+    bpage = tmp_path / "bos.md"
+    assert bos.main(["--model", llama_dir, "--sweep-out", str(tmp_path / "out"), "--batch-size", "3",
+                     "--out", str(tmp_path / "bos"), "--page", str(bpage)]) == 0
+    b = pd.read_csv(bpage.with_name("bos.csv"))
+    assert len(b) == 2 * 3
+    assert (b.unspared_delta_loss - b.spared_delta_loss - b.bos_part).abs().max() < 1e-9
 
 
 def test_layer_sensitivity_smoke(llama_dir, tmp_path):
