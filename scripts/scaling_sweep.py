@@ -123,7 +123,10 @@ def render(meta: dict, tables: dict[str, pd.DataFrame], readings: dict[str, list
           "Paper numbers (Qwen3-4B, 512-token windows, held-out ppl): METHOD sec. 8 gives deltas from base 80.4 "
           "(V-Para -0.5, resid-attn +3.6, resid-MLP +157, both +375); the issue quotes a camera-ready table from "
           "base 49.95 (V-Para 49.84, resid-attn 53.91, resid-MLP 128.06, both 258.64). The two disagree on the base; "
-          "both are shown as relative changes. Zero-shot accuracies (Qwen3-1.7B) are not measured here.", ""]
+          "both are shown as relative changes. Zero-shot accuracies (Qwen3-1.7B) are not measured here.", "",
+          "Consistency check: perpendicular scaling is the same edit in value-full and value-exclusive mode (the self "
+          "message A_tt v_t is parallel to v_t, so o_t and c_t have the same perpendicular part); those rows agree to "
+          "float tolerance below.", ""]
     for t, df in tables.items():
         base = df.iloc[0]
         L += [f"## Text `{t}`: parallel removal (s_par = 0), all layers", "",
