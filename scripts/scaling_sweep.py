@@ -97,6 +97,14 @@ def reading(df: pd.DataFrame, boot: dict, text: str) -> list[str]:
                f"bound of the difference > 0) in {len(worse)} of {n} (space, scale) pairs"
                + (f"; not in: {', '.join(p for p in pairs if p not in worse)}"
                   if len(worse) < n else "") + " (paper: in every space).")
+    p2, q05 = pick(df, "value", 2.0, 1.0), pick(df, "value", 1.0, 0.5)
+    if p2 is not None and q05 is not None:
+        same = abs(p2.delta_loss - q05.delta_loss) < 1e-3 * max(1.0, abs(p2.delta_loss))
+        out.append(f"  Value space s_par = 2 vs s_perp = 0.5 (the same direction, twice the size): delta loss "
+                   f"{p2.delta_loss:+.4f} vs {q05.delta_loss:+.4f}: "
+                   + ("equal, so a common scale of all heads' outputs is undone downstream (a norm after the attention "
+                      "output, as in Gemma's sandwich norm): only s_par / s_perp matters in this space."
+                      if same else "different (the output's scale matters in this model)."))
     hd = pick(df, "hard-diag")
     out.append(f"  Hard diagonal removal: delta loss {hd.delta_loss:+.4f} [{hd.delta_loss_lo:+.4f}, {hd.delta_loss_hi:+.4f}] "
                f"vs V-Para removal {v.delta_loss:+.4f} (paper, zero-shot: hard removal 26.9 vs V-Para 53.2 of 53.0, "
