@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--sweep-out", required=True)
+    ap.add_argument("--texts", nargs="+", default=None, help="subset of the sweep's texts (default: all)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="results/real/bos")
@@ -81,6 +82,8 @@ def main(argv=None) -> int:
     sets = [Spared(s) for s in SPACES]
     rows = []
     for text, info in smeta["texts"].items():
+        if args.texts and text not in args.texts:
+            continue
         batch = R.text_windows(model, text, info["sequences"], smeta["seq_len"])
         seq = R.per_sequence_sweep(model, batch, sets, args.batch_size, log=lambda m: print(m, flush=True))
         old = torch.load(sw / f"seq_{text}.pt")
