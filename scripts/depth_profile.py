@@ -157,8 +157,16 @@ def reading_lines(res: pd.DataFrame, val: pd.DataFrame, levels: dict) -> list[st
         out.append(f"- `{text}`, value space (BOS out): mean beta over all heads {v.beta_mean.mean():+.3f} "
                    f"(A_tt {v.A_tt_mean.mean():.3f} + gamma {v.gamma_mean.mean():+.3f}); heads with mean beta > 0.5: "
                    f"{int((v.beta_mean > 0.5).sum())} of {len(v)}.")
-    out.append("- The paper's Fig. 2 claim (par/perp ratio per layer well above the random-direction level) is "
-               "judged by the 'above random' counts above.")
+    sub = res[res.bos == "out"]
+    above = int((sub.energy_ratio > 2 * levels["energy_ratio"]).sum())
+    below = sub[sub.energy_ratio <= levels["energy_ratio"]]
+    verdict = (f"- **Paper's Fig. 2 claim** (||u_par|| / ||u_perp|| per layer well above the random-direction level): "
+               f"the energy ratio is more than twice the random level in {above} of {len(sub)} (text, layer, component) "
+               f"rows (BOS out)")
+    if len(below):
+        verdict += ("; at or below the random level in " + ", ".join(
+            f"`{r.text}` L{int(r.layer)} {r.component} ({r.energy_ratio:.3f})" for r in below.itertuples()))
+    out.insert(0, verdict + ".")
     return out
 
 
