@@ -87,9 +87,10 @@ def render(meta, tables, safe: pd.DataFrame | None, stem: str, reading: list[str
     for t, info in meta["texts"].items():
         L.append(f"- text `{t}`: {R.TEXTS.get(t, t)}; {info['sequences']} windows of {meta['seq_len']} tokens = "
                  f"{info['tokens']} predicted tokens; baseline loss {info['base_loss']:.4f}.")
-    L += ["", f"Intervals: 95% percentile bootstrap over sequences ({meta['bootstrap']} resamples); with "
-          f"{min(i['sequences'] for i in meta['texts'].values())} sequences they are rough. "
-          f"Table: [`{stem}.csv`]({stem}.csv); meta: [`{stem}.meta.json`]({stem}.meta.json).", ""]
+    if meta["texts"]:
+        L += ["", f"Intervals: 95% percentile bootstrap over sequences ({meta['bootstrap']} resamples); with "
+              f"{min(i['sequences'] for i in meta['texts'].values())} sequences they are rough. "
+              f"Table: [`{stem}.csv`]({stem}.csv); meta: [`{stem}.meta.json`]({stem}.meta.json).", ""]
     for t, df in tables.items():
         L += [f"## Text `{t}`", "", f"![heat map]({stem}.{t}.svg)", "",
               "| layer | " + " | ".join(f"{s} delta loss [95% CI]" for s in SPACES if s in set(df.space)) + " |",
@@ -143,7 +144,7 @@ def reading_lines(tables, safe) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="default", help="any load_model argument (name or HF directory)")
-    ap.add_argument("--texts", nargs="+", default=["kjv", "prose"])
+    ap.add_argument("--texts", nargs="*", default=["kjv", "prose"], help="texts for the heat map (none: only --safe-scale)")
     ap.add_argument("--spaces", nargs="+", default=SPACES)
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)
@@ -154,6 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--safe-text", default="prose")
     ap.add_argument("--safe-sequences", type=int, default=4)
     ap.add_argument("--safe-budget", type=float, default=0.01)
+    ap.add_argument("--safe-layers", type=int, nargs="+", default=None, help="layers to search (default: all)")
     ap.add_argument("--safe-grid-points", type=int, default=5)
     ap.add_argument("--safe-refine-steps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
@@ -193,7 +195,8 @@ def main(argv=None) -> int:
             sb = R.text_windows(model, args.safe_text, args.safe_sequences, args.seq_len)
             res = find_safe_scale(model, sb, "value", args.safe_budget, which="s_par", bounds=(-1.0, 3.0),
                                   grid_points=args.safe_grid_points, refine_steps=args.safe_refine_steps,
-                                  layer_groups=[[L] for L in range(meta["n_layers"])], batch_size=args.batch_size)
+                                  layer_groups=[[L] for L in (args.safe_layers or range(meta["n_layers"]))],
+                                  batch_size=args.batch_size)
             rows = []
             for r in res:
                 ev = r.evaluations.set_index("scale")["cost"]
@@ -222,10 +225,10 @@ def main(argv=None) -> int:
         tables[text] = df
         frames.append(df.assign(text=text))
         (out / f"{text}.svg").write_text(heatmap_svg(df, meta["spaces"], f"{meta['model']}, {text}: one-layer parallel removal"))
-    meta["tokens_total"] = sum(v["tokens"] for v in meta["texts"].values())
+    meta["tokens_total"] = sum(v["tokens"] for v in meta["texts"].values()) + meta.get("safe", {}).get("tokens", 0)
     reading = reading_lines(tables, safe)
     meta["reading"] = reading
-    pd.concat(frames, ignore_index=True).to_csv(out / "layers.csv", index=False)
+    pd.concat(frames, ignore_index=True).to_csv(out / "layers.csv", index=False) if frames else None
     R.write_json(out / "meta.json", meta)
     print("\n".join(reading))
     if args.page:
@@ -233,7 +236,8 @@ def main(argv=None) -> int:
         stem = page.stem
         page.parent.mkdir(parents=True, exist_ok=True)
         page.write_text(render(meta, tables, safe, stem, reading))
-        shutil.copy(out / "layers.csv", page.with_name(f"{stem}.csv"))
+        if frames:
+            shutil.copy(out / "layers.csv", page.with_name(f"{stem}.csv"))
         shutil.copy(out / "meta.json", page.with_name(f"{stem}.meta.json"))
         if safe is not None:
             shutil.copy(out / "safe.csv", page.with_name(f"{stem}.safe.csv"))
