@@ -139,6 +139,35 @@ def heldout_info(data_dir: str | os.PathLike[str] | None = None) -> dict[str, An
     return _read_json(meta_path, "held-out manifest", _REGENERATE_HELDOUT)
 
 
+PROSE_TEXT_FILE = "prose_heldout.txt"
+PROSE_META_FILE = "prose_heldout.json"
+_REGENERATE_PROSE = (
+    "Reinstall tl-directional, or regenerate the file with "
+    "`python scripts/fetch_prose.py --out tl_directional/data` (needs `apt-get install debian-reference-en`)."
+)
+
+
+def prose_heldout_text(data_dir: str | os.PathLike[str] | None = None) -> str:
+    """The shipped held-out slice of modern English prose (Debian Reference, GPL-2+), checksum-verified.
+
+    About 160 KB of whole paragraphs (one a line, a blank line between chapters) written by
+    ``scripts/fetch_prose.py``; ``prose_heldout.json`` records source, version, license,
+    copyright notice and sha256.
+
+    Args:
+        data_dir: Read the files from this directory instead of the package data.
+    """
+    base = heldout_paths(data_dir)[0].parent
+    text_path, meta_path = base / PROSE_TEXT_FILE, base / PROSE_META_FILE
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"prose manifest {meta_path} is missing. {_REGENERATE_PROSE}")
+    meta = _read_json(meta_path, "prose manifest", _REGENERATE_PROSE)
+    expected = meta.get("sha256")
+    if not isinstance(expected, str):
+        raise CorpusIntegrityError(f"prose manifest {meta_path} has no 'sha256' entry. {_REGENERATE_PROSE}")
+    return _read_verified(text_path, expected, _REGENERATE_PROSE)
+
+
 def split_manifest(corpus_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """``SPLIT.json`` of a corpus directory written by ``scripts/fetch_corpus.py``."""
     corpus_dir = Path(corpus_dir)
@@ -248,6 +277,7 @@ __all__ = [
     "heldout_text",
     "iter_text_chunks",
     "load_split",
+    "prose_heldout_text",
     "sha256_file",
     "split_manifest",
 ]

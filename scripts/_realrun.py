@@ -1,0 +1,253 @@
+"""Shared plumbing of the real-model experiment scripts (depth_profile, scaling_sweep,
+layer_sensitivity, and the real-model mode of compression_study).
+
+* the two held-out texts (``kjv``: bundled KJV slice; ``prose``: the Debian Reference slice),
+  cut into full windows by :func:`tl_directional.cli.load_text_sequences`;
+* provenance for each result's meta JSON: model argument and resolved path, the sha256 of
+  ``model.safetensors`` (computed once, cached next to the outputs), git commit, device,
+  lane, thread count, token count, wall time;
+* per-sequence next-token metrics of edit settings against the unedited model, and a
+  sequence bootstrap of every delta (the library's :func:`tl_directional.sweep.sweep`
+  returns only pooled sums, so intervals need the per-sequence sums kept here);
+* the random-direction reference levels for the depth profile.
+
+Nothing here changes what the library measures; it only keeps the per-sequence sums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing from a model hub, ever
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tl_directional.sweep import Setting, prediction_mask  # noqa: E402
+
+TEXTS = {
+    "kjv": "bundled held-out KJV slice (test-split books: Ruth, Proverbs, Amos, Mark, James)",
+    "prose": "held-out modern English prose: Debian Reference 2.100 slice (GPL-2+, tl_directional/data/prose_heldout.txt)",
+}
+# Official loader names (after the real-models branch merges) -> the scratch conversions used today.
+MODEL_ALIASES = {
+    "smollm2-135m": "/work/scratch_models/smollm2",
+    "gemma-3-270m": "/work/scratch_models/gemma",
+}
+MODEL_NAMES = {"/work/scratch_models/smollm2": "smollm2-135m", "/work/scratch_models/gemma": "gemma-3-270m"}
+
+
+def set_threads(n: int) -> None:
+    if n > 0:
+        torch.set_num_threads(n)
+    torch.set_grad_enabled(False)
+
+
+def load(model_arg: str):
+    """``load_model(model_arg)``; an official name falls back to its scratch directory
+    when the loader does not know it yet. Returns ``(model, resolved argument)``."""
+    from tl_directional.models import load_model
+
+    try:
+        return load_model(model_arg), model_arg
+    except Exception:
+        if model_arg in MODEL_ALIASES and Path(MODEL_ALIASES[model_arg]).is_dir():
+            return load_model(MODEL_ALIASES[model_arg]), MODEL_ALIASES[model_arg]
+        raise
+
+
+def short_name(model_arg: str) -> str:
+    return MODEL_NAMES.get(str(Path(model_arg)) if Path(model_arg).exists() else model_arg, model_arg)
+
+
+def sandwich_norm(model_path: str, model=None) -> bool:
+    """True for models with a norm after the attention output projection (Gemma-2/3, OLMo-2),
+    where METHOD sec. 3's value-space factorization does not apply.
+
+    Read from the HF config's ``model_type`` because on the TL 4 bridge ``resolve_sites`` does
+    not see Gemma-3's sandwich norm (``cfg.use_normalization_before_and_after`` is unset there,
+    so ``factorization_applicable`` comes out True): reported to the lead as a library bug.
+    """
+    cfg = Path(model_path) / "config.json"
+    if cfg.is_file():
+        mt = json.loads(cfg.read_text()).get("model_type", "")
+        return any(mt.startswith(p) for p in ("gemma2", "gemma3", "olmo2"))
+    if model is not None:
+        name = str(getattr(model.cfg, "model_name", "")).lower()
+        return "gemma-2" in name or "gemma-3" in name or "gemma2" in name or "gemma3" in name
+    return False
+
+
+def text_windows(model, text: str, n_sequences: int, seq_len: int, skip: int = 0):
+    """``n_sequences`` full windows of ``seq_len`` tokens (BOS + text) of one held-out text,
+    after skipping the first ``skip`` windows."""
+    from tl_directional.cli import load_text_sequences
+    from tl_directional.corpus import heldout_paths, prose_heldout_text
+
+    if text == "kjv":
+        path = None
+    elif text == "prose":
+        prose_heldout_text()  # sha256 check before use
+        path = str(heldout_paths()[0].parent / "prose_heldout.txt")
+    else:
+        path = text
+    batch = load_text_sequences(model, path, max_sequences=n_sequences + skip, seq_len=seq_len)
+    return batch.slice(skip, len(batch))
+
+
+def sha256_cached(path: Path, cache: Path) -> str:
+    """sha256 of ``path``, cached in the JSON file ``cache`` keyed by path, size and mtime."""
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    data = json.loads(cache.read_text()) if cache.is_file() else {}
+    if key not in data:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        data[key] = h.hexdigest()
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return data[key]
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=ROOT).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, cwd=ROOT).stdout.strip()
+        return out + ("+dirty" if dirty else "")
+    except Exception:
+        return "unknown"
+
+
+def provenance(model, model_arg: str, resolved: str, cache_dir: Path) -> dict:
+    """Model identity and machine, for the meta JSON."""
+    from tl_directional.sites import lane_of
+
+    info = {"model": short_name(model_arg), "model_argument": model_arg, "model_path": resolved,
+            "lane": lane_of(model), "n_layers": int(model.cfg.n_layers), "d_model": int(model.cfg.d_model),
+            "n_heads": int(model.cfg.n_heads), "d_head": int(model.cfg.d_head)}
+    st = Path(resolved) / "model.safetensors"
+    if st.is_file():
+        info["model_safetensors_sha256"] = sha256_cached(st, cache_dir / "model_sha256.json")
+    dev = next(model.parameters()).device
+    info["device"] = (f"{dev}" + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else
+                                  f" ({platform.machine()}, {os.cpu_count()} cores shared, "
+                                  f"{torch.get_num_threads()} torch thread(s))"))
+    info["torch"] = torch.__version__
+    info["commit"] = git_commit()
+    info["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return info
+
+
+# ---------------------------------------------------------------------------
+# per-sequence metrics and the sequence bootstrap
+# ---------------------------------------------------------------------------
+
+SEQ_FIELDS = ("tokens", "nll", "base_nll", "kl", "agree")
+
+
+def _per_row(base_lp, lp, target, mask):
+    """Per-row sums ``[b, 5]``: tokens, nll, base nll, KL(base || edited), top-1 agreement."""
+    m = mask.to(lp.dtype)
+    nll = -(lp.gather(-1, target).squeeze(-1) * m).sum(-1)
+    bnll = -(base_lp.gather(-1, target).squeeze(-1) * m).sum(-1)
+    kl = ((base_lp.exp() * (base_lp - lp)).sum(-1) * m).sum(-1)
+    agree = ((lp.argmax(-1) == base_lp.argmax(-1)).to(lp.dtype) * m).sum(-1)
+    return torch.stack([m.sum(-1), nll, bnll, kl, agree], -1).double()
+
+
+@torch.no_grad()
+def per_sequence_sweep(model, batch, settings: list[Setting], batch_size: int, log=print) -> dict[str, torch.Tensor]:
+    """``{label: [n_seq, 5]}`` per-sequence sums (see ``SEQ_FIELDS``) of every setting, plus
+    ``"baseline"``. One forward per setting and batch, each edit through the library's
+    :class:`~tl_directional.sweep.Setting` / :func:`~tl_directional.edit.apply_edits`."""
+    from tl_directional.edit import apply_edits
+
+    out = {s.label: [] for s in settings}
+    out["baseline"] = []
+    t0 = time.time()
+    n_batches = math.ceil(len(batch) / batch_size)
+    for bi, i in enumerate(range(0, len(batch), batch_size)):
+        part = batch.slice(i, i + batch_size)
+        mask = prediction_mask(part.attention_mask)
+        target = part.tokens[:, 1:].unsqueeze(-1)
+        base_lp = torch.log_softmax(model(part.tokens, attention_mask=part.attention_mask)[:, :-1].float(), -1)
+        out["baseline"].append(_per_row(base_lp, base_lp, target, mask))
+        for j, s in enumerate(settings):
+            if j and j % 10 == 0:
+                log(f"    batch {bi + 1}: {j}/{len(settings)} settings ({time.time() - t0:.0f} s)")
+            with apply_edits(model, *s.edits()):
+                logits = model(part.tokens, attention_mask=part.attention_mask)
+            lp = torch.log_softmax(logits[:, :-1].float(), -1)
+            del logits
+            out[s.label].append(_per_row(base_lp, lp, target, mask))
+            del lp
+        log(f"  batch {bi + 1}/{n_batches} done ({time.time() - t0:.0f} s)")
+    return {k: torch.cat(v) for k, v in out.items()}
+
+
+def bootstrap_weights(n: int, B: int, seed: int) -> torch.Tensor:
+    """``[B + 1, n]`` resample counts of sequences; row 0 is the full sample."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.ones(B + 1, n, dtype=torch.float64)
+    for b in range(1, B + 1):
+        w[b] = torch.bincount(torch.randint(0, n, (n,), generator=gen), minlength=n).double()
+    return w
+
+
+def summarize(sums: torch.Tensor, weights: torch.Tensor) -> dict[str, float]:
+    """Point values and 95% percentile intervals of delta loss, delta ppl, KL and top-1
+    agreement from per-sequence sums ``[n, 5]`` under bootstrap weights ``[B + 1, n]``."""
+    agg = weights @ sums  # [B+1, 5]
+    tok = agg[:, 0].clamp_min(1)
+    loss, base = agg[:, 1] / tok, agg[:, 2] / tok
+    vals = {"delta_loss": loss - base, "delta_ppl": loss.exp() - base.exp(), "kl": agg[:, 3] / tok,
+            "top1_agree": agg[:, 4] / tok, "loss": loss, "ppl": loss.exp(), "base_loss": base, "base_ppl": base.exp()}
+    row = {"tokens": int(agg[0, 0])}
+    for k, v in vals.items():
+        row[k] = float(v[0])
+        if k in ("delta_loss", "delta_ppl", "kl", "top1_agree"):
+            row[f"{k}_lo"] = float(torch.quantile(v[1:], 0.025))
+            row[f"{k}_hi"] = float(torch.quantile(v[1:], 0.975))
+    return row
+
+
+# ---------------------------------------------------------------------------
+# random-direction reference levels (depth profile)
+# ---------------------------------------------------------------------------
+
+
+def random_levels(d: int, n: int = 20000, seed: int = 0) -> dict[str, float]:
+    """Levels of the split statistics for an update whose direction is uniform on the sphere
+    in ``d`` dims, independent of the reference: ``E|cos|`` (exact), the median of
+    ``|cos| / sqrt(1 - cos^2)`` (the per-token par_perp_ratio; Monte Carlo, seeded) and the
+    energy ratio ``sqrt(E cos^2 / E sin^2) = 1 / sqrt(d - 1)`` (exact)."""
+    e_abs_cos = math.exp(math.lgamma(d / 2) - math.lgamma((d + 1) / 2)) / math.sqrt(math.pi)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=gen, dtype=torch.float64)
+    c = (x[:, 0] / x.norm(dim=-1)).abs()
+    ratio = c / (1 - c * c).clamp_min(1e-300).sqrt()
+    return {"e_abs_cos": e_abs_cos, "median_par_perp_ratio": float(ratio.median()),
+            "energy_ratio": 1.0 / math.sqrt(d - 1)}
+
+
+def fmt_ci(row: dict, key: str, f: str = "+.4f") -> str:
+    return f"{row[key]:{f}} [{row[key + '_lo']:{f}}, {row[key + '_hi']:{f}}]"
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
