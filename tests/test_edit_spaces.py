@@ -3,7 +3,13 @@ the same edits the sweep builds, a clear error for an unknown name."""
 
 import pytest
 
-from tl_directional.edit import EDIT_SPACES, EffectiveDiagonal, ResidualScale, ValueScale, edits_for_space
+from tl_directional.edit import (
+    EDIT_SPACES,
+    EffectiveDiagonal,
+    ResidualScale,
+    ValueScale,
+    edits_for_space,
+)
 from tl_directional.sweep import SPACES, Setting
 
 

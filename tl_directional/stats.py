@@ -25,6 +25,19 @@ from torch import Tensor
 QUANTILES: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
+def energy_ratio(par_sq: Tensor, perp_sq: Tensor) -> Tensor:
+    """Energy ratio ``sqrt(sum ||u_par||^2 / sum ||u_perp||^2)`` from the two sums (any shape,
+    float64 on the sums' device): ``inf`` when only the parallel sum is positive, NaN when both
+    are 0 (no energy at all: no ratio)."""
+    par, perp = par_sq.double(), perp_sq.double()
+    with torch.no_grad():
+        return torch.where(
+            perp > 0, (par / perp.clamp_min(1e-300)).sqrt(),
+            torch.where(par > 0, torch.tensor(float("inf"), dtype=torch.float64, device=par.device),
+                        torch.tensor(float("nan"), dtype=torch.float64, device=par.device)),
+        )
+
+
 @dataclass(frozen=True)
 class BinScale:
     """A fixed histogram grid on a transformed axis.
@@ -200,13 +213,7 @@ class StreamingSummary:
         cols: dict[str, Tensor] = {"count": count, "degenerate": self.degenerate.cpu()}
         perp = self.perp_sq.cpu()
         par = self.par_sq.cpu()
-        with torch.no_grad():
-            energy = torch.where(
-                perp > 0, (par / perp.clamp_min(1e-300)).sqrt(),
-                torch.where(par > 0, torch.tensor(float("inf"), dtype=torch.float64),
-                            torch.tensor(float("nan"), dtype=torch.float64)),
-            )
-        cols["energy_ratio"] = energy
+        cols["energy_ratio"] = energy_ratio(par, perp)
         for m in self.metrics:
             fin = self.finite[m].cpu()
             s = self.sums[m].cpu()
