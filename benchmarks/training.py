@@ -58,4 +58,3 @@ def step_time_ratio(*, n_steps: int = 5, warmup: int = 2, variant: str = "vpara"
     finally:
         if own:
             shutil.rmtree(run_dir, ignore_errors=True)
-

@@ -37,7 +37,6 @@ class ConfigMismatchError(CheckpointError):
     """Resuming a run with a configuration that differs from the checkpoint's."""
 
 
-
 def json_bytes(obj: Any) -> bytes:
     """``obj`` as the indented, key-sorted UTF-8 JSON of the run's records."""
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
@@ -102,7 +101,6 @@ def read_checkpoint(json_path: str | os.PathLike[str]) -> tuple[dict[str, Any], 
     except Exception as err:  # safetensors raises its own error types
         raise CheckpointError(f"checkpoint tensors {st_path} cannot be parsed ({err}). {fix}.") from None
     return meta, tensors
-
 
 
 def diff_config(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -193,4 +191,3 @@ def remove_orphan_temporaries(run_dir: str | os.PathLike[str]) -> list[Path]:
         else:
             p.unlink(missing_ok=True)
     return found
-

@@ -106,7 +106,6 @@ class TrainConfig:
         return {k: v for k, v in self.to_dict().items() if k not in OPERATIONAL_KEYS}
 
 
-
 def variant_edits(variant: str) -> list[Edit]:
     """The edits active during training and evaluation of ``variant``: none for ``baseline``,
     the parallel part removed (``s_par = 0``) in every layer of the variant's edit space otherwise."""
@@ -125,4 +124,3 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     progress = min(max(step - cfg.warmup_steps, 0) / span, 1.0)
     floor = cfg.min_lr_ratio * cfg.lr
     return floor + 0.5 * (cfg.lr - floor) * (1.0 + math.cos(math.pi * progress))
-

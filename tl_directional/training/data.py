@@ -25,7 +25,6 @@ class TokenizerMismatchError(ValueError):
     """A tokenizer does not fit the model it is paired with."""
 
 
-
 def _epoch_permutation(seed: int, epoch: int, n: int) -> Tensor:
     gen = torch.Generator().manual_seed((seed * 1_000_003 + epoch * 7919 + 17) % 2**63)
     return torch.randperm(n, generator=gen)
@@ -47,7 +46,6 @@ def batch_indices(seed: int, step: int, batch_size: int, n_windows: int) -> Tens
         sel = epochs == e
         out[sel] = _epoch_permutation(seed, e, n_windows)[ks[sel] % n_windows]
     return out
-
 
 
 @dataclass
@@ -193,7 +191,6 @@ def save_tokenizer_atomic(tokenizer: Any, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-
 def data_sha256(data: Data) -> str:
     """sha256 of the token windows a run trains and validates on (its corpus identity)."""
     h = hashlib.sha256()
@@ -202,5 +199,3 @@ def data_sha256(data: Data) -> str:
         h.update(str(tuple(t.shape)).encode())
         h.update(t.numpy().tobytes())
     return h.hexdigest()
-
-

@@ -109,5 +109,3 @@ def evaluate_text(model: Any, text: str, *, n_ctx: int | None = None, batch_size
     mean = total / max(count, 1)
     return {"loss": mean, "perplexity": math.exp(mean), "windows": count,
             "tokens_scored": count * (n_ctx - 1)}
-
-

@@ -84,7 +84,6 @@ def load_init(init: Path, device: torch.device) -> Any:
         raise CheckpointError(f"{init} cannot be loaded ({err}); {fix}") from None
 
 
-
 def canonical_state_dict(model: Any) -> dict[str, Tensor]:
     """The model's weights under their native names, as contiguous detached copies.
 
@@ -151,5 +150,3 @@ def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
             if p.numel() == others:
                 p.requires_grad_(False)
     return [(n, p) for n, p in params if p.requires_grad]
-
-

@@ -50,6 +50,8 @@ from .model import (
 
 @dataclass
 class Dist:
+    """This process's place in a ``torchrun`` job (rank 0 of 1 without one)."""
+
     rank: int = 0
     world_size: int = 1
     initialized_here: bool = False
@@ -74,7 +76,6 @@ def init_distributed() -> Dist:
         dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
         return Dist(dist.get_rank(), dist.get_world_size(), True)
     return Dist(dist.get_rank(), dist.get_world_size(), False)
-
 
 
 @dataclass
@@ -357,4 +358,3 @@ def _run_trainer(cfg: TrainConfig, run_dir: str | os.PathLike[str], *, resume: b
     trainer = Trainer(cfg, run_dir, data=data, device=device, dist=dist)
     trainer.resume_if_possible(resume)
     return trainer.run(stop_after=stop_after, progress=progress)
-
