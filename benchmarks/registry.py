@@ -32,6 +32,14 @@ class NotAvailable(Exception):  # noqa: N818 - a status, not an error
     """The feature a record measures is not built yet (its module or function is missing)."""
 
 
+class Skipped(Exception):  # noqa: N818 - a status, not an error
+    """The record cannot run here (e.g. an optional peer library is not installed)."""
+
+
+#: How far above the target the upper end of the ci95 may lie for a "met" verdict.
+CI_SLACK = 0.05
+
+
 @dataclass(frozen=True)
 class Setting:
     """One workload: ``batch`` sequences of ``seq`` tokens on the model called ``model``.
@@ -196,6 +204,7 @@ def make_record(spec: RecordSpec, setting: Setting | None, *, status: str,
         "n_pairs": 0,
         "n_warmup": 0,
         "stop_reason": None,
+        "verdict": None,
         "times": None,
         "extra": extra or {},
     }
@@ -216,6 +225,7 @@ def make_record(spec: RecordSpec, setting: Setting | None, *, status: str,
         met=met,
         met_ratio=met_ratio,
         decisive=spec.decisive(lo, hi),
+        verdict=verdict(spec, ratio, lo, hi),
         n_pairs=timing.n_pairs,
         n_warmup=timing.warmup_pairs,
         stop_reason=timing.stop_reason,
@@ -230,11 +240,20 @@ def make_record(spec: RecordSpec, setting: Setting | None, *, status: str,
     return rec
 
 
+def verdict(spec: RecordSpec, ratio: float, lo: float, hi: float) -> str:
+    """``"met"`` (median within the target and the ci95's upper end within
+    :data:`CI_SLACK` of it), ``"missed"``, or ``"too noisy"`` when the ci95 is wider than the
+    record's precision and does not lie on one side of the target."""
+    if not spec.decisive(lo, hi) and (hi - lo) > spec.precision:
+        return "too noisy"
+    return "met" if spec.meets(ratio) and hi <= spec.target + CI_SLACK else "missed"
+
+
 def _median(xs: list[float]) -> float:
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
-__all__ = ["REGISTRY", "STATUSES", "Bench", "NotAvailable", "RecordSpec", "Setting",
-           "make_record", "register"]
+__all__ = ["CI_SLACK", "REGISTRY", "STATUSES", "Bench", "NotAvailable", "RecordSpec", "Setting",
+           "Skipped", "make_record", "register", "verdict"]

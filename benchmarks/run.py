@@ -83,22 +83,24 @@ from pathlib import Path
 
 import torch
 
+from . import peers as _peers  # noqa: F401
 from . import planned as _planned  # noqa: F401 - importing registers the records
 from . import records as _records  # noqa: F401
-from .registry import REGISTRY, Bench, NotAvailable, RecordSpec, Setting, make_record
+from .registry import REGISTRY, Bench, NotAvailable, RecordSpec, Setting, Skipped, make_record
 from .timing import N_BOOTSTRAP
 
 SCHEMA_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: Record names outside checks read from the JSON (all registered; the order of the table).
-CONTRACT_NAMES = ("profile_overhead", "profile_vs_cache", "edit_overhead", "sweep_cost",
-                  "train_step_overhead", "compression_local_cost")
+CONTRACT_NAMES = ("profile_overhead", "profile_vs_handwritten", "peer_nnsight", "profile_vs_cache",
+                  "edit_overhead", "sweep_cost", "sweep_shared_prefix", "train_step_overhead",
+                  "compression_local_cost")
 
 #: Width and heads of the "wide" model (a seeded GPT-2 with the main model's depth, context and
 #: vocabulary), used to show how the cost ratios change with d_model.
-WIDE_D_MODEL = 512
-WIDE_N_HEADS = 8
+WIDE_D_MODEL = 768
+WIDE_N_HEADS = 12
 
 
 def default_settings(wide: bool) -> list[Setting]:
@@ -229,6 +231,12 @@ class Harness:
                 out.append(rec)
                 self.log(f"{spec.name:24s} not available: {exc}")
                 return out
+            except Skipped as exc:
+                primary = next((s for s in settings if s.primary), settings[0])
+                rec = make_record(spec, primary, status="skipped", reason=str(exc))
+                out.append(rec)
+                self.log(f"{spec.name:24s} skipped: {exc}")
+                return out
             except Exception as exc:  # noqa: BLE001 - one broken record must not hide the rest
                 traceback.print_exc(file=sys.stderr)
                 rec = make_record(spec, setting, status="error",
@@ -341,12 +349,12 @@ def table_rows(records: list[dict]) -> list[list[str]]:
         ci = "-" if r["ci95"] is None else f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
         met = {True: "yes", False: "NO", None: "-"}[r["met"]]
         rows.append([r["name"], r["setting"] + (" *" if r["primary"] else ""), _fmt(r["ratio"]),
-                     ci, r["target_text"].replace("ratio ", ""), met, str(r["n_pairs"] or "-"),
-                     r["status"]])
+                     ci, r["target_text"].replace("ratio ", ""), met, r.get("verdict") or "-",
+                     str(r["n_pairs"] or "-"), r["status"]])
     return rows
 
 
-HEADER = ["record", "setting", "ratio", "ci95", "target", "met", "pairs", "status"]
+HEADER = ["record", "setting", "ratio", "ci95", "target", "met", "verdict", "pairs", "status"]
 
 
 def format_table(records: list[dict]) -> str:
@@ -386,7 +394,7 @@ def memory_lines(records: list[dict]) -> list[str]:
             f"peak memory increment, MB ({mem['batch_size']}-seq batches of {mem['seq']} tokens; "
             f"sequences {sizes}):",
             f"  streaming profile: {s}   growth {mem['streaming_growth']:.3f}",
-            f"  naive cache:       {n}   growth {mem['naive_growth']:.3f}",
+            f"  {mem.get('compared_with', 'naive') + ':':18s} {n}   growth {mem['naive_growth']:.3f}",
             f"  target: {mem['target']}: {'met' if mem['met'] else 'NOT met'}",
             f"  method: {mem['method']}; {mem.get('allocator', '')}",
         ]

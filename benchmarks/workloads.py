@@ -70,4 +70,73 @@ def naive_profile(model, batch: TokenBatch, components=None, names: list[str] | 
                               components=components)
 
 
-__all__ = ["all_components", "forward", "naive_profile", "needed_hooks", "text_batch"]
+def _summary(x: torch.Tensor) -> dict:
+    """What a user reports per metric: mean, std and five quantiles (exact, torch.quantile)."""
+    x = x.double()
+    q = torch.quantile(x, torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=torch.float64))
+    return {"mean": x.mean(), "std": x.std(), "q": q}
+
+
+def split_by_hand(u: torch.Tensor, r: torch.Tensor) -> dict:
+    """The residual split a user writes in torch: the four per-token metrics and the energy
+    ratio, no degenerate-token handling (random-weight and trained models have none)."""
+    u, r = u.float(), r.float()
+    a = (u * r).sum(-1) / (r * r).sum(-1)
+    par = a[:, None] * r
+    perp = u - par
+    par_n, perp_n, u_n, r_n = par.norm(dim=-1), perp.norm(dim=-1), u.norm(dim=-1), r.norm(dim=-1)
+    return {"alpha": _summary(a), "par_frac": _summary(par_n / u_n),
+            "par_perp_ratio": _summary(par_n / perp_n), "rel_update": _summary(u_n / r_n),
+            "energy_ratio": ((par_n ** 2).sum() / (perp_n ** 2).sum()).sqrt()}
+
+
+def handwritten_profile(model, batch: TokenBatch, names: list[str] | None = None,
+                        components=None) -> dict:
+    """What a user writes by hand for the same statistics as ``profile``: one
+    ``run_with_cache`` of the needed hooks, then torch math per layer and unit (and per head in
+    value space), summarised with exact ``torch.quantile``. Not the library's own code."""
+    sites = resolve_sites(model, warn=False)
+    comps = all_components(model) if components is None else tuple(components)
+    names = needed_hooks(model, comps) if names is None else names
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
+                                        names_filter=names, return_type=None)
+        mask = batch.attention_mask.bool()
+        out: dict = {"tokens": int(mask.sum())}
+        for L in range(sites.n_layers):
+            for c in comps:
+                if c == "value":
+                    continue
+                u = sites.units[c][L]
+                upd, ref = cache[u.update_hook][mask], cache[u.reference_hook][mask]
+                if u.update_is_difference:
+                    upd = upd - ref
+                out[(L, c)] = split_by_hand(upd, ref)
+            if "value" in comps:
+                vs = sites.value[L]
+                rep = sites.n_heads // sites.n_kv_heads
+                v = cache[vs.v_hook].repeat_interleave(rep, dim=2)[mask].float()  # [n, h, e]
+                z = cache[vs.z_hook][mask].float()
+                a_tt = cache[vs.pattern_hook].diagonal(dim1=-2, dim2=-1).transpose(1, 2)[mask].float()
+                x = cache[vs.resid_hook][mask].float()
+                W_O = model.blocks[L].attn.W_O.float()
+                beta = (z * v).sum(-1) / (v * v).sum(-1)
+                cross = z - a_tt[..., None] * v
+                gamma = (cross * v).sum(-1) / (v * v).sum(-1)
+                wx = torch.einsum("nd,hed->nhe", x, W_O)
+                x_sq = (x * x).sum(-1, keepdim=True)
+                alpha_head = (z * wx).sum(-1) / x_sq
+                phi = (v * wx).sum(-1) / x_sq
+                for h in range(sites.n_heads):
+                    out[(L, "value", h)] = {
+                        "beta": _summary(beta[:, h]), "A_tt": _summary(a_tt[:, h]),
+                        "gamma": _summary(gamma[:, h]), "phi": _summary(phi[:, h]),
+                        "alpha_head": _summary(alpha_head[:, h]),
+                        "full": split_by_hand(z[:, h], v[:, h]),
+                        "exclusive": split_by_hand(cross[:, h], v[:, h]),
+                    }
+    return out
+
+
+__all__ = ["all_components", "forward", "handwritten_profile", "naive_profile", "needed_hooks",
+           "split_by_hand", "text_batch"]

@@ -41,7 +41,6 @@ from tl_directional.inputs import TokenBatch
 from tl_directional.sites import lane_of, linear_input_hooks, resolve_sites
 
 
-
 @pytest.fixture(autouse=True)
 def _no_grad():
     """Gradients off inside this module's tests only (a module-level

@@ -28,13 +28,14 @@ def test_streaming_profile_equals_profile_from_cache(tiny_model, family):
         a, b = getattr(prof, name), getattr(ref, name)
         num = a.select_dtypes("number").columns
         pd.testing.assert_frame_equal(a[num], b[num], check_exact=False, rtol=1e-5, atol=1e-6)
-    assert prof.metadata["tokens_seen"] == batch.n_tokens
+    assert prof.metadata["tokens_seen"] == batch.n_tokens - len(batch)  # first token left out by default
 
 
 def test_profile_numbers_match_a_direct_computation(tiny_model):
     model = tiny_model("gpt2")
     batch = tld.prepare_inputs(model, TEXTS)
-    prof = tld.profile(model, batch.tokens, attention_mask=batch.attention_mask, batch_size=3, progress=False)
+    prof = tld.profile(model, batch.tokens, attention_mask=batch.attention_mask, batch_size=3, progress=False,
+                       exclude_first_token=False)
     _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
     mask = batch.attention_mask.bool()
     u = cache["blocks.1.hook_mlp_out"][mask].double()
@@ -71,7 +72,7 @@ def test_padding_is_excluded(tiny_model, side):
     padded = pad_sequences(seqs, pad_id=0, padding_side=side)
     prof = tld.profile(model, padded.tokens, attention_mask=padded.attention_mask, batch_size=3, progress=False)
     one_by_one = tld.profile(model, padded.tokens, attention_mask=padded.attention_mask, batch_size=1, progress=False)
-    assert prof.residual["count"].iloc[0] == sum(len(s) for s in seqs)
+    assert prof.residual["count"].iloc[0] == sum(len(s) - 1 for s in seqs)  # first token left out by default
     cols = ["count", "par_frac_mean", "alpha_mean", "energy_ratio"]
     pd.testing.assert_frame_equal(prof.residual[cols], one_by_one.residual[cols], rtol=1e-4)
     vcols = ["count", "beta_mean", "A_tt_mean", "phi_mean"]
@@ -80,8 +81,8 @@ def test_padding_is_excluded(tiny_model, side):
 
 def test_first_token_and_position_exclusion(tiny_model):
     model = tiny_model("llama")
-    full = tld.profile(model, TEXTS, progress=False)
-    no_bos = tld.profile(model, TEXTS, exclude_first_token=True, progress=False)
+    full = tld.profile(model, TEXTS, exclude_first_token=False, progress=False)
+    no_bos = tld.profile(model, TEXTS, progress=False)  # the default leaves the first token out
     assert (full.residual["count"] - no_bos.residual["count"] == len(TEXTS)).all()
     only_3 = tld.profile(model, TEXTS, positions=[3], progress=False)
     assert (only_3.residual["count"] == len(TEXTS)).all()
@@ -93,7 +94,8 @@ def test_first_token_and_position_exclusion(tiny_model):
 
 def test_components_subset_and_per_token_tables(tiny_model):
     model = tiny_model("neox")
-    prof = tld.profile(model, TEXTS[:2], components=("attn", "value"), per_token=True, progress=False)
+    prof = tld.profile(model, TEXTS[:2], components=("attn", "value"), per_token=True, progress=False,
+                       exclude_first_token=False)
     assert set(prof.residual["component"]) == {"attn"}
     n_tok = tld.prepare_inputs(model, TEXTS[:2]).n_tokens
     assert len(prof.tokens) == n_tok * model.cfg.n_layers

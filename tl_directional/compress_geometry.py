@@ -614,8 +614,15 @@ def compression_geometry(
     dense_seconds = 0.0
     n_tokens = 0
     seq_offset = 0
+    # under torchrun each rank takes every world-th batch (as sweep does); sums are all-reduced
+    from .sweep import _dist_info
+
+    rank, world = _dist_info()
     with torch.no_grad():
-        for part in iterator:
+        for bi, part in enumerate(iterator):
+            if bi % world != rank:
+                seq_offset += len(part)
+                continue
             part = part.to(device)
             mask = part.attention_mask.bool()
             if exclude_first_token:
@@ -639,6 +646,8 @@ def compression_geometry(
             n_tokens += int(mask.sum())
             seq_offset += len(part)
             del store
+    if world > 1:
+        n_tokens = _all_reduce_sums(targets, n_tokens)
     frames = []
     for target in targets:
         rows = []
@@ -675,6 +684,28 @@ def compression_geometry(
     if per_sequence:
         out.attrs["per_sequence"] = {t.name: t.per_seq for t in targets}
     return out
+
+
+def _all_reduce_sums(targets: list[_Target], n_tokens: int) -> int:
+    """Sum every target's exact float64 sums (and per-sequence sums) and the token count over
+    the ranks of the default process group; returns the global token count."""
+    import torch.distributed as dist
+
+    for target in targets:
+        for name in ("total", "per_seq"):
+            t = getattr(target, name)
+            if t is None:
+                continue
+            # reduce on the backend's device (NCCL needs CUDA tensors), copy back
+            dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+            buf = t.to(dev)
+            dist.all_reduce(buf)
+            t.copy_(buf.to(t.device))
+    count = torch.tensor([n_tokens], dtype=torch.long)
+    if dist.get_backend() == "nccl":
+        count = count.cuda()
+    dist.all_reduce(count)
+    return int(count[0])
 
 
 def pooled_sums(sums: Tensor, rows: Sequence[tuple[int, str]], unit: str, layers=None) -> Tensor:
@@ -880,9 +911,7 @@ def _load_checked(path, argument: str):
 
 
 def _cmd_compress_check(args) -> int:
-    import sys
-
-    from .cli import load_text_sequences
+    from .cli import USER_ERRORS, load_text_sequences, report_user_error
 
     try:
         dense = _load_checked(args.dense, "--dense")
@@ -892,9 +921,8 @@ def _cmd_compress_check(args) -> int:
                                 mode=args.mode, metric=args.metric, batch_size=args.batch_size,
                                 fail_on_removed_update=not args.allow_removed_updates,
                                 dense_name=str(args.dense), compressed_name=str(args.compressed))
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as exc:  # the CLI's one error format (tl_directional.cli)
+        return report_user_error(exc)
     print(result.summary(args.top))
     if args.report:
         page = result.write_report(args.report)
@@ -903,9 +931,7 @@ def _cmd_compress_check(args) -> int:
 
 
 def _cmd_compress(args) -> int:
-    import sys
-
-    from .cli import load_text_sequences
+    from .cli import USER_ERRORS, load_text_sequences, report_user_error
     from .compress import compress, save_compressed
 
     try:
@@ -917,9 +943,8 @@ def _cmd_compress(args) -> int:
         result = compress(model, args.spec, calibration=calibration)
         path = save_compressed(result.model, args.out, result.record, force=args.force,
                                force_hint="pass --force")
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as exc:  # the CLI's one error format (tl_directional.cli)
+        return report_user_error(exc)
     print(f"{result.record.label}: {len(result.record.weights)} weights in layers {result.record.layers}; "
           f"stats {json.dumps({k: round(v, 4) for k, v in result.record.stats.items()})}")
     print(f"wrote {path}")

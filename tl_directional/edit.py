@@ -31,7 +31,14 @@ from torch import Tensor
 
 from .geometry import DEFAULT_EPS, component_delta, compute_dtype, projection_coefficient
 from .inputs import position_mask
-from .sites import COMPONENTS, ModelSites, check_component, normalize_layers, resolve_sites
+from .sites import (
+    COMPONENTS,
+    ModelSites,
+    check_component,
+    normalize_heads,
+    normalize_layers,
+    resolve_sites,
+)
 
 HookList = list[tuple[str, Callable]]
 _AXES = ("batch", "layer", "head")
@@ -135,16 +142,9 @@ class _ScaleSpec:
 
 
 def _head_mask(heads, n_heads: int) -> Tensor | None:
+    heads = normalize_heads(heads, n_heads, "heads")
     if heads is None:
         return None
-    if isinstance(heads, int) and not isinstance(heads, bool):
-        heads = [heads]
-    heads = list(heads.tolist() if isinstance(heads, Tensor) else heads)
-    if not heads:
-        raise ValueError("heads is empty; pass None for all heads")
-    for h in heads:
-        if not isinstance(h, int) or not 0 <= h < n_heads:
-            raise ValueError(f"heads has {h!r}, out of range for {n_heads} query heads (valid: 0..{n_heads - 1})")
     m = torch.zeros(n_heads, dtype=torch.bool)
     m[heads] = True
     return m
@@ -555,7 +555,10 @@ def apply_edits(model, *edits: Edit):
     from the live, already edited stream) and always removed on exit, also when
     the body raises.
     """
+    from .generation import fix_generate
+
     hooks = edit_hooks(model, *edits)
+    fix_generate(model)  # so model.generate inside the block gives a manual greedy loop's tokens
     with model.hooks(fwd_hooks=hooks):
         yield model
 

@@ -9,6 +9,7 @@ hook sees one new position at a time).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -107,7 +108,13 @@ def tokenize(
                 ids = [int(tok.bos_token_id)] + ids
         else:
             ids = list(tok(text)["input_ids"])
-        if max_length is not None:
+        if max_length is not None and len(ids) > max_length:
+            warnings.warn(
+                f"inputs[{len(seqs)}] has {len(ids)} tokens, more than the model's context of "
+                f"{max_length}; only the first {max_length} are used. Split long text into windows "
+                "(e.g. tl_directional.cli.load_text_sequences) to measure all of it.",
+                UserWarning, stacklevel=3,
+            )
             ids = ids[:max_length]
         seqs.append(ids)
     return pad_sequences(seqs, pad_id=_pad_id(model), padding_side=padding_side or _pad_side(model))
@@ -127,6 +134,14 @@ def prepare_inputs(
     Raises ValueError for empty input, all-padding rows, rows shorter than
     ``min_tokens`` real tokens, or an ``attention_mask`` of the wrong shape.
     """
+    texts = [inputs] if isinstance(inputs, str) else (
+        list(inputs) if isinstance(inputs, Sequence) and inputs and all(isinstance(x, str) for x in inputs) else [])
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise ValueError(
+            f"{argument} has an empty string at index {empty[:8]}; it would measure BOS alone. "
+            "Drop it or pass text"
+        )
     if isinstance(inputs, TokenBatch):
         batch = inputs
     elif isinstance(inputs, str):
@@ -138,6 +153,8 @@ def prepare_inputs(
         if tokens.ndim != 2:
             raise ValueError(f"{argument} must be [batch, pos] token ids, got shape {tuple(inputs.shape)}")
         batch = TokenBatch(tokens.long(), torch.ones_like(tokens, dtype=torch.long))
+        if attention_mask is None:
+            _warn_if_padded(model, batch.tokens, argument)
     elif isinstance(inputs, Sequence) and len(inputs) > 0 and all(isinstance(x, str) for x in inputs):
         batch = tokenize(model, list(inputs))
     elif isinstance(inputs, Sequence) and len(inputs) > 0 and all(
@@ -169,6 +186,7 @@ def prepare_inputs(
         batch = TokenBatch(batch.tokens, attention_mask.long().to(batch.tokens.device))
     if batch.tokens.numel() == 0:
         raise ValueError(f"{argument} is empty: no tokens")
+    check_token_range(model, batch.tokens[batch.attention_mask.bool()], argument)
     per_row = batch.attention_mask.sum(-1)
     bad = (per_row < max(min_tokens, 1)).nonzero().flatten().tolist()
     if bad:
@@ -184,6 +202,152 @@ def prepare_inputs(
             f"--seq-len {n_ctx} or less)"
         )
     return batch
+
+
+def _vocab_size(model) -> int | None:
+    n = getattr(getattr(model, "cfg", None), "d_vocab", None)
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+
+def check_token_range(model, ids: Tensor, argument: str) -> None:
+    """Raise a ValueError naming the first token id outside ``0 .. d_vocab - 1``."""
+    n = _vocab_size(model)
+    if n is None or ids.numel() == 0:
+        return
+    bad = (ids < 0) | (ids >= n)
+    if bool(bad.any()):
+        first = int(ids[bad].flatten()[0])
+        raise ValueError(
+            f"{argument} has token id {first}, outside the vocabulary (valid: 0..{n - 1}, d_vocab={n}); "
+            "were the ids made with another model's tokenizer?"
+        )
+
+
+def token_ids(model, values, *, n: int, argument: str) -> Tensor:
+    """``n`` token ids from ints, a tensor, or strings (each must be exactly one token of
+    the model's tokenizer, e.g. ``" light"``); a single value is used for every row."""
+    if isinstance(values, (str, int)) and not isinstance(values, bool):
+        values = [values] * n
+    if isinstance(values, Tensor):
+        if values.is_floating_point() or values.dtype == torch.bool:
+            raise TypeError(f"{argument} must hold integer token ids, got dtype {values.dtype}")
+        ids = values.reshape(-1).long().cpu()
+    else:
+        try:
+            values = list(values)
+        except TypeError:
+            raise TypeError(
+                f"{argument} must be token ids or single-token strings, got {type(values).__name__}"
+            ) from None
+        out = []
+        for i, v in enumerate(values):
+            if isinstance(v, str):
+                tok = getattr(model, "tokenizer", None)
+                if tok is None:
+                    raise ValueError(f"{argument}[{i}] is a string but the model has no tokenizer; pass token ids")
+                enc = list(tok(v, add_special_tokens=False)["input_ids"])
+                if len(enc) != 1:
+                    raise ValueError(
+                        f"{argument}[{i}] = {v!r} is {len(enc)} tokens {enc}, not one; pass a single-token "
+                        "string (mind the leading space, e.g. ' light') or a token id"
+                    )
+                out.append(int(enc[0]))
+            elif isinstance(v, int) and not isinstance(v, bool) or (isinstance(v, Tensor) and v.numel() == 1):
+                out.append(int(v))
+            else:
+                raise TypeError(f"{argument}[{i}] = {v!r} is neither a token id nor a string")
+        ids = torch.tensor(out, dtype=torch.long)
+    if ids.numel() != n:
+        raise ValueError(f"{argument} has {ids.numel()} entries for {n} sequences; pass one per sequence")
+    check_token_range(model, ids, argument)
+    return ids
+
+
+def _edge_runs(tokens: Tensor, pad_id: int, *, left: bool) -> Tensor:
+    """Per row, the length of the run of ``pad_id`` at the left (or right) edge."""
+    is_pad = (tokens == pad_id).long()
+    return (is_pad if left else is_pad.flip(-1)).cumprod(-1).sum(-1)
+
+
+def _warn_if_padded(model, tokens: Tensor, argument: str) -> None:
+    """Warn when a token batch without a mask looks padded (as ``model.to_tokens([s1, s2])``
+    pads): rows end (or start) with runs of the pad id of different lengths. Those
+    positions would be measured as real tokens."""
+    tok = getattr(model, "tokenizer", None)
+    pad = getattr(tok, "pad_token_id", None)
+    if pad is None or tokens.shape[0] < 2:
+        return
+    bos = getattr(tok, "bos_token_id", None)
+    right = _edge_runs(tokens, int(pad), left=False)
+    left = _edge_runs(tokens, int(pad), left=True)
+    if pad == bos:  # a leading BOS shares the pad id: one leading pad id is expected
+        left = (left - 1).clamp(min=0)
+    for side, runs in (("end", right), ("start", left)):
+        if int(runs.max()) > 0 and int(runs.min()) != int(runs.max()):
+            rows = (runs > 0).nonzero().flatten().tolist()[:8]
+            warnings.warn(
+                f"{argument} looks padded: row(s) {rows} {side} with up to {int(runs.max())} pad tokens "
+                f"(id {pad}), and without an attention_mask they are measured as real tokens. Pass "
+                "attention_mask=... (e.g. from tl_directional.prepare_inputs(model, texts)) or the "
+                "strings themselves.",
+                UserWarning, stacklevel=3,
+            )
+            return
+
+
+def resolve_exclude_first_token(exclude_first_token: bool | None, positions) -> bool:
+    """The statistics' first-token rule (METHOD.md sec. 1): the first real token (BOS in
+    most tokenizers; the attention sink) is left out by default; with explicit
+    ``positions`` the default is to count exactly the positions asked for."""
+    if exclude_first_token is None:
+        return positions is None
+    if not isinstance(exclude_first_token, bool):
+        raise TypeError(f"exclude_first_token must be True, False or None, got {exclude_first_token!r}")
+    return exclude_first_token
+
+
+def check_positions_select(positions, batch: TokenBatch, argument: str = "positions") -> None:
+    """Raise a ValueError when ``positions`` selects no real token of ``batch``
+    (e.g. ``positions=[500]`` on 256-token inputs, which would give empty statistics)."""
+    if positions is None:
+        return
+    pm = position_mask(positions, batch=len(batch), n_query=batch.tokens.shape[1], argument=argument)
+    if not bool((pm & batch.attention_mask.bool()).any()):
+        n = batch.tokens.shape[1]
+        raise ValueError(
+            f"{argument}={positions!r} selects no token: the inputs have positions 0..{n - 1} "
+            f"(or -{n}..-1 from the end); pick positions inside them"
+        )
+
+
+def scale_list(value, argument: str) -> list[float]:
+    """Scales given as a number (``0.5``), a comma string (``"-1,0,0.5"``) or a sequence of
+    numbers -> a list of finite floats; errors name ``argument`` and the value."""
+    import math
+    import numbers
+
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        try:
+            value = [float(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"{argument}={value!r}: expected comma-separated numbers, e.g. '-1,0,0.5'") from None
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = [value]
+    elif isinstance(value, Tensor):
+        value = value.reshape(-1).tolist()
+    try:
+        out = [float(v) for v in value]
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{argument} must be a number, a list of numbers or a string like '-1,0,0.5', got {value!r}"
+        ) from None
+    if not out:
+        raise ValueError(f"{argument} is empty; pass at least one scale")
+    bad = [v for v in out if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"{argument} must be a finite number, got {bad[0]} (every scale must be finite)")
+    return out
 
 
 def iter_batches(batch: TokenBatch, batch_size: int) -> Iterator[TokenBatch]:

@@ -16,14 +16,24 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
 from .fileio import ArtefactError, replace_dir, verify_manifest
-from .geometry import DEFAULT_EPS, compute_dtype, decompose, projection_coefficient
-from .inputs import first_token_mask, iter_batches, position_mask, prepare_inputs
+from .geometry import DEFAULT_EPS, compute_dtype, projection_coefficient
+from .inputs import (
+    TokenBatch,
+    check_positions_select,
+    first_token_mask,
+    iter_batches,
+    position_mask,
+    prepare_inputs,
+    resolve_exclude_first_token,
+)
+from .kernels import split_stats, value_stats
 from .sites import (
     ModelSites,
     UnitSite,
@@ -71,7 +81,10 @@ class _Accumulator:
     """Per-token math shared by streaming hooks and :meth:`Profile.from_cache`.
 
     Each ``add_*`` method takes full activations plus a ``[batch, pos]`` bool mask
-    of the tokens to count; shapes follow TransformerLens conventions.
+    of the tokens to count; shapes follow TransformerLens conventions. The statistics
+    themselves come from :mod:`tl_directional.kernels` (one home for both paths). The
+    tokens of a batch are selected once per mask (``_select``): when every token counts,
+    activations are only reshaped, never gathered; nothing waits on the device per layer.
     """
 
     def __init__(self, sites: ModelSites, components, device, eps: float, per_token: bool):
@@ -88,11 +101,31 @@ class _Accumulator:
         n_heads = sites.n_layers * sites.n_heads
         self.value = StreamingSummary(n_heads, VALUE_METRICS, device)
         self.value_excl = StreamingSummary(n_heads, EXCLUSIVE_METRICS, device)
-        self.factorization_error = torch.zeros(sites.n_layers, dtype=torch.float64)
+        self.factorization_error = torch.zeros(sites.n_layers, dtype=torch.float64, device=device)
         self.token_rows: list[dict] = []
         self.value_token_rows: list[dict] = []
         self.tokens_seen = 0
         self.sequences_seen = 0
+        self._mask = None
+        self._index = None  # flat indices of the counted tokens; None when all count
+        self._weights: dict[int, tuple] = {}  # layer -> (W_O, b_O), read once per call
+
+    def _select(self, t: Tensor, mask: Tensor) -> Tensor:
+        """``t[mask]`` as ``[n, ...]``: a reshape when every token counts, else one gather
+        with indices computed once per mask (one host sync per batch, not per layer)."""
+        if mask is not self._mask:
+            self._mask = mask
+            self._index = None if bool(mask.all()) else mask.reshape(-1).nonzero().squeeze(-1)
+        flat = t.reshape(-1, *t.shape[2:])
+        return flat if self._index is None else flat.index_select(0, self._index.to(flat.device))
+
+    def _token_positions(self, mask: Tensor, seq_offset: int):
+        b_idx, p_idx = mask.nonzero(as_tuple=True)
+        return (b_idx + seq_offset).cpu().numpy(), p_idx.cpu().numpy()
+
+    def flush(self) -> None:
+        for s in (self.residual, self.value, self.value_excl):
+            s.flush()
 
     # -- residual space -------------------------------------------------
     @torch.no_grad()
@@ -105,13 +138,11 @@ class _Accumulator:
         mask: Bool[Tensor, "batch pos"],
         seq_offset: int = 0,
     ) -> Float[Tensor, " n"]:
-        """Decompose the masked tokens of one unit; returns their ``alpha`` (for the
-        factorization check)."""
-        u = update[mask]
-        r = reference[mask]
-        d = decompose(u, r, self.eps)
+        """Split the masked tokens of one unit (:func:`~tl_directional.kernels.split_stats`);
+        returns their ``alpha`` (for the factorization check)."""
+        d = split_stats(self._select(update, mask), self._select(reference, mask), self.eps)
         row = self.row_of[(layer, component)]
-        group = torch.full((u.shape[0],), row, dtype=torch.long, device=u.device)
+        group = torch.full(d.alpha.shape, row, dtype=torch.long, device=d.alpha.device)
         self.residual.update(
             group,
             {"par_frac": d.par_frac, "par_perp_ratio": d.par_perp_ratio, "alpha": d.alpha,
@@ -119,9 +150,9 @@ class _Accumulator:
             degenerate=d.degenerate, par_sq=d.par_sq, perp_sq=d.perp_sq,
         )
         if self.per_token:
-            b_idx, p_idx = mask.nonzero(as_tuple=True)
+            seq, position = self._token_positions(mask, seq_offset)
             self.token_rows.append({
-                "sequence": (b_idx + seq_offset).cpu().numpy(), "position": p_idx.cpu().numpy(),
+                "sequence": seq, "position": position,
                 "layer": layer, "component": component,
                 "alpha": d.alpha.cpu().numpy(), "par_frac": d.par_frac.cpu().numpy(),
                 "par_perp_ratio": d.par_perp_ratio.cpu().numpy(),
@@ -135,56 +166,43 @@ class _Accumulator:
         self,
         layer: int,
         v: Float[Tensor, "batch pos n_kv_heads d_head"],
-        pattern: Float[Tensor, "batch n_heads query key"],
+        diag: Float[Tensor, "batch pos n_heads"],
         z: Float[Tensor, "batch pos n_heads d_head"],
         x: Float[Tensor, "batch pos d_model"],
         mask: Bool[Tensor, "batch pos"],
         model,
         seq_offset: int = 0,
     ) -> Float[Tensor, " n"]:
-        """Value-space quantities of every head at the masked query positions.
+        """Value-space quantities of every head at the masked query positions
+        (:func:`~tl_directional.kernels.value_stats`); ``diag`` is the attention pattern's
+        diagonal ``A[h, t, t]`` (see :func:`_pattern_diagonal`).
 
         Returns the reconstructed attention alpha ``sum_h alpha_h + b_O . x / ||x||^2``
         per masked token (NaN where the factorization does not apply).
         """
         sites = self.sites
         group_size = sites.n_heads // sites.n_kv_heads
-        v_full = v.repeat_interleave(group_size, dim=2) if group_size > 1 else v
-        diag = pattern.diagonal(dim1=-2, dim2=-1).transpose(1, 2)  # [batch, pos, n_heads]
-        o = z[mask]  # [n, h, e]
-        vt = v_full[mask]
-        a_tt = diag[mask]  # [n, h]
-        full = decompose(o, vt, self.eps)
-        dtype = full.alpha.dtype
-        cross = o.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * vt.to(dtype)
-        excl = decompose(cross, vt, self.eps)
-
-        n = o.shape[0]
-        x_t = x[mask].to(dtype)  # [n, d]
-        W_O, b_O = attention_output_weights(model, layer)
-        W_O = W_O.to(dtype)
-        wx = torch.einsum("nd,hed->nhe", x_t, W_O)  # W_O[h] x_t, [n, h, e]
-        x_sq = (x_t * x_t).sum(-1)
-        x_ok = x_sq > self.eps
-        safe = torch.where(x_ok, x_sq, torch.ones_like(x_sq)).unsqueeze(-1)
-        alpha_head = torch.where(x_ok.unsqueeze(-1), (o.to(dtype) * wx).sum(-1) / safe, 0.0)
-        phi = torch.where(x_ok.unsqueeze(-1), (vt.to(dtype) * wx).sum(-1) / safe, 0.0)
-        self_term = a_tt.to(dtype) * phi
-        cross_term = alpha_head - self_term
-        bias = torch.zeros(n, dtype=dtype, device=o.device)
-        if b_O is not None:
-            bias = torch.where(x_ok, (x_t @ b_O.to(dtype)) / safe.squeeze(-1), 0.0)
-        recon = alpha_head.sum(-1) + bias
+        vt = self._select(v, mask)
+        if group_size > 1:
+            vt = vt.repeat_interleave(group_size, dim=1)
+        if layer not in self._weights:
+            self._weights[layer] = attention_output_weights(model, layer)
+        W_O, b_O = self._weights[layer]
+        s = value_stats(self._select(z, mask), vt, self._select(diag, mask),
+                        self._select(x, mask), W_O, b_O, self.eps)
+        full, excl = s.full, s.exclusive
+        recon = s.recon
         if not sites.factorization_applicable:
             recon = torch.full_like(recon, float("nan"))
 
-        heads = torch.arange(sites.n_heads, device=o.device)
+        n = recon.shape[0]
+        heads = torch.arange(sites.n_heads, device=recon.device)
         group = (layer * sites.n_heads + heads).expand(n, -1).reshape(-1)
         self.value.update(
             group,
-            {"beta": full.alpha, "A_tt": a_tt, "gamma": excl.alpha, "par_frac_full": full.par_frac,
-             "par_perp_ratio_full": full.par_perp_ratio, "phi": phi, "alpha_head": alpha_head,
-             "self_term": self_term, "cross_term": cross_term},
+            {"beta": full.alpha, "A_tt": s.a_tt, "gamma": excl.alpha, "par_frac_full": full.par_frac,
+             "par_perp_ratio_full": full.par_perp_ratio, "phi": s.phi, "alpha_head": s.alpha_head,
+             "self_term": s.self_term, "cross_term": s.cross_term},
             degenerate=full.degenerate, par_sq=full.par_sq, perp_sq=full.perp_sq,
         )
         self.value_excl.update(
@@ -193,14 +211,14 @@ class _Accumulator:
             degenerate=excl.degenerate, par_sq=excl.par_sq, perp_sq=excl.perp_sq,
         )
         if self.per_token:
-            b_idx, p_idx = mask.nonzero(as_tuple=True)
+            seq, position = self._token_positions(mask, seq_offset)
             for h in range(sites.n_heads):
                 self.value_token_rows.append({
-                    "sequence": (b_idx + seq_offset).cpu().numpy(), "position": p_idx.cpu().numpy(),
+                    "sequence": seq, "position": position,
                     "layer": layer, "head": h,
-                    "beta": full.alpha[:, h].cpu().numpy(), "A_tt": a_tt[:, h].float().cpu().numpy(),
-                    "gamma": excl.alpha[:, h].cpu().numpy(), "phi": phi[:, h].cpu().numpy(),
-                    "alpha_head": alpha_head[:, h].cpu().numpy(),
+                    "beta": full.alpha[:, h].cpu().numpy(), "A_tt": s.a_tt[:, h].float().cpu().numpy(),
+                    "gamma": excl.alpha[:, h].cpu().numpy(), "phi": s.phi[:, h].cpu().numpy(),
+                    "alpha_head": s.alpha_head[:, h].cpu().numpy(),
                 })
         return recon
 
@@ -208,8 +226,15 @@ class _Accumulator:
     def add_factorization_check(self, layer: int, alpha_attn: Tensor, recon: Tensor) -> None:
         if alpha_attn.numel() == 0:
             return
-        err = (alpha_attn.double() - recon.double()).abs().max()
-        self.factorization_error[layer] = max(float(self.factorization_error[layer]), float(err))
+        err = (alpha_attn.double() - recon.double()).abs().max().to(self.factorization_error.device)
+        # fmax ignores NaN (models where the factorization does not apply), as max() did
+        self.factorization_error[layer] = torch.fmax(self.factorization_error[layer], err)
+
+
+def _pattern_diagonal(pattern: Float[Tensor, "batch n_heads query key"]) -> Float[Tensor, "batch pos n_heads"]:
+    """``A[h, t, t]`` as a compact copy: a view would keep the whole ``[B, H, T, T]``
+    pattern alive until the layer's ``z`` arrives."""
+    return pattern.diagonal(dim1=-2, dim2=-1).transpose(1, 2).contiguous()
 
 
 @dataclass
@@ -323,7 +348,7 @@ class Profile:
         *,
         attention_mask: Tensor | None = None,
         positions=None,
-        exclude_first_token: bool = False,
+        exclude_first_token: bool | None = None,
         components=None,
         eps: float = DEFAULT_EPS,
         per_token: bool = False,
@@ -332,7 +357,6 @@ class Profile:
         holding the needed hooks, e.g. from ``model.run_with_cache(tokens)``."""
         sites = resolve_sites(model)
         components = _check_components(components, sites)
-        acc = _Accumulator(sites, components, "cpu", eps, per_token)
 
         def get(name):
             try:
@@ -344,15 +368,20 @@ class Profile:
                 ) from None
 
         ref_any = get(sites.units["attn"][0].reference_hook)
+        # computed where the cache lives (on the GPU for a GPU cache), never copied to the host
+        device = ref_any.device
+        acc = _Accumulator(sites, components, device, eps, per_token)
         batch, pos = ref_any.shape[:2]
         am = torch.ones(batch, pos, dtype=torch.long) if attention_mask is None else attention_mask
-        mask = _token_mask(am.cpu(), positions, exclude_first_token)
+        exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
+        check_positions_select(positions, TokenBatch(am, am))
+        mask = _token_mask(am.to(device), positions, exclude_first_token)
         for L in range(sites.n_layers):
             alpha_attn = None
             for comp in acc.components:
                 u = sites.units[comp][L]
-                upd = get(u.update_hook).cpu()
-                ref = get(u.reference_hook).cpu()
+                upd = get(u.update_hook).to(device)
+                ref = get(u.reference_hook).to(device)
                 if u.update_is_difference:
                     upd = upd - ref
                 a = acc.add_residual(L, comp, upd, ref, mask)
@@ -360,11 +389,13 @@ class Profile:
                     alpha_attn = a
             if acc.with_value:
                 vs = sites.value[L]
-                recon = acc.add_value(L, get(vs.v_hook).cpu(), get(vs.pattern_hook).cpu(),
-                                      get(vs.z_hook).cpu(), get(vs.resid_hook).cpu(), mask, model)
+                diag = _pattern_diagonal(get(vs.pattern_hook).to(device))
+                recon = acc.add_value(L, get(vs.v_hook).to(device), diag,
+                                      get(vs.z_hook).to(device), get(vs.resid_hook).to(device), mask, model)
                 if alpha_attn is None:
                     u = sites.units["attn"][L]
-                    alpha_attn = decompose(get(u.update_hook).cpu()[mask], get(u.reference_hook).cpu()[mask], eps).alpha
+                    alpha_attn = split_stats(acc._select(get(u.update_hook).to(device), mask),
+                                             acc._select(get(u.reference_hook).to(device), mask), eps).alpha
                 acc.add_factorization_check(L, alpha_attn, recon)
         acc.tokens_seen = int(mask.sum())
         acc.sequences_seen = batch
@@ -401,44 +432,50 @@ def _token_mask(attention_mask: Tensor, positions, exclude_first_token: bool) ->
 
 
 def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude_first_token) -> Profile:
-    res_cols = acc.residual.table()
-    rows = []
-    for (L, comp), i in sorted(acc.row_of.items(), key=lambda kv: kv[1]):
-        u: UnitSite = sites.units[comp][L]
-        row = {"layer": L, "component": comp, "update_hook": u.update_name, "reference_hook": u.reference_hook}
-        row.update({k: float(v[i]) for k, v in res_cols.items()})
-        row["factorization_error_max"] = (
-            float(acc.factorization_error[L]) if comp == "attn" and acc.with_value else float("nan")
-        )
-        rows.append(row)
-    residual = pd.DataFrame(rows)
-    for c in ("count", "degenerate"):
-        if c in residual:
+    # Tables are built column by column from the summaries' per-group tensors.
+    acc.flush()
+    n_layers, comps = sites.n_layers, acc.components
+    fact = acc.factorization_error.cpu().numpy()
+    nan_layers = np.full(n_layers, np.nan)
+    residual = pd.DataFrame()
+    if comps:
+        res_cols = acc.residual.table()
+        units = [sites.units[c][L] for c in comps for L in range(n_layers)]  # row order of row_of
+        cols: dict = {
+            "layer": np.tile(np.arange(n_layers), len(comps)),
+            "component": np.repeat(np.array(comps, dtype=object), n_layers),
+            "update_hook": np.array([u.update_name for u in units], dtype=object),
+            "reference_hook": np.array([u.reference_hook for u in units], dtype=object),
+        }
+        cols.update({k: v.numpy() for k, v in res_cols.items()})
+        cols["factorization_error_max"] = np.concatenate(
+            [fact if (c == "attn" and acc.with_value) else nan_layers for c in comps])
+        residual = pd.DataFrame(cols)
+        for c in ("count", "degenerate"):
             residual[c] = residual[c].astype("int64")
 
     value = pd.DataFrame()
     if acc.with_value:
         v_cols = acc.value.table()
         e_cols = acc.value_excl.table()
-        vrows = []
-        for L in range(sites.n_layers):
-            for h in range(sites.n_heads):
-                g = L * sites.n_heads + h
-                row = {"layer": L, "head": h, "kv_head": sites.kv_head(h)}
-                for k, v in v_cols.items():
-                    row["energy_ratio_full" if k == "energy_ratio" else k] = float(v[g])
-                for k, v in e_cols.items():
-                    if k == "energy_ratio":
-                        row["energy_ratio_exclusive"] = float(v[g])
-                    elif k not in ("count", "degenerate"):
-                        row[k] = float(v[g])
-                    elif k == "degenerate":
-                        row["degenerate_exclusive"] = float(v[g])
-                row["factorization_error_max"] = (
-                    float(acc.factorization_error[L]) if sites.factorization_applicable else float("nan")
-                )
-                vrows.append(row)
-        value = pd.DataFrame(vrows)
+        n_heads = sites.n_heads
+        vcols: dict = {
+            "layer": np.repeat(np.arange(n_layers), n_heads),
+            "head": np.tile(np.arange(n_heads), n_layers),
+            "kv_head": np.tile(np.array([sites.kv_head(h) for h in range(n_heads)]), n_layers),
+        }
+        for k, v in v_cols.items():
+            vcols["energy_ratio_full" if k == "energy_ratio" else k] = v.numpy()
+        for k, v in e_cols.items():
+            if k == "energy_ratio":
+                vcols["energy_ratio_exclusive"] = v.numpy()
+            elif k == "degenerate":
+                vcols["degenerate_exclusive"] = v.numpy()
+            elif k != "count":
+                vcols[k] = v.numpy()
+        vcols["factorization_error_max"] = np.repeat(
+            fact if sites.factorization_applicable else nan_layers, n_heads)
+        value = pd.DataFrame(vcols)
         for c in ("count", "degenerate", "degenerate_exclusive"):
             value[c] = value[c].astype("int64")
 
@@ -446,6 +483,8 @@ def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude
     if acc.per_token:
         tokens = _rows_to_frame(acc.token_rows)
         value_tokens = _rows_to_frame(acc.value_token_rows)
+    if not sites.factorization_applicable:
+        residual, value, value_tokens = _mask_factorization(residual, value, value_tokens)
     metadata = {
         "model_name": sites.model_name,
         "lane": sites.lane,
@@ -462,9 +501,32 @@ def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude
         "dtype": str(getattr(model.cfg, "dtype", "")),
         "quantiles": "approximate: linear interpolation in fixed histograms (tl_directional.stats.BIN_SCALES); means, counts and energy ratios are exact sums",
         "notes": list(sites.notes),
+        "factorization_applicable": sites.factorization_applicable,
         "created_unix": time.time(),
     }
     return Profile(residual=residual, value=value, metadata=metadata, tokens=tokens, value_tokens=value_tokens)
+
+
+#: Value-table metrics that belong to the METHOD sec. 3 factorization through W_O (NaN where
+#: the attention update is not linear in z, see sites.SANDWICH_ARCHITECTURES).
+FACTORIZATION_METRICS = ("phi", "alpha_head", "self_term", "cross_term")
+
+
+def _mask_factorization(residual: pd.DataFrame, value: pd.DataFrame, value_tokens):
+    """NaN every factorization column (``phi`` / ``alpha_head`` / ``self_term`` /
+    ``cross_term`` statistics and ``factorization_error_max``) of the three tables; the other
+    columns (beta, A_tt, gamma, the splits) are defined on any architecture and stay."""
+    def mask(df):
+        if df is None or df.empty:
+            return df
+        cols = [c for c in df.columns
+                if c == "factorization_error_max"
+                or any(c == m or c.startswith(m + "_") for m in FACTORIZATION_METRICS)]
+        df = df.copy()
+        df[cols] = float("nan")
+        return df
+
+    return mask(residual), mask(value), mask(value_tokens)
 
 
 def _rows_to_frame(rows: list[dict]) -> pd.DataFrame:
@@ -484,7 +546,7 @@ def profile(
     batch_size: int = 8,
     attention_mask: Tensor | None = None,
     positions=None,
-    exclude_first_token: bool = False,
+    exclude_first_token: bool | None = None,
     components=None,
     eps: float = DEFAULT_EPS,
     per_token: bool = False,
@@ -502,7 +564,10 @@ def profile(
             excluded from every statistic.
         positions: restrict to these absolute query positions (int, list, slice or
             bool mask ``[pos]`` / ``[batch, pos]``).
-        exclude_first_token: drop each sequence's first real token (BOS).
+        exclude_first_token: drop each sequence's first real token (BOS in most
+            tokenizers: the attention sink, an outlier in every statistic; METHOD.md
+            sec. 1). Default None: dropped unless ``positions`` is given (then exactly
+            those positions count). ``metadata["exclude_first_token"]`` records it.
         components: any of ``"attn"``, ``"mlp"``, ``"block"`` (residual space) and
             ``"value"`` (per head); None means all that the architecture defines
             (post-LN models have no ``"block"``).
@@ -518,6 +583,8 @@ def profile(
     sites = resolve_sites(model)
     components = _check_components(components, sites)
     batch = prepare_inputs(model, inputs, attention_mask)
+    exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
+    check_positions_select(positions, batch)
     device = _model_device(model)
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
@@ -525,26 +592,83 @@ def profile(
     acc = _Accumulator(sites, components, device, eps, per_token)
     state: dict = {}
 
-    hooks = _streaming_hooks(acc, sites, model, state)
+    hooks, n_actions = _streaming_hooks(acc, sites, model, state)
+    # profile needs no logits: stop the forward once the last block's hooks have run
+    # (skips ln_final and the unembedding). The stop is raised only when every measuring
+    # action of the batch has run, so an architecture whose hooks fire in another order
+    # just runs the full forward.
+    stop_at = f"blocks.{sites.n_layers - 1}.hook_resid_post"
+    if stop_at in model.hook_dict:
+        hooks = _with_stop(hooks, stop_at, state, n_actions)
+    from .sweep import _dist_info
+
+    rank, world = _dist_info()
     batches = list(iter_batches(batch, batch_size))
-    iterator = batches
+    # under torchrun each rank takes every world-th batch (as sweep does); sums are all-reduced
+    todo = [(i, part) for i, part in enumerate(batches) if i % world == rank]
+    offsets = [0]
+    for part in batches:
+        offsets.append(offsets[-1] + len(part))
+    iterator = todo
     if progress:
         from tqdm.auto import tqdm
 
-        iterator = tqdm(batches, desc="profile", unit="batch")
-    seq_offset = 0
+        iterator = tqdm(todo, desc="profile", unit="batch", disable=rank != 0)
+    tokens_seen = torch.zeros((), dtype=torch.long, device=device)
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        for part in iterator:
+        for i, part in iterator:
             part = part.to(device)
             state.clear()
             state["mask"] = _token_mask(part.attention_mask, positions, exclude_first_token)
-            state["seq_offset"] = seq_offset
-            model(part.tokens, attention_mask=part.attention_mask, return_type=None)
-            acc.tokens_seen += int(state["mask"].sum())
+            state["seq_offset"] = offsets[i]
+            state["done"] = 0
+            try:
+                model(part.tokens, attention_mask=part.attention_mask, return_type=None)
+            except _StopForward:
+                pass
+            tokens_seen += state["mask"].sum()
             acc.sequences_seen += len(part)
-            seq_offset += len(part)
+            acc.flush()
     state.clear()
+    acc.tokens_seen = int(tokens_seen)
+    if world > 1:
+        _all_reduce_accumulator(acc)
     return _finish(acc, model, sites, components, eps, positions, exclude_first_token)
+
+
+class _StopForward(Exception):  # noqa: N818 - control flow, not an error
+    """Raised by the hook on the last block's ``resid_post``: the rest is not needed."""
+
+
+def _with_stop(hooks: list, stop_at: str, state: dict, n_actions: int) -> list:
+    """``hooks`` with :class:`_StopForward` raised on ``stop_at`` after that hook's own
+    measuring work, once all ``n_actions`` measuring actions of the forward have run."""
+
+    def then_stop(fn):
+        def hook(tensor, hook):
+            out = tensor if fn is None else fn(tensor, hook)
+            if state["done"] >= n_actions:
+                raise _StopForward
+            return out
+        return hook
+
+    out = [(name, then_stop(fn) if name == stop_at else fn) for name, fn in hooks]
+    if stop_at not in {name for name, _ in hooks}:
+        out.append((stop_at, then_stop(None)))
+    return out
+
+
+def _all_reduce_accumulator(acc: _Accumulator) -> None:
+    """Sum every streaming sum and histogram over the ranks (exact: float64 / int64)."""
+    import torch.distributed as dist
+
+    for s in (acc.residual, acc.value, acc.value_excl):
+        s.all_reduce_()
+    dist.all_reduce(acc.factorization_error, op=dist.ReduceOp.MAX)
+    counts = torch.tensor([acc.tokens_seen, acc.sequences_seen], dtype=torch.long,
+                          device=acc.factorization_error.device)
+    dist.all_reduce(counts)
+    acc.tokens_seen, acc.sequences_seen = int(counts[0]), int(counts[1])
 
 
 def _model_device(model) -> torch.device:
@@ -555,7 +679,8 @@ def _model_device(model) -> torch.device:
 
 
 def _streaming_hooks(acc: _Accumulator, sites: ModelSites, model, state: dict) -> list:
-    """Read-only hooks, one function per hook name, that feed the accumulator.
+    """Read-only hooks, one function per hook name, that feed the accumulator, and the number
+    of actions they run per forward (each counts itself in ``state["done"]``).
 
     Each layer's hooks store the tensors they are needed as (references, v,
     pattern) and compute a unit as soon as everything it needs has been seen,
@@ -566,6 +691,12 @@ def _streaming_hooks(acc: _Accumulator, sites: ModelSites, model, state: dict) -
     def store(key):
         def act(t):
             state[key] = t
+        return act
+
+    def counted(f):
+        def act(t):
+            f(t)
+            state["done"] += 1
         return act
 
     for L in range(sites.n_layers):
@@ -593,7 +724,8 @@ def _streaming_hooks(acc: _Accumulator, sites: ModelSites, model, state: dict) -
             return tensor
         return hook
 
-    return [(name, make(funcs)) for name, funcs in actions.items()]
+    n_actions = sum(len(f) for f in actions.values())
+    return [(name, make([counted(f) for f in funcs])) for name, funcs in actions.items()], n_actions
 
 
 def _residual_action(acc: _Accumulator, u: UnitSite, state: dict):
@@ -610,7 +742,7 @@ def _alpha_only_action(acc: _Accumulator, u: UnitSite, state: dict):
     def act(t):
         ref = state[("ref", u.reference_hook)]
         mask = state["mask"]
-        alpha = projection_coefficient(t[mask], ref[mask], acc.eps)[0]
+        alpha = projection_coefficient(acc._select(t, mask), acc._select(ref, mask), acc.eps)[0]
         _factorization_meet(acc, u.layer, state, alpha=alpha)
     return act
 
@@ -632,13 +764,14 @@ def _factorization_meet(acc: _Accumulator, layer: int, state: dict, *, alpha=Non
 
 def _value_action(acc: _Accumulator, vs: ValueSite, key: str, state: dict, model):
     def act(t):
-        state[("value", vs.layer, key)] = t
+        # keep only the pattern's diagonal, a copy, not the whole [B, H, T, T] pattern
+        state[("value", vs.layer, key)] = _pattern_diagonal(t) if key == "pattern" else t
         got = [state.get(("value", vs.layer, k)) for k in ("v", "pattern", "z")]
         if any(g is None for g in got):
             return
-        v, pattern, z = got
+        v, diag, z = got
         x = state[("ref", vs.resid_hook)]
-        recon = acc.add_value(vs.layer, v, pattern, z, x, state["mask"], model, state["seq_offset"])
+        recon = acc.add_value(vs.layer, v, diag, z, x, state["mask"], model, state["seq_offset"])
         for k in ("v", "pattern", "z"):
             state.pop(("value", vs.layer, k))
         _factorization_meet(acc, vs.layer, state, recon=recon)

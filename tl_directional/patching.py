@@ -23,13 +23,40 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .geometry import DEFAULT_EPS, decompose, patch_components
-from .inputs import prepare_inputs
-from .sites import ModelSites, normalize_layers, resolve_sites
+from .inputs import prepare_inputs, token_ids
+from .sites import ModelSites, final_norm_weight, normalize_heads, normalize_layers, resolve_sites
 
 WHICH = ("par", "perp", "full")
 
 
-def _capture(model, tokens, attention_mask, names: Sequence[str]) -> tuple[Tensor, dict[str, Tensor]]:
+def _integer_columns(table: pd.DataFrame, columns) -> pd.DataFrame:
+    """Index columns as integers (pandas ``Int64``, so rows without a head or position
+    hold ``<NA>`` instead of turning the column into floats)."""
+    for c in columns:
+        if c in table:
+            table[c] = table[c].astype("Int64")
+    return table
+
+
+def _scalar_metric(metric, logits) -> float:
+    """``metric(logits)`` as a float; a clear error for a vector or a non-number."""
+    value = metric(logits)
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number "
+                "per run, e.g. reduce over the batch: lambda logits: (logits[:, -1, a] - logits[:, -1, b]).mean()"
+            )
+        return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"metric must return a number or a 1-element tensor, got {type(value).__name__}") from None
+
+
+def _capture(model, tokens, attention_mask, names: Sequence[str], *, logits: bool = True) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """One forward keeping copies of the hooks ``names``; ``logits=False`` skips the unembedding
+    output (``[batch, pos, vocab]``: 1 GB at 8 x 128 tokens for a 262k vocabulary)."""
     store: dict[str, Tensor] = {}
 
     def keep(name):
@@ -39,9 +66,10 @@ def _capture(model, tokens, attention_mask, names: Sequence[str]) -> tuple[Tenso
         return hook
 
     with torch.no_grad():
-        logits = model.run_with_hooks(tokens, attention_mask=attention_mask,
-                                      fwd_hooks=[(n, keep(n)) for n in sorted(set(names))])
-    return logits, store
+        out = model.run_with_hooks(tokens, attention_mask=attention_mask,
+                                   fwd_hooks=[(n, keep(n)) for n in sorted(set(names))],
+                                   **({} if logits else {"return_type": None}))
+    return out, store
 
 
 def _patch_residual_hooks(unit, clean_update: Tensor, which: str, pos_mask: Tensor | None, eps: float):
@@ -132,10 +160,7 @@ def directional_patch(
         if c != "value" and c not in sites.units:
             raise ValueError(f"components has {c!r}; choose from {sites.components + ('value',)}")
     layer_list = normalize_layers(layers, sites.n_layers)
-    head_list = list(range(sites.n_heads)) if heads is None else list(heads)
-    for h in head_list:
-        if not 0 <= h < sites.n_heads:
-            raise ValueError(f"heads has {h}, out of range for {sites.n_heads} heads")
+    head_list = normalize_heads(heads, sites.n_heads) or list(range(sites.n_heads))
     device = next(model.parameters()).device
     ct, am = c_batch.tokens.to(device), c_batch.attention_mask.to(device)
     xt = x_batch.tokens.to(device)
@@ -148,11 +173,13 @@ def directional_patch(
             else:
                 u = sites.units[c][L]
                 names += [u.update_hook, u.reference_hook]
+    # Each run's logits are reduced to the metric at once and dropped, so at most one
+    # [batch, pos, vocab] tensor is alive at a time (large vocabularies: Gemma-3 has 262k).
     clean_logits, clean_cache = _capture(model, ct, am, names)
+    clean_metric = _scalar_metric(metric, clean_logits)
+    del clean_logits
     with torch.no_grad():
-        corrupted_logits = model(xt, attention_mask=am)
-    clean_metric = float(metric(clean_logits))
-    corrupted_metric = float(metric(corrupted_logits))
+        corrupted_metric = _scalar_metric(metric, model(xt, attention_mask=am))
 
     n_pos = ct.shape[1]
     positions = list(range(n_pos)) if per_position else [None]
@@ -188,8 +215,8 @@ def directional_patch(
                             clean_u = clean_u - clean_cache[u.reference_hook]
                         hooks = _patch_residual_hooks(u, clean_u, which, pos_mask, eps)
                     with torch.no_grad():
-                        logits = model.run_with_hooks(xt, attention_mask=am, fwd_hooks=hooks)
-                    values[which] = float(metric(logits))
+                        values[which] = _scalar_metric(
+                            metric, model.run_with_hooks(xt, attention_mask=am, fwd_hooks=hooks))
                 idx = (L,) + ((p,) if p is not None else ()) + ((h,) if h is not None else ())
                 for which, v in values.items():
                     res[which][idx] = v
@@ -200,7 +227,7 @@ def directional_patch(
                     "effect_perp": values["perp"] - corrupted_metric,
                     "effect_full": values["full"] - corrupted_metric,
                 })
-    table = pd.DataFrame(rows)
+    table = _integer_columns(pd.DataFrame(rows), ("layer", "head", "position"))
     if not table.empty:
         table["par_plus_perp_minus_full"] = table["effect_par"] + table["effect_perp"] - table["effect_full"]
         table["clean_metric"] = clean_metric
@@ -217,23 +244,20 @@ def _final_norm_linear(model, sites: ModelSites, x: Tensor, scale: Tensor) -> Te
     """Apply the final norm *linearised* at the cached scale: centre (LayerNorm) and
     divide by the cached scale, then the norm's weight. Linear in ``x``, so the
     attribution of a sum is the sum of attributions."""
-    ln = model.ln_final
     norm_type = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
     if norm_type.startswith("LN"):
         x = x - x.mean(-1, keepdim=True)
     x = x / scale
-    w = getattr(ln, "w", None)
-    if w is None:
-        w = getattr(getattr(ln, "original_component", None), "weight", None)
+    w = final_norm_weight(model)
     return x * w if w is not None else x
 
 
 def split_logit_attribution(
     model,
     inputs,
-    answer_tokens: Int[Tensor, " batch"] | Sequence[int],
+    answer_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str,
     *,
-    wrong_tokens: Int[Tensor, " batch"] | Sequence[int] | None = None,
+    wrong_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str | None = None,
     position: int = -1,
     eps: float = DEFAULT_EPS,
 ) -> pd.DataFrame:
@@ -247,6 +271,21 @@ def split_logit_attribution(
     ``W_O[h]^T z_h`` (no bias) split against ``resid_pre``; sub-layers use their
     sites (attention update vs ``resid_pre``, MLP update vs its reference).
 
+    ``answer_tokens`` / ``wrong_tokens``: one per sequence (or one for all), as token
+    ids or single-token strings (``" light"``).
+
+    Versus TransformerLens's ``cache.logit_attrs``: TL's applies the final norm's
+    centring and scale but not its weight ``ln_final.w`` (it assumes the weight was
+    folded into ``W_U``, as ``fold_ln`` does). The unprocessed models this library
+    measures keep that weight, so here it is applied: ``dla`` equals TL's
+    ``logit_attrs`` with the direction multiplied by ``ln_final.w``, and the rows
+    (with the embedding and bias terms) add up to the true logit difference.
+
+    On sandwich-norm models (Gemma-2/3, OLMo-2) a norm follows ``W_O``, so what a head adds
+    to the stream is not ``W_O[h]^T z_h`` and per-head attributions are not defined: head rows
+    carry NaN and ``table.attrs["notes"]`` says why; the ``attn`` / ``mlp`` rows (the normalised
+    updates actually added) stay exact.
+
     Returns:
         A DataFrame with one row per (sequence, layer, unit): ``unit`` is ``"attn"``,
         ``"mlp"`` or ``"head"`` (with ``head``), and ``dla``, ``dla_par``, ``dla_perp``,
@@ -258,15 +297,11 @@ def split_logit_attribution(
     batch = prepare_inputs(model, inputs)
     device = next(model.parameters()).device
     tokens, am = batch.tokens.to(device), batch.attention_mask.to(device)
-    answer = torch.as_tensor(answer_tokens, device=device).long().reshape(-1)
-    if answer.numel() != tokens.shape[0]:
-        raise ValueError(f"answer_tokens has {answer.numel()} entries for {tokens.shape[0]} sequences")
+    answer = token_ids(model, answer_tokens, n=tokens.shape[0], argument="answer_tokens").to(device)
     W_U = model.W_U  # [d_model, vocab]
     direction = W_U[:, answer].T  # [batch, d_model]
     if wrong_tokens is not None:
-        wrong = torch.as_tensor(wrong_tokens, device=device).long().reshape(-1)
-        if wrong.numel() != tokens.shape[0]:
-            raise ValueError(f"wrong_tokens has {wrong.numel()} entries for {tokens.shape[0]} sequences")
+        wrong = token_ids(model, wrong_tokens, n=tokens.shape[0], argument="wrong_tokens").to(device)
         direction = direction - W_U[:, wrong].T
     if position == -1:
         pos = am.long().cumsum(-1).argmax(-1)  # last real token (right or left padding)
@@ -282,7 +317,7 @@ def split_logit_attribution(
         for c in ("attn", "mlp"):
             u = sites.units[c][L]
             names += [u.update_hook, u.reference_hook]
-    _, cache = _capture(model, tokens, am, names)
+    _, cache = _capture(model, tokens, am, names, logits=False)
     scale = cache["ln_final.hook_scale"][rows_idx, pos]  # [batch, 1]
 
     def dla_of(vec: Tensor) -> Tensor:  # [batch, ..., d_model] -> [batch, ...]
@@ -307,29 +342,44 @@ def split_logit_attribution(
             out = torch.einsum("bhe,hed->bhd", z, W_O)
             d = decompose(out, x.unsqueeze(1), eps)
             total, par, perp = dla_of(out.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
+            if not sites.factorization_applicable:  # W_O[h]^T z_h is not what the head adds
+                total, par, perp = (torch.full_like(t, float("nan")) for t in (total, par, perp))
             for b in range(tokens.shape[0]):
                 for h in range(sites.n_heads):
                     rows.append({"sequence": b, "layer": L, "unit": "head", "head": h, "dla": float(total[b, h]),
                                  "dla_par": float(par[b, h]), "dla_perp": float(perp[b, h]),
-                                 "par_frac": float(d.par_frac[b, h])})
-    return pd.DataFrame(rows)
+                                 "par_frac": float(d.par_frac[b, h]) if sites.factorization_applicable
+                                 else float("nan")})
+    table = _integer_columns(pd.DataFrame(rows), ("sequence", "layer", "head"))
+    table.attrs["notes"] = [] if sites.factorization_applicable else [
+        "sandwich-norm model: a norm follows W_O, so per-head DLA (W_O[h]^T z_h) is not what a head "
+        "adds; head rows are NaN, the attn / mlp rows are exact."
+    ]
+    return table
 
 
 def split_dla_figure(table: pd.DataFrame, sequence: int = 0):
-    """Plotly heatmaps of per-head ``dla_par`` and ``dla_perp`` for one sequence."""
+    """Per-head ``dla_par`` and ``dla_perp`` of one sequence as plotly heatmaps, in a
+    :class:`~tl_directional.views.PlotlyView` (like the other views: ``.figure``,
+    ``.data`` = the rows shown, ``.save``)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    from .views import PlotlyView
+
     heads = table[(table["unit"] == "head") & (table["sequence"] == sequence)]
+    if heads.empty:
+        raise ValueError(f"table has no head rows for sequence={sequence}; pass split_logit_attribution's table")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("parallel part", "perpendicular part"), shared_yaxes=True)
     for col, key in enumerate(("dla_par", "dla_perp"), start=1):
         grid = heads.pivot(index="layer", columns="head", values=key)
-        fig.add_trace(go.Heatmap(z=grid.values, x=grid.columns, y=grid.index, coloraxis="coloraxis"), row=1, col=col)
+        fig.add_trace(go.Heatmap(z=grid.values, x=list(grid.columns), y=list(grid.index), coloraxis="coloraxis"),
+                      row=1, col=col)
     fig.update_layout(title="direct logit attribution per head, split", coloraxis={"colorscale": "RdBu", "cmid": 0},
                       template="plotly_white")
     fig.update_xaxes(title_text="head")
     fig.update_yaxes(title_text="layer", col=1)
-    return fig
+    return PlotlyView(fig, data=heads.reset_index(drop=True), name="split_dla")
 
 
 __all__ = ["WHICH", "directional_patch", "split_dla_figure", "split_logit_attribution"]

@@ -353,7 +353,7 @@ def build_report(
     """
     from .inputs import prepare_inputs
     from .measure import profile
-    from .sites import resolve_sites
+    from .sites import normalize_index, resolve_sites
     from .sweep import grid, sweep
     from .views import (
         attention_triptych,
@@ -369,6 +369,9 @@ def build_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sites = resolve_sites(model, warn=False)
+    # checked before any work; negative indices count from the end
+    layer = None if layer is None else normalize_index(layer, sites.n_layers, "layer")
+    head = None if head is None else normalize_index(head, sites.n_heads, "head", "head")
     batch = prepare_inputs(model, inputs)
     prof = profile(model, batch, batch_size=batch_size, progress=progress)
     prof.save(out / "profile", format="csv")

@@ -12,6 +12,7 @@ never the bridge's internal aliases (``blocks.3.hook_in``).
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from dataclasses import dataclass, field
 
@@ -24,6 +25,30 @@ COMPONENTS = ("attn", "mlp", "block")
 SEQUENTIAL = "sequential"  # pre-LN, attn then MLP (GPT-2, Llama, Qwen, Mistral)
 PARALLEL = "parallel"  # pre-LN, attn and MLP read the same stream (GPT-J, Pythia/NeoX)
 POST_LN = "post_ln"  # BERT: each update is added before a LayerNorm
+
+# Sandwich-norm decoders: each sub-layer's output is normalised (a norm after W_O and after the
+# MLP) before the residual add, so the update is not linear in hook_z. Residual-space identities
+# still hold (the hooked update is what is added); the value-space factorization does not.
+SANDWICH_ARCHITECTURES = frozenset({
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",
+    "Olmo2ForCausalLM",
+    "Olmo3ForCausalLM",
+})
+# Module names of a post-sub-layer norm: TransformerLens (both lanes) calls them ln1_post /
+# ln2_post; HF Gemma-2/3 and OLMo-2 layers call the MLP one post_feedforward_layernorm (HF Llama
+# has a post_attention_layernorm too, but it is the pre-MLP norm, so it is not a sign).
+_POST_NORM_CHILDREN = ("ln1_post", "ln2_post", "post_feedforward_layernorm")
+
+#: Why the sec. 3 factorization columns are NaN on a sandwich-norm model (Profile.metadata).
+SANDWICH_NOTE = (
+    "sandwich-norm model: a norm follows W_O (and the MLP) before each residual add, so the "
+    "attention update is not linear in hook_z; the value-space factorization of METHOD sec. 3 "
+    "(phi, alpha_head, self_term, cross_term, factorization_error_max) is not applicable and "
+    "reported as NaN. Residual-space splits, beta, A_tt, gamma, the value-space splits and all "
+    "edits are unaffected."
+)
 
 
 class WeightProcessingWarning(UserWarning):
@@ -119,8 +144,7 @@ class ModelSites:
     def unit(self, component: str, layer: int) -> UnitSite:
         """The :class:`UnitSite` of ``component`` at ``layer`` (clear errors otherwise)."""
         check_component(component, self)
-        check_layer(layer, self.n_layers, "layer")
-        return self.units[component][layer]
+        return self.units[component][check_layer(layer, self.n_layers, "layer")]
 
     def kv_head(self, head: int) -> int:
         """GQA mapping ``kv(h) = h // (n_heads // n_kv_heads)``."""
@@ -131,6 +155,20 @@ def architecture_name(model) -> str:
     """The HF architecture class name (``cfg.original_architecture`` on the legacy
     lane, ``cfg.architecture`` on the bridge), or ""."""
     return str(_cfg(model, "original_architecture", "architecture", default="") or "")
+
+
+def is_sandwich_norm(model) -> bool:
+    """Whether ``model`` normalises each sub-layer output before the residual add (Gemma-2/3,
+    OLMo-2 style): the legacy ``cfg.use_normalization_before_and_after`` flag, a known
+    architecture name, or a post-norm child module in the first block (the bridge has no flag)."""
+    if bool(getattr(model.cfg, "use_normalization_before_and_after", False)):
+        return True
+    if architecture_name(model) in SANDWICH_ARCHITECTURES:
+        return True
+    blocks = getattr(model, "blocks", None)
+    if blocks is None or len(blocks) == 0:
+        return False
+    return any(getattr(blocks[0], n, None) is not None for n in _POST_NORM_CHILDREN)
 
 
 def lane_of(model) -> str:
@@ -166,35 +204,62 @@ def check_component(component: str, sites: ModelSites | None = None) -> None:
         )
 
 
-def check_layer(layer: int, n_layers: int, argument: str = "layers") -> None:
-    if not isinstance(layer, int) or isinstance(layer, bool):
-        raise TypeError(f"{argument} must hold ints, got {layer!r} ({type(layer).__name__})")
-    if not 0 <= layer < n_layers:
+def normalize_index(index, size: int, argument: str, what: str = "layer", *, in_list: bool = False) -> int:
+    """One layer / head index in ``-size .. size - 1`` -> ``0 .. size - 1`` (negative
+    indices count from the end, as in Python and TransformerLens: ``-1`` is the last)."""
+    if isinstance(index, Tensor) and index.numel() == 1 and not index.is_floating_point():
+        index = int(index)
+    if not isinstance(index, numbers.Integral) or isinstance(index, bool):
+        raise TypeError(f"{argument} must hold ints, got {index!r} ({type(index).__name__})")
+    index = int(index)
+    if not -size <= index < size:
+        if in_list:  # "layers has layer 7" / "heads has 9"
+            shown = f"{argument} has {what} {index}," if what == "layer" else f"{argument} has {index},"
+        else:
+            shown = f"{argument}={index} is"
         raise ValueError(
-            f"{argument} has layer {layer}, out of range for a model with {n_layers} layers "
-            f"(valid: 0..{n_layers - 1})"
+            f"{shown} out of range for a model with {size} {what}s "
+            f"(valid: 0..{size - 1}, or -{size}..-1 counting from the end)"
         )
+    return index % size
+
+
+def check_layer(layer: int, n_layers: int, argument: str = "layers") -> int:
+    """Validate one layer index; returns it in ``0 .. n_layers - 1`` (see :func:`normalize_index`)."""
+    return normalize_index(layer, n_layers, argument, "layer", in_list=argument.endswith("s"))
+
+
+def _index_list(values, size: int, argument: str, what: str) -> list[int] | None:
+    if values is None:
+        return None
+    if isinstance(values, int) and not isinstance(values, bool):
+        values = [values]
+    if isinstance(values, Tensor):
+        values = values.reshape(-1).tolist()
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{argument} must be None, an int or a sequence of ints, got the string {values!r}")
+    try:
+        values = list(values)
+    except TypeError:
+        raise TypeError(
+            f"{argument} must be None, an int or a sequence of ints, got {type(values).__name__}"
+        ) from None
+    if not values:
+        raise ValueError(f"{argument} is empty; pass None for all {what}s")
+    return sorted({normalize_index(v, size, argument, what, in_list=True) for v in values})
 
 
 def normalize_layers(layers, n_layers: int, argument: str = "layers") -> list[int]:
-    """``None`` -> all layers; an int, range or sequence of ints -> sorted unique list."""
-    if layers is None:
-        return list(range(n_layers))
-    if isinstance(layers, int) and not isinstance(layers, bool):
-        layers = [layers]
-    if isinstance(layers, Tensor):
-        layers = layers.tolist()
-    try:
-        layers = list(layers)
-    except TypeError:
-        raise TypeError(
-            f"{argument} must be None, an int or a sequence of ints, got {type(layers).__name__}"
-        ) from None
-    if not layers:
-        raise ValueError(f"{argument} is empty; pass None for all layers")
-    for layer in layers:
-        check_layer(layer, n_layers, argument)
-    return sorted(set(layers))
+    """``None`` -> all layers; an int, range or sequence of ints (negative ones count from
+    the end) -> sorted unique list in ``0 .. n_layers - 1``."""
+    out = _index_list(layers, n_layers, argument, "layer")
+    return list(range(n_layers)) if out is None else out
+
+
+def normalize_heads(heads, n_heads: int, argument: str = "heads") -> list[int] | None:
+    """``None`` -> None (all heads); an int or sequence of query-head indices (negative ones
+    count from the end) -> sorted unique list in ``0 .. n_heads - 1``."""
+    return _index_list(heads, n_heads, argument, "head")
 
 
 def _cfg(model, *names, default=None):
@@ -281,7 +346,7 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
         arch = PARALLEL
     else:
         arch = SEQUENTIAL
-    sandwich = bool(getattr(cfg, "use_normalization_before_and_after", False))
+    sandwich = is_sandwich_norm(model)
     weights = detect_weight_processing(model)
     sites = ModelSites(
         model_name=str(_cfg(model, "model_name", default=type(model).__name__)),
@@ -330,10 +395,7 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
             "MLP at ln2.hook_in); there is no block update. Attention is bidirectional."
         )
     if sandwich:
-        sites.notes.append(
-            "sandwich-norm model: a norm follows W_O, so the value-space factorization of the "
-            "attention alpha is not applicable (reported as NaN)."
-        )
+        sites.notes.append(SANDWICH_NOTE)
     if warn and weights.any:
         warnings.warn(
             f"{sites.model_name}: weights look processed ({weights.as_dict()}). Centering writing "
@@ -344,6 +406,21 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
             stacklevel=2,
         )
     return sites
+
+
+def final_norm_weight(model) -> Tensor | None:
+    """Effective gain of the final norm (``ln_final``), ``[d_model]``, or None without a gain.
+
+    HF's ``Gemma*RMSNorm`` computes ``x * (1 + weight)``: on the bridge (which wraps the HF
+    module and exposes its raw ``weight`` as ``w``) the gain is ``1 + weight``; the legacy
+    converters fold the 1 into ``ln_final.w`` already.
+    """
+    ln = model.ln_final
+    inner = getattr(ln, "original_component", None)
+    if inner is not None and type(inner).__name__.startswith("Gemma") and getattr(inner, "weight", None) is not None:
+        return 1.0 + inner.weight
+    w = getattr(ln, "w", None)
+    return w if w is not None else getattr(inner, "weight", None)
 
 
 def attention_output_weights(model, layer: int) -> tuple[Float[Tensor, "n_heads d_head d_model"], Float[Tensor, " d_model"] | None]:
@@ -378,7 +455,7 @@ def linear_input_hooks(model, layer: int) -> dict[str, LinearInput]:
     ``attn.hook_z``, ``W_in``/``W_gate`` read ``ln2.hook_normalized``, ``W_out`` reads
     ``mlp.hook_post``.
     """
-    check_layer(layer, int(model.cfg.n_layers), "layer")
+    layer = check_layer(layer, int(model.cfg.n_layers), "layer")
     hook_dict = model.hook_dict
     block = model.blocks[layer]
     b = f"blocks.{layer}"
@@ -425,7 +502,7 @@ def mlp_branch(model, layer: int):
     block's own ``hook_mlp_out`` once before trusting it."""
     if "Bert" in architecture_name(model) or bool(getattr(model.cfg, "parallel_attn_mlp", False)):
         return None
-    if bool(getattr(model.cfg, "use_normalization_before_and_after", False)):
+    if is_sandwich_norm(model):
         return None
     block = model.blocks[layer]
     ln2, mlp = getattr(block, "ln2", None), getattr(block, "mlp", None)

@@ -3,8 +3,8 @@
 Inside :func:`split_hook_points` (or after :func:`attach_split_hook_points`), each
 unit's update gets two child hook points, the SAELens way
 (``blocks.L.hook_mlp_out.hook_sae_acts_post``), so that ``run_with_cache``,
-``run_with_hooks`` and ``transformer_lens.patching`` work on the components
-natively:
+``run_with_hooks`` and ``transformer_lens.patching`` (``generic_activation_patch``
+with ``"attn_out.hook_par"`` or ``"z.hook_par"``) work on the components:
 
 ==============================================  =======================================
 hook point                                      tensor
@@ -12,6 +12,8 @@ hook point                                      tensor
 ``blocks.L.hook_attn_out.hook_par`` / ``_perp``  attention update split vs its reference
 ``blocks.L.hook_mlp_out.hook_par`` / ``_perp``   MLP update split vs its reference
 ``blocks.L.attn.hook_z.hook_par`` / ``_perp``    each head's ``o_t`` split vs its own ``v_t``
+``blocks.L.hook_z.hook_par`` / ``_perp``         the same, under the name TL's ``get_act_name``
+                                                builds for ``"z.hook_par"`` (fed by the above)
 ==============================================  =======================================
 
 (On post-LN bridges the residual children hang under ``attn.o.hook_out`` /
@@ -19,6 +21,14 @@ hook point                                      tensor
 ``u + (par' - par) + (perp' - perp)``, so with no hook on the children the model
 is bit-exactly unchanged. The reference is read live from the stream, as in
 the edits (METHOD.md sec. 4).
+
+Patching meaning: replacing ``hook_par`` with a clean run's cached ``hook_par``
+(what TL's patching helpers do) puts in the clean run's parallel part,
+``P_{r_c} u_c``, split against the *clean* reference, next to the corrupted run's
+perpendicular part. :func:`tl_directional.directional_patch` instead puts in
+``P_{r_x} u_c``, the clean update split against the *corrupted* reference (METHOD.md
+sec. 5). They differ; docs/sweeps.md ("Two meanings of a parallel-only patch")
+says when to use which.
 """
 
 from __future__ import annotations
@@ -91,13 +101,17 @@ def attach_split_hook_points(model, *, components=("attn", "mlp", "value"), laye
                 else:
                     unit = sites.units[c][L]
                     parent, ref_name = unit.update_hook, unit.reference_hook
-                hp_par, hp_perp = HookPoint(), HookPoint()
-                for child, hp in (("hook_par", hp_par), ("hook_perp", hp_perp)):
-                    name = f"{parent}.{child}"
-                    add_hook_point(model, name, hp)
-                    handle.names.append(name)
+                points = {}  # child -> [its hook point, + one under TL's spelling where that differs]
+                for child in ("hook_par", "hook_perp"):
+                    points[child] = []
+                    for name in dict.fromkeys((f"{parent}.{child}", _tl_spelling(parent, L, c, child))):
+                        hp = HookPoint()
+                        add_hook_point(model, name, hp)
+                        handle.names.append(name)
+                        points[child].append(hp)
                 ref_fn = _store(state)
-                split_fn = _split(state, hp_par, hp_perp, value=(c == "value"), n_heads=sites.n_heads, eps=eps)
+                split_fn = _split(state, points["hook_par"], points["hook_perp"], value=(c == "value"),
+                                  n_heads=sites.n_heads, eps=eps)
                 for name, fn in ((ref_name, ref_fn), (parent, split_fn)):
                     hook_point = model.hook_dict[name]
                     _add_perma(hook_point, fn)
@@ -108,6 +122,23 @@ def attach_split_hook_points(model, *, components=("attn", "mlp", "value"), laye
     return handle
 
 
+def _tl_spelling(parent: str, layer: int, component: str, child: str) -> str:
+    """The name ``transformer_lens.patching`` builds with ``get_act_name`` for a value-space
+    child: ``"z.hook_par"`` -> ``blocks.L.hook_z.hook_par`` (not ``blocks.L.attn.hook_z...``).
+    Registered as a second hook point, fed by the first, so TL's patching helpers find it.
+    Residual children already have TL's spelling (``blocks.L.hook_attn_out.hook_par``); on
+    post-LN bridges, whose ``hook_attn_out`` is not the update, they get no alias."""
+    if component == "value":
+        return f"blocks.{layer}.hook_z.{child}"
+    return f"{parent}.{child}"
+
+
+def _chain(points, x):
+    for hp in points:  # the nested name's hook point, then TL's spelling's
+        x = hp(x)
+    return x
+
+
 def _store(state: dict):
     def hook(t, hook):  # noqa: ARG001
         state["ref"] = t
@@ -115,18 +146,20 @@ def _store(state: dict):
     return hook
 
 
-def _split(state: dict, hp_par, hp_perp, *, value: bool, n_heads: int, eps: float):
+def _split(state: dict, par_points, perp_points, *, value: bool, n_heads: int, eps: float):
     def hook(t, hook):  # noqa: ARG001
         ref = state["ref"]
         if value:  # [batch, pos, n_kv_heads, d_head] -> one value per query head
             group = n_heads // ref.shape[2]
             ref = ref.repeat_interleave(group, dim=2) if group > 1 else ref
+        if not any(hp.fwd_hooks or hp.bwd_hooks for hp in (*par_points, *perp_points)):
+            return t  # nothing hooked on the children: bit-exactly unchanged
         par = parallel_part(t, ref, eps).to(t.dtype)
         perp = t - par
-        new_par, new_perp = hp_par(par), hp_perp(perp)
-        if new_par is par and new_perp is perp:
-            return t
-        return t + (new_par - par) + (new_perp - perp)
+        # Kept apart because child hooks may edit in place (TL's patch setters do).
+        par0, perp0 = par.clone(), perp.clone()
+        new_par, new_perp = _chain(par_points, par), _chain(perp_points, perp)
+        return t + (new_par - par0) + (new_perp - perp0)
     return hook
 
 

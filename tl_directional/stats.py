@@ -96,7 +96,18 @@ class StreamingSummary:
         metrics: mapping metric name -> bin scale name in :data:`BIN_SCALES`.
         device: where the accumulators live (the model's device, so that
             accumulating never copies activations to the host).
+
+    Layout: the per-metric sums are columns of ``[n_groups, n_metrics]`` float64 tensors
+    (``sums[m]`` etc. are views of them), and all histograms share one flat int64 tensor
+    (``hist[m]`` is a ``[n_groups, n_bins + 2]`` view) with one spare bin at the end that
+    collects tokens left out (degenerate, masked, non-finite). An :meth:`update` only
+    computes bin indices; they are counted in one pass by :meth:`flush` (called by every
+    reader), so a batch of many layers costs one counting kernel, and nothing synchronises
+    with the host.
     """
+
+    #: pending bin indices above which :meth:`update` counts them at once (bounds memory)
+    FLUSH_AT = 1 << 24
 
     def __init__(self, n_groups: int, metrics: dict[str, str], device: torch.device | str = "cpu"):
         self.n_groups = n_groups
@@ -107,14 +118,36 @@ class StreamingSummary:
         self.degenerate = torch.zeros(n_groups, **f64)
         self.par_sq = torch.zeros(n_groups, **f64)
         self.perp_sq = torch.zeros(n_groups, **f64)
-        self.sums = {m: torch.zeros(n_groups, **f64) for m in self.metrics}
-        self.sumsq = {m: torch.zeros(n_groups, **f64) for m in self.metrics}
-        self.finite = {m: torch.zeros(n_groups, **f64) for m in self.metrics}
-        # two extra bins: underflow (index 0) and overflow (index n_bins + 1)
+        names = list(self.metrics)
+        n_m = len(names)
+        self._sums = torch.zeros(n_groups, n_m, **f64)
+        self._sumsq = torch.zeros(n_groups, n_m, **f64)
+        self._finite = torch.zeros(n_groups, n_m, **f64)
+        self.sums = {m: self._sums[:, j] for j, m in enumerate(names)}
+        self.sumsq = {m: self._sumsq[:, j] for j, m in enumerate(names)}
+        self.finite = {m: self._finite[:, j] for j, m in enumerate(names)}
+        # two extra bins per group: underflow (index 0) and overflow (index n_bins + 1)
+        self._offsets: dict[str, int] = {}
+        total = 0
+        for m, s in self.metrics.items():
+            self._offsets[m] = total
+            total += n_groups * (BIN_SCALES[s].n_bins + 2)
+        self._spare = total
+        self._hist = torch.zeros(total + 1, dtype=torch.int64, device=self.device)
         self.hist = {
-            m: torch.zeros(n_groups, BIN_SCALES[s].n_bins + 2, **f64)
-            for m, s in self.metrics.items()
+            m: self._hist[off:off + n_groups * (BIN_SCALES[s].n_bins + 2)].view(n_groups, -1)
+            for (m, s), off in zip(self.metrics.items(), self._offsets.values(), strict=True)
         }
+        # metrics sharing a grid are binned together: scale -> (metric columns, offsets)
+        self._by_scale: dict[str, tuple[list[int], Tensor]] = {}
+        for s in dict.fromkeys(self.metrics.values()):
+            cols = [j for j, m in enumerate(names) if self.metrics[m] == s]
+            offs = torch.tensor([self._offsets[names[j]] for j in cols], dtype=torch.long,
+                                device=self.device)
+            self._by_scale[s] = (cols, offs.unsqueeze(-1))
+        self._staged: list[tuple] = []
+        self._pending: list[Tensor] = []
+        self._pending_n = 0
 
     def update(
         self,
@@ -124,54 +157,115 @@ class StreamingSummary:
         degenerate: Bool[Tensor, " n"] | None = None,
         par_sq: Float[Tensor, " n"] | None = None,
         perp_sq: Float[Tensor, " n"] | None = None,
+        keep: Bool[Tensor, " n"] | None = None,
     ) -> None:
-        """Add ``n`` tokens. Degenerate tokens are counted but excluded from every statistic."""
+        """Add ``n`` tokens. Degenerate tokens are counted but excluded from every statistic;
+        tokens where ``keep`` is False are ignored entirely (as if not passed), so callers can
+        pass whole ``[batch * pos]`` blocks with a mask instead of gathering.
+
+        The tokens are staged and summed by :meth:`flush` together with the other updates
+        of the batch (every reader flushes first), so many small updates cost one pass."""
         group = group.to(self.device).long().reshape(-1)
         n = group.numel()
         if n == 0:
             return
-        if degenerate is None:
-            keep = torch.ones(n, dtype=torch.bool, device=self.device)
-        else:
-            degenerate = degenerate.reshape(-1).to(self.device)
-            self.degenerate += torch.bincount(group[degenerate], minlength=self.n_groups).double()
-            keep = ~degenerate
-        g = group[keep]
-        self.count += torch.bincount(g, minlength=self.n_groups).double()
-        if par_sq is not None:
-            self.par_sq.index_add_(0, g, par_sq.reshape(-1)[keep].double())
-        if perp_sq is not None:
-            self.perp_sq.index_add_(0, g, perp_sq.reshape(-1)[keep].double())
-        for name, scale_name in self.metrics.items():
-            x = values[name].reshape(-1)[keep].double()
-            fin = torch.isfinite(x)
-            xf = torch.where(fin, x, torch.zeros_like(x))
-            self.sums[name].index_add_(0, g, xf)
-            self.sumsq[name].index_add_(0, g, xf * xf)
-            self.finite[name].index_add_(0, g, fin.double())
+
+        def flat(t, fill, dtype):
+            if t is None:
+                return torch.full((n,), fill, dtype=dtype, device=self.device)
+            return t.reshape(-1).to(self.device)
+
+        x = torch.stack([values[m].reshape(-1).to(self.device) for m in self.metrics])
+        self._staged.append((group, x, flat(degenerate, False, torch.bool),
+                             flat(par_sq, 0.0, x.dtype), flat(perp_sq, 0.0, x.dtype),
+                             flat(keep, True, torch.bool)))
+        self._pending_n += n * len(self.metrics)
+        if self._pending_n >= self.FLUSH_AT:
+            self.flush()
+
+    def _accumulate(self, group: Tensor, x: Tensor, degenerate: Tensor, par_sq: Tensor,
+                    perp_sq: Tensor, keep: Tensor) -> None:
+        """Add staged tokens: ``x`` is ``[n_metrics, n]`` in the order of ``self.metrics``."""
+        deg = degenerate & keep
+        self.degenerate.index_add_(0, group, deg.double())
+        ok = keep & ~degenerate
+        self.count.index_add_(0, group, ok.double())
+        zero = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.par_sq.index_add_(0, group, torch.where(ok, par_sq.double(), zero))
+        self.perp_sq.index_add_(0, group, torch.where(ok, perp_sq.double(), zero))
+        x = x.double()
+        fin = torch.isfinite(x) & ok
+        xf = torch.where(fin, x, zero)
+        self._sums.index_add_(0, group, xf.T)
+        self._sumsq.index_add_(0, group, (xf * xf).T)
+        self._finite.index_add_(0, group, fin.double().T)
+        for scale_name, (cols, offs) in self._by_scale.items():
             scale = BIN_SCALES[scale_name]
+            xs = x[cols]  # [k, n]
             lo, hi = scale.edges
-            t = scale.transform(x)
-            pos = (t - lo) / (hi - lo) * scale.n_bins
-            # NaN never reaches here (decompose defines every value); inf -> overflow.
+            pos = (scale.transform(xs) - lo) / (hi - lo) * scale.n_bins
+            # inf -> overflow, -inf -> underflow; NaN (and tokens left out) -> the spare bin
             idx = torch.where(
-                x == float("inf"),
-                torch.full_like(pos, scale.n_bins + 1),
-                torch.where(x == float("-inf"), torch.zeros_like(pos), pos.floor() + 1),
-            )
-            idx = idx.clamp(0, scale.n_bins + 1).long()
-            flat = g * (scale.n_bins + 2) + idx
-            self.hist[name] += torch.bincount(
-                flat, minlength=self.n_groups * (scale.n_bins + 2)
-            ).double().view(self.n_groups, -1)
+                xs == float("inf"), torch.full_like(pos, scale.n_bins + 1),
+                torch.where(xs == float("-inf"), torch.zeros_like(pos),
+                            torch.nan_to_num(pos, nan=0.0).floor() + 1),
+            ).clamp(0, scale.n_bins + 1).long()
+            flat = offs + group * (scale.n_bins + 2) + idx
+            use = ok & ~torch.isnan(xs)
+            self._pending.append(torch.where(use, flat, self._spare).reshape(-1))
+
+    def flush(self) -> None:
+        """Sum the staged tokens and count their bin indices into the histograms (one
+        kernel for all of them)."""
+        if self._staged:
+            staged = self._staged
+            self._staged = []
+            if len(staged) == 1:
+                self._accumulate(*staged[0])
+            else:
+                self._accumulate(torch.cat([s[0] for s in staged]),
+                                 torch.cat([s[1] for s in staged], dim=1),
+                                 *(torch.cat([s[k] for s in staged]) for k in range(2, 6)))
+        self._pending_n = 0
+        if not self._pending:
+            return
+        idx = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending.clear()
+        if self.device.type == "cpu":
+            self._hist += torch.bincount(idx, minlength=self._hist.numel())
+        else:  # bincount on CUDA reads its size back to the host; index_add_ does not
+            self._hist.index_add_(0, idx, torch.ones_like(idx))
 
     def merge_(self, other: StreamingSummary) -> StreamingSummary:
         """Add another summary's sums in place (e.g. from another process)."""
-        for attr in ("count", "degenerate", "par_sq", "perp_sq"):
+        self.flush()
+        other.flush()
+        for attr in ("count", "degenerate", "par_sq", "perp_sq", "_sums", "_sumsq", "_finite",
+                     "_hist"):
             getattr(self, attr).add_(getattr(other, attr).to(self.device))
-        for d in ("sums", "sumsq", "finite", "hist"):
-            for k, v in getattr(other, d).items():
-                getattr(self, d)[k].add_(v.to(self.device))
+        return self
+
+    def all_reduce_(self) -> StreamingSummary:
+        """Sum this summary over every process of the default ``torch.distributed`` group
+        (in place; a no-op when no group is initialised). Exact: sums are float64 and
+        histograms int64."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return self
+        self.flush()
+        floats = torch.cat([self.count, self.degenerate, self.par_sq, self.perp_sq,
+                            self._sums.reshape(-1), self._sumsq.reshape(-1),
+                            self._finite.reshape(-1)])
+        dist.all_reduce(floats)
+        dist.all_reduce(self._hist)
+        g, k = self.n_groups, self._sums.numel()
+        for i, t in enumerate((self.count, self.degenerate, self.par_sq, self.perp_sq)):
+            t.copy_(floats[i * g:(i + 1) * g])
+        rest = floats[4 * g:]
+        self._sums.copy_(rest[:k].view_as(self._sums))
+        self._sumsq.copy_(rest[k:2 * k].view_as(self._sumsq))
+        self._finite.copy_(rest[2 * k:].view_as(self._finite))
         return self
 
     def quantile(self, metric: str, q: float) -> Float[Tensor, " n_groups"]:
@@ -181,18 +275,20 @@ class StreamingSummary:
         grid's transformed axis; values in the underflow / overflow bins are reported
         as the grid's edge (``0`` / ``inf`` for the positive grid).
         """
+        self.flush()
+        return self._quantiles(metric, (q,), self.hist[metric].cpu().double())[0]
+
+    def _quantiles(self, metric: str, qs, hist: Tensor) -> list[Tensor]:
         scale = BIN_SCALES[self.metrics[metric]]
-        hist = self.hist[metric].cpu()  # [groups, n_bins + 2]
         lo, hi = scale.edges
         width = (hi - lo) / scale.n_bins
-        total = hist.sum(-1)
+        total = hist.sum(-1, keepdim=True)  # [groups, 1]
         cum = torch.cumsum(hist, -1)
-        target = (q * total).unsqueeze(-1)
-        b = torch.searchsorted(cum, target).squeeze(-1).clamp(max=scale.n_bins + 1)  # [groups]
-        before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1),
-                             torch.zeros_like(total))
-        in_bin = hist.gather(-1, b.unsqueeze(-1)).squeeze(-1).clamp_min(1e-300)
-        frac = ((target.squeeze(-1) - before) / in_bin).clamp(0.0, 1.0)
+        target = torch.tensor(list(qs), dtype=hist.dtype) * total  # [groups, n_q]
+        b = torch.searchsorted(cum, target).clamp(max=scale.n_bins + 1)
+        before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp(min=0)), torch.zeros_like(target))
+        in_bin = hist.gather(-1, b).clamp_min(1e-300)
+        frac = ((target - before) / in_bin).clamp(0.0, 1.0)
         t = lo + (b - 1 + frac) * width
         if scale.kind == "unit":
             values = t
@@ -204,27 +300,31 @@ class StreamingSummary:
         over = float("inf") if scale.kind == "positive" else scale.inverse(hi)
         values = torch.where(b == 0, torch.full_like(values, under), values)
         values = torch.where(b == scale.n_bins + 1, torch.full_like(values, over), values)
-        return torch.where(total > 0, values, torch.full_like(values, float("nan")))
+        values = torch.where(total > 0, values, torch.full_like(values, float("nan")))
+        return list(values.unbind(-1))
 
     def table(self) -> dict[str, Tensor]:
         """Column name -> per-group values (float64, CPU): count, degenerate,
         energy_ratio, and ``<metric>_mean/_std/_q05/_q25/_median/_q75/_q95``."""
+        self.flush()
         count = self.count.cpu()
         cols: dict[str, Tensor] = {"count": count, "degenerate": self.degenerate.cpu()}
         perp = self.perp_sq.cpu()
         par = self.par_sq.cpu()
+        nan = torch.tensor(float("nan"), dtype=torch.float64)
         cols["energy_ratio"] = energy_ratio(par, perp)
-        for m in self.metrics:
-            fin = self.finite[m].cpu()
-            s = self.sums[m].cpu()
-            ss = self.sumsq[m].cpu()
+        sums, sumsq, finite = self._sums.cpu(), self._sumsq.cpu(), self._finite.cpu()
+        hist = self._hist.cpu().double()
+        names = [("median" if q == 0.5 else f"q{int(round(q * 100)):02d}") for q in QUANTILES]
+        for j, m in enumerate(self.metrics):
+            fin, s, ss = finite[:, j], sums[:, j], sumsq[:, j]
             safe = fin.clamp_min(1)
-            mean = torch.where(fin > 0, s / safe, torch.tensor(float("nan"), dtype=torch.float64))
-            var = torch.where(fin > 1, (ss - s * s / safe) / (fin - 1).clamp_min(1),
-                              torch.tensor(float("nan"), dtype=torch.float64))
+            mean = torch.where(fin > 0, s / safe, nan)
+            var = torch.where(fin > 1, (ss - s * s / safe) / (fin - 1).clamp_min(1), nan)
             cols[f"{m}_mean"] = mean
             cols[f"{m}_std"] = var.clamp_min(0).sqrt()
-            for q in QUANTILES:
-                name = "median" if q == 0.5 else f"q{int(round(q * 100)):02d}"
-                cols[f"{m}_{name}"] = self.quantile(m, q)
+            off = self._offsets[m]
+            h = hist[off:off + self.hist[m].numel()].view(self.n_groups, -1)
+            for name, v in zip(names, self._quantiles(m, QUANTILES, h), strict=True):
+                cols[f"{m}_{name}"] = v
         return cols

@@ -50,7 +50,7 @@ from .fileio import (
     sealed_json_dumps,
     sealed_json_loads,
 )
-from .inputs import TokenBatch, iter_batches, prepare_inputs
+from .inputs import TokenBatch, iter_batches, prepare_inputs, scale_list
 from .sites import normalize_layers, resolve_sites
 
 # Space name -> how a (s_par, s_perp, layers) setting becomes edits.
@@ -121,19 +121,24 @@ class Setting:
 
 def grid(
     spaces: str | Sequence[str],
-    s_par: Sequence[float] = (1.0,),
-    s_perp: Sequence[float] = (1.0,),
+    s_par: Sequence[float] | float | str = (1.0,),
+    s_perp: Sequence[float] | float | str = (1.0,),
     layers: Sequence[Sequence[int] | None] | None = None,
 ) -> list[Setting]:
     """The product grid of spaces x s_par x s_perp x layer sets (duplicates dropped).
 
     ``hard-diag`` ignores scales (one setting per layer set); ``eff-diag`` only
-    takes ``s_perp = 1``. ``layers``: a list of layer sets, e.g. ``[None, [0, 1], range(2, 4)]``.
+    takes ``s_perp = 1``. ``s_par`` / ``s_perp``: a number, a list of numbers or a comma
+    string (``"-1,0,0.5"``). ``layers``: a list of layer sets, e.g. ``[None, [0, 1], range(2, 4)]``.
     """
     if isinstance(spaces, str):
         spaces = [s.strip() for s in spaces.split(",") if s.strip()]
     if not spaces:
         raise ValueError("spaces is empty; choose from " + ", ".join(sorted(SPACES)))
+    s_par, s_perp = scale_list(s_par, "s_par"), scale_list(s_perp, "s_perp")  # 0.5, "-1,0" or lists
+    if layers is not None and any(isinstance(ls, int) for ls in layers):
+        raise TypeError(f"layers={layers!r} must be a list of layer sets, e.g. [[0, 1]] for one setting on "
+                        "layers 0 and 1, [[0], [1]] for two, or None for all layers")
     layer_sets = [None] if layers is None else [None if ls is None else tuple(int(x) for x in ls) for ls in layers]
     out: list[Setting] = []
     for space in spaces:
@@ -219,29 +224,74 @@ class MetricSums:
 class BaselineStats:
     """What every setting is compared with on one batch, computed once: the unedited
     next-token log-probs at the predicted positions, their probabilities, the
-    baseline NLL sum, ``sum p log p`` (for the KL) and the baseline's top-1."""
+    baseline NLL sum, ``sum p log p`` (for the KL) and the baseline's top-1.
+
+    Vocabulary-sized work runs over chunks of predicted positions (at most
+    :data:`CHUNK_ELEMENTS` logits each), so a 262k-vocabulary model never holds a second
+    ``[batch, pos, vocab]`` tensor beside the logits: the baseline keeps a reference to its
+    own logits and, when they are small enough (:data:`KEEP_PROBS_ELEMENTS`), its
+    probabilities; otherwise they are recomputed chunk by chunk in :meth:`compare`.
+    """
+
+    #: logits per chunk of vocabulary-sized work (64 MiB in float32)
+    CHUNK_ELEMENTS = 1 << 24
+    #: keep the baseline probabilities when they have at most this many elements
+    KEEP_PROBS_ELEMENTS = 1 << 25
 
     @torch.no_grad()
     def __init__(self, base_logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"],
                  attention_mask: Int[Tensor, "batch pos"]):
         self.mask = prediction_mask(attention_mask)
+        batch, pos, vocab = base_logits.shape
+        dev = base_logits.device
         self.target = tokens[:, 1:][self.mask][:, None]
         self.dtype = torch.float64 if base_logits.dtype == torch.float64 else torch.float32
-        base_lp = F.log_softmax(base_logits[:, :-1][self.mask].to(self.dtype), dim=-1)
-        self.p = base_lp.exp()
-        self.p_log_p = (self.p * base_lp).sum()
-        self.base_nll = -base_lp.gather(-1, self.target).sum()
-        self.top1 = base_lp.argmax(-1)
+        # Row b * pos + t of the flat [batch * pos, vocab] logits predicts token t + 1. Rows are
+        # processed in contiguous slices (views, no gather); rows that predict nothing (the
+        # last position, padding) are computed and weighted out, 1 / pos extra work.
+        weight = torch.zeros(batch, pos, dtype=torch.bool, device=dev)
+        weight[:, :-1] = self.mask.to(dev)
+        self._weight = weight.reshape(-1)
+        tgt = torch.zeros(batch, pos, dtype=torch.long, device=dev)
+        tgt[:, :-1] = tokens[:, 1:].to(dev)
+        self._tgt = tgt.reshape(-1, 1)
+        self._base = base_logits.reshape(-1, vocab)
+        step = max(1, self.CHUNK_ELEMENTS // vocab)
+        n_rows = batch * pos
+        self.ranges = [(a, min(a + step, n_rows)) for a in range(0, n_rows, step)]
+        keep = n_rows * vocab <= self.KEEP_PROBS_ELEMENTS
+        zero = torch.zeros((), dtype=self.dtype, device=dev)
+        self.p_log_p, self.base_nll = zero.clone(), zero.clone()
+        self._p, plp_rows, top1 = [], [], []
+        for a, e in self.ranges:
+            w = self._weight[a:e]
+            base_lp = F.log_softmax(self._base[a:e].to(self.dtype), dim=-1)
+            p = base_lp.exp()
+            plp = (p * base_lp).sum(-1)
+            plp_rows.append(plp)
+            self.p_log_p += torch.where(w, plp, zero).sum()
+            self.base_nll -= torch.where(w, base_lp.gather(-1, self._tgt[a:e]).squeeze(-1), zero).sum()
+            top1.append(base_lp.argmax(-1))
+            if keep:
+                self._p.append(p)
+        self._plp_rows = torch.cat(plp_rows)
+        self._top1 = torch.cat(top1)
         self.tokens = float(self.mask.sum())
 
     @torch.no_grad()
     def compare(self, logits: Float[Tensor, "batch pos vocab"]) -> MetricSums:
         """Sums of next-token NLL (edited and base), ``KL(base || edited)`` and top-1
         agreement over the predicted tokens, in float32 or better."""
-        lp = F.log_softmax(logits[:, :-1][self.mask].to(self.dtype), dim=-1)
-        nll = -lp.gather(-1, self.target).sum()
-        kl = self.p_log_p - (self.p * lp).sum()
-        agree = (lp.argmax(-1) == self.top1).sum()
+        flat = logits.reshape(-1, logits.shape[-1])
+        zero = torch.zeros((), dtype=self.dtype, device=flat.device)
+        nll, kl, agree = zero.clone(), zero.clone(), zero.clone()
+        for c, (a, e) in enumerate(self.ranges):
+            w = self._weight[a:e]
+            lp = F.log_softmax(flat[a:e].to(self.dtype), dim=-1)
+            p = self._p[c] if self._p else F.log_softmax(self._base[a:e].to(self.dtype), dim=-1).exp()
+            nll -= torch.where(w, lp.gather(-1, self._tgt[a:e]).squeeze(-1), zero).sum()
+            kl += torch.where(w, self._plp_rows[a:e] - (p * lp).sum(-1), zero).sum()
+            agree += ((lp.argmax(-1) == self._top1[a:e]) & w).sum()
         return MetricSums(self.tokens, float(nll), float(self.base_nll), float(kl), float(agree))
 
 
@@ -284,9 +334,10 @@ def _stack_groups(settings: Sequence[Setting], width: int) -> list[list[Setting]
     return out
 
 
-def _eval_group(model, batch: TokenBatch, base: BaselineStats, group: list[Setting]) -> list[MetricSums]:
+def _eval_group(model, batch: TokenBatch, base: BaselineStats, group: list[Setting],
+                prefix: _Prefix | None = None) -> list[MetricSums]:
     if len(group) == 1:
-        with apply_edits(model, *group[0].edits()):
+        with _from_prefix(model, prefix, 1), apply_edits(model, *group[0].edits()):
             logits = _forward(model, batch)
         return [base.compare(logits)]
     k, b = len(group), len(batch)
@@ -294,9 +345,102 @@ def _eval_group(model, batch: TokenBatch, base: BaselineStats, group: list[Setti
     s_par = scales(torch.tensor([s.s_par for s in group], dtype=torch.float64).repeat_interleave(b), "batch")
     s_perp = scales(torch.tensor([s.s_perp for s in group], dtype=torch.float64).repeat_interleave(b), "batch")
     edits = group[0].edits(s_par=s_par, s_perp=(s_perp if group[0].space != "eff-diag" else None))
-    with apply_edits(model, *edits):
+    with _from_prefix(model, prefix, k), apply_edits(model, *edits):
         logits = _forward(model, stacked)
     return [base.compare(logits[i * b:(i + 1) * b]) for i in range(k)]
+
+
+# -- shared unedited prefix ----------------------------------------------------------------
+# When every setting edits only layers >= L, blocks 0..L-1 compute the same thing in every
+# forward. The baseline forward records blocks.L.hook_resid_pre once; each setting's forward
+# then skips blocks 0..L-1 (they return their input unchanged) and block L starts from the
+# recorded residual. TransformerLens's own start_at_layer is not used: on the bridge it
+# still runs the earlier blocks.
+
+
+@dataclass
+class _Prefix:
+    start: int
+    resid: Tensor  # [batch, pos, d_model], blocks.start.hook_resid_pre of the baseline
+    output_form: str | None  # how a block returns its output: "tensor", "tuple1" or None (unknown)
+
+
+def _prefix_start(settings: Sequence[Setting]) -> int | None:
+    """The first edited layer when every setting names its layers and none edits layer 0."""
+    if any(s.layers is None for s in settings):
+        return None
+    start = min(min(s.layers) for s in settings)
+    return start if start >= 1 else None
+
+
+def _baseline_forward(model, batch: TokenBatch, start: int | None) -> tuple[Tensor, _Prefix | None]:
+    """The unedited logits and, with ``start``, the residual entering block ``start``."""
+    if start is None:
+        return _forward(model, batch), None
+    got: dict = {}
+
+    def keep(t, hook):  # noqa: ARG001 - TL hook signature
+        got["resid"] = t.detach().clone()
+
+    def form(module, args, output):  # noqa: ARG001 - torch forward-hook signature
+        got["form"] = ("tensor" if isinstance(output, Tensor) else
+                       "tuple1" if isinstance(output, tuple) and len(output) == 1 else None)
+
+    handle = model.blocks[0].register_forward_hook(form)
+    try:
+        with model.hooks(fwd_hooks=[(f"blocks.{start}.hook_resid_pre", keep)]):
+            logits = _forward(model, batch)
+    finally:
+        handle.remove()
+    return logits, _Prefix(start, got["resid"], got.get("form"))
+
+
+class _from_prefix:  # noqa: N801 - used as a context manager like a function
+    """Within: blocks before ``prefix.start`` pass their input through and block
+    ``prefix.start`` reads the recorded residual (repeated ``k`` times for stacked settings).
+    A no-op when ``prefix`` is None."""
+
+    def __init__(self, model, prefix: _Prefix | None, k: int):
+        self.model, self.prefix, self.k = model, prefix, k
+        self._hooks = None
+        self._patched: list = []
+
+    def __enter__(self):
+        p = self.prefix
+        if p is None:
+            return self
+        resid = p.resid.repeat(self.k, 1, 1) if self.k > 1 else p.resid
+
+        def inject(t, hook):  # noqa: ARG001 - TL hook signature
+            return resid
+
+        if p.output_form is not None:  # unknown block output form: run the prefix, stay exact
+            tuple_out = p.output_form == "tuple1"
+
+            def passthrough(*args, **kwargs):
+                h = args[0] if args else kwargs["hidden_states"]
+                return (h,) if tuple_out else h
+
+            for L in range(p.start):
+                block = self.model.blocks[L]
+                self._patched.append((block, block.__dict__.get("forward")))
+                # straight into the instance dict: the bridge's __setattr__ would forward
+                # the assignment to the wrapped HF module
+                object.__setattr__(block, "forward", passthrough)
+        self._hooks = self.model.hooks(fwd_hooks=[(f"blocks.{p.start}.hook_resid_pre", inject)])
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._hooks is not None:
+            self._hooks.__exit__(*exc)
+        for block, fwd in reversed(self._patched):
+            if fwd is None:
+                block.__dict__.pop("forward", None)
+            else:
+                object.__setattr__(block, "forward", fwd)
+        self._patched.clear()
+        return False
 
 
 def _dist_info() -> tuple[int, int]:
@@ -380,6 +524,7 @@ def sweep(
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int = 1,
     progress: bool = True,
+    shared_prefix: bool = False,
 ) -> pd.DataFrame:
     """Evaluate every setting of ``edits_grid`` on ``inputs`` against the unedited model.
 
@@ -399,6 +544,11 @@ def sweep(
             sweep, evaluation resumes after the batches already done.
         checkpoint_every: write the checkpoint every this many batches.
         progress: tqdm bar over batches.
+        shared_prefix: when every setting edits only layers ``>= L`` (``L >= 1``), run
+            blocks ``0..L-1`` once per batch (in the baseline forward) and start each
+            setting's forward at block ``L`` from the recorded residual; results agree
+            with full forwards to float tolerance. Ignored when some setting edits all
+            layers or layer 0.
 
     Returns:
         One row per setting (the first row is the baseline, delta exactly 0) with
@@ -436,11 +586,11 @@ def sweep(
         if ckpt_path is not None:  # one writer per checkpoint: a second sweep is refused, not mixed in
             held.enter_context(exclusive_lock(ckpt_path, "tl-directional sweep"))
         return _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, ckpt_path,
-                             checkpoint_every, progress, rank, world)
+                             checkpoint_every, progress, rank, world, shared_prefix)
 
 
 def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, ckpt_path,
-                  checkpoint_every, progress, rank, world) -> pd.DataFrame:
+                  checkpoint_every, progress, rank, world, shared_prefix=False) -> pd.DataFrame:
     fingerprint = {
         "settings": [s.label for s in settings],
         "settings_exact": [[s.space, repr(float(s.s_par)), repr(float(s.s_perp)),
@@ -449,6 +599,7 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
         "n_tokens": batch.n_tokens,
         "batch_size": batch_size,
         "stack": stack,
+        "shared_prefix": bool(shared_prefix),  # equal to the full forward to float tolerance, not bit-exact
         "tokens_sha256": _tokens_sha256(batch),
         "model": model_fingerprint(model) if ckpt_path is not None else None,
         "world_size": world,
@@ -468,6 +619,7 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
 
     device = _model_device(model)
     groups = _stack_groups(settings, stack)
+    start = _prefix_start(settings) if shared_prefix else None
     todo = [i for i in range(len(batches)) if i % world == rank and i >= state.batches_done]
     iterator = todo
     if progress:
@@ -478,10 +630,11 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
     with torch.no_grad():
         for i in iterator:
             part = batches[i].to(device)
-            base = BaselineStats(_forward(model, part), part.tokens, part.attention_mask)
+            base_logits, prefix = _baseline_forward(model, part, start)
+            base = BaselineStats(base_logits, part.tokens, part.attention_mask)
             base_sums.add_(MetricSums(base.tokens, float(base.base_nll), float(base.base_nll), 0.0, base.tokens))
             for group in groups:
-                for s, m in zip(group, _eval_group(model, part, base, group), strict=True):
+                for s, m in zip(group, _eval_group(model, part, base, group, prefix), strict=True):
                     sums[s.label].add_(m)
             state.batches_done = i + 1
             done_since_save += 1

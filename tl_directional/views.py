@@ -443,6 +443,8 @@ def head_heatmaps(
             hovertemplate=f"layer %{{y}} head %{{x}}<br>{col} %{{z:.4g}}<extra></extra>"), row=1, col=i + 1)
         fig.update_xaxes(title_text="head", dtick=1, row=1, col=i + 1)
         fig.update_yaxes(title_text="layer" if i == 0 else None, dtick=1, autorange="reversed", row=1, col=i + 1)
+        if not finite.size:  # e.g. phi on a sandwich-norm model (NaN by design, METHOD sec. 3)
+            fig.layout.annotations[i].text += " (not applicable: all NaN)"
     fig.update_layout(title=title or "Value space per head (METHOD sec. 3)", template="plotly_white",
                       height=max(320, 40 * n_layers + 200), width=None, margin={"t": 90})
     return PlotlyView(fig, data=pd.DataFrame(rows), name="head_heatmaps")
@@ -642,11 +644,12 @@ def _one_sequence(model, inputs, sequence: int, max_tokens: int | None):
     return row.unsqueeze(0)
 
 
-def _check_layer_head(sites, layer: int, head: int | None) -> None:
-    if not isinstance(layer, int) or not 0 <= layer < sites.n_layers:
-        raise ValueError(f"layer={layer!r} is out of range for {sites.n_layers} layers (valid: 0..{sites.n_layers - 1})")
-    if head is not None and (not isinstance(head, int) or not 0 <= head < sites.n_heads):
-        raise ValueError(f"head={head!r} is out of range for {sites.n_heads} heads (valid: 0..{sites.n_heads - 1})")
+def _check_layer_head(sites, layer: int, head: int | None) -> tuple[int, int | None]:
+    """``(layer, head)`` in ``0..n-1`` (negative indices count from the end)."""
+    from .sites import normalize_index
+
+    layer = normalize_index(layer, sites.n_layers, "layer")
+    return layer, None if head is None else normalize_index(head, sites.n_heads, "head", "head")
 
 
 def _device(model):
@@ -692,7 +695,7 @@ def edited_patterns(
     from .sites import resolve_sites
 
     sites = resolve_sites(model, warn=False)
-    _check_layer_head(sites, layer, head)
+    layer, head = _check_layer_head(sites, layer, head)
     tokens = _one_sequence(model, inputs, sequence, max_tokens).to(_device(model))
     edits = triptych_edits(layer, head) if edits is None else edits
     hook_name = sites.value[layer].pattern_hook
@@ -756,6 +759,7 @@ def attention_triptych(
     """
     from .sites import resolve_sites
 
+    layer, head = _check_layer_head(resolve_sites(model, warn=False), layer, head)  # -1 = the last
     toks, pats = edited_patterns(model, inputs, layer, head, edits or triptych_edits(layer, head, s_par),
                                  sequence=sequence, max_tokens=max_tokens)
     causal = resolve_sites(model, warn=False).causal
@@ -785,6 +789,9 @@ def attention_triptych_figure(
     """:func:`attention_triptych` as plotly heatmaps: one diverging scale (``RdBu``, centred
     on 0) shared by the panels, so the effective diagonal's negative entries show as red."""
     go, make_subplots = _plotly()
+    from .sites import resolve_sites as _resolve
+
+    layer, head = _check_layer_head(_resolve(model, warn=False), layer, head)  # -1 = the last
     toks, pats = edited_patterns(model, inputs, layer, head, edits or triptych_edits(layer, head, s_par),
                                  sequence=sequence, max_tokens=max_tokens)
     m = max(float(np.abs(p).max()) for p in pats.values()) or 1.0
@@ -794,8 +801,10 @@ def attention_triptych_figure(
         fig.add_trace(go.Heatmap(z=p, x=labels, y=labels, colorscale="RdBu", zmid=0.0, zmin=-m, zmax=m,
                                  showscale=i == len(pats), colorbar={"thickness": 10},
                                  hovertemplate="query %{y}<br>key %{x}<br>A %{z:.4f}<extra></extra>"), row=1, col=i)
-        fig.update_xaxes(showticklabels=len(toks) <= 24, tickangle=-60, tickfont={"size": 8}, row=1, col=i)
+        fig.update_xaxes(showticklabels=len(toks) <= 24, tickangle=-60, tickfont={"size": 8},
+                         title_text="key position", row=1, col=i)
     fig.update_yaxes(autorange="reversed", tickfont={"size": 8}, showticklabels=len(toks) <= 24)
+    fig.update_yaxes(title_text="query position", row=1, col=1)
     fig.update_layout(title=f"Attention of L{layer}H{head}: baseline / hard removal / effective diagonal "
                       f"(shared scale [-{m:.3g}, {m:.3g}], red = negative)", template="plotly_white", height=480)
     return PlotlyView(fig, data=_patterns_frame(toks, pats, layer, head), name="triptych_heatmap")
@@ -813,7 +822,7 @@ def _token_profile(model, tokens, component: str, profile=None):
             raise ValueError("profile has no per-token tables; compute it with per_token=True")
         return profile
     comps = ("value",) if component == "value" else (component,)
-    return run_profile(model, tokens, per_token=True, components=comps, progress=False)
+    return run_profile(model, tokens, per_token=True, components=comps, progress=False, exclude_first_token=False)
 
 
 def _token_values(prof, layer: int, component: str, metric: str, head: int | None, sequence: int) -> np.ndarray:
@@ -870,7 +879,15 @@ def colored_tokens(
     from .sites import resolve_sites
 
     sites = resolve_sites(model, warn=False)
-    _check_layer_head(sites, layer, head)
+    layer, head = _check_layer_head(sites, layer, head)
+    from .measure import FACTORIZATION_METRICS
+
+    if component == "value" and metric in FACTORIZATION_METRICS and not sites.factorization_applicable:
+        raise ValueError(
+            f"metric={metric!r} is not defined on this sandwich-norm model ({sites.model_name}): a "
+            "norm follows W_O, so the METHOD sec. 3 factorization does not apply. Use 'beta', "
+            "'A_tt' or 'gamma'."
+        )
     tokens = _one_sequence(model, inputs, sequence, max_tokens)
     prof = _token_profile(model, tokens, component, profile)
     values = _token_values(prof, layer, component, metric, head, 0 if profile is None else sequence)
@@ -906,7 +923,7 @@ def colored_tokens_multi(
     from .sites import resolve_sites
 
     sites = resolve_sites(model, warn=False)
-    _check_layer_head(sites, layer, None)
+    layer, _ = _check_layer_head(sites, layer, None)
     components = list(components)
     for c in components:
         if c == "value" or c not in sites.units:
@@ -915,7 +932,8 @@ def colored_tokens_multi(
     if profile is None:
         from .measure import profile as run_profile
 
-        profile = run_profile(model, tokens, per_token=True, components=tuple(components), progress=False)
+        profile = run_profile(model, tokens, per_token=True, components=tuple(components), progress=False,
+                              exclude_first_token=False)
         sequence = 0
     cols, labels = [], []
     for c in components:
@@ -944,6 +962,10 @@ def perpendicular_size(tokens_table: pd.DataFrame) -> pd.Series:
     return pd.Series(np.where(np.isfinite(out), out, np.nan), index=tokens_table.index, name="perp_rel")
 
 
+#: Quantile of the values that maps to full colour in :func:`top_perpendicular_tokens`.
+COLOR_QUANTILE = 0.99
+
+
 def top_perpendicular_tokens(
     model,
     inputs,
@@ -960,8 +982,10 @@ def top_perpendicular_tokens(
     columns are components in the order of the legend).
 
     ``data`` holds the top ``k`` tokens over all sequences per (layer, component), with
-    ``perp_rel``, ``par_frac`` and ``rel_update``. Cell colours are ``perp_rel`` divided
-    by the table's largest value (the widget's scale is 0..1).
+    ``perp_rel``, ``par_frac`` and ``rel_update``. Cells show ``perp_rel`` divided by its
+    99th percentile over the table (``COLOR_QUANTILE``), clipped to the widget's 0..1, so
+    that one outlier does not wash out every other colour; the legend states the
+    scale and how many values were clipped. Ranks use the unclipped values.
     """
     from .inputs import prepare_inputs
     from .measure import profile as run_profile
@@ -981,7 +1005,8 @@ def top_perpendicular_tokens(
         from .inputs import pad_sequences
 
         padded = pad_sequences([s.tolist() for s in seqs], pad_id=0, padding_side="right")
-        profile = run_profile(model, padded, per_token=True, components=tuple(comps), progress=False)
+        profile = run_profile(model, padded, per_token=True, components=tuple(comps), progress=False,
+                              exclude_first_token=False)
     t = profile.tokens
     t = t[t["component"].isin(comps) & (t["sequence"] < n_seq)].copy()
     t["perp_rel"] = perpendicular_size(t)
@@ -993,8 +1018,14 @@ def top_perpendicular_tokens(
            .sort_values(["layer", "component", "perp_rel"], ascending=[True, True, False]))
     top.insert(2, "rank", top.groupby(["layer", "component"]).cumcount() + 1)
     top = top[["layer", "component", "rank", "sequence", "position", "token", "perp_rel", "par_frac", "rel_update"]]
-    scale = float(np.nanmax(t["perp_rel"].to_numpy())) if t["perp_rel"].notna().any() else 1.0
-    scale = scale or 1.0
+    # Colour scale: the 99th percentile of the finite values, not the maximum, so one outlier
+    # (a BOS or a tiny-norm stream) does not leave every other cell uncoloured.
+    finite = t["perp_rel"].to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite)]
+    top_value = float(finite.max()) if finite.size else 1.0
+    scale = float(np.quantile(finite, COLOR_QUANTILE)) if finite.size else 1.0
+    scale = scale or top_value or 1.0
+    n_clipped = int((finite > scale).sum())
     kk = min(k, min(len(s) for s in toks))
     topk_vals, topk_idx, bot_vals, bot_idx = [], [], [], []
     for i, s_toks in enumerate(toks):
@@ -1003,9 +1034,11 @@ def top_perpendicular_tokens(
         ci = {c: j for j, c in enumerate(comps)}
         for L, c, p, v in zip(part["layer"], part["component"], part["position"], part["perp_rel"], strict=True):
             acts[int(L), int(p), ci[c]] = 0.0 if not np.isfinite(v) else v / scale
-        a = torch.from_numpy(acts)
-        tv, ti = a.topk(kk, dim=1)
-        bv, bi = a.topk(kk, dim=1, largest=False)
+        raw = torch.from_numpy(acts)
+        _, ti = raw.topk(kk, dim=1)  # ranks from the raw values, colours clipped to the widget's 0..1
+        _, bi = raw.topk(kk, dim=1, largest=False)
+        a = raw.clamp(max=1.0)
+        tv, bv = a.gather(1, ti), a.gather(1, bi)
         topk_vals.append(np.round(tv.numpy(), 5).tolist())
         topk_idx.append(ti.tolist())
         bot_vals.append(np.round(bv.flip(1).numpy(), 5).tolist())
@@ -1015,8 +1048,10 @@ def top_perpendicular_tokens(
              "thirdDimensionName": "Component (" + ", ".join(f"{j}={c}" for j, c in enumerate(comps)) + ")",
              "sampleLabels": [f"sequence {i}" for i in range(n_seq)],
              "firstDimensionLabels": [f"layer {L}" for L in range(sites.n_layers)]}
-    legend = (f"||u_perp|| / ||r|| per token, coloured relative to the largest value ({scale:.3g}); "
-              "columns: " + ", ".join(f"{j} = {c}" for j, c in enumerate(comps)) + ".")
+    legend = (f"||u_perp|| / ||r|| per token, shown relative to the {COLOR_QUANTILE:.0%} quantile of all values "
+              f"({scale:.3g} = 1.0; the largest is {top_value:.3g}); {n_clipped} value(s) above it are shown as 1.0 "
+              "(full colour; their true values are in the CSV / .data). Columns: "
+              + ", ".join(f"{j} = {c}" for j, c in enumerate(comps)) + ".")
     return CircuitsVisView([("TopkTokens", props, "")], title=f"Top-{k} tokens by perpendicular update size",
                            data=top.reset_index(drop=True), legend_html=legend, name="top_perpendicular")
 

@@ -1,0 +1,228 @@
+"""The fused kernels and block histogram give the same tables as the unfused computation.
+
+The reference below is a copy of the computation ``measure``/``stats`` used before the fused
+path (``geometry.decompose`` on gathered tokens, one histogram per metric and bincount per
+update, the value-space ``einsum``), kept here so the equivalence stays checkable. Models run
+in float64, where the two paths agree to rounding (1e-12).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import tl_directional as tld
+from tl_directional.geometry import decompose
+from tl_directional.kernels import split_stats, value_stats
+from tl_directional.measure import EXCLUSIVE_METRICS, RESIDUAL_METRICS, VALUE_METRICS
+from tl_directional.sites import attention_output_weights, resolve_sites
+from tl_directional.stats import BIN_SCALES, QUANTILES, StreamingSummary
+
+TEXTS = [
+    "In the beginning God created the heaven and the earth.",
+    "And the earth was without form, and void; and darkness was upon the face of the deep.",
+    "And God said, Let there be light: and there was light.",
+]
+
+
+# -- the old computation (reference) ---------------------------------------------------------
+
+
+class _OldSummary:
+    """Copy of the pre-fusion StreamingSummary: float64 histograms, one bincount per metric."""
+
+    def __init__(self, n_groups, metrics):
+        self.n_groups, self.metrics = n_groups, dict(metrics)
+        z = lambda *s: torch.zeros(*s, dtype=torch.float64)  # noqa: E731
+        self.count, self.degenerate, self.par_sq, self.perp_sq = (z(n_groups) for _ in range(4))
+        self.sums = {m: z(n_groups) for m in metrics}
+        self.sumsq = {m: z(n_groups) for m in metrics}
+        self.finite = {m: z(n_groups) for m in metrics}
+        self.hist = {m: z(n_groups, BIN_SCALES[s].n_bins + 2) for m, s in metrics.items()}
+
+    def update(self, group, values, *, degenerate, par_sq, perp_sq):
+        group = group.long().reshape(-1)
+        degenerate = degenerate.reshape(-1)
+        self.degenerate += torch.bincount(group[degenerate], minlength=self.n_groups).double()
+        keep = ~degenerate
+        g = group[keep]
+        self.count += torch.bincount(g, minlength=self.n_groups).double()
+        self.par_sq.index_add_(0, g, par_sq.reshape(-1)[keep].double())
+        self.perp_sq.index_add_(0, g, perp_sq.reshape(-1)[keep].double())
+        for name, scale_name in self.metrics.items():
+            x = values[name].reshape(-1)[keep].double()
+            fin = torch.isfinite(x)
+            xf = torch.where(fin, x, torch.zeros_like(x))
+            self.sums[name].index_add_(0, g, xf)
+            self.sumsq[name].index_add_(0, g, xf * xf)
+            self.finite[name].index_add_(0, g, fin.double())
+            scale = BIN_SCALES[scale_name]
+            lo, hi = scale.edges
+            pos = (scale.transform(x) - lo) / (hi - lo) * scale.n_bins
+            idx = torch.where(x == float("inf"), torch.full_like(pos, scale.n_bins + 1),
+                              torch.where(x == float("-inf"), torch.zeros_like(pos), pos.floor() + 1))
+            flat = g * (scale.n_bins + 2) + idx.clamp(0, scale.n_bins + 1).long()
+            self.hist[name] += torch.bincount(
+                flat, minlength=self.n_groups * (scale.n_bins + 2)).double().view(self.n_groups, -1)
+
+    def table(self):
+        new = StreamingSummary(self.n_groups, self.metrics)  # quantile read-out is unchanged
+        for attr in ("count", "degenerate", "par_sq", "perp_sq"):
+            getattr(new, attr).copy_(getattr(self, attr))
+        for m in self.metrics:
+            new.sums[m].copy_(self.sums[m])
+            new.sumsq[m].copy_(self.sumsq[m])
+            new.finite[m].copy_(self.finite[m])
+            new.hist[m].copy_(self.hist[m].long())
+        return new.table()
+
+
+@torch.no_grad()
+def _old_tables(model, cache, mask, eps=1e-12):
+    """Residual and value tables, the old way, as {column: array} per (layer, unit) / head."""
+    sites = resolve_sites(model, warn=False)
+    comps = sites.components
+    res = _OldSummary(sites.n_layers * len(comps), RESIDUAL_METRICS)
+    val = _OldSummary(sites.n_layers * sites.n_heads, VALUE_METRICS)
+    exc = _OldSummary(sites.n_layers * sites.n_heads, EXCLUSIVE_METRICS)
+    for L in range(sites.n_layers):
+        for i, c in enumerate(comps):
+            u = sites.units[c][L]
+            upd, ref = cache[u.update_hook], cache[u.reference_hook]
+            if u.update_is_difference:
+                upd = upd - ref
+            d = decompose(upd[mask], ref[mask], eps)
+            grp = torch.full((d.alpha.shape[0],), i * sites.n_layers + L)
+            res.update(grp, {"par_frac": d.par_frac, "par_perp_ratio": d.par_perp_ratio,
+                             "alpha": d.alpha, "rel_update": d.rel_update},
+                       degenerate=d.degenerate, par_sq=d.par_sq, perp_sq=d.perp_sq)
+        vs = sites.value[L]
+        v = cache[vs.v_hook]
+        gs = sites.n_heads // sites.n_kv_heads
+        v = v.repeat_interleave(gs, dim=2) if gs > 1 else v
+        diag = cache[vs.pattern_hook].diagonal(dim1=-2, dim2=-1).transpose(1, 2)
+        o, vt, a_tt, x = cache[vs.z_hook][mask], v[mask], diag[mask], cache[vs.resid_hook][mask]
+        full = decompose(o, vt, eps)
+        excl = decompose(o - a_tt.unsqueeze(-1) * vt, vt, eps)
+        W_O, _ = attention_output_weights(model, L)
+        wx = torch.einsum("nd,hed->nhe", x, W_O)
+        x_sq = (x * x).sum(-1)
+        ok = (x_sq > eps).unsqueeze(-1)
+        safe = torch.where(x_sq > eps, x_sq, torch.ones_like(x_sq)).unsqueeze(-1)
+        alpha_head = torch.where(ok, (o * wx).sum(-1) / safe, 0.0)
+        phi = torch.where(ok, (vt * wx).sum(-1) / safe, 0.0)
+        grp = (L * sites.n_heads + torch.arange(sites.n_heads)).expand(o.shape[0], -1).reshape(-1)
+        val.update(grp, {"beta": full.alpha, "A_tt": a_tt, "gamma": excl.alpha,
+                         "par_frac_full": full.par_frac, "par_perp_ratio_full": full.par_perp_ratio,
+                         "phi": phi, "alpha_head": alpha_head, "self_term": a_tt * phi,
+                         "cross_term": alpha_head - a_tt * phi},
+                   degenerate=full.degenerate, par_sq=full.par_sq, perp_sq=full.perp_sq)
+        exc.update(grp, {"par_frac_exclusive": excl.par_frac,
+                         "par_perp_ratio_exclusive": excl.par_perp_ratio},
+                   degenerate=excl.degenerate, par_sq=excl.par_sq, perp_sq=excl.perp_sq)
+    return res.table(), val.table(), exc.table()
+
+
+def _assert_close(frame: pd.DataFrame, cols: dict, rename=None, skip=()):
+    for k, ref in cols.items():
+        if k in skip:
+            continue
+        name = (rename or {}).get(k, k)
+        got = frame[name].to_numpy(dtype=np.float64)
+        np.testing.assert_allclose(got, ref.numpy(), rtol=1e-12, atol=1e-12, equal_nan=True,
+                                   err_msg=name)
+
+
+def _float64(model):
+    return model.to(torch.float64)
+
+
+@pytest.fixture(scope="module")
+def models64(tiny_model):
+    out = {f: _float64(tiny_model(f, fresh=True)) for f in ("llama", "neox")}
+    out["default"] = _float64(tld.load_model("default"))
+    return out
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+
+def test_split_stats_equals_decompose_including_degenerate_tokens():
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(64, 3, 16, generator=g, dtype=torch.float64)
+    r = torch.randn(64, 3, 16, generator=g, dtype=torch.float64)
+    u[0], r[1] = 0.0, 0.0  # degenerate update / reference
+    u[2] = 3.0 * r[2]  # exactly parallel: perpendicular part vanishes
+    d, s = decompose(u, r), split_stats(u, r)
+    for name in ("alpha", "par_frac", "par_perp_ratio", "rel_update", "degenerate", "par_sq", "perp_sq"):
+        assert torch.equal(getattr(d, name), getattr(s, name)), name
+    assert math.isinf(float(s.par_perp_ratio[2, 0])) and bool(s.degenerate[0].all())
+
+
+def test_value_stats_reconstruct_the_attention_alpha():
+    g = torch.Generator().manual_seed(1)
+    n, h, e, dm = 32, 4, 8, 32
+    z, v = (torch.randn(n, h, e, generator=g, dtype=torch.float64) for _ in range(2))
+    x = torch.randn(n, dm, generator=g, dtype=torch.float64)
+    W_O = torch.randn(h, e, dm, generator=g, dtype=torch.float64)
+    b_O = torch.randn(dm, generator=g, dtype=torch.float64)
+    a_tt = torch.rand(n, h, generator=g, dtype=torch.float64)
+    s = value_stats(z, v, a_tt, x, W_O, b_O)
+    attn_out = torch.einsum("nhe,hed->nd", z, W_O) + b_O  # the attention update itself
+    alpha = (attn_out * x).sum(-1) / (x * x).sum(-1)
+    torch.testing.assert_close(s.recon, alpha, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(s.self_term + s.cross_term, s.alpha_head, rtol=0, atol=1e-15)
+    torch.testing.assert_close(s.full.alpha, s.exclusive.alpha + a_tt, rtol=1e-12, atol=1e-12)
+
+
+def test_block_update_equals_the_old_per_metric_histograms():
+    g = torch.Generator().manual_seed(2)
+    metrics = {"a": "unit", "b": "positive", "c": "signed"}
+    new, old = StreamingSummary(3, metrics), _OldSummary(3, metrics)
+    for _ in range(3):
+        n = 500
+        grp = torch.randint(0, 3, (n,), generator=g)
+        vals = {"a": torch.rand(n, generator=g, dtype=torch.float64),
+                "b": torch.rand(n, generator=g, dtype=torch.float64).pow(4) * 100,
+                "c": torch.randn(n, generator=g, dtype=torch.float64)}
+        vals["b"][:5] = float("inf")
+        vals["c"][5:9] = float("-inf")
+        deg = torch.rand(n, generator=g) < 0.1
+        keep = torch.rand(n, generator=g) < 0.8  # e.g. padding: left out entirely
+        psq, qsq = (torch.rand(n, generator=g, dtype=torch.float64) for _ in range(2))
+        new.update(grp, vals, degenerate=deg, par_sq=psq, perp_sq=qsq, keep=keep)
+        old.update(grp[keep], {k: x[keep] for k, x in vals.items()}, degenerate=deg[keep],
+                   par_sq=psq[keep], perp_sq=qsq[keep])
+    new.flush()
+    for m in metrics:
+        assert torch.equal(new.hist[m].double(), old.hist[m]), m
+    a, b = new.table(), old.table()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-13, atol=1e-13, equal_nan=True, msg=k)
+    assert len(QUANTILES) == 5
+
+
+@pytest.mark.parametrize("name", ["default", "llama", "neox"])
+def test_profile_tables_equal_the_unfused_computation_in_float64(models64, name):
+    model = models64[name]
+    batch = tld.prepare_inputs(model, TEXTS)  # padded: the mask path is exercised
+    assert not bool(batch.attention_mask.bool().all())
+    mask = batch.attention_mask.bool()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
+    res, val, exc = _old_tables(model, cache, mask)
+    streamed = tld.profile(model, batch.tokens, attention_mask=batch.attention_mask, batch_size=2,
+                           progress=False)
+    # profile stopped its forwards after the last block and left no hook behind
+    assert all(not getattr(hp, "fwd_hooks", []) for hp in model.hook_dict.values())
+    cached = tld.Profile.from_cache(model, cache, attention_mask=batch.attention_mask)
+    for prof in (streamed, cached):
+        _assert_close(prof.residual, res)
+        _assert_close(prof.value, val, rename={"energy_ratio": "energy_ratio_full"})
+        _assert_close(prof.value, exc, rename={"energy_ratio": "energy_ratio_exclusive",
+                                               "degenerate": "degenerate_exclusive"}, skip=("count",))
+        assert prof.metadata["tokens_seen"] == int(mask.sum())
