@@ -12,6 +12,7 @@ Modules:
 * :mod:`benchmarks.planned`  records of features not built yet (sweep, train, compress);
   emitted as ``not_available`` until their module lands.
 * :mod:`benchmarks.memory`   peak-memory worker, one subprocess per corpus size.
+* :mod:`benchmarks.training` standalone training-step timing (:func:`step_time_ratio`).
 * :mod:`benchmarks.run`      the command line: settings, table, JSON.
 
 See ``docs/performance.md`` for the latest numbers and what they mean.

@@ -18,7 +18,7 @@ APIs used (keyword arguments a function does not accept are dropped, see ``_call
     (logits), what evaluating baseline + 8 settings one forward each costs.
 
 ``train_step_overhead`` (target <= 1.10)
-    ``tl_directional.train``: ``TrainConfig(variant="vpara", n_layers, d_model, n_heads, n_ctx,
+    ``tl_directional.training``: ``TrainConfig(variant="vpara", n_layers, d_model, n_heads, n_ctx,
     batch_size, vocab_size, tokenizer=DIR, ...)``, ``Trainer(cfg, run_dir, device=...)`` whose
     ``train_step(step)`` runs forward (next-token loss) + backward + AdamW step with the
     forward hooks in ``trainer.hooks`` active (the variant's edits, METHOD.md sec. 7).
@@ -176,7 +176,7 @@ def _tokenizer_dir(source: str) -> str | None:
 def train_step_overhead(bench: Bench):
     """A training step (forward + backward + AdamW step) with V-Para removal active on every
     layer / the same step of the same trainer without edits."""
-    mod = _require("tl_directional.train", "Trainer", "TrainConfig")
+    mod = _require("tl_directional.training", "Trainer", "TrainConfig")
     cfg_m = bench.model.cfg
     run_dir = tempfile.mkdtemp(prefix="tl_directional_bench_train_")
     try:

@@ -20,21 +20,30 @@ PACKAGE = "tl_directional"
 API_SECTION = "API reference"
 MARKER = "<!-- public-names -->"
 ROOT = Path(__file__).resolve().parent.parent
-DIRECTIVE = re.compile(rf"^:::\s*({PACKAGE}(?:\.\w+)?)\s*$", re.M)
+DIRECTIVE = re.compile(rf"^:::\s*({PACKAGE}(?:\.\w+)*)\s*$", re.M)
 ROLE = re.compile(r":\w+:`~?([\w.]+)`")
 
 _generated: list[str] = []
 
 
 def api_modules(root: Path = ROOT) -> list[str]:
-    """Public modules of the package, from its source files (nothing is imported)."""
-    return sorted(p.stem for p in (root / PACKAGE).glob("*.py") if not p.stem.startswith("_"))
+    """Public modules of the package, from its source files (nothing is imported): top-level
+    modules, subpackages (``training``) and their modules (``training.config``)."""
+    pkg = root / PACKAGE
+    found = [p.stem for p in pkg.glob("*.py") if not p.stem.startswith("_")]
+    for sub in pkg.glob("*/__init__.py"):
+        name = sub.parent.name
+        if name.startswith("_"):
+            continue
+        found.append(name)
+        found += [f"{name}.{p.stem}" for p in sub.parent.glob("*.py") if not p.stem.startswith("_")]
+    return sorted(found)
 
 
 def documented_modules(docs_dir: Path) -> set[str]:
     """Dotted module paths that a hand-written page under ``docs/api`` renders with ``:::``."""
     found: set[str] = set()
-    for page in (docs_dir / "api").glob("*.md"):
+    for page in (docs_dir / "api").rglob("*.md"):
         found.update(DIRECTIVE.findall(page.read_text(encoding="utf-8")))
     return found
 

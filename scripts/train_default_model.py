@@ -10,7 +10,7 @@ Stages:
 
 * ``corpus``: fetch the KJV text into ``--corpus`` (runs ``scripts/fetch_corpus.py``; needs
   ``apt-get install bible-kjv``) unless ``SPLIT.json`` is already there.
-* ``train``: ``tl_directional.train`` with :data:`DEFAULT_MODEL_CONFIG` (the baseline variant; a
+* ``train``: ``tl_directional.training`` with :data:`DEFAULT_MODEL_CONFIG` (the baseline variant; a
   byte-level BPE tokenizer of 8192 tokens trained on the train split) into ``--run``; resumes
   from the run's last checkpoint when interrupted.
 * ``export``: write the trained model in float16 safetensors plus tokenizer to
@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tl_directional.train import (  # noqa: E402
+from tl_directional.training import (  # noqa: E402
     TOKENIZER_DIR,
     TrainConfig,
     evaluate_text,
@@ -108,7 +108,7 @@ def stage_export(run: Path, result=None) -> None:
     import torch
 
     from tl_directional.models import load_model
-    from tl_directional.train import (
+    from tl_directional.training import (
         CHECKPOINT_DIR,
         INIT_DIR,
         checkpoint_paths,
@@ -155,7 +155,7 @@ def write_reference_logits(top_k: int = 8) -> None:
     import torch
 
     from tl_directional.models import load_hf_model
-    from tl_directional.train import load_tokenizer
+    from tl_directional.training import load_tokenizer
 
     tok = load_tokenizer(MODEL_DIR)
     ids = [tok.bos_token_id] + tok.backend_tokenizer.encode(REFERENCE_PROMPT).ids

@@ -97,7 +97,7 @@ def test_lane_logits_match_plain_transformers(model, path, reference):
 def test_the_model_is_pretrained(model):
     """Held-out perplexity far below the uniform one (8192) and below a unigram-level model."""
     from tl_directional.corpus import heldout_text
-    from tl_directional.train import evaluate_text
+    from tl_directional.training import evaluate_text
 
     text = heldout_text()[:12000]
     r = evaluate_text(model, text, batch_size=4)

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional import train as T
+from tl_directional import training as T
 from tl_directional.fileio import (
     ArtefactError,
     ArtefactLockedError,
@@ -31,6 +31,7 @@ from tl_directional.fileio import (
     verify_manifest,
 )
 from tl_directional.models import build_tiny_hf_model, load_hf_model, load_model, tl_lane
+from tl_directional.training.cli import train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "In the beginning God created the heaven and the earth. And the earth was without form. " * 12
@@ -250,13 +251,13 @@ def test_export_never_deletes_the_users_files(tmp_path, tok_dir, capsys):
     run = tmp_path / "run"
     T.train(_cfg(tok_dir), run, progress=False, stop_after=2)
     before = _snapshot(run)
-    rc = T.main(_cli_args(tok_dir, run) + ["--export", str(run)])  # --export = --out
+    rc = train_main(_cli_args(tok_dir, run) + ["--export", str(run)])  # --export = --out
     assert rc == 2 and "refusing to replace" in capsys.readouterr().err
     assert _snapshot(run) == before  # the run's checkpoints are all still there
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("years of work")
-    rc = T.main(_cli_args(tok_dir, tmp_path / "run2") + ["--export", str(mine)])
+    rc = train_main(_cli_args(tok_dir, tmp_path / "run2") + ["--export", str(mine)])
     err = capsys.readouterr().err
     assert rc == 2 and "--export-force" in err and (mine / "thesis.tex").read_text() == "years of work"
 
@@ -300,7 +301,7 @@ def test_wrong_types_in_a_record_are_a_clear_error(tmp_path, tok_dir, data, caps
     last.write_text(json.dumps(seal(meta)))  # a well-formed record with a string "step"
     with pytest.raises(T.CheckpointError, match=r"'step' is '2', not a int"):
         T.read_checkpoint(last)
-    assert T.main(_cli_args(tok_dir, run)) == 2
+    assert train_main(_cli_args(tok_dir, run)) == 2
     assert str(last) in capsys.readouterr().err
 
 
@@ -323,7 +324,7 @@ def test_truncated_init_weights_are_a_clear_error(tmp_path, tok_dir, data, capsy
     with pytest.raises(T.CheckpointError) as err:
         T.train(_cfg(tok_dir), run, progress=False, data=data)
     assert str(init) in str(err.value) and "delete" in str(err.value)
-    assert T.main(_cli_args(tok_dir, run)) == 2
+    assert train_main(_cli_args(tok_dir, run)) == 2
     assert str(init) in capsys.readouterr().err
     import shutil
 
@@ -363,14 +364,14 @@ def test_two_trainings_on_one_out_the_second_is_refused(tmp_path, tok_dir, capsy
         while not (run / T.METRICS_FILE).exists():  # the first run is training
             assert first.poll() is None and time.time() < deadline
             time.sleep(0.2)
-        rc = T.main(_cli_args(tok_dir, run, lr=1e-3))
+        rc = train_main(_cli_args(tok_dir, run, lr=1e-3))
         err = capsys.readouterr().err
         assert rc == 2 and f"pid {first.pid}" in err and "in use" in err
     finally:
         first.kill()
         first.wait()
     # its owner is dead: the lock is taken over
-    assert T.main(_cli_args(tok_dir, run)) == 0
+    assert train_main(_cli_args(tok_dir, run)) == 0
 
 
 # ------------------------------------------------------------------------------------------

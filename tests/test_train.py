@@ -1,4 +1,4 @@
-"""Training with edits active (tl_directional.train): data order, schedule, bit-exact resume,
+"""Training with edits active (tl_directional.training): data order, schedule, bit-exact resume,
 the edit really in the forward pass (and its gradient), DDP world size 2, bad input."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional import train as T
+from tl_directional import training as T
 from tl_directional.models import train_tokenizer
+from tl_directional.training import checkpoint as C
+from tl_directional.training.cli import train_main
 
 TINY = dict(vocab_size=512, n_layers=2, d_model=32, n_heads=4, n_ctx=32, batch_size=4,
             max_steps=6, warmup_steps=2, eval_every=3, ckpt_every=2, eval_windows=4, lr=5e-3)
@@ -213,7 +215,7 @@ def test_failed_checkpoint_write_keeps_the_good_one(tmp_path, tok_dir, data, mon
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(T, "_json_dumps", boom)  # dies after the tensors, before the record
+    monkeypatch.setattr(C, "json_bytes", boom)  # dies after the tensors, before the record
     with pytest.raises(OSError, match="disk full"):
         T.train(cfg(tok_dir), run, progress=False, data=data, stop_after=4)
     monkeypatch.undo()
@@ -231,7 +233,7 @@ def test_missing_corpus_names_the_directory_and_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError) as err:
         T.prepare_data(c)
     assert str(tmp_path / "nope") in str(err.value) and "fetch_corpus.py" in str(err.value)
-    rc = T.main(["--out", str(tmp_path / "run"), "--corpus", str(tmp_path / "nope"), "--quiet"])
+    rc = train_main(["--out", str(tmp_path / "run"), "--corpus", str(tmp_path / "nope"), "--quiet"])
     assert rc == 2
 
 
@@ -287,7 +289,7 @@ def test_ddp_world_size_2_with_gloo_matches_single_process(tmp_path, tok_dir, da
     for k, v in c.to_dict().items():
         if v is not None:
             args += ["--" + k.replace("_", "-"), str(v)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(T.__file__).parents[1])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(T.__file__).parents[2])}
     # the real entry point (python -m tl_directional.train), then a look at what is left running
     threads = tmp_path / "threads"
     entry = tmp_path / "entry.py"
@@ -328,3 +330,29 @@ def test_model_and_tokenizer_that_do_not_belong_together(tiny_model, data):
                           [chr(0x4e00 + i) * 3 for i in range(600)], 1024)
     with pytest.raises(T.TokenizerMismatchError, match="my-model-dir"):
         T.check_tokenizer_matches(model, big, "my-model-dir")
+
+
+# -- the variants' edits come from the edit-space registry ------------------------------------
+
+
+def test_variant_edits_are_the_registry_spaces_at_s_par_0():
+    from tl_directional.edit import ResidualScale, ValueScale
+
+    assert T.variant_edits("baseline") == []
+    (v,) = T.variant_edits("vpara")
+    assert type(v) is ValueScale and vars(v) == vars(ValueScale(s_par=0.0, mode="full"))
+    (a,) = T.variant_edits("attn-para")
+    assert type(a) is ResidualScale and vars(a) == vars(ResidualScale("attn", s_par=0.0))
+    with pytest.raises(ValueError, match=r"variant must be one of .*'value'"):
+        T.variant_edits("value")
+
+
+def test_package_entry_point_names_its_commands(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(T.__file__).parents[2])}
+    r = subprocess.run([sys.executable, "-m", "tl_directional.training", "fit"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "must be one of train, experiment, got 'fit'" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "tl_directional.training", "train", "--help"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "tl-directional train" in r.stdout and "--variant" in r.stdout

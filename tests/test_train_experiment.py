@@ -1,4 +1,4 @@
-"""The training experiment runner (tl_directional.experiment): statistics and one tiny end-to-end
+"""The training experiment runner (tl_directional.training.experiment): statistics and one tiny end-to-end
 run whose report is regenerated identically from the finished runs."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import math
 
 import pytest
 
-from tl_directional import experiment as E
-from tl_directional import train as T
+from tl_directional import training as T
+from tl_directional.training import experiment as E
+from tl_directional.training.cli import experiment_main
 
 
 def test_paired_comparison_statistics():
@@ -52,7 +53,7 @@ def test_tiny_experiment_end_to_end(tmp_path):
     assert abs(geo["value_beta_mean"]["mean"]) > 1e-3
     # The report is regenerated identically from the finished runs (no retraining).
     table = (out / "table.md").read_text()
-    again = E.main(["--out", str(out), "--report-only", "--seeds", "0,1", "--variants", "baseline,vpara",
+    again = experiment_main(["--out", str(out), "--report-only", "--seeds", "0,1", "--variants", "baseline,vpara",
                     "--profile-windows", "2", "--quiet", *_flags(base)])
     assert again == 0
     assert (out / "table.md").read_text() == table

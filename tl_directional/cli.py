@@ -384,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands with their own parser in their module.
-_DELEGATED = {"train": "tl_directional.train", "experiment": "tl_directional.experiment"}
+_DELEGATED = {"train": "train_main", "experiment": "experiment_main"}  # in tl_directional.training.cli
 
 # Options whose values are comma lists that may start with '-' ("--s-par -1,0").
 _LIST_OPTIONS = ("--s-par", "--s-perp")
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in _DELEGATED:
         import importlib
 
-        return importlib.import_module(_DELEGATED[argv[0]]).main(argv[1:])
+        return getattr(importlib.import_module("tl_directional.training.cli"), _DELEGATED[argv[0]])(argv[1:])
     args = build_parser().parse_args(_join_list_options(argv))  # argparse: usage, exit 2
     try:
         return args.func(args)

@@ -20,8 +20,10 @@ tensor (per layer and head); or :func:`scales` with named axes, e.g.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 from jaxtyping import Float
@@ -466,6 +468,72 @@ class EffectiveDiagonal(_HeadScoped):
         return hook
 
 
+# ---------------------------------------------------------------------------------------------
+# Named edit spaces: one vocabulary for sweeps, training variants, views and the CLI
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EditSpace:
+    """A named way to turn ``(s_par, s_perp, layers)`` into edits.
+
+    ``description`` says in which space the split is made and against which reference;
+    ``build(s_par, s_perp, layers)`` returns the edits (a list: ``resid-both`` is two).
+    """
+
+    name: str
+    description: str
+    build: Callable[..., list[Edit]]
+
+
+def _only_parallel(name: str, s_perp) -> None:
+    # pattern-form V-Para has no perpendicular scale; a silently ignored s_perp would lie
+    if s_perp is not None and not (isinstance(s_perp, (int, float)) and s_perp == 1.0):
+        raise ValueError(f"space {name!r} scales only the parallel part: s_perp must be 1, got {s_perp!r}")
+
+
+def _eff_diag(sp, sq, layers) -> list[Edit]:
+    _only_parallel("eff-diag", sq)
+    return [EffectiveDiagonal(sp, layers=layers)]
+
+
+_SPACE_LIST = (
+    EditSpace("value", "value space, full aggregate vs own value (V-Para), attn.hook_z",
+              lambda sp, sq, layers: [ValueScale(sp, sq, mode="full", layers=layers)]),
+    EditSpace("value-exclusive", "value space, cross aggregate vs own value, self message kept, attn.hook_z",
+              lambda sp, sq, layers: [ValueScale(sp, sq, mode="exclusive", layers=layers)]),
+    EditSpace("resid-attn", "residual space, attention update vs resid_pre",
+              lambda sp, sq, layers: [ResidualScale("attn", sp, sq, layers=layers)]),
+    EditSpace("resid-mlp", "residual space, MLP update vs its reference",
+              lambda sp, sq, layers: [ResidualScale("mlp", sp, sq, layers=layers)]),
+    EditSpace("resid-both", "residual space, attention and MLP updates",
+              lambda sp, sq, layers: [ResidualScale("attn", sp, sq, layers=layers),
+                                      ResidualScale("mlp", sp, sq, layers=layers)]),
+    EditSpace("block", "residual space, block update (resid_post - resid_pre) vs resid_pre",
+              lambda sp, sq, layers: [ResidualScale("block", sp, sq, layers=layers)]),
+    EditSpace("hard-diag", "hard diagonal removal in the pattern (A_tt := 0, renormalised); scales ignored",
+              lambda sp, sq, layers: [DiagonalRemoval(layers=layers)]),
+    EditSpace("eff-diag", "effective diagonal in the pattern, A_tt += (s_par - 1) beta_t (s_perp must be 1)",
+              _eff_diag),
+)
+
+#: The named edit spaces (read-only), by name: the sweep's spaces, the training variants' edits.
+EDIT_SPACES: Mapping[str, EditSpace] = MappingProxyType({s.name: s for s in _SPACE_LIST})
+
+
+def edits_for_space(name: str, s_par=1.0, s_perp=1.0, layers=None) -> list[Edit]:
+    """The edits of edit space ``name`` (a key of :data:`EDIT_SPACES`) at these scales.
+
+    ``s_par`` / ``s_perp`` take anything the edits take (a float, a per-layer tensor,
+    :func:`scales`); ``layers`` is None (all) or a list of layer indices. ``hard-diag``
+    ignores the scales; ``eff-diag`` needs ``s_perp`` 1 (or None).
+    """
+    space = EDIT_SPACES.get(name) if isinstance(name, str) else None
+    if space is None:
+        raise ValueError(f"edit space must be one of {', '.join(EDIT_SPACES)}, got {name!r}")
+    return space.build(s_par, s_perp, None if layers is None else list(layers))
+
+
 def edit_hooks(model, *edits: Edit) -> HookList:
     """All forward hooks of ``edits`` for ``model``, in order (so they compose in order)."""
     hooks: HookList = []
@@ -498,7 +566,9 @@ def apply_edits(model, *edits: Edit):
 __all__ = [
     "COMPONENTS",
     "DiagonalRemoval",
+    "EDIT_SPACES",
     "Edit",
+    "EditSpace",
     "EffectiveDiagonal",
     "NonFiniteEditError",
     "ResidualScale",
@@ -506,5 +576,6 @@ __all__ = [
     "ValueScale",
     "apply_edits",
     "edit_hooks",
+    "edits_for_space",
     "scales",
 ]

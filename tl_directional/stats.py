@@ -25,6 +25,19 @@ from torch import Tensor
 QUANTILES: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
+def energy_ratio(par_sq: Tensor, perp_sq: Tensor) -> Tensor:
+    """Energy ratio ``sqrt(sum ||u_par||^2 / sum ||u_perp||^2)`` from the two sums (any shape,
+    float64 on the sums' device): ``inf`` when only the parallel sum is positive, NaN when both
+    are 0 (no energy at all: no ratio)."""
+    par, perp = par_sq.double(), perp_sq.double()
+    with torch.no_grad():
+        return torch.where(
+            perp > 0, (par / perp.clamp_min(1e-300)).sqrt(),
+            torch.where(par > 0, torch.tensor(float("inf"), dtype=torch.float64, device=par.device),
+                        torch.tensor(float("nan"), dtype=torch.float64, device=par.device)),
+        )
+
+
 @dataclass(frozen=True)
 class BinScale:
     """A fixed histogram grid on a transformed axis.
@@ -299,12 +312,7 @@ class StreamingSummary:
         perp = self.perp_sq.cpu()
         par = self.par_sq.cpu()
         nan = torch.tensor(float("nan"), dtype=torch.float64)
-        with torch.no_grad():
-            energy = torch.where(
-                perp > 0, (par / perp.clamp_min(1e-300)).sqrt(),
-                torch.where(par > 0, torch.tensor(float("inf"), dtype=torch.float64), nan),
-            )
-        cols["energy_ratio"] = energy
+        cols["energy_ratio"] = energy_ratio(par, perp)
         sums, sumsq, finite = self._sums.cpu(), self._sumsq.cpu(), self._finite.cpu()
         hist = self._hist.cpu().double()
         names = [("median" if q == 0.5 else f"q{int(round(q * 100)):02d}") for q in QUANTILES]
