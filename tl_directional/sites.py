@@ -20,6 +20,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+# Lane internals live in the adapter (lane_of / architecture_name are re-exported here).
+from .adapter import architecture_name, capture, is_encoder, is_parallel, lane_of
+
 COMPONENTS = ("attn", "mlp", "block")
 
 SEQUENTIAL = "sequential"  # pre-LN, attn then MLP (GPT-2, Llama, Qwen, Mistral)
@@ -147,14 +150,25 @@ class ModelSites:
         return self.units[component][check_layer(layer, self.n_layers, "layer")]
 
     def kv_head(self, head: int) -> int:
-        """GQA mapping ``kv(h) = h // (n_heads // n_kv_heads)``."""
-        return head // (self.n_heads // self.n_kv_heads)
+        """GQA mapping ``kv(h) = h // (n_heads // n_kv_heads)`` (see :func:`kv_head_index`)."""
+        return kv_head_index(head, self.n_heads, self.n_kv_heads)
+
+    def expand_kv(self, v: Float[Tensor, "batch pos n_kv_heads d_head"]) -> Float[Tensor, "batch pos n_heads d_head"]:
+        """One value per query head (see :func:`expand_kv_heads`)."""
+        return expand_kv_heads(v, self.n_heads)
 
 
-def architecture_name(model) -> str:
-    """The HF architecture class name (``cfg.original_architecture`` on the legacy
-    lane, ``cfg.architecture`` on the bridge), or ""."""
-    return str(_cfg(model, "original_architecture", "architecture", default="") or "")
+def kv_head_index(head: int, n_heads: int, n_kv_heads: int) -> int:
+    """GQA: the key/value head that query head ``head`` reads, ``h // (n_heads // n_kv_heads)``
+    (consecutive query heads share one KV head, as in HF and TransformerLens)."""
+    return head // (n_heads // n_kv_heads)
+
+
+def expand_kv_heads(v: Float[Tensor, "batch pos n_kv_heads d_head"], n_heads: int) -> Float[Tensor, "batch pos n_heads d_head"]:
+    """``[batch, pos, n_kv_heads, d_head]`` -> ``[batch, pos, n_heads, d_head]``: query head ``h``
+    gets KV head :func:`kv_head_index` ``(h)``. Returns ``v`` itself when there is no grouping."""
+    group = n_heads // v.shape[2]
+    return v.repeat_interleave(group, dim=2) if group > 1 else v
 
 
 def is_sandwich_norm(model) -> bool:
@@ -169,14 +183,6 @@ def is_sandwich_norm(model) -> bool:
     if blocks is None or len(blocks) == 0:
         return False
     return any(getattr(blocks[0], n, None) is not None for n in _POST_NORM_CHILDREN)
-
-
-def lane_of(model) -> str:
-    """``"bridge"`` for a TL 4 ``TransformerBridge``, ``"legacy"`` for a ``HookedTransformer``."""
-    names = {cls.__name__ for cls in type(model).__mro__}
-    if "TransformerBridge" in names or "BridgeCore" in names:
-        return "bridge"
-    return "legacy"
 
 
 def check_hook_api(model, argument: str = "model") -> None:
@@ -333,8 +339,7 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
     n_kv = int(_cfg(model, "n_key_value_heads", default=n_heads) or n_heads)
     if n_heads % n_kv:
         raise SiteResolutionError(f"n_heads={n_heads} is not a multiple of n_key_value_heads={n_kv}")
-    original = architecture_name(model)
-    is_post_ln = "Bert" in original
+    is_post_ln = is_encoder(model)
     if is_post_ln and lane == "legacy":
         raise SiteResolutionError(
             "post-LN encoders are supported on the TL 4 TransformerBridge only "
@@ -342,7 +347,7 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
         )
     if is_post_ln:
         arch = POST_LN
-    elif bool(getattr(cfg, "parallel_attn_mlp", False)):
+    elif is_parallel(model):
         arch = PARALLEL
     else:
         arch = SEQUENTIAL
@@ -500,7 +505,7 @@ def mlp_branch(model, layer: int):
     to its MLP update (``ln2`` then ``mlp``), or None where that is not the structure
     (parallel / post-LN blocks, sandwich norms). Callers should still check it against the
     block's own ``hook_mlp_out`` once before trusting it."""
-    if "Bert" in architecture_name(model) or bool(getattr(model.cfg, "parallel_attn_mlp", False)):
+    if is_encoder(model) or is_parallel(model):
         return None
     if is_sandwich_norm(model):
         return None
@@ -532,22 +537,11 @@ def verify_sites(
     error per unit (``"attn.3"``, ...). Raises :class:`SiteResolutionError`, naming the
     layer, the hooks and the mismatch, when an identity fails.
     """
-    store: dict[str, Tensor] = {}
-
-    def keep(name):
-        def hook(tensor, hook):  # noqa: ARG001 - TL hook signature
-            store[name] = tensor.detach()
-            return tensor
-
-        return hook
-
     names = set()
     for comp in sites.components:
         for u in sites.units[comp]:
             names |= {u.update_hook, u.reference_hook, u.sum_hook}
-    kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
-    with torch.no_grad():
-        model.run_with_hooks(tokens, return_type=None, fwd_hooks=[(n, keep(n)) for n in sorted(names)], **kwargs)
+    _, store = capture(model, tokens, names, attention_mask=attention_mask)
     errors: dict[str, float] = {}
     for L in range(sites.n_layers):
         checks: list[tuple[str, Tensor, Tensor, str]] = []
@@ -584,25 +578,3 @@ def verify_sites(
         if "block" in sites.units:
             errors[f"block.{L}"] = 0.0  # a difference of two hooks: exact by construction
     return errors
-
-
-def add_hook_point(model, name: str, hook_point) -> None:
-    """Register an extra ``HookPoint`` under ``name`` so that ``run_with_hooks``,
-    ``run_with_cache`` and ``model.hook_dict`` see it (both lanes)."""
-    if name in model.hook_dict:
-        raise ValueError(f"hook point {name!r} already exists on this model; remove it first")
-    hook_point.name = name
-    if lane_of(model) == "bridge":
-        model._hook_registry[name] = hook_point  # the bridge's canonical registry
-    else:
-        model.hook_dict[name] = hook_point
-        model.mod_dict[name] = hook_point
-
-
-def remove_hook_point(model, name: str) -> None:
-    """Undo :func:`add_hook_point` (a missing name is ignored)."""
-    if lane_of(model) == "bridge":
-        model._hook_registry.pop(name, None)
-    else:
-        model.hook_dict.pop(name, None)
-        model.mod_dict.pop(name, None)
