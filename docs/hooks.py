@@ -20,15 +20,23 @@ PACKAGE = "tl_directional"
 API_SECTION = "API reference"
 MARKER = "<!-- public-names -->"
 ROOT = Path(__file__).resolve().parent.parent
-DIRECTIVE = re.compile(rf"^:::\s*({PACKAGE}(?:\.\w+)?)\s*$", re.M)
+DIRECTIVE = re.compile(rf"^:::\s*({PACKAGE}(?:\.\w+)*)\s*$", re.M)
 ROLE = re.compile(r":\w+:`~?([\w.]+)`")
 
 _generated: list[str] = []
 
 
 def api_modules(root: Path = ROOT) -> list[str]:
-    """Public modules of the package, from its source files (nothing is imported)."""
-    return sorted(p.stem for p in (root / PACKAGE).glob("*.py") if not p.stem.startswith("_"))
+    """Public modules (and subpackages, dotted: ``models.load``) of the package, from its source
+    files (nothing is imported)."""
+    out = []
+    for p in (root / PACKAGE).rglob("*.py"):
+        parts = list(p.relative_to(root / PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__":  # a subpackage (tl_directional/models/) is a module too
+            parts = parts[:-1]
+        if parts and not any(x.startswith("_") for x in parts):
+            out.append(".".join(parts))
+    return sorted(out)
 
 
 def documented_modules(docs_dir: Path) -> set[str]:
