@@ -99,7 +99,7 @@ class ValueSite:
     resid_hook: str  # x_t, the residual reference of the attention update
 
 
-@dataclass
+@dataclass(frozen=True)
 class WeightProcessing:
     """What was done to the weights, as far as can be told from the model."""
 
@@ -121,9 +121,13 @@ class WeightProcessing:
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelSites:
-    """Resolved hook sites of one model. Get one with :func:`resolve_sites`."""
+    """Resolved hook sites of one model. Get one with :func:`resolve_sites`.
+
+    Frozen: fields cannot be reassigned (the per-layer lists are built once by
+    :func:`resolve_sites` and only read by callers).
+    """
 
     model_name: str
     lane: str  # "bridge" | "legacy"
@@ -353,22 +357,11 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
         arch = SEQUENTIAL
     sandwich = is_sandwich_norm(model)
     weights = detect_weight_processing(model)
-    sites = ModelSites(
-        model_name=str(_cfg(model, "model_name", default=type(model).__name__)),
-        lane=lane,
-        arch=arch,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv,
-        d_model=int(cfg.d_model),
-        d_head=int(cfg.d_head),
-        causal=not is_post_ln,
-        factorization_applicable=not sandwich,
-        weights=weights,
-    )
+    model_name = str(_cfg(model, "model_name", default=type(model).__name__))
     units: dict[str, list[UnitSite]] = {"attn": [], "mlp": []}
     if arch != POST_LN:
         units["block"] = []
+    value: list[ValueSite] = []
     needed: list[str] = []
     for L in range(n_layers):
         b = f"blocks.{L}"
@@ -387,20 +380,36 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
         if arch != POST_LN:
             units["block"].append(UnitSite(L, "block", post, pre, post, update_is_difference=True))
         vs = ValueSite(L, f"{b}.attn.hook_v", f"{b}.attn.hook_pattern", f"{b}.attn.hook_z", pre)
-        sites.value.append(vs)
+        value.append(vs)
         for comp in units:
             u = units[comp][L]
             needed += [u.update_hook, u.reference_hook, u.sum_hook]
         needed += [vs.v_hook, vs.pattern_hook, vs.z_hook]
     _require_hooks(model, sorted(set(needed)))
-    sites.units = units
+    notes: list[str] = []
     if arch == POST_LN:
-        sites.notes.append(
+        notes.append(
             "post-LN model: each update is added before a LayerNorm (attn at ln1.hook_in, "
             "MLP at ln2.hook_in); there is no block update. Attention is bidirectional."
         )
     if sandwich:
-        sites.notes.append(SANDWICH_NOTE)
+        notes.append(SANDWICH_NOTE)
+    sites = ModelSites(
+        model_name=model_name,
+        lane=lane,
+        arch=arch,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        d_model=int(cfg.d_model),
+        d_head=int(cfg.d_head),
+        causal=not is_post_ln,
+        factorization_applicable=not sandwich,
+        weights=weights,
+        units=units,
+        value=value,
+        notes=notes,
+    )
     if warn and weights.any:
         warnings.warn(
             f"{sites.model_name}: weights look processed ({weights.as_dict()}). Centering writing "
