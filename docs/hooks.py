@@ -27,17 +27,16 @@ _generated: list[str] = []
 
 
 def api_modules(root: Path = ROOT) -> list[str]:
-    """Public modules of the package, from its source files (nothing is imported): top-level
-    modules, subpackages (``training``) and their modules (``training.config``)."""
-    pkg = root / PACKAGE
-    found = [p.stem for p in pkg.glob("*.py") if not p.stem.startswith("_")]
-    for sub in pkg.glob("*/__init__.py"):
-        name = sub.parent.name
-        if name.startswith("_"):
-            continue
-        found.append(name)
-        found += [f"{name}.{p.stem}" for p in sub.parent.glob("*.py") if not p.stem.startswith("_")]
-    return sorted(found)
+    """Public modules (and subpackages, dotted: ``models.load``) of the package, from its source
+    files (nothing is imported)."""
+    out = []
+    for p in (root / PACKAGE).rglob("*.py"):
+        parts = list(p.relative_to(root / PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__":  # a subpackage (tl_directional/models/) is a module too
+            parts = parts[:-1]
+        if parts and not any(x.startswith("_") for x in parts):
+            out.append(".".join(parts))
+    return sorted(out)
 
 
 def documented_modules(docs_dir: Path) -> set[str]:

@@ -45,7 +45,7 @@ def run_phase(name: str, phase: str, batch: int, seq: int, repeats: int) -> dict
     out: dict = {"model": name, "phase": phase, "tokens": f"{batch}x{seq}"}
     t0 = time.perf_counter()
     if phase == "convert":
-        from tl_directional.catalog import real_model_dir
+        from tl_directional.models.catalog import real_model_dir
 
         real_model_dir(name, progress=False)
         out["seconds"] = time.perf_counter() - t0
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         return 0
 
     import tl_directional
-    from tl_directional.catalog import entry_dir, read_manifest
+    from tl_directional.models.catalog import entry_dir, read_manifest
 
     rows = []
     for name in args.models.split(","):

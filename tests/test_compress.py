@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests._families import CAUSAL
+from tl_directional.adapter import hf_module
 from tl_directional.compress import (
     clone_model,
     compress,
@@ -145,7 +146,7 @@ _OUT_HOOKS = {
 def _bias(model, lane, key):
     if lane == "bridge":
         unit, name = key.split(".")
-        return getattr(getattr(model.blocks[0], unit), name)._original_component.bias
+        return hf_module(getattr(getattr(model.blocks[0], unit), name)).bias
     blk = model.blocks[0]
     b = {"attn.q": blk.attn.b_Q, "attn.o": blk.attn.b_O, "mlp.in": blk.mlp.b_in, "mlp.out": blk.mlp.b_out}[key]
     return b.reshape(-1)

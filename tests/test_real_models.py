@@ -26,10 +26,9 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional import catalog
 from tl_directional.corpus import heldout_text
 from tl_directional.measure import profile
-from tl_directional.models import build_tiny_hf_model, load_model
+from tl_directional.models import build_tiny_hf_model, catalog, load_model
 from tl_directional.patching import split_logit_attribution
 from tl_directional.sites import is_sandwich_norm, resolve_sites, verify_sites
 

@@ -45,8 +45,7 @@ def _check_meta(meta: dict, model_dir: str):
 
 
 def test_prose_slice_is_pinned_and_licensed():
-    from tl_directional.corpus import prose_heldout_text
-    from tl_directional.corpus import heldout_paths
+    from tl_directional.corpus import heldout_paths, prose_heldout_text
 
     text = prose_heldout_text()
     meta = json.loads((heldout_paths()[0].parent / "prose_heldout.json").read_text())

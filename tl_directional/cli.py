@@ -155,7 +155,7 @@ def _cmd_profile(args) -> int:
 def _cmd_models(args) -> int:
     import json
 
-    from .catalog import RealModelError, listing, real_model_dir
+    from .models.catalog import RealModelError, listing, real_model_dir
 
     if args.convert:
         try:

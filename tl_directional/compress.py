@@ -36,9 +36,7 @@ directory (weights + tokenizer + a record JSON) for ``tl-directional compress-ch
 
 from __future__ import annotations
 
-import copy
 import json
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,6 +45,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from .adapter import (
+    clone_model,
+    device_of,
+    hf_attention_module,
+    hf_module,
+    is_encoder,
+    save_hf_directory,
+)
 from .sites import lane_of, linear_input_hooks, normalize_layers
 
 UNITS = ("attn", "mlp")
@@ -115,86 +121,6 @@ class CompressionResult(NamedTuple):
 # ---------------------------------------------------------------------------------------------
 
 
-def _shared_storage_groups(model) -> dict[int, list[tuple[str, int, tuple, tuple]]]:
-    groups: dict[int, list] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        key = p.untyped_storage().data_ptr()
-        groups.setdefault(key, []).append((name, p.storage_offset(), tuple(p.shape), p.stride()))
-    return {k: v for k, v in groups.items() if len({n for n, *_ in v}) > 1}
-
-
-def clone_model(model):
-    """An independent copy of a TransformerLens model whose weights can be changed freely.
-
-    Legacy ``HookedTransformer``: ``copy.deepcopy`` (tensors cached by a previous forward
-    that are not graph leaves are detached first, since deepcopy refuses them).
-
-    ``TransformerBridge``: a deep copy is *not* safe. The bridge wires some hook points
-    through forward hooks whose closures point at the original's hook points (BERT's
-    ``mlp.hook_out`` on a deep copy fires on the original model, not on the copy), and
-    GPT-2's split ``q, k, v`` weights stop being views into the fused weight. So the bridge
-    is booted afresh from the directory or name it was loaded from, and every parameter and
-    buffer of the wrapped ``transformers`` model is copied over; the copy is then checked
-    to give the same logits as the original on a probe sequence.
-    """
-    if lane_of(model) == "bridge":
-        return _reboot_bridge(model)
-    for mod in model.modules():
-        for k, v in list(vars(mod).items()):
-            if isinstance(v, Tensor) and not isinstance(v, torch.nn.Parameter) and v.grad_fn is not None:
-                setattr(mod, k, v.detach())
-    groups = _shared_storage_groups(model)
-    clone = copy.deepcopy(model)
-    if groups:
-        params = dict(clone.named_parameters(remove_duplicate=False))
-        with torch.no_grad():
-            for members in groups.values():
-                # the owner: the member that covers the most elements
-                owner = max(members, key=lambda m: math.prod(m[2]))
-                base = params[owner[0]]
-                for name, offset, shape, stride in members:
-                    p = params[name]
-                    if p.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
-                        p.set_(base.untyped_storage(), offset, shape, stride)
-    if hasattr(clone, "reset_hooks"):
-        clone.reset_hooks()
-    clone.eval()
-    return clone
-
-
-def _reboot_bridge(model):
-    from transformer_lens.model_bridge import TransformerBridge
-
-    from .models import _quiet_transformers
-
-    hf = model.original_model
-    source = getattr(hf.config, "_name_or_path", None) or getattr(model.cfg, "model_name", None)
-    if not source:
-        raise ValueError("cannot copy this TransformerBridge: it records no directory or model name "
-                         "to boot a fresh copy from (config._name_or_path is empty)")
-    param = next(hf.parameters())
-    try:
-        with _quiet_transformers():
-            fresh = TransformerBridge.boot_transformers(str(source), device=param.device, dtype=param.dtype)
-    except Exception as exc:  # pragma: no cover - depends on what the source is
-        raise ValueError(f"cannot copy this TransformerBridge: booting a fresh copy from {source!r} "
-                         f"failed ({type(exc).__name__}: {exc})") from exc
-    state = hf.state_dict()
-    with torch.no_grad():
-        missing, unexpected = fresh.original_model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"cannot copy this TransformerBridge: the fresh copy booted from {source!r} has "
-                         f"a different structure (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    fresh.eval()
-    probe = torch.arange(min(8, int(model.cfg.d_vocab)), device=param.device).unsqueeze(0)
-    with torch.no_grad():
-        same = torch.equal(model(probe), fresh(probe))
-    if not same:
-        raise ValueError(f"cannot copy this TransformerBridge: a fresh copy booted from {source!r} with "
-                         "the same weights gives different logits")
-    return fresh
-
-
 # ---------------------------------------------------------------------------------------------
 # The [out, in] adapter
 # ---------------------------------------------------------------------------------------------
@@ -235,14 +161,14 @@ def _fused_rows(attn) -> dict[str, Tensor] | None:
     own index, so the map is exact for any row permutation the adapter uses. None when the
     split weights are views into the fused one (GPT-2), where in-place writes already reach it.
     """
-    fused_mod = attn.qkv._original_component
+    fused_mod = hf_module(attn.qkv)
     fused = fused_mod.weight
     storage = fused.untyped_storage().data_ptr()
-    if all(getattr(attn, n)._original_component.weight.untyped_storage().data_ptr() == storage
+    if all(hf_module(getattr(attn, n)).weight.untyped_storage().data_ptr() == storage
            for n in ("q", "k", "v")):
         return None
     split = getattr(attn, "split_qkv_matrix", None)
-    hf_attn = getattr(attn, "original_component", None) or attn._original_component
+    hf_attn = hf_attention_module(attn)
     if split is None:
         raise NotImplementedError("fused QKV weight without a split function: cannot keep it in sync")
     conv = _is_conv1d(fused_mod)
@@ -277,12 +203,12 @@ def _bridge_linears(model, layer: int) -> list[LinearWeight]:
             names.remove("qkv")  # forward reads q, k, v: compress each once
             fused_rows = _fused_rows(comp)
         for n in names:
-            mod = getattr(comp, n)._original_component
+            mod = hf_module(getattr(comp, n))
             w = mod.weight
             transposed = _is_conv1d(mod)
             sync = None
             if fused_rows is not None and n in fused_rows:
-                fmod = comp.qkv._original_component
+                fmod = hf_module(comp.qkv)
                 sync = (fmod.weight, _is_conv1d(fmod), fused_rows[n])
 
             def get(w=w, t=transposed):
@@ -414,7 +340,7 @@ def collect_input_stats(model, calibration, *, layers=None, batch_size: int = 8,
 
     batch = prepare_inputs(model, calibration, argument="calibration")
     layers = normalize_layers(layers, int(model.cfg.n_layers))
-    device = _device(model)
+    device = device_of(model)
     by_hook: dict[str, list] = {}
     for L in layers:
         for key, li in linear_input_hooks(model, L).items():
@@ -467,13 +393,6 @@ def collect_input_stats(model, calibration, *, layers=None, batch_size: int = 8,
             allx = allx[torch.randperm(allx.shape[0], generator=gen)[:n_samples]]
         samples[k] = allx
     return InputStats(rms=rms, mean_abs=mean_abs, samples=samples, n_tokens=n_tokens)
-
-
-def _device(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # pragma: no cover
-        return torch.device("cpu")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -747,9 +666,7 @@ def drop_layers(model, layers) -> CompressionResult:
     biases are zeroed, so each dropped block adds exactly 0 to the stream (``e = -u``:
     purely parallel by construction). Not defined for post-LN models, where a block with a
     zero update still renormalises the stream."""
-    from .sites import architecture_name
-
-    if "Bert" in architecture_name(model):
+    if is_encoder(model):
         raise ValueError("layer drop is not defined for post-LN models (BERT): a zero update is "
                          "still followed by a LayerNorm, so the block is not skipped")
     if layers is None:
@@ -775,7 +692,7 @@ def _output_biases(model, layer: int) -> list[Tensor]:
     out = []
     if lane_of(model) == "bridge":
         for unit, name in (("attn", "o"), ("mlp", "out")):
-            mod = getattr(getattr(block, unit), name)._original_component
+            mod = hf_module(getattr(getattr(block, unit), name))
             if getattr(mod, "bias", None) is not None:
                 out.append(mod.bias)
     else:
@@ -877,12 +794,6 @@ def compress(model, spec: str, *, calibration=None, stats: InputStats | None = N
 # ---------------------------------------------------------------------------------------------
 
 
-def _unwrap(obj):
-    while "_original_component" in getattr(obj, "_modules", {}):
-        obj = obj._modules["_original_component"]
-    return obj
-
-
 def save_compressed(model, path, record: CompressionRecord | None = None, *, force: bool = False,
                     force_hint: str = "pass force=True") -> Path:
     """Write a (compressed) bridge-lane model as a Hugging Face directory.
@@ -897,35 +808,17 @@ def save_compressed(model, path, record: CompressionRecord | None = None, *, for
     fails on GPT-2's split-qkv views), then saved with ``save_pretrained`` together with
     the tokenizer and, when given, the record as ``tl_directional_compression.json``.
     """
-    import transformers
-
     if lane_of(model) != "bridge":
         raise NotImplementedError(
             "save_compressed writes Hugging Face directories from a TransformerLens 4 bridge model; "
             "on the legacy HookedTransformer lane keep the model in memory (compression_geometry "
             "takes model objects) or compress with TransformerLens >= 4")
-    hf = model.original_model
-    config = hf.config
-    arch = (getattr(config, "architectures", None) or [type(_unwrap(hf)).__name__])[0]
-    cls = getattr(transformers, arch)
-    fresh = cls(config)
-    with torch.no_grad():
-        for name, p in fresh.named_parameters():
-            obj = hf
-            for part in name.split("."):
-                obj = getattr(_unwrap(obj), part)
-            p.copy_(obj.detach().to(p.dtype))
     from .fileio import replace_dir
-    from .models import _quiet_transformers
 
     path = Path(path)
     with replace_dir(path, "compressed-model", force=force, force_hint=force_hint,
                      command="tl-directional compress") as tmp:
-        with _quiet_transformers():
-            fresh.save_pretrained(str(tmp))
-        tok = getattr(model, "tokenizer", None)
-        if tok is not None:
-            tok.save_pretrained(str(tmp))
+        save_hf_directory(model, tmp, tokenizer=getattr(model, "tokenizer", None))
         if record is not None:
             (tmp / RECORD_FILE).write_text(json.dumps(record.as_dict(), indent=2) + "\n")
     return path

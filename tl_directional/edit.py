@@ -273,12 +273,6 @@ class _HeadScoped(Edit):
         return s
 
 
-def _expand_kv(v: Tensor, n_heads: int) -> Tensor:
-    """``[batch, pos, n_kv_heads, d_head]`` -> ``[batch, pos, n_heads, d_head]`` (kv(h) = h // group)."""
-    group = n_heads // v.shape[2]
-    return v.repeat_interleave(group, dim=2) if group > 1 else v
-
-
 class ValueScale(_HeadScoped):
     """Scale a head's aggregate against each token's own value vector, at ``attn.hook_z``.
 
@@ -334,7 +328,7 @@ class ValueScale(_HeadScoped):
             offset = 0 if pattern is None else _query_offset(pattern, n_q)
             sp = self._row_scale(s_par, layer, batch, n_q, offset, head_mask, z.device, dtype)
             sq = self._row_scale(s_perp, layer, batch, n_q, offset, head_mask, z.device, dtype)
-            v_full = _expand_kv(v, sites.n_heads)
+            v_full = sites.expand_kv(v)
             if self.mode == "full":
                 y = z
             else:
@@ -458,7 +452,7 @@ class EffectiveDiagonal(_HeadScoped):
                     "(KV-cached generation?). Use ValueScale(mode='full') there: it is the same edit."
                 )
             dtype = compute_dtype(pattern.dtype)
-            v_full = _expand_kv(v, sites.n_heads).to(dtype)  # [batch, key, heads, e]
+            v_full = sites.expand_kv(v).to(dtype)  # [batch, key, heads, e]
             o = torch.einsum("bhqk,bkhe->bqhe", pattern.to(dtype), v_full)
             beta, _, _, _ = projection_coefficient(o, v_full, self.eps)  # [batch, q, heads]
             s = self._row_scale(s_par, layer, batch, n_q, 0, head_mask, pattern.device, dtype)

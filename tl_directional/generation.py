@@ -90,9 +90,10 @@ def kv_cache_matches(model) -> bool:
     known = getattr(model, "_tld_kv_cache_ok", None)
     if known is not None:
         return known
+    from .adapter import device_of
     from .sites import dtype_tolerance
 
-    device = next(model.parameters()).device
+    device = device_of(model)
     n_vocab = int(model.cfg.d_vocab)
     tokens = (torch.arange(2, 8, device=device) * 7919 % n_vocab).unsqueeze(0).long()
     with torch.no_grad():

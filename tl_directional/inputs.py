@@ -94,9 +94,9 @@ def tokenize(
             "inputs are strings but the model has no tokenizer; pass token ids "
             "(a [batch, pos] LongTensor) instead, or load the model with its tokenizer"
         )
-    from .sites import architecture_name
+    from .adapter import is_encoder
 
-    causal = "Bert" not in architecture_name(model)
+    causal = not is_encoder(model)
     if prepend_bos is None:
         prepend_bos = bool(getattr(model.cfg, "default_prepend_bos", True)) and causal
     max_length = max_length or int(getattr(model.cfg, "n_ctx", 0) or 0) or None

@@ -22,9 +22,17 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .adapter import capture, device_of
 from .geometry import DEFAULT_EPS, decompose, patch_components
 from .inputs import prepare_inputs, token_ids
-from .sites import ModelSites, final_norm_weight, normalize_heads, normalize_layers, resolve_sites
+from .sites import (
+    ModelSites,
+    final_norm_weight,
+    kv_head_index,
+    normalize_heads,
+    normalize_layers,
+    resolve_sites,
+)
 
 WHICH = ("par", "perp", "full")
 
@@ -52,24 +60,6 @@ def _scalar_metric(metric, logits) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"metric must return a number or a 1-element tensor, got {type(value).__name__}") from None
-
-
-def _capture(model, tokens, attention_mask, names: Sequence[str], *, logits: bool = True) -> tuple[Tensor | None, dict[str, Tensor]]:
-    """One forward keeping copies of the hooks ``names``; ``logits=False`` skips the unembedding
-    output (``[batch, pos, vocab]``: 1 GB at 8 x 128 tokens for a 262k vocabulary)."""
-    store: dict[str, Tensor] = {}
-
-    def keep(name):
-        def hook(t, hook):  # noqa: ARG001
-            store[name] = t.detach().clone()
-            return t
-        return hook
-
-    with torch.no_grad():
-        out = model.run_with_hooks(tokens, attention_mask=attention_mask,
-                                   fwd_hooks=[(n, keep(n)) for n in sorted(set(names))],
-                                   **({} if logits else {"return_type": None}))
-    return out, store
 
 
 def _patch_residual_hooks(unit, clean_update: Tensor, which: str, pos_mask: Tensor | None, eps: float):
@@ -101,8 +91,7 @@ def _patch_value_hooks(vs, n_heads: int, head: int, clean_z: Tensor, which: str,
 
     def z_hook(z, hook):  # noqa: ARG001
         v = state["v"]
-        group = n_heads // v.shape[2]
-        v_h = v[:, :, head // group]
+        v_h = v[:, :, kv_head_index(head, n_heads, v.shape[2])]
         new_h = patch_components(clean_z[:, :, head].to(z.device), z[:, :, head], v_h, which, eps)
         if pos_mask is not None:
             new_h = torch.where(pos_mask.unsqueeze(-1), new_h, z[:, :, head])
@@ -161,7 +150,7 @@ def directional_patch(
             raise ValueError(f"components has {c!r}; choose from {sites.components + ('value',)}")
     layer_list = normalize_layers(layers, sites.n_layers)
     head_list = normalize_heads(heads, sites.n_heads) or list(range(sites.n_heads))
-    device = next(model.parameters()).device
+    device = device_of(model)
     ct, am = c_batch.tokens.to(device), c_batch.attention_mask.to(device)
     xt = x_batch.tokens.to(device)
 
@@ -175,7 +164,7 @@ def directional_patch(
                 names += [u.update_hook, u.reference_hook]
     # Each run's logits are reduced to the metric at once and dropped, so at most one
     # [batch, pos, vocab] tensor is alive at a time (large vocabularies: Gemma-3 has 262k).
-    clean_logits, clean_cache = _capture(model, ct, am, names)
+    clean_logits, clean_cache = capture(model, ct, names, attention_mask=am, clone=True, logits=True)
     clean_metric = _scalar_metric(metric, clean_logits)
     del clean_logits
     with torch.no_grad():
@@ -295,7 +284,7 @@ def split_logit_attribution(
     if not sites.causal:
         raise ValueError("split_logit_attribution needs a causal LM with an unembedding")
     batch = prepare_inputs(model, inputs)
-    device = next(model.parameters()).device
+    device = device_of(model)
     tokens, am = batch.tokens.to(device), batch.attention_mask.to(device)
     answer = token_ids(model, answer_tokens, n=tokens.shape[0], argument="answer_tokens").to(device)
     W_U = model.W_U  # [d_model, vocab]
@@ -317,7 +306,7 @@ def split_logit_attribution(
         for c in ("attn", "mlp"):
             u = sites.units[c][L]
             names += [u.update_hook, u.reference_hook]
-    _, cache = _capture(model, tokens, am, names, logits=False)
+    _, cache = capture(model, tokens, names, attention_mask=am, clone=True)
     scale = cache["ln_final.hook_scale"][rows_idx, pos]  # [batch, 1]
 
     def dla_of(vec: Tensor) -> Tensor:  # [batch, ..., d_model] -> [batch, ...]

@@ -20,6 +20,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+# Lane internals live in the adapter (lane_of / architecture_name are re-exported here).
+from .adapter import architecture_name, capture, is_encoder, is_parallel, lane_of
+
 COMPONENTS = ("attn", "mlp", "block")
 
 SEQUENTIAL = "sequential"  # pre-LN, attn then MLP (GPT-2, Llama, Qwen, Mistral)
@@ -96,7 +99,7 @@ class ValueSite:
     resid_hook: str  # x_t, the residual reference of the attention update
 
 
-@dataclass
+@dataclass(frozen=True)
 class WeightProcessing:
     """What was done to the weights, as far as can be told from the model."""
 
@@ -118,9 +121,13 @@ class WeightProcessing:
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelSites:
-    """Resolved hook sites of one model. Get one with :func:`resolve_sites`."""
+    """Resolved hook sites of one model. Get one with :func:`resolve_sites`.
+
+    Frozen: fields cannot be reassigned (the per-layer lists are built once by
+    :func:`resolve_sites` and only read by callers).
+    """
 
     model_name: str
     lane: str  # "bridge" | "legacy"
@@ -147,14 +154,25 @@ class ModelSites:
         return self.units[component][check_layer(layer, self.n_layers, "layer")]
 
     def kv_head(self, head: int) -> int:
-        """GQA mapping ``kv(h) = h // (n_heads // n_kv_heads)``."""
-        return head // (self.n_heads // self.n_kv_heads)
+        """GQA mapping ``kv(h) = h // (n_heads // n_kv_heads)`` (see :func:`kv_head_index`)."""
+        return kv_head_index(head, self.n_heads, self.n_kv_heads)
+
+    def expand_kv(self, v: Float[Tensor, "batch pos n_kv_heads d_head"]) -> Float[Tensor, "batch pos n_heads d_head"]:
+        """One value per query head (see :func:`expand_kv_heads`)."""
+        return expand_kv_heads(v, self.n_heads)
 
 
-def architecture_name(model) -> str:
-    """The HF architecture class name (``cfg.original_architecture`` on the legacy
-    lane, ``cfg.architecture`` on the bridge), or ""."""
-    return str(_cfg(model, "original_architecture", "architecture", default="") or "")
+def kv_head_index(head: int, n_heads: int, n_kv_heads: int) -> int:
+    """GQA: the key/value head that query head ``head`` reads, ``h // (n_heads // n_kv_heads)``
+    (consecutive query heads share one KV head, as in HF and TransformerLens)."""
+    return head // (n_heads // n_kv_heads)
+
+
+def expand_kv_heads(v: Float[Tensor, "batch pos n_kv_heads d_head"], n_heads: int) -> Float[Tensor, "batch pos n_heads d_head"]:
+    """``[batch, pos, n_kv_heads, d_head]`` -> ``[batch, pos, n_heads, d_head]``: query head ``h``
+    gets KV head :func:`kv_head_index` ``(h)``. Returns ``v`` itself when there is no grouping."""
+    group = n_heads // v.shape[2]
+    return v.repeat_interleave(group, dim=2) if group > 1 else v
 
 
 def is_sandwich_norm(model) -> bool:
@@ -169,14 +187,6 @@ def is_sandwich_norm(model) -> bool:
     if blocks is None or len(blocks) == 0:
         return False
     return any(getattr(blocks[0], n, None) is not None for n in _POST_NORM_CHILDREN)
-
-
-def lane_of(model) -> str:
-    """``"bridge"`` for a TL 4 ``TransformerBridge``, ``"legacy"`` for a ``HookedTransformer``."""
-    names = {cls.__name__ for cls in type(model).__mro__}
-    if "TransformerBridge" in names or "BridgeCore" in names:
-        return "bridge"
-    return "legacy"
 
 
 def check_hook_api(model, argument: str = "model") -> None:
@@ -333,8 +343,7 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
     n_kv = int(_cfg(model, "n_key_value_heads", default=n_heads) or n_heads)
     if n_heads % n_kv:
         raise SiteResolutionError(f"n_heads={n_heads} is not a multiple of n_key_value_heads={n_kv}")
-    original = architecture_name(model)
-    is_post_ln = "Bert" in original
+    is_post_ln = is_encoder(model)
     if is_post_ln and lane == "legacy":
         raise SiteResolutionError(
             "post-LN encoders are supported on the TL 4 TransformerBridge only "
@@ -342,28 +351,17 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
         )
     if is_post_ln:
         arch = POST_LN
-    elif bool(getattr(cfg, "parallel_attn_mlp", False)):
+    elif is_parallel(model):
         arch = PARALLEL
     else:
         arch = SEQUENTIAL
     sandwich = is_sandwich_norm(model)
     weights = detect_weight_processing(model)
-    sites = ModelSites(
-        model_name=str(_cfg(model, "model_name", default=type(model).__name__)),
-        lane=lane,
-        arch=arch,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=n_kv,
-        d_model=int(cfg.d_model),
-        d_head=int(cfg.d_head),
-        causal=not is_post_ln,
-        factorization_applicable=not sandwich,
-        weights=weights,
-    )
+    model_name = str(_cfg(model, "model_name", default=type(model).__name__))
     units: dict[str, list[UnitSite]] = {"attn": [], "mlp": []}
     if arch != POST_LN:
         units["block"] = []
+    value: list[ValueSite] = []
     needed: list[str] = []
     for L in range(n_layers):
         b = f"blocks.{L}"
@@ -382,20 +380,36 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
         if arch != POST_LN:
             units["block"].append(UnitSite(L, "block", post, pre, post, update_is_difference=True))
         vs = ValueSite(L, f"{b}.attn.hook_v", f"{b}.attn.hook_pattern", f"{b}.attn.hook_z", pre)
-        sites.value.append(vs)
+        value.append(vs)
         for comp in units:
             u = units[comp][L]
             needed += [u.update_hook, u.reference_hook, u.sum_hook]
         needed += [vs.v_hook, vs.pattern_hook, vs.z_hook]
     _require_hooks(model, sorted(set(needed)))
-    sites.units = units
+    notes: list[str] = []
     if arch == POST_LN:
-        sites.notes.append(
+        notes.append(
             "post-LN model: each update is added before a LayerNorm (attn at ln1.hook_in, "
             "MLP at ln2.hook_in); there is no block update. Attention is bidirectional."
         )
     if sandwich:
-        sites.notes.append(SANDWICH_NOTE)
+        notes.append(SANDWICH_NOTE)
+    sites = ModelSites(
+        model_name=model_name,
+        lane=lane,
+        arch=arch,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        d_model=int(cfg.d_model),
+        d_head=int(cfg.d_head),
+        causal=not is_post_ln,
+        factorization_applicable=not sandwich,
+        weights=weights,
+        units=units,
+        value=value,
+        notes=notes,
+    )
     if warn and weights.any:
         warnings.warn(
             f"{sites.model_name}: weights look processed ({weights.as_dict()}). Centering writing "
@@ -500,7 +514,7 @@ def mlp_branch(model, layer: int):
     to its MLP update (``ln2`` then ``mlp``), or None where that is not the structure
     (parallel / post-LN blocks, sandwich norms). Callers should still check it against the
     block's own ``hook_mlp_out`` once before trusting it."""
-    if "Bert" in architecture_name(model) or bool(getattr(model.cfg, "parallel_attn_mlp", False)):
+    if is_encoder(model) or is_parallel(model):
         return None
     if is_sandwich_norm(model):
         return None
@@ -532,22 +546,11 @@ def verify_sites(
     error per unit (``"attn.3"``, ...). Raises :class:`SiteResolutionError`, naming the
     layer, the hooks and the mismatch, when an identity fails.
     """
-    store: dict[str, Tensor] = {}
-
-    def keep(name):
-        def hook(tensor, hook):  # noqa: ARG001 - TL hook signature
-            store[name] = tensor.detach()
-            return tensor
-
-        return hook
-
     names = set()
     for comp in sites.components:
         for u in sites.units[comp]:
             names |= {u.update_hook, u.reference_hook, u.sum_hook}
-    kwargs = {} if attention_mask is None else {"attention_mask": attention_mask}
-    with torch.no_grad():
-        model.run_with_hooks(tokens, return_type=None, fwd_hooks=[(n, keep(n)) for n in sorted(names)], **kwargs)
+    _, store = capture(model, tokens, names, attention_mask=attention_mask)
     errors: dict[str, float] = {}
     for L in range(sites.n_layers):
         checks: list[tuple[str, Tensor, Tensor, str]] = []
@@ -584,25 +587,3 @@ def verify_sites(
         if "block" in sites.units:
             errors[f"block.{L}"] = 0.0  # a difference of two hooks: exact by construction
     return errors
-
-
-def add_hook_point(model, name: str, hook_point) -> None:
-    """Register an extra ``HookPoint`` under ``name`` so that ``run_with_hooks``,
-    ``run_with_cache`` and ``model.hook_dict`` see it (both lanes)."""
-    if name in model.hook_dict:
-        raise ValueError(f"hook point {name!r} already exists on this model; remove it first")
-    hook_point.name = name
-    if lane_of(model) == "bridge":
-        model._hook_registry[name] = hook_point  # the bridge's canonical registry
-    else:
-        model.hook_dict[name] = hook_point
-        model.mod_dict[name] = hook_point
-
-
-def remove_hook_point(model, name: str) -> None:
-    """Undo :func:`add_hook_point` (a missing name is ignored)."""
-    if lane_of(model) == "bridge":
-        model._hook_registry.pop(name, None)
-    else:
-        model.hook_dict.pop(name, None)
-        model.mod_dict.pop(name, None)

@@ -36,8 +36,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from .adapter import add_hook_point, remove_hook_point
 from .geometry import DEFAULT_EPS, parallel_part
-from .sites import add_hook_point, normalize_layers, remove_hook_point, resolve_sites
+from .sites import expand_kv_heads, normalize_layers, resolve_sites
 
 
 def _hook_point_class():
@@ -150,8 +151,7 @@ def _split(state: dict, par_points, perp_points, *, value: bool, n_heads: int, e
     def hook(t, hook):  # noqa: ARG001
         ref = state["ref"]
         if value:  # [batch, pos, n_kv_heads, d_head] -> one value per query head
-            group = n_heads // ref.shape[2]
-            ref = ref.repeat_interleave(group, dim=2) if group > 1 else ref
+            ref = expand_kv_heads(ref, n_heads)
         if not any(hp.fwd_hooks or hp.bwd_hooks for hp in (*par_points, *perp_points)):
             return t  # nothing hooked on the children: bit-exactly unchanged
         par = parallel_part(t, ref, eps).to(t.dtype)

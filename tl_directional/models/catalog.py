@@ -174,7 +174,7 @@ def is_installed(name: str) -> bool:
 
 def entry_dir(name: str) -> Path:
     """Where ``name``'s converted directory lives (whether or not it exists yet)."""
-    from .models import cache_dir
+    from .paths import cache_dir
 
     return cache_dir() / "models" / f"{check_name(name).name}-v{FORMAT_VERSION}"
 
@@ -323,11 +323,12 @@ def _convert_into(model: RealModel, out: Path, work: Path, progress: bool) -> di
         )
     bar.update()
     step(2)
-    from .models import _from_pretrained_kwargs, _quiet_transformers
+    from ..adapter import quiet_transformers
+    from .hf import from_pretrained_kwargs
 
-    kw = _from_pretrained_kwargs(torch.float32)
+    kw = from_pretrained_kwargs(torch.float32)
     kw.pop("attn_implementation", None)
-    with _quiet_transformers():
+    with quiet_transformers():
         quant = transformers.AutoModelForCausalLM.from_pretrained(
             str(src.parent), gguf_file=src.name, **kw
         )
@@ -360,7 +361,7 @@ def _convert_into(model: RealModel, out: Path, work: Path, progress: bool) -> di
     bar.update()
     step(4)
     fresh.eval()
-    with _quiet_transformers():
+    with quiet_transformers():
         fresh.save_pretrained(out)
         tokenizer.save_pretrained(out)
     del fresh
@@ -467,7 +468,7 @@ def listing() -> list[dict[str, Any]]:
     ``name``, ``architecture``, ``installed``, ``cached`` (a verified-looking entry, checked by
     manifest presence and sizes only, no hashing), ``size_mb`` (cache entry on disk), ``source``,
     ``summary``, ``install``."""
-    from .models import bundled_model_dir
+    from .paths import bundled_model_dir
 
     rows: list[dict[str, Any]] = []
     bundled = bundled_model_dir()

@@ -1,0 +1,347 @@
+"""The one place that knows how the two TransformerLens lanes differ internally.
+
+Two lanes are supported: the TL 4 ``TransformerBridge`` (``"bridge"``: a wrapper around a
+Hugging Face ``transformers`` model, each wrapped HF module reachable as a component's
+``_original_component``) and the legacy ``HookedTransformer`` (``"legacy"``: TL 2.x / 3.x,
+TL-format weights ``W_Q [head, d_model, d_head]`` ...). Everything else in the package asks
+this module: which lane a model is on, its device, the HF module behind a bridge component,
+the HF state dict and a plain HF copy of a bridge, an independent clone, how to attach an
+extra hook point, and the architecture flags (post-LN encoder, parallel blocks).
+
+This module sits below :mod:`tl_directional.sites` and imports nothing from the package.
+``transformer_lens`` and ``transformers`` are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import math
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+Lane = Literal["bridge", "legacy"]
+
+#: The bridge's attribute holding the wrapped Hugging Face module of a component.
+_HF_CHILD = "_original_component"
+
+
+# ---------------------------------------------------------------------------------------------
+# Lanes and devices
+# ---------------------------------------------------------------------------------------------
+
+
+def installed_lane() -> Lane:
+    """Which TransformerLens API is installed: ``"legacy"`` when
+    ``transformer_lens.HookedTransformer`` exists (TL 2.x / 3.x), else ``"bridge"`` (TL >= 4)."""
+    # find_spec, not hasattr: on TL >= 4, touching transformer_lens.HookedTransformer raises
+    # ImportError (a migration message) rather than returning False.
+    if importlib.util.find_spec("transformer_lens") is None:
+        raise ImportError("transformer_lens is not installed: pip install transformer-lens.")
+    if importlib.util.find_spec("transformer_lens.HookedTransformer") is not None:
+        return "legacy"
+    return "bridge"
+
+
+def lane_of(model) -> Lane:
+    """``"bridge"`` for a TL 4 ``TransformerBridge``, ``"legacy"`` for a ``HookedTransformer``."""
+    names = {cls.__name__ for cls in type(model).__mro__}
+    if "TransformerBridge" in names or "BridgeCore" in names:
+        return "bridge"
+    return "legacy"
+
+
+def is_bridge(model) -> bool:
+    """Whether ``model`` is on the bridge lane (see :func:`lane_of`)."""
+    return lane_of(model) == "bridge"
+
+
+def device_of(model) -> torch.device:
+    """The device of ``model``'s first parameter (CPU for a model without parameters)."""
+    try:
+        return next(model.parameters()).device
+    except StopIteration:  # pragma: no cover - every TL model has parameters
+        return torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Architecture flags
+# ---------------------------------------------------------------------------------------------
+
+
+def architecture_name(model) -> str:
+    """The HF architecture class name (``cfg.original_architecture`` on the legacy
+    lane, ``cfg.architecture`` on the bridge), or ""."""
+    cfg = model.cfg
+    for name in ("original_architecture", "architecture"):
+        value = getattr(cfg, name, None)
+        if value is not None:
+            return str(value or "")
+    return ""
+
+
+def is_encoder(model) -> bool:
+    """Whether ``model`` is a post-LN bidirectional encoder (BERT family): each update is added
+    before a LayerNorm, attention is not causal, there is no block update."""
+    return "Bert" in architecture_name(model)
+
+
+def is_parallel(model) -> bool:
+    """Whether attention and MLP read the same stream (GPT-J, Pythia / NeoX)."""
+    return bool(getattr(model.cfg, "parallel_attn_mlp", False))
+
+
+# ---------------------------------------------------------------------------------------------
+# The Hugging Face side of a bridge
+# ---------------------------------------------------------------------------------------------
+
+
+def hf_module(component):
+    """The Hugging Face module a bridge component wraps (``attn.q`` -> its ``nn.Linear`` /
+    ``Conv1D``); follows nested wrappers. A module that wraps nothing is returned as is."""
+    obj = component
+    while _HF_CHILD in getattr(obj, "_modules", {}):
+        obj = obj._modules[_HF_CHILD]
+    return obj
+
+
+def hf_attention_module(attn):
+    """The HF attention module behind a bridge attention component (``original_component``
+    where the bridge exposes one, else the wrapped child)."""
+    return getattr(attn, "original_component", None) or hf_module(attn)
+
+
+def hf_state_key(name: str) -> str:
+    """A bridge-wrapped HF parameter name with the wrapper hops removed
+    (``transformer.h.0.attn._original_component.c_attn.weight`` -> ``...attn.c_attn.weight``)."""
+    return name.replace(f".{_HF_CHILD}", "").replace(f"{_HF_CHILD}.", "")
+
+
+def hf_state_dict(model, *, keep_vars: bool = False) -> dict[str, Tensor]:
+    """The wrapped HF model's state dict of a bridge under the HF model's own names
+    (what ``save_pretrained`` of the unwrapped model holds)."""
+    return {hf_state_key(k): v for k, v in model.original_model.state_dict(keep_vars=keep_vars).items()}
+
+
+def to_hf_model(model):
+    """A plain ``transformers`` model (fresh, same class and config) holding a bridge's weights.
+
+    The bridge's own ``save_pretrained`` path fails on GPT-2's split-qkv views, so every
+    parameter of a fresh model is read, name by name, through the wrappers.
+    """
+    import transformers
+
+    if lane_of(model) != "bridge":
+        raise NotImplementedError("to_hf_model needs a TransformerLens 4 bridge model")
+    hf = model.original_model
+    config = hf.config
+    arch = (getattr(config, "architectures", None) or [type(hf_module(hf)).__name__])[0]
+    fresh = getattr(transformers, arch)(config)
+    with torch.no_grad():
+        for name, p in fresh.named_parameters():
+            obj = hf
+            for part in name.split("."):
+                obj = getattr(hf_module(obj), part)
+            p.copy_(obj.detach().to(p.dtype))
+    return fresh
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence ``transformers``' progress bars (shard writing / weight loading) for a block.
+
+    transformers 5 draws a tqdm bar on every ``save_pretrained`` / ``from_pretrained``; for
+    models this small that is pure noise. The caller's setting is restored afterwards.
+    """
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def save_hf_directory(model, directory, *, tokenizer: Any = None) -> None:
+    """Write a bridge model's weights (via :func:`to_hf_model`) and ``tokenizer`` (when given)
+    into ``directory`` with ``save_pretrained``. The caller owns atomicity (``replace_dir``)."""
+    fresh = to_hf_model(model)
+    with quiet_transformers():
+        fresh.save_pretrained(str(directory))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(directory))
+
+
+# ---------------------------------------------------------------------------------------------
+# Clone
+# ---------------------------------------------------------------------------------------------
+
+
+def _shared_storage_groups(model) -> dict[int, list[tuple[str, int, tuple, tuple]]]:
+    """Parameters that share one storage (views), grouped by storage pointer."""
+    groups: dict[int, list[tuple[str, int, tuple, tuple]]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        key = p.untyped_storage().data_ptr()
+        groups.setdefault(key, []).append((name, p.storage_offset(), tuple(p.shape), p.stride()))
+    return {k: v for k, v in groups.items() if len({n for n, *_ in v}) > 1}
+
+
+def clone_model(model):
+    """An independent copy of a TransformerLens model whose weights can be changed freely.
+
+    Legacy ``HookedTransformer``: ``copy.deepcopy`` (tensors cached by a previous forward
+    that are not graph leaves are detached first, since deepcopy refuses them).
+
+    ``TransformerBridge``: a deep copy is *not* safe. The bridge wires some hook points
+    through forward hooks whose closures point at the original's hook points (BERT's
+    ``mlp.hook_out`` on a deep copy fires on the original model, not on the copy), and
+    GPT-2's split ``q, k, v`` weights stop being views into the fused weight. So the bridge
+    is booted afresh from the directory or name it was loaded from, and every parameter and
+    buffer of the wrapped ``transformers`` model is copied over; the copy is then checked
+    to give the same logits as the original on a probe sequence.
+    """
+    if lane_of(model) == "bridge":
+        return _reboot_bridge(model)
+    for mod in model.modules():
+        for k, v in list(vars(mod).items()):
+            if isinstance(v, Tensor) and not isinstance(v, torch.nn.Parameter) and v.grad_fn is not None:
+                setattr(mod, k, v.detach())
+    groups = _shared_storage_groups(model)
+    clone = copy.deepcopy(model)
+    if groups:
+        params = dict(clone.named_parameters(remove_duplicate=False))
+        with torch.no_grad():
+            for members in groups.values():
+                # the owner: the member that covers the most elements
+                owner = max(members, key=lambda m: math.prod(m[2]))
+                base = params[owner[0]]
+                for name, offset, shape, stride in members:
+                    p = params[name]
+                    if p.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+                        p.set_(base.untyped_storage(), offset, shape, stride)
+    if hasattr(clone, "reset_hooks"):
+        clone.reset_hooks()
+    clone.eval()
+    return clone
+
+
+def _reboot_bridge(model):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    hf = model.original_model
+    source = getattr(hf.config, "_name_or_path", None) or getattr(model.cfg, "model_name", None)
+    if not source:
+        raise ValueError("cannot copy this TransformerBridge: it records no directory or model name "
+                         "to boot a fresh copy from (config._name_or_path is empty)")
+    param = next(hf.parameters())
+    try:
+        with quiet_transformers():
+            fresh = TransformerBridge.boot_transformers(str(source), device=param.device, dtype=param.dtype)
+    except Exception as exc:  # pragma: no cover - depends on what the source is
+        raise ValueError(f"cannot copy this TransformerBridge: booting a fresh copy from {source!r} "
+                         f"failed ({type(exc).__name__}: {exc})") from exc
+    state = hf.state_dict()
+    with torch.no_grad():
+        missing, unexpected = fresh.original_model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"cannot copy this TransformerBridge: the fresh copy booted from {source!r} has "
+                         f"a different structure (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    fresh.eval()
+    probe = torch.arange(min(8, int(model.cfg.d_vocab)), device=param.device).unsqueeze(0)
+    with torch.no_grad():
+        same = torch.equal(model(probe), fresh(probe))
+    if not same:
+        raise ValueError(f"cannot copy this TransformerBridge: a fresh copy booted from {source!r} with "
+                         "the same weights gives different logits")
+    return fresh
+
+
+# ---------------------------------------------------------------------------------------------
+# Extra hook points
+# ---------------------------------------------------------------------------------------------
+
+
+def add_hook_point(model, name: str, hook_point) -> None:
+    """Register an extra ``HookPoint`` under ``name`` so that ``run_with_hooks``,
+    ``run_with_cache``, ``hooks()``, ``reset_hooks`` and ``model.hook_dict`` see it (both lanes).
+
+    TL 4 builds ``hook_dict`` from its hook registry and has no public call to add to it, so
+    this is the one place that writes it; the legacy lane keeps ``hook_dict`` / ``mod_dict``.
+    """
+    if name in model.hook_dict:
+        raise ValueError(f"hook point {name!r} already exists on this model; remove it first")
+    hook_point.name = name
+    if lane_of(model) == "bridge":
+        model._hook_registry[name] = hook_point  # the bridge's canonical registry
+    else:
+        model.hook_dict[name] = hook_point
+        model.mod_dict[name] = hook_point
+
+
+def remove_hook_point(model, name: str) -> None:
+    """Undo :func:`add_hook_point` (a missing name is ignored)."""
+    if lane_of(model) == "bridge":
+        model._hook_registry.pop(name, None)
+    else:
+        model.hook_dict.pop(name, None)
+        model.mod_dict.pop(name, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Capturing activations
+# ---------------------------------------------------------------------------------------------
+
+
+def capture(model, tokens: Tensor, names, *, attention_mask: Tensor | None = None, clone: bool = False,
+            logits: bool = False) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """One no-grad forward keeping the activations at the hook points ``names``.
+
+    Returns ``(output, {name: tensor})``: ``output`` is the logits when ``logits`` (else None,
+    skipping the unembedding: ``[batch, pos, vocab]`` is 1 GB at 8 x 128 tokens for a 262k
+    vocabulary); tensors are detached, and copied when ``clone`` (for callers that keep them
+    past another forward that may write in place).
+    """
+    store: dict[str, Tensor] = {}
+
+    def keep(name):
+        def hook(tensor, hook):  # noqa: ARG001 - TL hook signature
+            store[name] = tensor.detach().clone() if clone else tensor.detach()
+            return tensor
+
+        return hook
+
+    kwargs: dict[str, Any] = {} if attention_mask is None else {"attention_mask": attention_mask}
+    if not logits:
+        kwargs["return_type"] = None
+    with torch.no_grad():
+        out = model.run_with_hooks(tokens, fwd_hooks=[(n, keep(n)) for n in sorted(set(names))], **kwargs)
+    return (out if logits else None), store
+
+
+__all__ = [
+    "Lane",
+    "add_hook_point",
+    "architecture_name",
+    "capture",
+    "clone_model",
+    "device_of",
+    "hf_attention_module",
+    "hf_module",
+    "hf_state_dict",
+    "hf_state_key",
+    "installed_lane",
+    "is_bridge",
+    "is_encoder",
+    "is_parallel",
+    "lane_of",
+    "quiet_transformers",
+    "remove_hook_point",
+    "save_hf_directory",
+    "to_hf_model",
+]

