@@ -56,6 +56,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from .adapter import hf_state_key
 from .compress import CompressionRecord, CompressionResult
 from .geometry import DEFAULT_EPS, compute_dtype
 from .inputs import TokenBatch, first_token_mask, iter_batches, prepare_inputs
@@ -808,8 +809,8 @@ def nonfinite_parameters(model) -> list[tuple[str, int]]:
         for name, p in model.named_parameters():
             if p.is_floating_point() or p.is_complex():
                 bad = int((~torch.isfinite(p)).sum())
-                if bad:  # bridge names without the wrapper's "_original_component" hops
-                    out.append((name.replace("._original_component", "").replace("_original_component.", ""), bad))
+                if bad:  # bridge names without the wrapper hops (adapter.hf_state_key)
+                    out.append((hf_state_key(name), bad))
     return out
 
 

@@ -39,6 +39,7 @@ from .sites import (
     UnitSite,
     ValueSite,
     attention_output_weights,
+    expand_kv_heads,
     resolve_sites,
     verify_sites,
 )
@@ -181,10 +182,7 @@ class _Accumulator:
         per masked token (NaN where the factorization does not apply).
         """
         sites = self.sites
-        group_size = sites.n_heads // sites.n_kv_heads
-        vt = self._select(v, mask)
-        if group_size > 1:
-            vt = vt.repeat_interleave(group_size, dim=1)
+        vt = expand_kv_heads(self._select(v, mask), sites.n_heads)
         if layer not in self._weights:
             self._weights[layer] = attention_output_weights(model, layer)
         W_O, b_O = self._weights[layer]

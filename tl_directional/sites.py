@@ -168,11 +168,12 @@ def kv_head_index(head: int, n_heads: int, n_kv_heads: int) -> int:
     return head // (n_heads // n_kv_heads)
 
 
-def expand_kv_heads(v: Float[Tensor, "batch pos n_kv_heads d_head"], n_heads: int) -> Float[Tensor, "batch pos n_heads d_head"]:
-    """``[batch, pos, n_kv_heads, d_head]`` -> ``[batch, pos, n_heads, d_head]``: query head ``h``
-    gets KV head :func:`kv_head_index` ``(h)``. Returns ``v`` itself when there is no grouping."""
-    group = n_heads // v.shape[2]
-    return v.repeat_interleave(group, dim=2) if group > 1 else v
+def expand_kv_heads(v: Float[Tensor, "*lead n_kv_heads d_head"], n_heads: int) -> Float[Tensor, "*lead n_heads d_head"]:
+    """``[..., n_kv_heads, d_head]`` -> ``[..., n_heads, d_head]`` (``[batch, pos, ...]`` from
+    ``hook_v``, or ``[tokens, ...]`` after a token selection): query head ``h`` gets KV head
+    :func:`kv_head_index` ``(h)``. Returns ``v`` itself when there is no grouping."""
+    group = n_heads // v.shape[-2]
+    return v.repeat_interleave(group, dim=-2) if group > 1 else v
 
 
 def is_sandwich_norm(model) -> bool:

@@ -36,11 +36,6 @@ from .paths import BUNDLED_MODEL_DIR, bundled_model_dir, cache_dir
 from .tiny import BUILD_INFO_FILE, build_tiny_hf_model, hf_config
 from .tokenizer import BERT_MASK_TOKEN, ENDOFTEXT, train_tokenizer
 
-# Old private spellings still imported by tl_directional/train.py (to be switched to the
-# public names above when train.py moves into its package).
-_hf_config = hf_config
-_quiet_transformers = quiet_transformers
-
 __all__ = [
     "BERT_MASK_TOKEN",
     "BUILD_INFO_FILE",

@@ -127,8 +127,7 @@ def pre_edit_geometry(model: Any, tokens: torch.Tensor, edits: Sequence[Any] = (
     rows = []
     for L in range(sites.n_layers):
         v = got[("v", L)][:, start:]
-        group = sites.n_heads // v.shape[2]
-        v = v.repeat_interleave(group, dim=2) if group > 1 else v
+        v = sites.expand_kv(v)
         dv = decompose(got[("z", L)][:, start:], v)
         ok = ~dv.degenerate
         row = {"layer": L, "value_energy_ratio": _energy(dv, ok), "value_beta_mean": float(dv.alpha[ok].mean()),

@@ -33,7 +33,8 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
     """
     import transformers
 
-    from ..models import BUILD_INFO_FILE, _quiet_transformers
+    from ..adapter import quiet_transformers
+    from ..models import BUILD_INFO_FILE
 
     if lane_of(model) != "bridge":
         raise NotImplementedError(
@@ -56,7 +57,7 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
     fresh = fresh.to(dtype)
     out = Path(path)
     with replace_dir(out, "export", force=force, force_hint=force_hint, command="tl-directional train --export") as tmp:
-        with _quiet_transformers():
+        with quiet_transformers():
             fresh.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
         _portable_tokenizer_config(tmp)

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..adapter import hf_state_dict, is_bridge
 from ..fileio import check_model_dir, write_manifest
-from ..sites import lane_of
 from .checkpoint import CheckpointError
 from .config import TrainConfig
 
@@ -39,13 +39,14 @@ def build_init_dir(cfg: TrainConfig, tokenizer: Any, path: str | os.PathLike[str
     """Write the seeded, untrained GPT-2 of ``cfg`` (+ tokenizer) as a Hugging Face directory."""
     import transformers
 
-    from ..models import ENDOFTEXT, _hf_config, _quiet_transformers
+    from ..adapter import quiet_transformers
+    from ..models import ENDOFTEXT, hf_config
 
     out = Path(path)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
         return out
     special = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
-    config = _hf_config("gpt2", n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
+    config = hf_config("gpt2", n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
                         n_kv_heads=cfg.n_heads, d_mlp=cfg.d_mlp or 4 * cfg.d_model,
                         n_ctx=cfg.n_ctx, vocab_size=cfg.vocab_size, special_id=special)
     with torch.random.fork_rng(devices=[]):
@@ -55,7 +56,7 @@ def build_init_dir(cfg: TrainConfig, tokenizer: Any, path: str | os.PathLike[str
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes 0700
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
         write_manifest(tmp, "init")
@@ -91,10 +92,10 @@ def canonical_state_dict(model: Any) -> dict[str, Tensor]:
     ...), i.e. exactly what ``save_pretrained`` of an unwrapped model holds. Legacy lane: the
     ``HookedTransformer`` state dict (``blocks.0.attn.W_Q`` ...).
     """
-    if lane_of(model) == "bridge":
+    if is_bridge(model):
         hf = model.original_model
         wanted = _hf_reference_keys(hf.config)
-        sd = {k.replace("._original_component", ""): v for k, v in hf.state_dict().items()}
+        sd = hf_state_dict(model)
         missing = [k for k in wanted if k not in sd]
         if missing:
             raise RuntimeError(f"cannot map bridge weights back to Hugging Face names: {missing[:5]}")
@@ -113,9 +114,8 @@ def _hf_reference_keys(hf_config: Any) -> list[str]:
 
 def load_canonical_state_dict_(model: Any, state: dict[str, Tensor], *, source: str) -> None:
     """Copy ``state`` (from :func:`canonical_state_dict`) into ``model``'s parameters in place."""
-    if lane_of(model) == "bridge":
-        live = {k.replace("._original_component", ""): v
-                for k, v in model.original_model.state_dict(keep_vars=True).items()}
+    if is_bridge(model):
+        live = hf_state_dict(model, keep_vars=True)
     else:
         live = dict(model.state_dict(keep_vars=True))
     missing = [k for k in state if k not in live]
