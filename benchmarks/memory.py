@@ -120,7 +120,7 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
 
     if mode == "streaming":
         prof = profile(model, inputs, batch_size=batch_size, components=comps, verify=False,
-                       progress=False)
+                       progress=False, exclude_first_token=False)  # every token, as the hand-written and peer computations count them
         tokens_seen = int(prof.metadata["tokens_seen"])
     elif mode == "naive":
         prof = naive_profile(model, inputs, comps, names)

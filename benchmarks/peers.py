@@ -86,7 +86,7 @@ def measure_nnsight(model_source: str, seq: int, batch: int, *, warmup: int, min
 
     def cand():
         return profile(model, inputs, batch_size=len(inputs), components=PEER_COMPONENTS,
-                       verify=False, progress=False)
+                       verify=False, progress=False, exclude_first_token=False)  # every token, as the hand-written and peer computations count them
 
     prof, peer = cand(), base()
     row = prof.residual.query("layer == 0 and component == 'mlp'").iloc[0]

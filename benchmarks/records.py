@@ -24,7 +24,7 @@ def _profile_call(bench: Bench, comps):
 
     def call() -> Profile:
         return profile(model, batch, batch_size=len(batch), components=comps, verify=False,
-                       progress=False)
+                       progress=False, exclude_first_token=False)  # every token, as the hand-written and peer computations count them
 
     return call
 

@@ -67,7 +67,7 @@ def naive_profile(model, batch: TokenBatch, components=None, names: list[str] | 
         _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
                                         names_filter=names, return_type=None)
     return Profile.from_cache(model, cache, attention_mask=batch.attention_mask,
-                              components=components)
+                              components=components, exclude_first_token=False)
 
 
 def _summary(x: torch.Tensor) -> dict:

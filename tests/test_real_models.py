@@ -141,7 +141,8 @@ def real(request):
 def real_profile(real):
     """``profile`` of the real model's 2 x 16 tokens, shared by the tests that read it."""
     _, model, tokens = real
-    return profile(model, tokens, batch_size=2, progress=False)
+    # every token, as the plain-torch reference counts them (the first-token rule: test_habits)
+    return profile(model, tokens, batch_size=2, progress=False, exclude_first_token=False)
 
 
 @pytest.mark.real_model
@@ -298,7 +299,8 @@ def test_tiny_gemma3_is_detected_as_sandwich_and_others_are_not(tiny_model):
 
 def test_tiny_gemma3_profile_masks_only_the_factorization(tiny_gemma):
     tokens = torch.randint(1, 500, (2, 12), generator=torch.Generator().manual_seed(0))
-    prof = profile(tiny_gemma, tokens, batch_size=2, progress=False, per_token=True)
+    prof = profile(tiny_gemma, tokens, batch_size=2, progress=False, per_token=True,
+                   exclude_first_token=False)
     assert prof.value[["phi_mean", "alpha_head_median", "self_term_mean", "cross_term_q95",
                        "factorization_error_max"]].isna().all().all()
     assert prof.value[["beta_mean", "A_tt_mean", "gamma_mean", "energy_ratio_full"]].notna().all().all()
