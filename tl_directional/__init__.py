@@ -18,7 +18,7 @@ from .compress import (
     quantize_rtn,
     save_compressed,
 )
-from .compress_geometry import CompatibilityError, compress_check, compression_geometry
+from .compression import CompatibilityError, compress_check, compression_geometry
 from .edit import (
     DiagonalRemoval,
     Edit,
