@@ -223,8 +223,9 @@ def _safe_div(a: float, b: float) -> float:
     return a / b if b > 0 else 0.0
 
 
-def summarize(sums: Tensor, mode: str) -> dict[str, float]:
-    """Metrics of one (layer, unit) row from its ``[K]`` sums (used for totals and bootstraps)."""
+def summarize(sums: Tensor, mode: str) -> dict[str, float | int]:
+    """Metrics of one (layer, unit) row from its ``[K]`` sums (used for totals and bootstraps):
+    counts (``tokens``, ``degenerate``, ``zero_error_tokens``) as ints, metrics as floats."""
     s = {k: float(sums[i]) for k, i in _IDX.items()}
     n, n_err = s["n"], s["n_err"]
     out = {
