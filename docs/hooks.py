@@ -20,15 +20,23 @@ PACKAGE = "tl_directional"
 API_SECTION = "API reference"
 MARKER = "<!-- public-names -->"
 ROOT = Path(__file__).resolve().parent.parent
-DIRECTIVE = re.compile(rf"^:::\s*({PACKAGE}(?:\.\w+)?)\s*$", re.M)
+DIRECTIVE = re.compile(rf"^:::\s*({PACKAGE}(?:\.\w+)*)\s*$", re.M)
 ROLE = re.compile(r":\w+:`~?([\w.]+)`")
 
 _generated: list[str] = []
 
 
 def api_modules(root: Path = ROOT) -> list[str]:
-    """Public modules of the package, from its source files (nothing is imported)."""
-    return sorted(p.stem for p in (root / PACKAGE).glob("*.py") if not p.stem.startswith("_"))
+    """Public modules of the package, from its source files (nothing is imported): top-level
+    modules, and each sub-package with its modules (``compression``, ``compression.gate``)."""
+    base = root / PACKAGE
+    out = [p.stem for p in base.glob("*.py") if not p.stem.startswith("_")]
+    for init in base.glob("*/__init__.py"):
+        pkg = init.parent.name
+        if not pkg.startswith("_"):
+            out.append(pkg)
+            out += [f"{pkg}.{p.stem}" for p in init.parent.glob("*.py") if not p.stem.startswith("_")]
+    return sorted(out)
 
 
 def documented_modules(docs_dir: Path) -> set[str]:
