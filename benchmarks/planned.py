@@ -28,7 +28,7 @@ APIs used (keyword arguments a function does not accept are dropped, see ``_call
     with the main model's tokenizer.
 
 ``compression_local_cost`` (target <= 2.0)
-    ``tl_directional.compress_geometry.compression_geometry(dense, compressed, inputs, *,
+    ``tl_directional.compression.compression_geometry(dense, compressed, inputs, *,
     mode="local", batch_size, verify=False, progress=False)``: the local (one layer at a time)
     comparison of METHOD.md sec. 6 over every layer and every unit the model defines, on one
     batch (one dense forward recording each unit's input, then compressed forwards fed those
@@ -214,7 +214,7 @@ def train_step_overhead(bench: Bench):
 def compression_local_cost(bench: Bench):
     """The local (layer-at-a-time) compression-error geometry over every layer and unit / a
     plain forward of the dense model on the same batch."""
-    geo = _require("tl_directional.compress_geometry", "compression_geometry")
+    geo = _require("tl_directional.compression", "compression_geometry")
     comp = _require("tl_directional.compress", "prune_magnitude")
     dense, batch = bench.model, bench.inputs
     # ADJUST HERE if the compression API changes.

@@ -46,7 +46,8 @@ if str(ROOT / "scripts") not in sys.path:  # _realrun, for the real-model option
     sys.path.insert(1, str(ROOT / "scripts"))
 
 from tl_directional.compress import collect_input_stats, compress  # noqa: E402
-from tl_directional.compress_geometry import _IDX, compression_geometry, svg_chart  # noqa: E402
+from tl_directional.compression import compression_geometry, svg_chart  # noqa: E402
+from tl_directional.compression.geometry import STAT_INDEX  # noqa: E402
 from tl_directional.inputs import TokenBatch  # noqa: E402
 
 # The grid: spec strings of tl_directional.compress.compress. >= 12 ranked settings + layer drop.
@@ -88,7 +89,7 @@ DIAGNOSTICS = {
 
 def diagnostics(sums: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every diagnostic from pooled sums ``[..., K]`` (vectorised over leading axes)."""
-    g = {k: sums[..., i] for k, i in _IDX.items()}
+    g = {k: sums[..., i] for k, i in STAT_INDEX.items()}
     u = g["u_sq"].clamp_min(1e-300)
     n = g["n"].clamp_min(1.0)
     return {

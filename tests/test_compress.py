@@ -31,13 +31,13 @@ from tl_directional.compress import (
     rtn_matrix,
     save_compressed,
 )
-from tl_directional.compress_geometry import (
+from tl_directional.compression import (
     CompatibilityError,
-    _token_stats,
     compress_check,
     compression_geometry,
     summarize,
 )
+from tl_directional.compression.geometry import _token_stats
 from tl_directional.inputs import TokenBatch
 from tl_directional.sites import lane_of, linear_input_hooks, resolve_sites
 
@@ -346,8 +346,22 @@ def test_identical_model_gives_exact_zero(gpt2, toks, mode, ident):
         assert (df[c] == 0).all(), c
     assert (df.zero_error_tokens == df.tokens).all()
     # the same object as both models is allowed too
-    df2 = compression_geometry(gpt2, gpt2, toks, mode=mode, units="attn")
+    df2 = compression_geometry(gpt2, gpt2, toks, mode=mode, components="attn")
     assert (df2.err_perp_energy == 0).all()
+
+
+def test_units_is_a_deprecated_alias_of_components(gpt2, toks):
+    with pytest.warns(DeprecationWarning, match="components="):
+        old = compression_geometry(gpt2, gpt2, toks, units=("attn", "attn"))
+    new = compression_geometry(gpt2, gpt2, toks, components="attn")
+    assert old.equals(new)
+    assert list(new.unit.unique()) == ["attn"]
+    with pytest.raises(ValueError, match="components has unknown entry 'value'"):
+        compression_geometry(gpt2, gpt2, toks, components="value")
+    with pytest.raises(ValueError, match="units has unknown entry 'x'"), pytest.warns(DeprecationWarning):
+        compression_geometry(gpt2, gpt2, toks, units="x")
+    with pytest.raises(TypeError, match="components= only"):
+        compression_geometry(gpt2, gpt2, toks, components="attn", units="attn")
 
 
 def test_quantization_8_bits_beats_3_bits(gpt2, toks, rtn3):

@@ -15,10 +15,10 @@ import textwrap
 
 import numpy as np
 import pandas as pd
+from tl_directional.compression import compression_geometry
 
 import tl_directional as tld
 from tl_directional.compress import prune_magnitude
-from tl_directional.compress_geometry import compression_geometry
 
 TEXTS = [
     "In the beginning God created the heaven and the earth.",
@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     import tl_directional as tld
     from tl_directional.compress import prune_magnitude
-    from tl_directional.compress_geometry import compression_geometry
+    from tl_directional.compression import compression_geometry
     dist.init_process_group("gloo")
     model = tld.load_model({path!r}).eval()
     texts = json.loads(open({texts!r}).read())

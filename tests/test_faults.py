@@ -122,19 +122,14 @@ def test_gate_fails_on_nonfinite_weights(tiny_model_dir, tmp_path, text_file, ca
 def test_gate_never_marks_a_nan_row_ok(tiny_model):
     """NaN activations / errors in a row (finite weights) are a FAIL, not 'ok'."""
     from tl_directional.compress import quantize_rtn
-    from tl_directional.compress_geometry import (
-        _IDX,
-        _STATS,
-        compress_check,
-        compression_geometry,
-        summarize,
-    )
+    from tl_directional.compression import compress_check, compression_geometry, summarize
+    from tl_directional.compression.geometry import _IDX, _STATS
 
     gpt2 = tiny_model("gpt2")
     toks = torch.randint(1, 400, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         comp = quantize_rtn(gpt2, 8)
-        geo = compression_geometry(gpt2, comp, toks, units=("block",))
+        geo = compression_geometry(gpt2, comp, toks, components=("block",))
     geo.loc[1, "err_perp_energy"] = float("nan")
     res = compress_check(gpt2, comp, toks, max_perp_error=100.0, geometry=geo)
     assert not res.passed and res.exit_code == 1

@@ -26,13 +26,9 @@ from pathlib import Path
 import pytest
 
 from tl_directional.cli import main as cli_main
-from tl_directional.report import (
-    chromium_path,
-    external_references,
-    page_requests_off_machine,
-    read_netlog,
-    run_chromium,
-)
+from tl_directional.report import external_references
+
+from ._browser import chromium_path, page_requests_off_machine, read_netlog, run_chromium
 
 CHROMIUM = chromium_path()
 needs_chromium = pytest.mark.skipif(

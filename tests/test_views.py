@@ -22,6 +22,7 @@ import torch
 import tl_directional as tld
 from tl_directional import views as tv
 from tl_directional.report import Report, external_references, pick_head
+from tl_directional.views_data import one_sequence
 
 TEXT = "In the beginning God created the heaven and the earth. And the earth was without form, and void."
 
@@ -155,7 +156,7 @@ def test_compression_errors_documented_columns():
 
 
 def test_compression_errors_on_compression_geometry_output(gpt2):
-    cg = pytest.importorskip("tl_directional.compress_geometry")
+    cg = pytest.importorskip("tl_directional.compression")
     compress = pytest.importorskip("tl_directional.compress")
     try:
         targets = {"rtn4": compress.quantize_rtn(gpt2, bits=4), "rtn8": compress.quantize_rtn(gpt2, bits=8)}
@@ -208,7 +209,7 @@ def test_edited_patterns_follow_method_sec4(gpt2):
     np.testing.assert_allclose(hard.sum(-1), 1.0, atol=1e-5)
     # effective diagonal at s_par = 0: A_tt - beta_t = -gamma_t, off-diagonal untouched
     sites = tld.resolve_sites(gpt2, warn=False)
-    tokens = tv._one_sequence(gpt2, TEXT, 0, 32)
+    tokens = one_sequence(gpt2, TEXT, 0, 32)
     _, cache = gpt2.run_with_cache(tokens, names_filter=lambda nm: nm in (sites.value[layer].z_hook,
                                                                           sites.value[layer].v_hook))
     o = cache[sites.value[layer].z_hook][0, :, head].double()

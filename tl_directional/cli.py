@@ -18,6 +18,7 @@ when its gate fails.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -315,6 +316,105 @@ def _common(p, *, max_sequences: int, seq_len: int) -> None:
     p.add_argument("--batch-size", type=_positive_int, default=8, help=_HELP["batch_size"])
 
 
+# ---------------------------------------------------------------------------------------------
+# compress-check and compress (tl_directional.compression, tl_directional.compress)
+# ---------------------------------------------------------------------------------------------
+
+
+def _load_checked(path, argument: str):
+    """Load a model for the CLI; a missing, corrupt or truncated file is a user error
+    (exit 2) naming the argument and the file, never the gate's FAIL status."""
+    from .fileio import ArtefactError, check_model_dir
+    from .models import load_model
+
+    check_model_dir(path, argument)
+    try:
+        return load_model(path)
+    except (ValueError, TypeError, FileNotFoundError, NotImplementedError):
+        raise
+    except Exception as err:  # transformers / safetensors / tokenizers raise their own types
+        raise ArtefactError(f"{argument} {path} cannot be loaded ({type(err).__name__}: {err}); "
+                            "check that it is a complete Hugging Face model directory") from None
+
+
+def _cmd_compress_check(args) -> int:
+    from .compression.gate import compress_check
+
+    try:
+        dense = _load_checked(args.dense, "--dense")
+        compressed = _load_checked(args.compressed, "--compressed")
+        batch = load_text_sequences(dense, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
+        result = compress_check(dense, compressed, batch, max_perp_error=args.max_perp_error, unit=args.unit,
+                                mode=args.mode, metric=args.metric, batch_size=args.batch_size,
+                                fail_on_removed_update=not args.allow_removed_updates,
+                                dense_name=str(args.dense), compressed_name=str(args.compressed))
+    except USER_ERRORS as exc:  # the CLI's one error format
+        return report_user_error(exc)
+    print(result.summary(args.top))
+    if args.report:
+        page = result.write_report(args.report)
+        print(f"wrote {page} and {Path(args.report) / 'geometry.csv'}")
+    return result.exit_code
+
+
+def _cmd_compress(args) -> int:
+    from .compress import compress, save_compressed
+
+    try:
+        model = _load_checked(args.model, "--model")
+        calibration = None
+        if args.spec.split(":")[0].strip().lower() in ("wanda", "awq"):
+            calibration = load_text_sequences(model, args.calib_text, max_sequences=args.calib_sequences,
+                                              seq_len=args.seq_len)
+        result = compress(model, args.spec, calibration=calibration)
+        path = save_compressed(result.model, args.out, result.record, force=args.force,
+                               force_hint="pass --force")
+    except USER_ERRORS as exc:  # the CLI's one error format
+        return report_user_error(exc)
+    print(f"{result.record.label}: {len(result.record.weights)} weights in layers {result.record.layers}; "
+          f"stats {json.dumps({k: round(v, 4) for k, v in result.record.stats.items()})}")
+    print(f"wrote {path}")
+    return 0
+
+
+def _add_compress_commands(sub, positive_int) -> None:
+    """Add ``compress-check`` and ``compress`` to the ``tl-directional`` sub-parsers."""
+    from .compress import SPEC_HELP
+    from .compression.gate import GATE_METRICS, GATE_UNITS
+    from .compression.geometry import MODES
+
+    p = sub.add_parser(
+        "compress-check",
+        help="label-free CI gate: exit 0 when the compressed model's perpendicular layer error stays "
+             "within a threshold, 1 when not (2 on bad input)")
+    p.add_argument("--dense", required=True, help="dense model: HF directory (or 'default' / a TL name)")
+    p.add_argument("--compressed", required=True, help="compressed model: HF directory")
+    p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
+    p.add_argument("--max-perp-error", type=float, required=True, help="threshold on the metric, e.g. 0.2")
+    p.add_argument("--unit", choices=GATE_UNITS, default="block")
+    p.add_argument("--mode", choices=MODES, default="local")
+    p.add_argument("--metric", choices=GATE_METRICS, default="err_perp_energy")
+    p.add_argument("--allow-removed-updates", action="store_true",
+                   help="do not fail on units whose compressed update is exactly zero (dropped layers)")
+    p.add_argument("--max-sequences", type=positive_int, default=32)
+    p.add_argument("--seq-len", type=positive_int, default=128)
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--top", type=positive_int, default=10, help="worst rows shown")
+    p.add_argument("--report", default=None, help="directory for report.html + geometry.csv")
+    p.set_defaults(func=_cmd_compress_check)
+
+    p = sub.add_parser("compress", help="compress a model's weights and save it as a HF directory (bridge lane)")
+    p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
+    p.add_argument("--spec", required=True, help=SPEC_HELP)
+    p.add_argument("--out", required=True, help="output directory (written beside it, then swapped in)")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even when it holds files that are not a previous compress output")
+    p.add_argument("--calib-text", default=None, help="calibration text for wanda / awq (default: bundled text)")
+    p.add_argument("--calib-sequences", type=positive_int, default=32)
+    p.add_argument("--seq-len", type=positive_int, default=128)
+    p.set_defaults(func=_cmd_compress)
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = _DefaultsHelp
     parser = _Parser(prog="tl-directional", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -371,8 +471,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the listing as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar with --convert")
     p.set_defaults(func=_cmd_models)
-
-    from .compress_geometry import add_cli_commands as _add_compress_commands
 
     _add_compress_commands(sub, _positive_int)  # compress-check (label-free CI gate), compress
 

@@ -3,7 +3,8 @@
 Every view function returns a :class:`View`: it displays itself in a notebook,
 ``view.save("x.html")`` writes a self-contained page (``.csv`` writes the numbers
 behind it, ``.json`` a plotly figure's JSON), ``view.data`` is that table, and
-:class:`~tl_directional.report.Report` puts several views on one page.
+:class:`~tl_directional.page.Report` puts several views on one page.
+The model runs behind the views of one text live in :mod:`tl_directional.views_data`.
 
 Offline by construction:
 
@@ -24,7 +25,6 @@ circuitsvis views (run the model on a short text): :func:`attention_triptych`,
 
 from __future__ import annotations
 
-import functools
 import html
 import json
 import math
@@ -35,54 +35,28 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
+
+from .components import check_components
+from .inputs import prepare_inputs
+from .measure import FACTORIZATION_METRICS
+from .page import Report, circuitsvis_js, library_script, plotly_js
+from .sites import resolve_sites
+from .views_data import (
+    check_layer_head,
+    edited_patterns,
+    one_sequence,
+    str_tokens,
+    token_profile,
+    triptych_edits,
+)
 
 COMPONENT_COLORS = {"attn": "#1f77b4", "mlp": "#ff7f0e", "block": "#2ca02c"}
 # Diverging colours for signed quantities: negative red, positive blue (as circuitsvis).
 NEGATIVE_COLOR = "#c0392b"
 POSITIVE_COLOR = "#1f4e9e"
-
-
-# ---------------------------------------------------------------------------------------------
-# JavaScript libraries, read from the installed packages (never from the network)
-# ---------------------------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=1)
-def plotly_js() -> str:
-    """plotly.js as shipped inside the installed ``plotly`` package."""
-    from plotly.offline import get_plotlyjs
-
-    return _script_safe(get_plotlyjs())
-
-
-@functools.lru_cache(maxsize=1)
-def circuitsvis_js() -> str:
-    """circuitsvis's browser bundle (``dist/cdn/iife.js``, about 1.3 MB), which defines the
-    global ``CircuitsVis`` with ``CircuitsVis.render(id, Component, props)``."""
-    import circuitsvis
-
-    path = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
-    if not path.is_file():  # pragma: no cover - broken install
-        raise FileNotFoundError(f"circuitsvis bundle not found at {path}; reinstall circuitsvis")
-    text = path.read_text(encoding="utf-8")
-    # The source-map comment would make devtools ask for iife.js.map next to the page.
-    text = "\n".join(line for line in text.splitlines() if not line.startswith("//# sourceMappingURL="))
-    return _script_safe(text)
-
-
-LIBRARIES = {"plotly": plotly_js, "circuitsvis": circuitsvis_js}
-
-
-def _script_safe(js: str) -> str:
-    """Make JavaScript safe to inline in ``<script>``: ``</script`` would end the element.
-    Inside JS string and regex literals ``<\\/`` means the same as ``</``."""
-    return js.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
-
-
-def library_script(name: str) -> str:
-    """A ``<script>`` element that inlines library ``name`` ("plotly" or "circuitsvis")."""
-    return f'<script type="text/javascript" data-tld-lib="{name}">\n{LIBRARIES[name]()}\n</script>'
 
 
 def _json_for_script(obj: Any) -> str:
@@ -142,8 +116,6 @@ class View:
         """Self-contained HTML: a full page (``full_html=True``) or a fragment with the
         needed libraries inlined in front of the view (what notebooks display)."""
         if full_html:
-            from .report import Report
-
             return Report(title=self.title).add(self).to_html()
         return "\n".join([library_script(n) for n in self.libraries] + [self.body_html()])
 
@@ -170,6 +142,7 @@ class View:
 
     def show(self) -> None:
         """Display in a notebook (same as leaving the view as a cell's last value)."""
+        # only in a notebook (IPython is not a dependency)
         from IPython.display import HTML, display
 
         display(HTML(self._repr_html_()))
@@ -288,9 +261,6 @@ def _require(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
 
 
 def _plotly():
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     return go, make_subplots
 
 
@@ -620,101 +590,6 @@ def training_curves(
 # ---------------------------------------------------------------------------------------------
 
 
-def str_tokens(model, ids) -> list[str]:
-    """Each token id decoded on its own (what circuitsvis shows)."""
-    tok = getattr(model, "tokenizer", None)
-    ids = [int(i) for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids)]
-    if tok is None:
-        return [str(i) for i in ids]
-    return [tok.decode([i]) for i in ids]
-
-
-def _one_sequence(model, inputs, sequence: int, max_tokens: int | None):
-    """Real tokens of one sequence as a ``[1, pos]`` tensor (padding dropped)."""
-    from .inputs import prepare_inputs
-
-    batch = prepare_inputs(model, inputs)
-    if not 0 <= sequence < len(batch):
-        raise ValueError(f"sequence={sequence} is out of range for {len(batch)} input sequence(s)")
-    row = batch.tokens[sequence][batch.attention_mask[sequence].bool()]
-    if max_tokens is not None:
-        if max_tokens < 2:
-            raise ValueError(f"max_tokens must be >= 2, got {max_tokens}")
-        row = row[:max_tokens]
-    return row.unsqueeze(0)
-
-
-def _check_layer_head(sites, layer: int, head: int | None) -> tuple[int, int | None]:
-    """``(layer, head)`` in ``0..n-1`` (negative indices count from the end)."""
-    from .sites import normalize_index
-
-    layer = normalize_index(layer, sites.n_layers, "layer")
-    return layer, None if head is None else normalize_index(head, sites.n_heads, "head", "head")
-
-
-def _device(model):
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # pragma: no cover
-        return torch.device("cpu")
-
-
-def triptych_edits(layer: int, head: int, s_par: float = 0.0) -> dict[str, list]:
-    """The three settings of the paper's three-map figure, scoped to one head."""
-    from .edit import DiagonalRemoval, EffectiveDiagonal
-
-    return {
-        "baseline": [],
-        "hard diagonal removal": [DiagonalRemoval(layers=[layer], heads=[head])],
-        f"V-Para effective diagonal (s_par={s_par:g})": [EffectiveDiagonal(s_par, layers=[layer], heads=[head])],
-    }
-
-
-@torch.no_grad()
-def edited_patterns(
-    model,
-    inputs,
-    layer: int,
-    head: int,
-    edits: Mapping[str, Sequence] | None = None,
-    *,
-    sequence: int = 0,
-    max_tokens: int | None = 32,
-) -> tuple[list[str], dict[str, np.ndarray]]:
-    """Attention pattern ``[query, key]`` of one head as each edit leaves it.
-
-    The pattern is read at ``blocks.{layer}.attn.hook_pattern`` by a hook added *after*
-    the edits' hooks, so it is the row the head actually uses. ``edits`` maps a name to
-    a list of edits (default: :func:`triptych_edits`: baseline, hard diagonal removal,
-    V-Para effective diagonal at ``s_par = 0``).
-
-    Returns:
-        The token strings and ``{name: float32 array [pos, pos]}``.
-    """
-    from .edit import edit_hooks
-    from .sites import resolve_sites
-
-    sites = resolve_sites(model, warn=False)
-    layer, head = _check_layer_head(sites, layer, head)
-    tokens = _one_sequence(model, inputs, sequence, max_tokens).to(_device(model))
-    edits = triptych_edits(layer, head) if edits is None else edits
-    hook_name = sites.value[layer].pattern_hook
-    out: dict[str, np.ndarray] = {}
-    for name, ed in edits.items():
-        store: dict = {}
-
-        def capture(pattern, hook, store=store):  # noqa: ARG001 - TL hook signature
-            store["p"] = pattern[0, head].detach().float().cpu().numpy()
-            return pattern
-
-        hooks = edit_hooks(model, *ed) + [(hook_name, capture)]
-        model.run_with_hooks(tokens, attention_mask=torch.ones_like(tokens), return_type=None, fwd_hooks=hooks)
-        if "p" not in store:  # pragma: no cover - hook names come from resolve_sites
-            raise RuntimeError(f"{hook_name} did not fire")
-        out[name] = store["p"]
-    return str_tokens(model, tokens[0]), out
-
-
 def _patterns_frame(toks: list[str], pats: Mapping[str, np.ndarray], layer: int, head: int) -> pd.DataFrame:
     rows = []
     for name, p in pats.items():
@@ -757,9 +632,7 @@ def attention_triptych(
     states each panel's smallest diagonal entry. :func:`attention_triptych_figure` is the
     same data as plotly heatmaps with a diverging scale and hover values.
     """
-    from .sites import resolve_sites
-
-    layer, head = _check_layer_head(resolve_sites(model, warn=False), layer, head)  # -1 = the last
+    layer, head = check_layer_head(resolve_sites(model, warn=False), layer, head)  # -1 = the last
     toks, pats = edited_patterns(model, inputs, layer, head, edits or triptych_edits(layer, head, s_par),
                                  sequence=sequence, max_tokens=max_tokens)
     causal = resolve_sites(model, warn=False).causal
@@ -789,9 +662,7 @@ def attention_triptych_figure(
     """:func:`attention_triptych` as plotly heatmaps: one diverging scale (``RdBu``, centred
     on 0) shared by the panels, so the effective diagonal's negative entries show as red."""
     go, make_subplots = _plotly()
-    from .sites import resolve_sites as _resolve
-
-    layer, head = _check_layer_head(_resolve(model, warn=False), layer, head)  # -1 = the last
+    layer, head = check_layer_head(resolve_sites(model, warn=False), layer, head)  # -1 = the last
     toks, pats = edited_patterns(model, inputs, layer, head, edits or triptych_edits(layer, head, s_par),
                                  sequence=sequence, max_tokens=max_tokens)
     m = max(float(np.abs(p).max()) for p in pats.values()) or 1.0
@@ -815,14 +686,11 @@ _VALUE_TOKEN_METRICS = {"beta": "signed", "A_tt": (0.0, 1.0), "gamma": "signed",
 
 
 def _token_profile(model, tokens, component: str, profile=None):
-    from .measure import profile as run_profile
-
     if profile is not None:
         if profile.tokens is None:
             raise ValueError("profile has no per-token tables; compute it with per_token=True")
         return profile
-    comps = ("value",) if component == "value" else (component,)
-    return run_profile(model, tokens, per_token=True, components=comps, progress=False, exclude_first_token=False)
+    return token_profile(model, tokens, (component,))
 
 
 def _token_values(prof, layer: int, component: str, metric: str, head: int | None, sequence: int) -> np.ndarray:
@@ -876,19 +744,15 @@ def colored_tokens(
     Pass ``profile`` (computed with ``per_token=True`` on the same single sequence) to
     skip the forward pass.
     """
-    from .sites import resolve_sites
-
     sites = resolve_sites(model, warn=False)
-    layer, head = _check_layer_head(sites, layer, head)
-    from .measure import FACTORIZATION_METRICS
-
+    layer, head = check_layer_head(sites, layer, head)
     if component == "value" and metric in FACTORIZATION_METRICS and not sites.factorization_applicable:
         raise ValueError(
             f"metric={metric!r} is not defined on this sandwich-norm model ({sites.model_name}): a "
             "norm follows W_O, so the METHOD sec. 3 factorization does not apply. Use 'beta', "
             "'A_tt' or 'gamma'."
         )
-    tokens = _one_sequence(model, inputs, sequence, max_tokens)
+    tokens = one_sequence(model, inputs, sequence, max_tokens)
     prof = _token_profile(model, tokens, component, profile)
     values = _token_values(prof, layer, component, metric, head, 0 if profile is None else sequence)
     toks = str_tokens(model, tokens[0])[: len(values)]
@@ -920,20 +784,13 @@ def colored_tokens_multi(
 ) -> CircuitsVisView:
     """Tokens with several per-token quantities of one layer (every ``component x metric``);
     hover or click a label to colour by it (circuitsvis ``ColoredTokensMulti``)."""
-    from .sites import resolve_sites
-
     sites = resolve_sites(model, warn=False)
-    layer, _ = _check_layer_head(sites, layer, None)
-    components = list(components)
-    for c in components:
-        if c == "value" or c not in sites.units:
-            raise ValueError(f"components has {c!r}; choose residual components from {list(sites.units)}")
-    tokens = _one_sequence(model, inputs, sequence, max_tokens)
+    layer, _ = check_layer_head(sites, layer, None)
+    components = list(check_components(components, sites.components, allowed=sites.components,
+                                       arch=sites.arch))
+    tokens = one_sequence(model, inputs, sequence, max_tokens)
     if profile is None:
-        from .measure import profile as run_profile
-
-        profile = run_profile(model, tokens, per_token=True, components=tuple(components), progress=False,
-                              exclude_first_token=False)
+        profile = token_profile(model, tokens, components)
         sequence = 0
     cols, labels = [], []
     for c in components:
@@ -987,26 +844,15 @@ def top_perpendicular_tokens(
     that one outlier does not wash out every other colour; the legend states the
     scale and how many values were clipped. Ranks use the unclipped values.
     """
-    from .inputs import prepare_inputs
-    from .measure import profile as run_profile
-    from .sites import resolve_sites
-
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     sites = resolve_sites(model, warn=False)
-    comps = list(components) if components is not None else list(sites.components)
-    for c in comps:
-        if c not in sites.units:
-            raise ValueError(f"components has {c!r}; choose from {list(sites.units)}")
+    comps = list(check_components(components, sites.components, allowed=sites.components, arch=sites.arch))
     batch = prepare_inputs(model, inputs)
     n_seq = min(len(batch), max_sequences)
-    seqs = [_one_sequence(model, batch, i, max_tokens)[0] for i in range(n_seq)]
+    seqs = [one_sequence(model, batch, i, max_tokens)[0] for i in range(n_seq)]
     if profile is None:
-        from .inputs import pad_sequences
-
-        padded = pad_sequences([s.tolist() for s in seqs], pad_id=0, padding_side="right")
-        profile = run_profile(model, padded, per_token=True, components=tuple(comps), progress=False,
-                              exclude_first_token=False)
+        profile = token_profile(model, seqs, comps)
     t = profile.tokens
     t = t[t["component"].isin(comps) & (t["sequence"] < n_seq)].copy()
     t["perp_rel"] = perpendicular_size(t)

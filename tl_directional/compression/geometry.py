@@ -44,23 +44,22 @@ energy form is not (METHOD.md sec. 1, "Aggregation"). Tokens with
 
 from __future__ import annotations
 
-import json
 import math
 import time
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 import torch
 from torch import Tensor
 
-from .adapter import hf_state_key
-from .compress import CompressionRecord, CompressionResult
-from .geometry import DEFAULT_EPS, compute_dtype
-from .inputs import TokenBatch, first_token_mask, iter_batches, prepare_inputs
-from .sites import (
+from ..components import RESIDUAL_COMPONENTS, check_components
+from ..compress import CompressionRecord, CompressionResult
+from ..geometry import DEFAULT_EPS, compute_dtype
+from ..inputs import TokenBatch, first_token_mask, iter_batches, prepare_inputs
+from ..sites import (
     SEQUENTIAL,
     ModelSites,
     UnitSite,
@@ -84,6 +83,10 @@ _STATS = (
     "h_sq", "d_sq", "d_par_sq", "d_perp_sq", "t_stream_rel", "t_stream_cos",
 )
 _IDX = {k: i for i, k in enumerate(_STATS)}
+#: The names of the accumulated sums (last axis of ``df.attrs["per_sequence"]`` tensors) and
+#: each one's index, for scripts that pool the sums themselves (see :func:`pooled_sums`).
+STAT_NAMES: tuple[str, ...] = _STATS
+STAT_INDEX: dict[str, int] = _IDX
 
 
 class CompatibilityError(ValueError):
@@ -220,8 +223,9 @@ def _safe_div(a: float, b: float) -> float:
     return a / b if b > 0 else 0.0
 
 
-def summarize(sums: Tensor, mode: str) -> dict[str, float]:
-    """Metrics of one (layer, unit) row from its ``[K]`` sums (used for totals and bootstraps)."""
+def summarize(sums: Tensor, mode: str) -> dict[str, float | int]:
+    """Metrics of one (layer, unit) row from its ``[K]`` sums (used for totals and bootstraps):
+    counts (``tokens``, ``degenerate``, ``zero_error_tokens``) as ints, metrics as floats."""
     s = {k: float(sums[i]) for k, i in _IDX.items()}
     n, n_err = s["n"], s["n_err"]
     out = {
@@ -290,20 +294,10 @@ def _normalize_targets(compressed) -> list[tuple[str, object, CompressionRecord 
     return [one(None, compressed)]
 
 
-def _units(units, sites: ModelSites) -> tuple[str, ...]:
-    if units is None:
-        return sites.components
-    if isinstance(units, str):
-        units = (units,)
-    units = tuple(dict.fromkeys(units))
-    for u in units:
-        if u not in ("attn", "mlp", "block"):
-            raise ValueError(f"units has unknown entry {u!r}; choose from ('attn', 'mlp', 'block')")
-        if u not in sites.units:
-            raise ValueError(f"unit {u!r} is not defined for this {sites.arch} model; available: {sites.components}")
-    if not units:
-        raise ValueError("units is empty")
-    return units
+def _components(components, sites: ModelSites, argument: str = "components") -> tuple[str, ...]:
+    """The residual components to measure (default: all the model defines), repeats dropped."""
+    return check_components(components, sites.components, allowed=RESIDUAL_COMPONENTS, argument=argument,
+                            arch=sites.arch, dedupe=True)
 
 
 def _plan(sites: ModelSites, units: tuple[str, ...], mode: str, side_mlp: bool) -> list[dict]:
@@ -548,7 +542,7 @@ def compression_geometry(
     inputs,
     *,
     mode: str = "local",
-    units=None,
+    components=None,
     layers=None,
     batch_size: int = 8,
     attention_mask: Tensor | None = None,
@@ -557,6 +551,7 @@ def compression_geometry(
     per_sequence: bool = False,
     verify: bool = True,
     progress: bool = False,
+    units=None,
 ) -> pd.DataFrame:
     """Per-layer, per-unit geometry of the compression error (METHOD.md sec. 6).
 
@@ -567,7 +562,8 @@ def compression_geometry(
             (the dense forward is then shared; a ``compressed`` column names each).
         inputs: strings, token-id lists, a ``[batch, pos]`` tensor or a ``TokenBatch``.
         mode: ``"local"`` (each unit fed the dense input) or ``"global"`` (end to end).
-        units: any of ``"attn"``, ``"mlp"``, ``"block"``; default all the model defines.
+        components: any of ``"attn"``, ``"mlp"``, ``"block"``; default all the model defines
+            (the result's ``unit`` column names them).
         layers: None (all), an int or a list.
         batch_size: sequences per forward.
         attention_mask: with token-id tensors; padding is excluded from every statistic.
@@ -578,6 +574,7 @@ def compression_geometry(
             and ``df.attrs["rows"]``), for bootstrap intervals via :func:`summarize`.
         verify: check the additive identity of the dense model's sites first.
         progress: tqdm bar.
+        units: deprecated alias of ``components`` (warns).
 
     Returns:
         One row per (layer, unit) (and per compressed model), columns described in the
@@ -590,7 +587,15 @@ def compression_geometry(
         check_compatible(dense, model)
     # Same lane, architecture class and shapes (checked above) mean the same hook names.
     sites, has_resid_post = _sites_of(dense)
-    units = _units(units, sites)
+    if units is not None:
+        if components is not None:
+            raise TypeError("pass components= only (units= is its deprecated alias)")
+        warnings.warn("compression_geometry(units=...) is deprecated; pass components=...",
+                      DeprecationWarning, stacklevel=2)
+        components, argument = units, "units"
+    else:
+        argument = "components"
+    units = _components(components, sites, argument)
     layers = normalize_layers(layers, sites.n_layers)
     batch = prepare_inputs(dense, inputs, attention_mask)
     device = _model_device(dense)
@@ -718,379 +723,12 @@ def pooled_sums(sums: Tensor, rows: Sequence[tuple[int, str]], unit: str, layers
     return sums[..., idx, :].sum(-2)
 
 
-# ---------------------------------------------------------------------------------------------
-# The label-free gate
-# ---------------------------------------------------------------------------------------------
-
-GATE_METRICS = ("err_perp_energy", "err_perp_over_update", "err_perp_energy_vs_resid")
-GATE_UNITS = ("attn", "mlp", "block", "all")
-
-
-@dataclass
-class CheckResult:
-    """Outcome of :func:`compress_check`. ``passed`` is the verdict; ``table`` has every
-    checked (layer, unit) row with a ``status`` column; ``reasons`` says why it failed."""
-
-    passed: bool
-    threshold: float
-    metric: str
-    units: tuple[str, ...]
-    mode: str
-    table: pd.DataFrame
-    reasons: list[str]
-    geometry: pd.DataFrame
-    dense_name: str = "dense"
-    compressed_name: str = "compressed"
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.passed else 1
-
-    def worst(self, n: int = 10) -> pd.DataFrame:
-        return self.table.sort_values(self.metric, ascending=False, kind="stable").head(n)
-
-    def _summary_columns(self) -> list[str]:
-        cols = ["unit", "layer", self.metric, "err_par_energy", "err_perp_share_energy", "cos_sim",
-                "rel_mse_energy", "status"]
-        return list(dict.fromkeys(c for c in cols if c in self.table))
-
-    def summary(self, n: int = 10) -> str:
-        """A one-screen text report: verdict, threshold, the ``n`` worst layers."""
-        verdict = "PASS" if self.passed else "FAIL"
-        worst = self.table[self.metric].max() if len(self.table) else math.nan
-        head = (f"compress-check {verdict}: max {self.metric} = {worst:.4f} "
-                f"(threshold {self.threshold:g}; units {', '.join(self.units)}; {self.mode} mode; "
-                f"{self.geometry.attrs.get('tokens', 0)} tokens)")
-        cols = self._summary_columns()
-        with pd.option_context("display.width", 120, "display.max_columns", 12, "display.precision", 4):
-            body = self.worst(n)[cols].to_string(index=False)
-        lines = [head, f"dense: {self.dense_name}", f"compressed: {self.compressed_name}",
-                 f"worst {min(n, len(self.table))} of {len(self.table)} (layer, unit) rows:", body]
-        lines += [f"reason: {r}" for r in self.reasons]
-        return "\n".join(lines)
-
-    def write_report(self, directory) -> Path:
-        """Write ``report.html`` (verdict, per-layer chart, tables) and ``geometry.csv``."""
-        from html import escape
-
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        self.geometry.to_csv(out / "geometry.csv", index=False)
-        series = {}
-        for unit in self.units:
-            sub = self.table[self.table.unit == unit].sort_values("layer")
-            series[unit] = list(zip(sub.layer.tolist(), sub[self.metric].tolist(), strict=True))
-        chart = svg_chart(series, title=f"{self.metric} per layer", xlabel="layer", ylabel=self.metric,
-                          hline=(self.threshold, "threshold"))
-        verdict = "PASS" if self.passed else "FAIL"
-        color = "#1a7f37" if self.passed else "#cf222e"
-        reasons = "".join(f"<li>{escape(r)}</li>" for r in self.reasons)
-        html = f"""<!doctype html><html><head><meta charset="utf-8"><title>compress-check {verdict}</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}h1 span{{color:{color}}}</style></head><body>
-<h1>compress-check: <span>{verdict}</span></h1>
-<p>metric <code>{escape(self.metric)}</code> (label-free: no labels or logits, only the layer updates),
-threshold {self.threshold:g}, units {escape(", ".join(self.units))}, {escape(self.mode)} mode,
-{self.geometry.attrs.get("tokens", 0)} tokens.<br>dense: <code>{escape(self.dense_name)}</code><br>
-compressed: <code>{escape(self.compressed_name)}</code></p><ul>{reasons}</ul>
-{chart}
-<h2>Worst layers</h2>{self.worst(10)[self._summary_columns()].to_html(index=False, float_format=lambda x: f"{x:.4g}")}
-<h2>All checked rows</h2>{self.table.to_html(index=False, float_format=lambda x: f"{x:.4g}")}
-<p>Definitions: METHOD.md sec. 6; <code>err_perp_energy = sqrt(sum ||e_perp||^2 / sum ||u||^2)</code>
-with <code>e = u' - u</code> split against the dense update <code>u</code>.</p></body></html>"""
-        (out / "report.html").write_text(html, encoding="utf-8")
-        return out / "report.html"
-
-
-def nonfinite_parameters(model) -> list[tuple[str, int]]:
-    """``(name, count)`` of every parameter of ``model`` holding NaN or inf values."""
-    out = []
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.is_floating_point() or p.is_complex():
-                bad = int((~torch.isfinite(p)).sum())
-                if bad:  # bridge names without the wrapper hops (adapter.hf_state_key)
-                    out.append((hf_state_key(name), bad))
-    return out
-
-
-def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: str = "block", mode: str = "local",
-                   metric: str = "err_perp_energy", batch_size: int = 8, fail_on_removed_update: bool = True,
-                   dense_name: str = "dense", compressed_name: str = "compressed", progress: bool = False,
-                   geometry: pd.DataFrame | None = None) -> CheckResult:
-    """Label-free gate: pass when the perpendicular error of every checked (layer, unit) row
-    stays within ``max_perp_error``.
-
-    Args:
-        unit: ``"attn"``, ``"mlp"``, ``"block"`` (default; post-LN models have no block, so
-            their attention and MLP are checked) or ``"all"``.
-        metric: ``"err_perp_energy"`` (headline), ``"err_perp_over_update"`` (per-token mean)
-            or ``"err_perp_energy_vs_resid"``.
-        fail_on_removed_update: also fail when a unit's compressed update is exactly zero (a
-            dropped layer: its error is purely parallel, so a perpendicular threshold cannot
-            see it).
-        geometry: reuse a table from :func:`compression_geometry` instead of measuring.
-    """
-    if unit not in GATE_UNITS:
-        raise ValueError(f"unit must be one of {GATE_UNITS}, got {unit!r}")
-    # Checked before the metric: a NaN / inf weight is a FAIL even where no metric would see it
-    # (``ln_f``, the unembedding) and it would otherwise turn the metrics into NaN.
-    if metric not in GATE_METRICS:
-        raise ValueError(f"metric must be one of {GATE_METRICS}, got {metric!r}")
-    try:
-        threshold = float(max_perp_error)
-    except (TypeError, ValueError):
-        raise ValueError(f"max_perp_error must be a number, got {max_perp_error!r}") from None
-    if not (threshold >= 0 and threshold < float("inf")):
-        raise ValueError(f"max_perp_error must be a finite number >= 0, got {max_perp_error!r}")
-    sites = resolve_sites(dense, warn=False)
-    if unit == "all":
-        units = sites.components
-    elif unit == "block" and "block" not in sites.units:
-        units = ("attn", "mlp")
-    else:
-        units = (unit,)
-    models = [("dense", dense)] + [(name, m) for name, m, _ in _normalize_targets(compressed)]
-    bad_weights = [f"{which} {name} ({count} non-finite values)"
-                   for which, model in models for name, count in nonfinite_parameters(model)]
-    if bad_weights:
-        empty = pd.DataFrame({"unit": pd.Series(dtype=str), "layer": pd.Series(dtype=int),
-                              metric: pd.Series(dtype=float), "status": pd.Series(dtype=str)})
-        reasons = ["non-finite (NaN / inf) weights, which no threshold can pass: " + ", ".join(bad_weights)]
-        return CheckResult(False, threshold, metric, tuple(units), mode, empty, reasons, pd.DataFrame(),
-                           dense_name, compressed_name)
-    if geometry is None:
-        geometry = compression_geometry(dense, compressed, inputs, mode=mode, units=units,
-                                        batch_size=batch_size, progress=progress)
-    table = geometry[geometry.unit.isin(units)].copy()
-    finite = table["finite"].astype(bool) if "finite" in table else pd.Series(True, index=table.index)
-    nonfinite = ~finite | ~table[metric].map(math.isfinite).astype(bool)
-    over = (table[metric] > threshold) & ~nonfinite
-    removed = table["by_construction_parallel"].astype(bool) & ~nonfinite
-    table["status"] = "ok"
-    table.loc[over, "status"] = "FAIL"
-    table.loc[nonfinite, "status"] = "FAIL (non-finite)"
-    reasons = []
-    if nonfinite.any():
-        which = ", ".join(f"{r.unit} layer {int(r.layer)}" for r in table[nonfinite].itertuples())
-        reasons.append(f"non-finite (NaN / inf) activations or errors at {which}: the gate cannot "
-                       "measure them, so they fail")
-    if over.any():
-        worst = table.loc[table[metric].idxmax()]
-        reasons.append(f"{int(over.sum())} row(s) over the threshold; worst {worst.unit} layer "
-                       f"{int(worst.layer)}: {metric} = {worst[metric]:.4f} > {threshold:g}")
-    if removed.any():
-        table.loc[removed, "status"] = "FAIL (update removed)" if fail_on_removed_update else "update removed"
-        which = ", ".join(f"{r.unit} {int(r.layer)}" for r in table[removed].itertuples())
-        msg = (f"compressed update is exactly zero at {which}: the error there is purely parallel "
-               "(e = -u), which a perpendicular threshold cannot see")
-        reasons.append(msg if fail_on_removed_update else "warning: " + msg)
-    passed = not over.any() and not nonfinite.any() and not (fail_on_removed_update and removed.any())
-    return CheckResult(passed, threshold, metric, tuple(units), mode, table.reset_index(drop=True), reasons,
-                       geometry, dense_name, compressed_name)
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line (registered in tl_directional.cli)
-# ---------------------------------------------------------------------------------------------
-
-
-def _load_checked(path, argument: str):
-    """Load a model for the CLI; a missing, corrupt or truncated file is a user error
-    (exit 2) naming the argument and the file, never the gate's FAIL status."""
-    from .fileio import ArtefactError, check_model_dir
-    from .models import load_model
-
-    check_model_dir(path, argument)
-    try:
-        return load_model(path)
-    except (ValueError, TypeError, FileNotFoundError, NotImplementedError):
-        raise
-    except Exception as err:  # transformers / safetensors / tokenizers raise their own types
-        raise ArtefactError(f"{argument} {path} cannot be loaded ({type(err).__name__}: {err}); "
-                            "check that it is a complete Hugging Face model directory") from None
-
-
-def _cmd_compress_check(args) -> int:
-    from .cli import USER_ERRORS, load_text_sequences, report_user_error
-
-    try:
-        dense = _load_checked(args.dense, "--dense")
-        compressed = _load_checked(args.compressed, "--compressed")
-        batch = load_text_sequences(dense, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
-        result = compress_check(dense, compressed, batch, max_perp_error=args.max_perp_error, unit=args.unit,
-                                mode=args.mode, metric=args.metric, batch_size=args.batch_size,
-                                fail_on_removed_update=not args.allow_removed_updates,
-                                dense_name=str(args.dense), compressed_name=str(args.compressed))
-    except USER_ERRORS as exc:  # the CLI's one error format (tl_directional.cli)
-        return report_user_error(exc)
-    print(result.summary(args.top))
-    if args.report:
-        page = result.write_report(args.report)
-        print(f"wrote {page} and {Path(args.report) / 'geometry.csv'}")
-    return result.exit_code
-
-
-def _cmd_compress(args) -> int:
-    from .cli import USER_ERRORS, load_text_sequences, report_user_error
-    from .compress import compress, save_compressed
-
-    try:
-        model = _load_checked(args.model, "--model")
-        calibration = None
-        if args.spec.split(":")[0].strip().lower() in ("wanda", "awq"):
-            calibration = load_text_sequences(model, args.calib_text, max_sequences=args.calib_sequences,
-                                              seq_len=args.seq_len)
-        result = compress(model, args.spec, calibration=calibration)
-        path = save_compressed(result.model, args.out, result.record, force=args.force,
-                               force_hint="pass --force")
-    except USER_ERRORS as exc:  # the CLI's one error format (tl_directional.cli)
-        return report_user_error(exc)
-    print(f"{result.record.label}: {len(result.record.weights)} weights in layers {result.record.layers}; "
-          f"stats {json.dumps({k: round(v, 4) for k, v in result.record.stats.items()})}")
-    print(f"wrote {path}")
-    return 0
-
-
-def add_cli_commands(sub, positive_int) -> None:
-    """Add ``compress-check`` and ``compress`` to the ``tl-directional`` sub-parsers."""
-    from .compress import SPEC_HELP
-
-    p = sub.add_parser(
-        "compress-check",
-        help="label-free CI gate: exit 0 when the compressed model's perpendicular layer error stays "
-             "within a threshold, 1 when not (2 on bad input)")
-    p.add_argument("--dense", required=True, help="dense model: HF directory (or 'default' / a TL name)")
-    p.add_argument("--compressed", required=True, help="compressed model: HF directory")
-    p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
-    p.add_argument("--max-perp-error", type=float, required=True, help="threshold on the metric, e.g. 0.2")
-    p.add_argument("--unit", choices=GATE_UNITS, default="block")
-    p.add_argument("--mode", choices=MODES, default="local")
-    p.add_argument("--metric", choices=GATE_METRICS, default="err_perp_energy")
-    p.add_argument("--allow-removed-updates", action="store_true",
-                   help="do not fail on units whose compressed update is exactly zero (dropped layers)")
-    p.add_argument("--max-sequences", type=positive_int, default=32)
-    p.add_argument("--seq-len", type=positive_int, default=128)
-    p.add_argument("--batch-size", type=positive_int, default=8)
-    p.add_argument("--top", type=positive_int, default=10, help="worst rows shown")
-    p.add_argument("--report", default=None, help="directory for report.html + geometry.csv")
-    p.set_defaults(func=_cmd_compress_check)
-
-    p = sub.add_parser("compress", help="compress a model's weights and save it as a HF directory (bridge lane)")
-    p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
-    p.add_argument("--spec", required=True, help=SPEC_HELP)
-    p.add_argument("--out", required=True, help="output directory (written beside it, then swapped in)")
-    p.add_argument("--force", action="store_true",
-                   help="replace --out even when it holds files that are not a previous compress output")
-    p.add_argument("--calib-text", default=None, help="calibration text for wanda / awq (default: bundled text)")
-    p.add_argument("--calib-sequences", type=positive_int, default=32)
-    p.add_argument("--seq-len", type=positive_int, default=128)
-    p.set_defaults(func=_cmd_compress)
-
-
-def _nice_step(raw: float) -> float:
-    """The 1-2-5 x 10^k step at or above ``raw`` (axis ticks)."""
-    if not raw > 0:
-        return 1.0
-    mag = 10 ** math.floor(math.log10(raw))
-    return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-
-
-def svg_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str = "", xlabel: str = "",
-              ylabel: str = "", hline: tuple[float, str] | None = None, width: int = 640, height: int = 360,
-              markers_only: bool = False, logx: bool = False, logy: bool = False) -> str:
-    """A small self-contained SVG line chart (no plotting dependency): one line with markers
-    per series (``markers_only``: a scatter plot), optional horizontal reference line,
-    optional log10 axes (points <= 0 are left out there)."""
-    from html import escape
-
-    if logx or logy:
-        def keep(x, y):
-            return (not logx or x > 0) and (not logy or y > 0)
-
-        series = {k: [(math.log10(x) if logx else x, math.log10(y) if logy else y)
-                      for x, y in v if keep(x, y)] for k, v in series.items()}
-        if hline is not None and logy:
-            hline = (math.log10(hline[0]), hline[1]) if hline[0] > 0 else None
-    palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-               "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
-    pts = [p for s in series.values() for p in s]
-    xs = [p[0] for p in pts] or [0, 1]
-    ys = [p[1] for p in pts if p[1] == p[1]] or [0, 1]
-    if hline is not None:
-        ys = ys + [hline[0]]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = (min(ys) if logy else min(0.0, min(ys))), max(ys)
-    if logx:
-        x0, x1 = math.floor(x0), math.ceil(x1)
-    if x1 == x0:
-        x1 = x0 + 1
-    if y1 == y0:
-        y1 = y0 + 1
-    step = 1.0 if logy else _nice_step((y1 - y0) / 5)
-    y0 = step * math.floor(y0 / step)
-    y1 = step * math.ceil((y1 if logy else y1 * 1.02) / step)
-    left, right, top, bottom = 64, 170, 30, 44
-    pw, ph = width - left - right, height - top - bottom
-
-    def px(x):
-        return left + (x - x0) / (x1 - x0) * pw
-
-    def py(y):
-        return top + ph - (y - y0) / (y1 - y0) * ph
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="11">',
-             f'<rect x="0" y="0" width="{width}" height="{height}" fill="white"/>',
-             f'<text x="{left}" y="18" font-size="13">{escape(title)}</text>',
-             f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="black"/>',
-             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="black"/>']
-    for i in range(int(round((y1 - y0) / step)) + 1):
-        yv = y0 + step * i
-        parts.append(f'<line x1="{left - 4}" y1="{py(yv):.1f}" x2="{left + pw}" y2="{py(yv):.1f}" stroke="#eee"/>')
-        label = f"{10 ** yv:g}" if logy else f"{yv:.3g}"
-        parts.append(f'<text x="{left - 6}" y="{py(yv) + 4:.1f}" text-anchor="end">{label}</text>')
-    if logx:
-        xticks = list(range(int(x0), int(x1) + 1))
-    elif len(set(xs)) <= 12 and not markers_only:
-        xticks = sorted(set(xs))
-    else:
-        xticks = [x0 + (x1 - x0) * i / 5 for i in range(6)]
-    for xv in xticks:
-        label = f"{10 ** xv:g}" if logx else f"{xv:.3g}"
-        parts.append(f'<text x="{px(xv):.1f}" y="{top + ph + 16}" text-anchor="middle">{label}</text>')
-    parts.append(f'<text x="{left + pw / 2}" y="{height - 8}" text-anchor="middle">{escape(xlabel)}</text>')
-    parts.append(f'<text x="14" y="{top + ph / 2}" transform="rotate(-90 14 {top + ph / 2})" '
-                 f'text-anchor="middle">{escape(ylabel)}</text>')
-    if hline is not None:
-        parts.append(f'<line x1="{left}" y1="{py(hline[0]):.1f}" x2="{left + pw}" y2="{py(hline[0]):.1f}" '
-                     f'stroke="black" stroke-dasharray="5,4"/>')
-        parts.append(f'<text x="{left + pw - 2}" y="{py(hline[0]) - 4:.1f}" text-anchor="end">'
-                     f'{escape(hline[1])}</text>')
-    for i, (name, s) in enumerate(series.items()):
-        c = palette[i % len(palette)]
-        s = sorted((x, y) for x, y in s if y == y)
-        if s and not markers_only:
-            d = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s)
-            parts.append(f'<polyline points="{d}" fill="none" stroke="{c}" stroke-width="2"/>')
-        if s:
-            parts += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{c}"/>' for x, y in s]
-        ly = top + 12 + i * 15
-        parts.append(f'<line x1="{left + pw + 10}" y1="{ly - 4}" x2="{left + pw + 28}" y2="{ly - 4}" '
-                     f'stroke="{c}" stroke-width="2"/>')
-        parts.append(f'<text x="{left + pw + 32}" y="{ly}">{escape(str(name))}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts)
-
 
 __all__ = [
-    "CheckResult",
-    "CompatibilityError",
-    "GATE_METRICS",
-    "add_cli_commands",
-    "compress_check",
-    "svg_chart",
     "MODES",
+    "STAT_INDEX",
+    "STAT_NAMES",
+    "CompatibilityError",
     "check_compatible",
     "compression_geometry",
     "pooled_sums",

@@ -1,0 +1,66 @@
+"""Compression diagnostics, one job per module.
+
+- :mod:`~tl_directional.compression.geometry`: the error geometry of a compressed model
+  against its dense original (:func:`compression_geometry`, :func:`summarize`,
+  :func:`pooled_sums`; METHOD.md sec. 6);
+- :mod:`~tl_directional.compression.gate`: the label-free gate (:func:`compress_check`,
+  :class:`CheckResult`);
+- :mod:`~tl_directional.compression.charts`: small self-contained SVG charts.
+
+The compressors themselves live in :mod:`tl_directional.compress` (re-exported here);
+the commands ``compress`` and ``compress-check`` in :mod:`tl_directional.cli`.
+"""
+
+from ..compress import (
+    CompressionRecord,
+    CompressionResult,
+    clone_model,
+    compress,
+    drop_layers,
+    low_rank,
+    prune_magnitude,
+    prune_wanda,
+    quantize_awq,
+    quantize_rtn,
+    save_compressed,
+)
+from .charts import svg_chart
+from .gate import GATE_METRICS, GATE_UNITS, CheckResult, compress_check, nonfinite_parameters
+from .geometry import (
+    MODES,
+    CompatibilityError,
+    check_compatible,
+    compression_geometry,
+    pooled_sums,
+    summarize,
+)
+
+__all__ = [
+    # error geometry
+    "MODES",
+    "CompatibilityError",
+    "check_compatible",
+    "compression_geometry",
+    "pooled_sums",
+    "summarize",
+    # the gate
+    "GATE_METRICS",
+    "GATE_UNITS",
+    "CheckResult",
+    "compress_check",
+    "nonfinite_parameters",
+    # charts
+    "svg_chart",
+    # compressors (tl_directional.compress)
+    "CompressionRecord",
+    "CompressionResult",
+    "clone_model",
+    "compress",
+    "drop_layers",
+    "low_rank",
+    "prune_magnitude",
+    "prune_wanda",
+    "quantize_awq",
+    "quantize_rtn",
+    "save_compressed",
+]
