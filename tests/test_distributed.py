@@ -15,10 +15,10 @@ import textwrap
 
 import numpy as np
 import pandas as pd
-from tl_directional.compression import compression_geometry
 
 import tl_directional as tld
 from tl_directional.compress import prune_magnitude
+from tl_directional.compression import compression_geometry
 
 TEXTS = [
     "In the beginning God created the heaven and the earth.",

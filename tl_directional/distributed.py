@@ -30,6 +30,16 @@ _CAPTURING_MODULE = "torch.distributed.nn.functional"
 _GROUP_THREAD_PREFIXES = ("gloo_", "pt_gloo")
 
 
+def rank_and_world() -> tuple[int, int]:
+    """``(rank, world_size)`` of the default process group; ``(0, 1)`` outside ``torchrun``.
+
+    The one place sweep, profile and compression geometry ask how to shard their batches
+    (rank ``r`` takes every ``world``-th batch) before they all-reduce their sums."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
 def group_threads_alive() -> list[str] | None:
     """Names of this process's native threads that belong to a gloo process group (Linux ``/proc``).
 

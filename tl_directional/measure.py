@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from .distributed import rank_and_world
 from .fileio import ArtefactError, replace_dir, verify_manifest
 from .geometry import DEFAULT_EPS, compute_dtype, projection_coefficient
 from .inputs import (
@@ -598,9 +599,7 @@ def profile(
     stop_at = f"blocks.{sites.n_layers - 1}.hook_resid_post"
     if stop_at in model.hook_dict:
         hooks = _with_stop(hooks, stop_at, state, n_actions)
-    from .sweep import _dist_info
-
-    rank, world = _dist_info()
+    rank, world = rank_and_world()
     batches = list(iter_batches(batch, batch_size))
     # under torchrun each rank takes every world-th batch (as sweep does); sums are all-reduced
     todo = [(i, part) for i, part in enumerate(batches) if i % world == rank]

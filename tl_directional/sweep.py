@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .distributed import release_captured_groups
+from .distributed import rank_and_world, release_captured_groups
 from .edit import (
     DiagonalRemoval,
     Edit,
@@ -443,12 +443,6 @@ class _from_prefix:  # noqa: N801 - used as a context manager like a function
         return False
 
 
-def _dist_info() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
 @dataclass
 class _Progress:
     """Resumable state of a sweep: sums per setting after ``batches_done`` batches."""
@@ -574,7 +568,7 @@ def sweep(
             normalize_layers(list(s.layers), sites.n_layers, "layers")
     batch = prepare_inputs(model, inputs, attention_mask, min_tokens=2)
     batches = list(iter_batches(batch, batch_size))
-    rank, world = _dist_info()
+    rank, world = rank_and_world()
 
     ckpt_path = None
     if checkpoint is not None:

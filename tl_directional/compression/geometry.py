@@ -57,6 +57,7 @@ from torch import Tensor
 
 from ..components import RESIDUAL_COMPONENTS, check_components
 from ..compress import CompressionRecord, CompressionResult
+from ..distributed import rank_and_world
 from ..geometry import DEFAULT_EPS, compute_dtype
 from ..inputs import TokenBatch, first_token_mask, iter_batches, prepare_inputs
 from ..sites import (
@@ -621,9 +622,7 @@ def compression_geometry(
     n_tokens = 0
     seq_offset = 0
     # under torchrun each rank takes every world-th batch (as sweep does); sums are all-reduced
-    from .sweep import _dist_info
-
-    rank, world = _dist_info()
+    rank, world = rank_and_world()
     with torch.no_grad():
         for bi, part in enumerate(iterator):
             if bi % world != rank:
