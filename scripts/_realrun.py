@@ -39,12 +39,6 @@ TEXTS = {
     "kjv": "bundled held-out KJV slice (test-split books: Ruth, Proverbs, Amos, Mark, James)",
     "prose": "held-out modern English prose: Debian Reference 2.100 slice (GPL-2+, tl_directional/data/prose_heldout.txt)",
 }
-# Official loader names (after the real-models branch merges) -> the scratch conversions used today.
-MODEL_ALIASES = {
-    "smollm2-135m": "/work/scratch_models/smollm2",
-    "gemma-3-270m": "/work/scratch_models/gemma",
-}
-MODEL_NAMES = {"/work/scratch_models/smollm2": "smollm2-135m", "/work/scratch_models/gemma": "gemma-3-270m"}
 
 
 def set_threads(n: int) -> None:
@@ -54,29 +48,24 @@ def set_threads(n: int) -> None:
 
 
 def load(model_arg: str):
-    """``load_model(model_arg)``; an official name falls back to its scratch directory
-    when the loader does not know it yet. Returns ``(model, resolved argument)``."""
+    """``load_model(model_arg)`` (a catalogue name such as ``smollm2-135m``, ``default`` or a
+    model directory). Returns ``(model, model_arg)``."""
     from tl_directional.models import load_model
 
-    try:
-        return load_model(model_arg), model_arg
-    except Exception:
-        if model_arg in MODEL_ALIASES and Path(MODEL_ALIASES[model_arg]).is_dir():
-            return load_model(MODEL_ALIASES[model_arg]), MODEL_ALIASES[model_arg]
-        raise
+    return load_model(model_arg), model_arg
 
 
 def short_name(model_arg: str) -> str:
-    return MODEL_NAMES.get(str(Path(model_arg)) if Path(model_arg).exists() else model_arg, model_arg)
+    """The name pages use: the catalogue name, or a directory's last component."""
+    return Path(model_arg).name if Path(model_arg).exists() else model_arg
 
 
 def sandwich_norm(model_path: str, model=None) -> bool:
     """True for models with a norm after the attention output projection (Gemma-2/3, OLMo-2),
     where METHOD sec. 3's value-space factorization does not apply.
 
-    Read from the HF config's ``model_type`` because on the TL 4 bridge ``resolve_sites`` does
-    not see Gemma-3's sandwich norm (``cfg.use_normalization_before_and_after`` is unset there,
-    so ``factorization_applicable`` comes out True): reported to the lead as a library bug.
+    Read from the HF config's ``model_type`` (written while ``resolve_sites`` still missed
+    Gemma-3's sandwich norm on the bridge; it now detects it too, see ``sites.is_sandwich_norm``).
     """
     cfg = Path(model_path) / "config.json"
     if cfg.is_file():

@@ -24,7 +24,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _realrun as R  # noqa: E402
-
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 

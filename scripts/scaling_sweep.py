@@ -26,7 +26,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _realrun as R  # noqa: E402
-
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from paper_ordering import PAPER_BASE_PPL, PAPER_REMOVAL  # noqa: E402

@@ -44,6 +44,17 @@ def _check_meta(meta: dict, model_dir: str):
     assert meta["tokens_total"] > 0
 
 
+@pytest.fixture(autouse=True)
+def _restore_grad_mode():
+    # the scripts' mains turn autograd off for the whole process (they are command-line
+    # scripts); run in-process here, that must not leak into the rest of the suite
+    import torch
+
+    was = torch.is_grad_enabled()
+    yield
+    torch.set_grad_enabled(was)
+
+
 def test_prose_slice_is_pinned_and_licensed():
     from tl_directional.corpus import heldout_paths, prose_heldout_text
 
