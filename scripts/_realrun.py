@@ -2,7 +2,7 @@
 layer_sensitivity, and the real-model mode of compression_study).
 
 * the two held-out texts (``kjv``: bundled KJV slice; ``prose``: the Debian Reference slice),
-  cut into full windows by :func:`tl_directional.cli.load_text_sequences`;
+  cut into full windows by :func:`tl_directional.inputs.load_text_sequences`;
 * provenance for each result's meta JSON: model argument and resolved path, the sha256 of
   ``model.safetensors`` (computed once, cached next to the outputs), git commit, device,
   lane, thread count, token count, wall time;
@@ -80,8 +80,8 @@ def sandwich_norm(model_path: str, model=None) -> bool:
 def text_windows(model, text: str, n_sequences: int, seq_len: int, skip: int = 0):
     """``n_sequences`` full windows of ``seq_len`` tokens (BOS + text) of one held-out text,
     after skipping the first ``skip`` windows."""
-    from tl_directional.cli import load_text_sequences
     from tl_directional.corpus import heldout_paths, prose_heldout_text
+    from tl_directional.inputs import load_text_sequences
 
     if text == "kjv":
         path = None
@@ -123,7 +123,7 @@ def git_commit() -> str:
 
 def provenance(model, model_arg: str, resolved: str, cache_dir: Path) -> dict:
     """Model identity and machine, for the meta JSON."""
-    from tl_directional.sites import lane_of
+    from tl_directional.adapter import device_of, lane_of
 
     info = {"model": short_name(model_arg), "model_argument": model_arg, "model_path": resolved,
             "lane": lane_of(model), "n_layers": int(model.cfg.n_layers), "d_model": int(model.cfg.d_model),
@@ -131,7 +131,7 @@ def provenance(model, model_arg: str, resolved: str, cache_dir: Path) -> dict:
     st = Path(resolved) / "model.safetensors"
     if st.is_file():
         info["model_safetensors_sha256"] = sha256_cached(st, cache_dir / "model_sha256.json")
-    dev = next(model.parameters()).device
+    dev = device_of(model)
     info["device"] = (f"{dev}" + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else
                                   f" ({platform.machine()}, {os.cpu_count()} cores shared, "
                                   f"{torch.get_num_threads()} torch thread(s))"))

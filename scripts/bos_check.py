@@ -26,7 +26,7 @@ import _realrun as R  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from tl_directional.edit import DiagonalRemoval, ResidualScale, ValueScale  # noqa: E402
+from tl_directional.edit import edits_for_space  # noqa: E402
 from tl_directional.sweep import Setting  # noqa: E402
 
 SPACES = ["value", "resid-attn", "resid-mlp"]  # hard-diag leaves the BOS row unchanged anyway
@@ -44,13 +44,7 @@ class Spared:
         return f"{self.space}[s_par=0,BOS spared]"
 
     def edits(self):
-        if self.space == "value":
-            return [ValueScale(0.0, 1.0, mode="full", positions=SPARE)]
-        if self.space == "resid-attn":
-            return [ResidualScale("attn", 0.0, 1.0, positions=SPARE)]
-        if self.space == "resid-mlp":
-            return [ResidualScale("mlp", 0.0, 1.0, positions=SPARE)]
-        return [DiagonalRemoval(positions=SPARE)]
+        return edits_for_space(self.space, 0.0, 1.0, positions=SPARE)
 
 
 def unspared_label(space: str) -> str:

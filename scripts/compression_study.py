@@ -349,7 +349,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
 
-    from tl_directional.cli import load_text_sequences
+    from tl_directional.inputs import load_text_sequences
     from tl_directional.models import bundled_model_dir, load_model
     from tl_directional.sites import lane_of, resolve_sites
 

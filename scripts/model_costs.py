@@ -31,7 +31,7 @@ PHASES = ("forward", "profile", "dla", "patch")
 
 
 def _tokens(model, batch: int, seq: int):
-    from tl_directional.cli import load_text_sequences
+    from tl_directional.inputs import load_text_sequences
 
     return load_text_sequences(model, None, max_sequences=batch, seq_len=seq).tokens
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from tl_directional.cli import load_text_sequences
+from tl_directional.inputs import load_text_sequences
 from tl_directional.models import load_model
 from tl_directional.sweep import Setting, grid, sweep, sweep_figure
 
@@ -134,7 +134,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     t0 = time.time()
     model = load_model(args.model)
-    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
+    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len,
+                                text_argument="--text", seq_len_argument="--seq-len")
     df = sweep(model, batch, settings(), batch_size=args.batch_size, progress=False)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -5,9 +5,11 @@ import pytest
 
 from tl_directional.edit import (
     EDIT_SPACES,
+    DiagonalRemoval,
     EffectiveDiagonal,
     ResidualScale,
     ValueScale,
+    edit_space,
     edits_for_space,
 )
 from tl_directional.sweep import SPACES, Setting
@@ -42,3 +44,27 @@ def test_bad_space_and_bad_scale_are_named():
         edits_for_space("vpara", s_par=0.0)
     with pytest.raises(ValueError, match="'eff-diag' scales only the parallel part: s_perp must be 1, got 0.5"):
         edits_for_space("eff-diag", 0.0, 0.5)
+
+
+def test_scope_heads_and_positions_and_the_space_flags():
+    (d,) = edits_for_space("hard-diag", layers=[1], heads=[2])
+    assert vars(d) == vars(DiagonalRemoval(layers=[1], heads=[2]))
+    (e,) = edits_for_space("eff-diag", 0.0, layers=[0], heads=[1], positions=slice(1, None))
+    assert vars(e) == vars(EffectiveDiagonal(0.0, layers=[0], heads=[1], positions=slice(1, None)))
+    (r,) = edits_for_space("resid-mlp", 0.0, 1.0, positions=[3])
+    assert vars(r) == vars(ResidualScale("mlp", 0.0, 1.0, positions=[3]))
+    with pytest.raises(ValueError, match=r"space 'resid-attn' edits a residual-stream update, which has no heads: "
+                                         r"heads must be None, got \[0\]"):
+        edits_for_space("resid-attn", 0.0, heads=[0])
+    assert [n for n, s in EDIT_SPACES.items() if not s.scaled] == ["hard-diag"]
+    assert [n for n, s in EDIT_SPACES.items() if not s.perp] == ["hard-diag", "eff-diag"]
+    with pytest.raises(ValueError, match=r"space must be one of value, .*, got 'vpara'"):
+        edit_space("vpara", "space")
+
+
+def test_sweep_spaces_is_a_read_only_view_of_the_registry():
+    with pytest.raises(TypeError):
+        SPACES["new"] = "x"  # type: ignore[index]
+    with pytest.raises(ValueError, match="'eff-diag' scales only the parallel part: s_perp must be 1, got 0.5"):
+        Setting("eff-diag", 0.0, 0.5)
+    assert Setting("hard-diag").label == "hard-diag[L=all]" and not Setting("hard-diag").is_identity

@@ -33,10 +33,11 @@ from tl_directional.fileio import (
 from tl_directional.models import build_tiny_hf_model, load_hf_model, load_model, tl_lane
 from tl_directional.training.cli import train_main
 
+from ._training import TINY
+from ._training import cfg as _cfg
+
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "In the beginning God created the heaven and the earth. And the earth was without form. " * 12
-TINY = dict(vocab_size=512, n_layers=2, d_model=32, n_heads=4, n_ctx=32, batch_size=4,
-            max_steps=6, warmup_steps=2, eval_every=3, ckpt_every=2, eval_windows=4, lr=5e-3)
 
 
 def _env(fault: str | None = None) -> dict:
@@ -214,25 +215,6 @@ def test_compress_out_refuses_a_foreign_directory(tiny_model_dir, tmp_path, caps
         assert main(["compress", "--model", str(tiny_model_dir("gpt2")), "--spec", "rtn:bits=8",
                      "--out", str(out), "--force"]) == 0
         verify_manifest(out, kind="compressed-model")
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory) -> Path:
-    from tl_directional.corpus import heldout_text
-    from tl_directional.models import train_tokenizer
-
-    out = tmp_path_factory.mktemp("tok")
-    train_tokenizer(heldout_text(), 512, model_max_length=32).save_pretrained(str(out))
-    return out
-
-
-@pytest.fixture(scope="module")
-def data(tok_dir) -> T.Data:
-    return T.prepare_data(T.TrainConfig(tokenizer=str(tok_dir), **TINY))
-
-
-def _cfg(tok_dir, **kw) -> T.TrainConfig:
-    return T.TrainConfig(tokenizer=str(tok_dir), **{**TINY, **kw})
 
 
 def _cli_args(tok_dir, out: Path, **kw) -> list[str]:

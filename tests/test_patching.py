@@ -81,7 +81,7 @@ def test_patching_bad_input(tiny_model):
     model = tiny_model("gpt2")
     with pytest.raises(ValueError, match="same token shape"):
         directional_patch(model, CLEAN, CORRUPTED[:, :5], metric)
-    with pytest.raises(ValueError, match="components has 'resid'"):
+    with pytest.raises(ValueError, match="components has unknown entry 'resid'; choose from"):
         directional_patch(model, CLEAN, CORRUPTED, metric, components=("resid",))
     with pytest.raises(ValueError, match="heads has 7"):
         directional_patch(model, CLEAN, CORRUPTED, metric, components=("value",), heads=[7])

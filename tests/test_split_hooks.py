@@ -54,9 +54,30 @@ def test_user_hooks_survive_removal_and_errors_clean_up(tiny_model):
     handle.remove()
     model(TOKENS)
     assert marker, "the user's permanent hook must stay"
-    with pytest.raises(ValueError, match="components has 'block'"):
+    with pytest.raises(ValueError, match="components has unknown entry 'block'; choose from \\('attn', 'mlp', 'value'\\)"):
         attach_split_hook_points(model, components=("block",))
     with split_hook_points(model, layers=[1]):
         with pytest.raises(ValueError, match="already exists"):
             attach_split_hook_points(model, layers=[1])
     assert "blocks.1.hook_attn_out.hook_par" not in model.hook_dict
+
+
+def test_nested_points_are_registered_the_lanes_way(tiny_model, lane):
+    """Legacy lane: a real child module of its parent hook point, registered by TL's public
+    HookedRootModule.setup(); bridge: an entry of the hook registry (no public call on TL 4.3).
+    Either way hooks(), run_with_hooks and run_with_cache see it, and removal leaves nothing."""
+    model = tiny_model("gpt2", fresh=True)
+    parent = tld.resolve_sites(model).unit("attn", 0).update_hook
+    name = f"{parent}.hook_par"
+    with split_hook_points(model, components=("attn", "value"), layers=[0]):
+        modules = dict(model.named_modules())
+        assert (modules.get(name) is model.hook_dict[name]) == (lane == "legacy")
+        assert "blocks.0.hook_z.hook_par" in model.hook_dict  # TL's get_act_name spelling, kept
+        seen = []
+        with model.hooks(fwd_hooks=[(name, lambda t, hook: seen.append(hook.name))]):
+            model(TOKENS)
+        model.run_with_hooks(TOKENS, fwd_hooks=[(name, lambda t, hook: seen.append(hook.name))])
+        _, cache = model.run_with_cache(TOKENS, names_filter=[name, "blocks.0.hook_z.hook_par"])
+        assert seen == [name, name] and set(cache.keys()) == {name, "blocks.0.hook_z.hook_par"}
+    assert name not in model.hook_dict and name not in dict(model.named_modules())
+    assert "blocks.0.hook_z.hook_par" not in model.hook_dict

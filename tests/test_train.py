@@ -18,27 +18,7 @@ from tl_directional.models import train_tokenizer
 from tl_directional.training import checkpoint as C
 from tl_directional.training.cli import train_main
 
-TINY = dict(vocab_size=512, n_layers=2, d_model=32, n_heads=4, n_ctx=32, batch_size=4,
-            max_steps=6, warmup_steps=2, eval_every=3, ckpt_every=2, eval_windows=4, lr=5e-3)
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory) -> Path:
-    """One tokenizer for every run of this module (training it is the slow part of setup)."""
-    from tl_directional.corpus import heldout_text
-
-    out = tmp_path_factory.mktemp("tok")
-    train_tokenizer(heldout_text(), 512, model_max_length=32).save_pretrained(str(out))
-    return out
-
-
-@pytest.fixture(scope="module")
-def data(tok_dir) -> T.Data:
-    return T.prepare_data(T.TrainConfig(tokenizer=str(tok_dir), **TINY))
-
-
-def cfg(tok_dir, **kw) -> T.TrainConfig:
-    return T.TrainConfig(tokenizer=str(tok_dir), **{**TINY, **kw})
+from ._training import TINY, cfg
 
 
 def weights(model) -> dict[str, torch.Tensor]:

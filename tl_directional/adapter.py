@@ -271,14 +271,29 @@ def add_hook_point(model, name: str, hook_point) -> None:
     """Register an extra ``HookPoint`` under ``name`` so that ``run_with_hooks``,
     ``run_with_cache``, ``hooks()``, ``reset_hooks`` and ``model.hook_dict`` see it (both lanes).
 
-    TL 4 builds ``hook_dict`` from its hook registry and has no public call to add to it, so
-    this is the one place that writes it; the legacy lane keeps ``hook_dict`` / ``mod_dict``.
+    Legacy ``HookedTransformer`` (TL 2.x / 3.x), the public route: where ``name`` is
+    ``<an existing module>.<child>`` the hook point becomes a real submodule of that module (the
+    SAELens way) and ``HookedRootModule.setup()`` rebuilds ``hook_dict`` / ``mod_dict`` from
+    ``named_modules``; a name with no module above it (an alias such as TL's
+    ``blocks.L.hook_z.hook_par`` spelling) is an entry of those two public dicts.
+
+    TL 4 ``TransformerBridge`` (checked on TL 4.3): there is no public call to add a hook point.
+    ``hook_dict`` is built from the bridge's private ``_hook_registry``; the public
+    ``clear_hook_registry()`` has only a private re-scan (``_initialize_hook_registry``), and the
+    scan would name a nested point by its component path, not by the TL names the package uses.
+    So this is the one place that writes the private registry.
     """
     if name in model.hook_dict:
         raise ValueError(f"hook point {name!r} already exists on this model; remove it first")
     hook_point.name = name
     if lane_of(model) == "bridge":
-        model._hook_registry[name] = hook_point  # the bridge's canonical registry
+        model._hook_registry[name] = hook_point  # no public registration in TL 4.3 (see above)
+        return
+    parent_name, _, child = name.rpartition(".")
+    parent = model.mod_dict.get(parent_name) if parent_name else None
+    if parent is not None and child.isidentifier() and child not in parent._modules and not hasattr(parent, child):
+        parent.add_module(child, hook_point)
+        _legacy_setup(model)
     else:
         model.hook_dict[name] = hook_point
         model.mod_dict[name] = hook_point
@@ -288,14 +303,48 @@ def remove_hook_point(model, name: str) -> None:
     """Undo :func:`add_hook_point` (a missing name is ignored)."""
     if lane_of(model) == "bridge":
         model._hook_registry.pop(name, None)
-    else:
-        model.hook_dict.pop(name, None)
-        model.mod_dict.pop(name, None)
+        return
+    parent_name, _, child = name.rpartition(".")
+    parent = model.mod_dict.get(parent_name) if parent_name else None
+    hook_point = model.mod_dict.get(name)
+    model.hook_dict.pop(name, None)
+    model.mod_dict.pop(name, None)
+    if parent is not None and hook_point is not None and parent._modules.get(child) is hook_point:
+        delattr(parent, child)  # a real submodule: drop it and rebuild the dicts
+        _legacy_setup(model)
+
+
+def _legacy_setup(model) -> None:
+    """``HookedRootModule.setup()`` (rebuild ``hook_dict`` / ``mod_dict`` from ``named_modules``),
+    keeping the entries that are not module paths (aliases added by :func:`add_hook_point`)."""
+    modules = {n for n, _ in model.named_modules() if n}
+    extra_hooks = {n: hp for n, hp in model.hook_dict.items() if n not in modules}
+    extra_mods = {n: m for n, m in model.mod_dict.items() if n not in modules}
+    model.setup()
+    model.hook_dict.update(extra_hooks)
+    model.mod_dict.update(extra_mods)
 
 
 # ---------------------------------------------------------------------------------------------
 # Capturing activations
 # ---------------------------------------------------------------------------------------------
+
+
+def capture_hooks(names, store: dict, *, clone: bool = False) -> list[tuple[str, Any]]:
+    """Forward hooks, one per hook point in ``names`` (sorted, repeats dropped), that keep the
+    activation there in ``store[name]`` (detached; copied when ``clone``) and change nothing.
+
+    The building block of :func:`capture`, for callers that add hooks of their own to the
+    same forward (an edit, an early stop)."""
+
+    def keep(name):
+        def hook(tensor, hook):  # noqa: ARG001 - TL hook signature
+            store[name] = tensor.detach().clone() if clone else tensor.detach()
+            return tensor
+
+        return hook
+
+    return [(n, keep(n)) for n in sorted(set(names))]
 
 
 def capture(model, tokens: Tensor, names, *, attention_mask: Tensor | None = None, clone: bool = False,
@@ -308,19 +357,11 @@ def capture(model, tokens: Tensor, names, *, attention_mask: Tensor | None = Non
     past another forward that may write in place).
     """
     store: dict[str, Tensor] = {}
-
-    def keep(name):
-        def hook(tensor, hook):  # noqa: ARG001 - TL hook signature
-            store[name] = tensor.detach().clone() if clone else tensor.detach()
-            return tensor
-
-        return hook
-
     kwargs: dict[str, Any] = {} if attention_mask is None else {"attention_mask": attention_mask}
     if not logits:
         kwargs["return_type"] = None
     with torch.no_grad():
-        out = model.run_with_hooks(tokens, fwd_hooks=[(n, keep(n)) for n in sorted(set(names))], **kwargs)
+        out = model.run_with_hooks(tokens, fwd_hooks=capture_hooks(names, store, clone=clone), **kwargs)
     return (out if logits else None), store
 
 
@@ -329,6 +370,7 @@ __all__ = [
     "add_hook_point",
     "architecture_name",
     "capture",
+    "capture_hooks",
     "clone_model",
     "device_of",
     "hf_attention_module",

@@ -87,42 +87,12 @@ def _positive_int(text: str) -> int:
 
 
 def load_text_sequences(model, text_file: str | None, *, max_sequences: int, seq_len: int):
-    """Token sequences of at most ``seq_len`` tokens from ``text_file`` (default: the
-    bundled held-out KJV slice), at most ``max_sequences`` of them."""
-    from .corpus import heldout_text
-    from .inputs import pad_sequences, tokenize
+    """:func:`tl_directional.inputs.load_text_sequences` (its home) with errors naming the
+    options ``--text`` / ``--seq-len``; kept here for scripts that import it from the CLI."""
+    from .inputs import load_text_sequences as load
 
-    n_ctx = int(getattr(model.cfg, "n_ctx", 0) or 0)
-    if n_ctx and seq_len > n_ctx:
-        raise UsageError(f"--seq-len {seq_len} is above the model's context n_ctx={n_ctx}; pass --seq-len {n_ctx} or less")
-    if text_file is None:
-        text = heldout_text()
-    else:
-        path = Path(text_file)
-        if not path.is_file():
-            raise UsageError(f"--text {text_file}: no such file")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise UsageError(
-                f"--text {text_file} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
-                "convert it first, e.g. iconv -f latin1 -t utf-8"
-            ) from None
-    if not text.strip():
-        raise UsageError(f"--text {text_file or '(bundled held-out text)'} is empty")
-    # One long token stream cut into windows: every window is full, so no padding is needed.
-    stream = tokenize(model, [text], prepend_bos=False, max_length=10**9).tokens[0]
-    bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
-    body = seq_len - 1 if bos is not None else seq_len
-    seqs = []
-    for start in range(0, stream.numel() - 1, body):
-        chunk = stream[start:start + body].tolist()
-        if len(chunk) < 2:
-            break
-        seqs.append(([int(bos)] if bos is not None else []) + chunk)
-        if len(seqs) >= max_sequences:
-            break
-    return pad_sequences(seqs, pad_id=0, padding_side="right")
+    return load(model, text_file, max_sequences=max_sequences, seq_len=seq_len, text_argument="--text",
+                seq_len_argument="--seq-len")
 
 
 def _cmd_profile(args) -> int:
@@ -217,12 +187,12 @@ def _layer_sets(text: str, n_layers: int | None = None) -> list:
 
 
 def _check_spaces(text: str) -> list[str]:
-    from .sweep import SPACES
+    from .edit import EDIT_SPACES
 
     spaces = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in spaces if s not in SPACES]
+    bad = [s for s in spaces if s not in EDIT_SPACES]
     if bad or not spaces:
-        raise UsageError(f"--space {text!r}: unknown space {bad[0] if bad else '(none)'}; choose from {', '.join(sorted(SPACES))}")
+        raise UsageError(f"--space {text!r}: unknown space {bad[0] if bad else '(none)'}; choose from {', '.join(sorted(EDIT_SPACES))}")
     return spaces
 
 
@@ -344,7 +314,7 @@ def _cmd_compress_check(args) -> int:
         dense = _load_checked(args.dense, "--dense")
         compressed = _load_checked(args.compressed, "--compressed")
         batch = load_text_sequences(dense, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
-        result = compress_check(dense, compressed, batch, max_perp_error=args.max_perp_error, unit=args.unit,
+        result = compress_check(dense, compressed, batch, max_perp_error=args.max_perp_error, component=args.component,
                                 mode=args.mode, metric=args.metric, batch_size=args.batch_size,
                                 fail_on_removed_update=not args.allow_removed_updates,
                                 dense_name=str(args.dense), compressed_name=str(args.compressed))
@@ -380,7 +350,7 @@ def _cmd_compress(args) -> int:
 def _add_compress_commands(sub, positive_int) -> None:
     """Add ``compress-check`` and ``compress`` to the ``tl-directional`` sub-parsers."""
     from .compress import SPEC_HELP
-    from .compression.gate import GATE_METRICS, GATE_UNITS
+    from .compression.gate import GATE_COMPONENTS, GATE_METRICS
     from .compression.geometry import MODES
 
     p = sub.add_parser(
@@ -391,11 +361,12 @@ def _add_compress_commands(sub, positive_int) -> None:
     p.add_argument("--compressed", required=True, help="compressed model: HF directory")
     p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
     p.add_argument("--max-perp-error", type=float, required=True, help="threshold on the metric, e.g. 0.2")
-    p.add_argument("--unit", choices=GATE_UNITS, default="block")
+    p.add_argument("--component", "--unit", dest="component", choices=GATE_COMPONENTS, default="block",
+                   help="which updates to check (--unit is the former name)")
     p.add_argument("--mode", choices=MODES, default="local")
     p.add_argument("--metric", choices=GATE_METRICS, default="err_perp_energy")
     p.add_argument("--allow-removed-updates", action="store_true",
-                   help="do not fail on units whose compressed update is exactly zero (dropped layers)")
+                   help="do not fail on components whose compressed update is exactly zero (dropped layers)")
     p.add_argument("--max-sequences", type=positive_int, default=32)
     p.add_argument("--seq-len", type=positive_int, default=128)
     p.add_argument("--batch-size", type=positive_int, default=8)
@@ -433,12 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help=_HELP["quiet"])
     p.set_defaults(func=_cmd_profile)
 
-    from .sweep import SPACES
+    from .edit import EDIT_SPACES
 
     p = sub.add_parser("sweep", help="component-scaling sweep over edit spaces and scales", formatter_class=fmt,
                        description="Loss / perplexity / KL / top-1 agreement per edit setting.")
     p.add_argument("--space", default="value,resid-attn,resid-mlp",
-                   help="comma-separated edit spaces: " + ", ".join(SPACES))
+                   help="comma-separated edit spaces: " + ", ".join(EDIT_SPACES))
     p.add_argument("--s-par", type=_float_list, default=[-1.0, 0.0, 0.5, 1.0, 2.0],
                    help="comma-separated parallel scales, e.g. --s-par=-1,0,0.5,2")
     p.add_argument("--s-perp", type=_float_list, default=[1.0], help="comma-separated perpendicular scales")
@@ -457,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, max_sequences=8, seq_len=64)
     p.add_argument("--out", required=True, help="output directory (index.html, one CSV per figure, profile/)")
     p.add_argument("--space", default="value,resid-attn,resid-mlp,hard-diag",
-                   help="comma-separated sweep spaces: " + ", ".join(SPACES))
+                   help="comma-separated sweep spaces: " + ", ".join(EDIT_SPACES))
     p.add_argument("--s-par", type=_float_list, default=[0.0, 0.5, 1.0, 1.5], help="sweep scales, e.g. --s-par=-1,0,1")
     p.add_argument("--layer", type=int, default=None,
                    help="triptych layer, negative = from the end (default: the most self-attending head's)")

@@ -469,63 +469,85 @@ class EffectiveDiagonal(_HeadScoped):
 
 @dataclass(frozen=True)
 class EditSpace:
-    """A named way to turn ``(s_par, s_perp, layers)`` into edits.
+    """A named way to turn ``(s_par, s_perp)`` and a scope into edits.
 
     ``description`` says in which space the split is made and against which reference;
-    ``build(s_par, s_perp, layers)`` returns the edits (a list: ``resid-both`` is two).
+    ``build(s_par, s_perp, layers=..., positions=...[, heads=...])`` returns the edits (a
+    list: ``resid-both`` is two). ``scaled``: False where the edit has no scale (``hard-diag``:
+    ``s_par`` / ``s_perp`` are ignored); ``perp``: False where only the parallel part is
+    scaled (``s_perp`` must be 1); ``heads``: whether the edit can be scoped to heads (value
+    space and the pattern; not a residual-stream update).
     """
 
     name: str
     description: str
     build: Callable[..., list[Edit]]
+    scaled: bool = True
+    perp: bool = True
+    heads: bool = True
+
+    def check_scales(self, s_perp) -> None:
+        """Raise where ``s_perp`` is not 1 (or None) in a space that scales only the parallel part."""
+        # pattern-form V-Para has no perpendicular scale; a silently ignored s_perp would lie
+        if self.scaled and not self.perp and s_perp is not None and not (
+                isinstance(s_perp, (int, float)) and s_perp == 1.0):
+            raise ValueError(f"space {self.name!r} scales only the parallel part: s_perp must be 1, got {s_perp!r}")
 
 
-def _only_parallel(name: str, s_perp) -> None:
-    # pattern-form V-Para has no perpendicular scale; a silently ignored s_perp would lie
-    if s_perp is not None and not (isinstance(s_perp, (int, float)) and s_perp == 1.0):
-        raise ValueError(f"space {name!r} scales only the parallel part: s_perp must be 1, got {s_perp!r}")
+def _value(mode: str):
+    return lambda sp, sq, **scope: [ValueScale(sp, sq, mode=mode, **scope)]
 
 
-def _eff_diag(sp, sq, layers) -> list[Edit]:
-    _only_parallel("eff-diag", sq)
-    return [EffectiveDiagonal(sp, layers=layers)]
+def _residual(*components: str):
+    return lambda sp, sq, **scope: [ResidualScale(c, sp, sq, **scope) for c in components]
 
 
 _SPACE_LIST = (
-    EditSpace("value", "value space, full aggregate vs own value (V-Para), attn.hook_z",
-              lambda sp, sq, layers: [ValueScale(sp, sq, mode="full", layers=layers)]),
+    EditSpace("value", "value space, full aggregate vs own value (V-Para), attn.hook_z", _value("full")),
     EditSpace("value-exclusive", "value space, cross aggregate vs own value, self message kept, attn.hook_z",
-              lambda sp, sq, layers: [ValueScale(sp, sq, mode="exclusive", layers=layers)]),
-    EditSpace("resid-attn", "residual space, attention update vs resid_pre",
-              lambda sp, sq, layers: [ResidualScale("attn", sp, sq, layers=layers)]),
-    EditSpace("resid-mlp", "residual space, MLP update vs its reference",
-              lambda sp, sq, layers: [ResidualScale("mlp", sp, sq, layers=layers)]),
-    EditSpace("resid-both", "residual space, attention and MLP updates",
-              lambda sp, sq, layers: [ResidualScale("attn", sp, sq, layers=layers),
-                                      ResidualScale("mlp", sp, sq, layers=layers)]),
-    EditSpace("block", "residual space, block update (resid_post - resid_pre) vs resid_pre",
-              lambda sp, sq, layers: [ResidualScale("block", sp, sq, layers=layers)]),
+              _value("exclusive")),
+    EditSpace("resid-attn", "residual space, attention update vs resid_pre", _residual("attn"), heads=False),
+    EditSpace("resid-mlp", "residual space, MLP update vs its reference", _residual("mlp"), heads=False),
+    EditSpace("resid-both", "residual space, attention and MLP updates", _residual("attn", "mlp"), heads=False),
+    EditSpace("block", "residual space, block update (resid_post - resid_pre) vs resid_pre", _residual("block"),
+              heads=False),
     EditSpace("hard-diag", "hard diagonal removal in the pattern (A_tt := 0, renormalised); scales ignored",
-              lambda sp, sq, layers: [DiagonalRemoval(layers=layers)]),
+              lambda sp, sq, **scope: [DiagonalRemoval(**scope)], scaled=False, perp=False),
     EditSpace("eff-diag", "effective diagonal in the pattern, A_tt += (s_par - 1) beta_t (s_perp must be 1)",
-              _eff_diag),
+              lambda sp, sq, **scope: [EffectiveDiagonal(sp, **scope)], perp=False),
 )
 
-#: The named edit spaces (read-only), by name: the sweep's spaces, the training variants' edits.
+#: The named edit spaces (read-only), by name: the sweep's spaces, the training variants' edits,
+#: the attention triptych's edits and the CLI's ``--space`` choices.
 EDIT_SPACES: Mapping[str, EditSpace] = MappingProxyType({s.name: s for s in _SPACE_LIST})
 
 
-def edits_for_space(name: str, s_par=1.0, s_perp=1.0, layers=None) -> list[Edit]:
+def edit_space(name: str, argument: str = "edit space") -> EditSpace:
+    """The :class:`EditSpace` called ``name``; a ValueError naming ``argument``, the value and
+    the valid names otherwise."""
+    space = EDIT_SPACES.get(name) if isinstance(name, str) else None
+    if space is None:
+        raise ValueError(f"{argument} must be one of {', '.join(EDIT_SPACES)}, got {name!r}")
+    return space
+
+
+def edits_for_space(name: str, s_par=1.0, s_perp=1.0, layers=None, *, heads=None, positions=None) -> list[Edit]:
     """The edits of edit space ``name`` (a key of :data:`EDIT_SPACES`) at these scales.
 
     ``s_par`` / ``s_perp`` take anything the edits take (a float, a per-layer tensor,
-    :func:`scales`); ``layers`` is None (all) or a list of layer indices. ``hard-diag``
-    ignores the scales; ``eff-diag`` needs ``s_perp`` 1 (or None).
+    :func:`scales`); ``layers`` is None (all) or a list of layer indices; ``heads`` (query
+    heads, value and pattern spaces only) and ``positions`` scope the edits as in the edit
+    classes. ``hard-diag`` ignores the scales; ``eff-diag`` needs ``s_perp`` 1 (or None).
     """
-    space = EDIT_SPACES.get(name) if isinstance(name, str) else None
-    if space is None:
-        raise ValueError(f"edit space must be one of {', '.join(EDIT_SPACES)}, got {name!r}")
-    return space.build(s_par, s_perp, None if layers is None else list(layers))
+    space = edit_space(name)
+    space.check_scales(s_perp)
+    scope = {"layers": None if layers is None else list(layers), "positions": positions}
+    if space.heads:
+        scope["heads"] = heads
+    elif heads is not None:
+        raise ValueError(f"space {name!r} edits a residual-stream update, which has no heads: heads must be None, "
+                         f"got {heads!r}; use a value or pattern space ('value', 'hard-diag', 'eff-diag') for heads")
+    return space.build(s_par, s_perp, **scope)
 
 
 def edit_hooks(model, *edits: Edit) -> HookList:
@@ -570,6 +592,7 @@ __all__ = [
     "ValueScale",
     "apply_edits",
     "edit_hooks",
+    "edit_space",
     "edits_for_space",
     "scales",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from jaxtyping import Bool, Int
@@ -112,12 +113,62 @@ def tokenize(
             warnings.warn(
                 f"inputs[{len(seqs)}] has {len(ids)} tokens, more than the model's context of "
                 f"{max_length}; only the first {max_length} are used. Split long text into windows "
-                "(e.g. tl_directional.cli.load_text_sequences) to measure all of it.",
+                "(e.g. tl_directional.inputs.load_text_sequences) to measure all of it.",
                 UserWarning, stacklevel=3,
             )
             ids = ids[:max_length]
         seqs.append(ids)
     return pad_sequences(seqs, pad_id=_pad_id(model), padding_side=padding_side or _pad_side(model))
+
+
+def load_text_sequences(model, text_file: str | None = None, *, max_sequences: int, seq_len: int,
+                        text_argument: str = "text_file", seq_len_argument: str = "seq_len") -> TokenBatch:
+    """Full windows of ``seq_len`` tokens cut from one UTF-8 text file (default: the bundled
+    held-out KJV slice), at most ``max_sequences`` of them, as a right-padded :class:`TokenBatch`.
+
+    The text is tokenised as one stream and cut into consecutive windows of ``seq_len - 1``
+    tokens, each led by the tokenizer's BOS token where it has one (so no window needs
+    padding, except a shorter last one). ``text_argument`` / ``seq_len_argument`` are the names
+    errors give the two arguments (the CLI passes ``--text`` / ``--seq-len``).
+
+    Raises:
+        ValueError: ``seq_len`` above the model's context ``n_ctx``; a missing, non-UTF-8 or
+            empty text file.
+    """
+    from .corpus import heldout_text
+
+    n_ctx = int(getattr(model.cfg, "n_ctx", 0) or 0)
+    if n_ctx and seq_len > n_ctx:
+        raise ValueError(f"{seq_len_argument} {seq_len} is above the model's context n_ctx={n_ctx}; "
+                         f"pass {seq_len_argument} {n_ctx} or less")
+    if text_file is None:
+        text = heldout_text()
+    else:
+        path = Path(text_file)
+        if not path.is_file():
+            raise ValueError(f"{text_argument} {text_file}: no such file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{text_argument} {text_file} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                f"{exc.start}); convert it first, e.g. iconv -f latin1 -t utf-8"
+            ) from None
+    if not text.strip():
+        raise ValueError(f"{text_argument} {text_file or '(bundled held-out text)'} is empty")
+    # One long token stream cut into windows: every window is full, so no padding is needed.
+    stream = tokenize(model, [text], prepend_bos=False, max_length=10**9).tokens[0]
+    bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
+    body = seq_len - 1 if bos is not None else seq_len
+    seqs = []
+    for start in range(0, stream.numel() - 1, body):
+        chunk = stream[start:start + body].tolist()
+        if len(chunk) < 2:
+            break
+        seqs.append(([int(bos)] if bos is not None else []) + chunk)
+        if len(seqs) >= max_sequences:
+            break
+    return pad_sequences(seqs, pad_id=0, padding_side="right")
 
 
 def prepare_inputs(

@@ -22,6 +22,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from .adapter import device_of
+from .components import ALL_COMPONENTS, check_components
 from .distributed import rank_and_world
 from .fileio import ArtefactError, replace_dir, verify_manifest
 from .geometry import DEFAULT_EPS, compute_dtype, projection_coefficient
@@ -45,8 +47,6 @@ from .sites import (
     verify_sites,
 )
 from .stats import StreamingSummary
-
-ALL_COMPONENTS = ("attn", "mlp", "block", "value")
 
 RESIDUAL_METRICS = {
     "par_frac": "unit",
@@ -402,22 +402,9 @@ class Profile:
 
 
 def _check_components(components, sites: ModelSites) -> tuple[str, ...]:
-    if components is None:
-        return sites.components + ("value",)
-    if isinstance(components, str):
-        components = (components,)
-    components = tuple(components)
-    if not components:
-        raise ValueError(f"components is empty; choose from {ALL_COMPONENTS}")
-    for c in components:
-        if c not in ALL_COMPONENTS:
-            raise ValueError(f"components has unknown entry {c!r}; choose from {ALL_COMPONENTS}")
-        if c != "value" and c not in sites.units:
-            raise ValueError(
-                f"components has {c!r}, which is not defined for this {sites.arch} model; "
-                f"available: {sites.components + ('value',)}"
-            )
-    return components
+    """``components`` checked by :func:`~tl_directional.components.check_components` against
+    the residual components the model defines plus ``"value"`` (the default: all of them)."""
+    return check_components(components, sites.components + ("value",), arch=sites.arch)
 
 
 def _token_mask(attention_mask: Tensor, positions, exclude_first_token: bool) -> Tensor:
@@ -584,7 +571,7 @@ def profile(
     batch = prepare_inputs(model, inputs, attention_mask)
     exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
     check_positions_select(positions, batch)
-    device = _model_device(model)
+    device = device_of(model)
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
         verify_sites(model, sites, first.tokens[:, :64], first.attention_mask[:, :64])
@@ -666,13 +653,6 @@ def _all_reduce_accumulator(acc: _Accumulator) -> None:
                           device=acc.factorization_error.device)
     dist.all_reduce(counts)
     acc.tokens_seen, acc.sequences_seen = int(counts[0]), int(counts[1])
-
-
-def _model_device(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # pragma: no cover
-        return torch.device("cpu")
 
 
 def _streaming_hooks(acc: _Accumulator, sites: ModelSites, model, state: dict) -> list:

@@ -23,6 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .adapter import capture, device_of
+from .components import check_components
 from .geometry import DEFAULT_EPS, decompose, patch_components
 from .inputs import prepare_inputs, token_ids
 from .sites import (
@@ -145,9 +146,7 @@ def directional_patch(
             f"clean and corrupted must have the same token shape and padding, got {tuple(c_batch.tokens.shape)} "
             f"and {tuple(x_batch.tokens.shape)}; pad or choose prompts of equal token length"
         )
-    for c in components:
-        if c != "value" and c not in sites.units:
-            raise ValueError(f"components has {c!r}; choose from {sites.components + ('value',)}")
+    components = check_components(components, sites.components + ("value",), arch=sites.arch)
     layer_list = normalize_layers(layers, sites.n_layers)
     head_list = normalize_heads(heads, sites.n_heads) or list(range(sites.n_heads))
     device = device_of(model)

@@ -22,8 +22,9 @@ from torch import Tensor
 
 # Lane internals live in the adapter (lane_of / architecture_name are re-exported here).
 from .adapter import architecture_name, capture, is_encoder, is_parallel, lane_of
+from .components import RESIDUAL_COMPONENTS
 
-COMPONENTS = ("attn", "mlp", "block")
+COMPONENTS = RESIDUAL_COMPONENTS  # the residual components, in their order (one home: components.py)
 
 SEQUENTIAL = "sequential"  # pre-LN, attn then MLP (GPT-2, Llama, Qwen, Mistral)
 PARALLEL = "parallel"  # pre-LN, attn and MLP read the same stream (GPT-J, Pythia/NeoX)

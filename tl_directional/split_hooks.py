@@ -37,8 +37,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .adapter import add_hook_point, remove_hook_point
+from .components import check_components
 from .geometry import DEFAULT_EPS, parallel_part
 from .sites import expand_kv_heads, normalize_layers, resolve_sites
+
+#: The updates that can carry split hook points (residual attention / MLP, value space).
+SPLIT_COMPONENTS = ("attn", "mlp", "value")
 
 
 def _hook_point_class():
@@ -89,9 +93,8 @@ def attach_split_hook_points(model, *, components=("attn", "mlp", "value"), laye
     sites = resolve_sites(model, warn=False)
     HookPoint = _hook_point_class()
     handle = SplitHookPoints(model)
-    for c in components:
-        if c not in ("attn", "mlp", "value"):
-            raise ValueError(f"components has {c!r}; choose from ('attn', 'mlp', 'value')")
+    components = check_components(components, sites.components + ("value",), allowed=SPLIT_COMPONENTS,
+                                  arch=sites.arch)
     try:
         for L in normalize_layers(layers, sites.n_layers):
             for c in components:

@@ -20,10 +20,11 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 import pandas as pd
 import torch
@@ -31,16 +32,9 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .adapter import device_of
 from .distributed import rank_and_world, release_captured_groups
-from .edit import (
-    DiagonalRemoval,
-    Edit,
-    EffectiveDiagonal,
-    ResidualScale,
-    ValueScale,
-    apply_edits,
-    scales,
-)
+from .edit import EDIT_SPACES, Edit, apply_edits, edit_space, edits_for_space, scales
 from .fileio import (
     SEAL_KEY,
     ArtefactError,
@@ -53,17 +47,9 @@ from .fileio import (
 from .inputs import TokenBatch, iter_batches, prepare_inputs, scale_list
 from .sites import normalize_layers, resolve_sites
 
-# Space name -> how a (s_par, s_perp, layers) setting becomes edits.
-SPACES: dict[str, str] = {
-    "value": "value space, full aggregate vs own value (V-Para), attn.hook_z",
-    "value-exclusive": "value space, cross aggregate vs own value, self message kept, attn.hook_z",
-    "resid-attn": "residual space, attention update vs resid_pre",
-    "resid-mlp": "residual space, MLP update vs its reference",
-    "resid-both": "residual space, attention and MLP updates",
-    "block": "residual space, block update (resid_post - resid_pre) vs resid_pre",
-    "hard-diag": "hard diagonal removal in the pattern (A_tt := 0, renormalised); scales ignored",
-    "eff-diag": "effective diagonal in the pattern, A_tt += (s_par - 1) beta_t (s_perp must be 1)",
-}
+#: The sweep's space names with their descriptions: a read-only view of
+#: :data:`tl_directional.edit.EDIT_SPACES` (the one registry), kept for ``from sweep import SPACES``.
+SPACES: Mapping[str, str] = MappingProxyType({name: space.description for name, space in EDIT_SPACES.items()})
 METRICS = ("loss", "ppl", "kl", "top1_agree")
 
 
@@ -77,46 +63,29 @@ class Setting:
     layers: tuple[int, ...] | None = None
 
     def __post_init__(self):
-        if self.space not in SPACES:
-            raise ValueError(f"space must be one of {sorted(SPACES)}, got {self.space!r}")
+        edit_space(self.space, "space")  # a ValueError naming the valid spaces
         for name in ("s_par", "s_perp"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise ValueError(f"{name} must be a finite number, got {v!r}")
-        if self.space == "eff-diag" and self.s_perp != 1.0:
-            raise ValueError("space 'eff-diag' scales only the parallel part: s_perp must be 1")
+        EDIT_SPACES[self.space].check_scales(self.s_perp)
 
     @property
     def label(self) -> str:
         layers = "all" if self.layers is None else ",".join(map(str, self.layers))
-        if self.space == "hard-diag":
-            return f"hard-diag[L={layers}]"
+        if not EDIT_SPACES[self.space].scaled:
+            return f"{self.space}[L={layers}]"
         return f"{self.space}[s_par={self.s_par:g},s_perp={self.s_perp:g},L={layers}]"
 
     @property
     def is_identity(self) -> bool:
-        return self.space != "hard-diag" and self.s_par == 1.0 and self.s_perp == 1.0
+        return EDIT_SPACES[self.space].scaled and self.s_par == 1.0 and self.s_perp == 1.0
 
     def edits(self, s_par=None, s_perp=None) -> list[Edit]:
         """The edits of this setting; ``s_par`` / ``s_perp`` override the scales (e.g. per-row)."""
         sp = self.s_par if s_par is None else s_par
         sq = self.s_perp if s_perp is None else s_perp
-        layers = None if self.layers is None else list(self.layers)
-        if self.space == "value":
-            return [ValueScale(sp, sq, mode="full", layers=layers)]
-        if self.space == "value-exclusive":
-            return [ValueScale(sp, sq, mode="exclusive", layers=layers)]
-        if self.space == "resid-attn":
-            return [ResidualScale("attn", sp, sq, layers=layers)]
-        if self.space == "resid-mlp":
-            return [ResidualScale("mlp", sp, sq, layers=layers)]
-        if self.space == "resid-both":
-            return [ResidualScale("attn", sp, sq, layers=layers), ResidualScale("mlp", sp, sq, layers=layers)]
-        if self.space == "block":
-            return [ResidualScale("block", sp, sq, layers=layers)]
-        if self.space == "hard-diag":
-            return [DiagonalRemoval(layers=layers)]
-        return [EffectiveDiagonal(sp, layers=layers)]
+        return edits_for_space(self.space, sp, sq, self.layers)
 
 
 def grid(
@@ -134,7 +103,7 @@ def grid(
     if isinstance(spaces, str):
         spaces = [s.strip() for s in spaces.split(",") if s.strip()]
     if not spaces:
-        raise ValueError("spaces is empty; choose from " + ", ".join(sorted(SPACES)))
+        raise ValueError("spaces is empty; choose from " + ", ".join(sorted(EDIT_SPACES)))
     s_par, s_perp = scale_list(s_par, "s_par"), scale_list(s_perp, "s_perp")  # 0.5, "-1,0" or lists
     if layers is not None and any(isinstance(ls, int) for ls in layers):
         raise TypeError(f"layers={layers!r} must be a list of layer sets, e.g. [[0, 1]] for one setting on "
@@ -142,15 +111,15 @@ def grid(
     layer_sets = [None] if layers is None else [None if ls is None else tuple(int(x) for x in ls) for ls in layers]
     out: list[Setting] = []
     for space in spaces:
-        if space not in SPACES:
-            raise ValueError(f"spaces has unknown space {space!r}; choose from {', '.join(sorted(SPACES))}")
+        if space not in EDIT_SPACES:
+            raise ValueError(f"spaces has unknown space {space!r}; choose from {', '.join(sorted(EDIT_SPACES))}")
         for ls in layer_sets:
-            if space == "hard-diag":
+            if not EDIT_SPACES[space].scaled:
                 out.append(Setting(space, 1.0, 1.0, ls))
                 continue
             for sp in s_par:
                 for sq in s_perp:
-                    if space == "eff-diag" and float(sq) != 1.0:
+                    if not EDIT_SPACES[space].perp and float(sq) != 1.0:
                         continue
                     out.append(Setting(space, float(sp), float(sq), ls))
     seen, unique = set(), []
@@ -308,10 +277,6 @@ def batch_metric_sums(
 # ---------------------------------------------------------------------------
 # sweep
 # ---------------------------------------------------------------------------
-
-
-def _model_device(model) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _forward(model, batch: TokenBatch):
@@ -611,7 +576,7 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
     sums = {s.label: state.sums.get(s.label, MetricSums()) for s in settings}
     base_sums = state.sums.get("__baseline__", MetricSums())
 
-    device = _model_device(model)
+    device = device_of(model)
     groups = _stack_groups(settings, stack)
     start = _prefix_start(settings) if shared_prefix else None
     todo = [i for i in range(len(batches)) if i % world == rank and i >= state.batches_done]
@@ -690,7 +655,7 @@ class _Evaluator:
     def __init__(self, model, inputs, batch_size: int, attention_mask=None):
         self.model = model
         batch = prepare_inputs(model, inputs, attention_mask, min_tokens=2)
-        device = _model_device(model)
+        device = device_of(model)
         self.batches = [b.to(device) for b in iter_batches(batch, batch_size)]
         with torch.no_grad():
             self.base = [BaselineStats(_forward(model, b), b.tokens, b.attention_mask) for b in self.batches]
@@ -749,7 +714,7 @@ def find_safe_scale(
     """Widest interval ``[lo, hi]`` containing 1 for one scale whose damage stays within ``budget``.
 
     Args:
-        edit_factory: a space name from :data:`SPACES` or a callable
+        edit_factory: a scaled space name from :data:`~tl_directional.edit.EDIT_SPACES` or a callable
             ``f(s_par=..., s_perp=..., layers=...) -> Edit | [Edit]``.
         budget: the largest allowed ``metric`` (``delta_loss`` in nats, or ``kl``).
         which: ``"s_par"`` or ``"s_perp"`` (the other scale stays 1).
@@ -780,8 +745,9 @@ def find_safe_scale(
         raise ValueError(f"grid_points must be >= 2, got {grid_points}")
     if isinstance(edit_factory, str):
         space = edit_factory
-        if space not in SPACES or space == "hard-diag":
-            raise ValueError(f"edit_factory space must be one of {sorted(set(SPACES) - {'hard-diag'})}, got {space!r}")
+        scaled = sorted(name for name, sp in EDIT_SPACES.items() if sp.scaled)  # hard-diag has no scale to search
+        if space not in scaled:
+            raise ValueError(f"edit_factory space must be one of {scaled}, got {space!r}")
 
         def factory(s_par=1.0, s_perp=1.0, layers=None):
             return Setting(space, s_par, s_perp, None if layers is None else tuple(layers)).edits()

@@ -40,6 +40,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from .components import check_components
+from .edit import EDIT_SPACES
 from .inputs import prepare_inputs
 from .measure import FACTORIZATION_METRICS
 from .page import Report, circuitsvis_js, library_script, plotly_js
@@ -436,7 +437,7 @@ def sweep_curves(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl
     fig = go.Figure()
     for (space, layers), part in df.groupby(["space", "layers"], sort=False):
         name = space if layers == "all" else f"{space} L={layers}"
-        if space == "hard-diag":
+        if space in EDIT_SPACES and not EDIT_SPACES[space].scaled:  # hard-diag: no scale axis
             for v in part[y]:
                 fig.add_hline(y=float(v), line_dash="dash", line_color="#7f7f7f",
                               annotation_text=f"{name}: {float(v):.3g}", annotation_position="top left")

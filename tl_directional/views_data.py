@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from .edit import DiagonalRemoval, EffectiveDiagonal, edit_hooks
+from .adapter import capture_hooks, device_of
+from .edit import edit_hooks, edits_for_space
 from .inputs import pad_sequences, prepare_inputs
 from .measure import profile as run_profile
 from .sites import normalize_index, resolve_sites
@@ -47,19 +48,14 @@ def check_layer_head(sites, layer: int, head: int | None) -> tuple[int, int | No
     return layer, None if head is None else normalize_index(head, sites.n_heads, "head", "head")
 
 
-def _device(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # pragma: no cover
-        return torch.device("cpu")
-
-
 def triptych_edits(layer: int, head: int, s_par: float = 0.0) -> dict[str, list]:
-    """The three settings of the paper's three-map figure, scoped to one head."""
+    """The three settings of the paper's three-map figure, scoped to one head: the
+    ``hard-diag`` and ``eff-diag`` spaces of :data:`~tl_directional.edit.EDIT_SPACES`."""
     return {
         "baseline": [],
-        "hard diagonal removal": [DiagonalRemoval(layers=[layer], heads=[head])],
-        f"V-Para effective diagonal (s_par={s_par:g})": [EffectiveDiagonal(s_par, layers=[layer], heads=[head])],
+        "hard diagonal removal": edits_for_space("hard-diag", layers=[layer], heads=[head]),
+        f"V-Para effective diagonal (s_par={s_par:g})": edits_for_space("eff-diag", s_par, layers=[layer],
+                                                                         heads=[head]),
     }
 
 
@@ -86,22 +82,17 @@ def edited_patterns(
     """
     sites = resolve_sites(model, warn=False)
     layer, head = check_layer_head(sites, layer, head)
-    tokens = one_sequence(model, inputs, sequence, max_tokens).to(_device(model))
+    tokens = one_sequence(model, inputs, sequence, max_tokens).to(device_of(model))
     edits = triptych_edits(layer, head) if edits is None else edits
     hook_name = sites.value[layer].pattern_hook
     out: dict[str, np.ndarray] = {}
     for name, ed in edits.items():
         store: dict = {}
-
-        def capture(pattern, hook, store=store):  # noqa: ARG001 - TL hook signature
-            store["p"] = pattern[0, head].detach().float().cpu().numpy()
-            return pattern
-
-        hooks = edit_hooks(model, *ed) + [(hook_name, capture)]
+        hooks = edit_hooks(model, *ed) + capture_hooks([hook_name], store)  # after the edits' hooks
         model.run_with_hooks(tokens, attention_mask=torch.ones_like(tokens), return_type=None, fwd_hooks=hooks)
-        if "p" not in store:  # pragma: no cover - hook names come from resolve_sites
+        if hook_name not in store:  # pragma: no cover - hook names come from resolve_sites
             raise RuntimeError(f"{hook_name} did not fire")
-        out[name] = store["p"]
+        out[name] = store[hook_name][0, head].float().cpu().numpy()
     return str_tokens(model, tokens[0]), out
 
 

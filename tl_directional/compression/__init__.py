@@ -25,7 +25,14 @@ from ..compress import (
     save_compressed,
 )
 from .charts import svg_chart
-from .gate import GATE_METRICS, GATE_UNITS, CheckResult, compress_check, nonfinite_parameters
+from .gate import (
+    GATE_COMPONENTS,
+    GATE_METRICS,
+    GATE_UNITS,
+    CheckResult,
+    compress_check,
+    nonfinite_parameters,
+)
 from .geometry import (
     MODES,
     CompatibilityError,
@@ -45,6 +52,7 @@ __all__ = [
     "summarize",
     # the gate
     "GATE_METRICS",
+    "GATE_COMPONENTS",
     "GATE_UNITS",
     "CheckResult",
     "compress_check",

@@ -6,6 +6,7 @@ The command ``tl-directional compress-check`` (in :mod:`tl_directional.cli`) run
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -20,13 +21,17 @@ from .charts import svg_chart
 from .geometry import _normalize_targets, compression_geometry
 
 GATE_METRICS = ("err_perp_energy", "err_perp_over_update", "err_perp_energy_vs_resid")
-GATE_UNITS = ("attn", "mlp", "block", "all")
+#: What ``compress_check(component=...)`` / ``--component`` accepts.
+GATE_COMPONENTS = ("attn", "mlp", "block", "all")
+GATE_UNITS = GATE_COMPONENTS  # the former name, kept for imports
 
 
 @dataclass
 class CheckResult:
     """Outcome of :func:`compress_check`. ``passed`` is the verdict; ``table`` has every
-    checked (layer, unit) row with a ``status`` column; ``reasons`` says why it failed."""
+    checked (layer, component) row with a ``status`` column (the component in its ``unit``
+    column, as in :func:`compression_geometry`); ``units`` are the checked components;
+    ``reasons`` says why it failed."""
 
     passed: bool
     threshold: float
@@ -108,25 +113,32 @@ def nonfinite_parameters(model) -> list[tuple[str, int]]:
     return out
 
 
-def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: str = "block", mode: str = "local",
-                   metric: str = "err_perp_energy", batch_size: int = 8, fail_on_removed_update: bool = True,
-                   dense_name: str = "dense", compressed_name: str = "compressed", progress: bool = False,
-                   geometry: pd.DataFrame | None = None) -> CheckResult:
-    """Label-free gate: pass when the perpendicular error of every checked (layer, unit) row
-    stays within ``max_perp_error``.
+def compress_check(dense, compressed, inputs, *, max_perp_error: float, component: str = "block",
+                   mode: str = "local", metric: str = "err_perp_energy", batch_size: int = 8,
+                   fail_on_removed_update: bool = True, dense_name: str = "dense",
+                   compressed_name: str = "compressed", progress: bool = False,
+                   geometry: pd.DataFrame | None = None, unit: str | None = None) -> CheckResult:
+    """Label-free gate: pass when the perpendicular error of every checked (layer, component)
+    row stays within ``max_perp_error``.
 
     Args:
-        unit: ``"attn"``, ``"mlp"``, ``"block"`` (default; post-LN models have no block, so
-            their attention and MLP are checked) or ``"all"``.
+        component: ``"attn"``, ``"mlp"``, ``"block"`` (default; post-LN models have no block,
+            so their attention and MLP are checked) or ``"all"``.
         metric: ``"err_perp_energy"`` (headline), ``"err_perp_over_update"`` (per-token mean)
             or ``"err_perp_energy_vs_resid"``.
         fail_on_removed_update: also fail when a unit's compressed update is exactly zero (a
             dropped layer: its error is purely parallel, so a perpendicular threshold cannot
             see it).
         geometry: reuse a table from :func:`compression_geometry` instead of measuring.
+        unit: deprecated alias of ``component`` (warns).
     """
-    if unit not in GATE_UNITS:
-        raise ValueError(f"unit must be one of {GATE_UNITS}, got {unit!r}")
+    argument = "component"
+    if unit is not None:
+        warnings.warn("compress_check(unit=...) is deprecated; pass component=...", DeprecationWarning,
+                      stacklevel=2)
+        component, argument = unit, "unit"
+    if component not in GATE_COMPONENTS:
+        raise ValueError(f"{argument} must be one of {GATE_COMPONENTS}, got {component!r}")
     # Checked before the metric: a NaN / inf weight is a FAIL even where no metric would see it
     # (``ln_f``, the unembedding) and it would otherwise turn the metrics into NaN.
     if metric not in GATE_METRICS:
@@ -138,12 +150,12 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: st
     if not (threshold >= 0 and threshold < float("inf")):
         raise ValueError(f"max_perp_error must be a finite number >= 0, got {max_perp_error!r}")
     sites = resolve_sites(dense, warn=False)
-    if unit == "all":
+    if component == "all":
         units = sites.components
-    elif unit == "block" and "block" not in sites.units:
+    elif component == "block" and "block" not in sites.units:
         units = ("attn", "mlp")
     else:
-        units = (unit,)
+        units = (component,)
     models = [("dense", dense)] + [(name, m) for name, m, _ in _normalize_targets(compressed)]
     bad_weights = [f"{which} {name} ({count} non-finite values)"
                    for which, model in models for name, count in nonfinite_parameters(model)]
@@ -154,7 +166,7 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: st
         return CheckResult(False, threshold, metric, tuple(units), mode, empty, reasons, pd.DataFrame(),
                            dense_name, compressed_name)
     if geometry is None:
-        geometry = compression_geometry(dense, compressed, inputs, mode=mode, units=units,
+        geometry = compression_geometry(dense, compressed, inputs, mode=mode, components=units,
                                         batch_size=batch_size, progress=progress)
     table = geometry[geometry.unit.isin(units)].copy()
     finite = table["finite"].astype(bool) if "finite" in table else pd.Series(True, index=table.index)
@@ -184,4 +196,4 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, unit: st
                        geometry, dense_name, compressed_name)
 
 
-__all__ = ["GATE_METRICS", "GATE_UNITS", "CheckResult", "compress_check", "nonfinite_parameters"]
+__all__ = ["GATE_COMPONENTS", "GATE_METRICS", "GATE_UNITS", "CheckResult", "compress_check", "nonfinite_parameters"]

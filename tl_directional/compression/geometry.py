@@ -55,6 +55,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..adapter import capture_hooks, device_of
 from ..components import RESIDUAL_COMPONENTS, check_components
 from ..compress import CompressionRecord, CompressionResult
 from ..distributed import rank_and_world
@@ -268,13 +269,6 @@ def summarize(sums: Tensor, mode: str) -> dict[str, float | int]:
     return out
 
 
-def _model_device(model) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # pragma: no cover
-        return torch.device("cpu")
-
-
 def _normalize_targets(compressed) -> list[tuple[str, object, CompressionRecord | None]]:
     def one(name, obj):
         if isinstance(obj, CompressionResult):
@@ -340,13 +334,7 @@ class _Runner:
             if self.mode == "global":
                 names.add(s.sum_hook)
 
-        def keep(name):
-            def hook(t, hook):  # noqa: ARG001
-                store[name] = t.detach()
-                return t
-            return hook
-
-        return [(n, keep(n)) for n in sorted(names)]
+        return capture_hooks(names, store)
 
     # -- compressed ------------------------------------------------------------------------
     def compressed_hooks(self, model, step: dict, dense_store: dict, state: dict, target, *, check_side=False):
@@ -599,7 +587,7 @@ def compression_geometry(
     units = _components(components, sites, argument)
     layers = normalize_layers(layers, sites.n_layers)
     batch = prepare_inputs(dense, inputs, attention_mask)
-    device = _model_device(dense)
+    device = device_of(dense)
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
         verify_sites(dense, sites, first.tokens[:, :64], first.attention_mask[:, :64])

@@ -14,27 +14,53 @@ import torch
 from .hf import ARCH_TO_FAMILY, DEFAULT_PREPEND_BOS, hf_architecture
 
 
-def _rope_theta(hf_config: Any, default: float = 10000.0) -> float:
-    """Rotary base under either transformers spelling (4.x attribute or 5.x rope_parameters)."""
+def _rope_value(hf_config: Any, key: str, attrs: tuple[str, ...], default: float) -> float:
+    """A rotary setting under either transformers spelling: ``rope_parameters[key]`` (5.x),
+    else the first of the 4.x attributes ``attrs`` that is set, else ``default``."""
     params = getattr(hf_config, "rope_parameters", None)
-    if isinstance(params, dict) and params.get("rope_theta") is not None:
-        return float(params["rope_theta"])
-    for attr in ("rope_theta", "rotary_emb_base"):
+    if isinstance(params, dict) and params.get(key) is not None:
+        return float(params[key])
+    for attr in attrs:
         value = getattr(hf_config, attr, None)
         if value is not None:
             return float(value)
     return default
 
 
+def _rope_theta(hf_config: Any, default: float = 10000.0) -> float:
+    """Rotary base under either transformers spelling (4.x attribute or 5.x rope_parameters)."""
+    return _rope_value(hf_config, "rope_theta", ("rope_theta", "rotary_emb_base"), default)
+
+
 def _partial_rotary(hf_config: Any) -> float:
-    params = getattr(hf_config, "rope_parameters", None)
-    if isinstance(params, dict) and params.get("partial_rotary_factor") is not None:
-        return float(params["partial_rotary_factor"])
-    for attr in ("rotary_pct", "partial_rotary_factor"):
-        value = getattr(hf_config, attr, None)
-        if value is not None:
-            return float(value)
-    return 1.0
+    """Share of each head's dimensions that rotate (1.0 unless the config says otherwise)."""
+    return _rope_value(hf_config, "partial_rotary_factor", ("rotary_pct", "partial_rotary_factor"), 1.0)
+
+
+def _shape_fields(c: Any, *, d_head: int, eps: float, act_fn: str, n_ctx: int | None = None) -> dict:
+    """The shape fields of a config with the usual HF names (``hidden_size``,
+    ``num_attention_heads``, ``intermediate_size``, ``num_hidden_layers``, ...)."""
+    return {
+        "d_model": c.hidden_size,
+        "d_head": d_head,
+        "n_heads": c.num_attention_heads,
+        "d_mlp": c.intermediate_size,
+        "n_layers": c.num_hidden_layers,
+        "n_ctx": c.max_position_embeddings if n_ctx is None else n_ctx,
+        "eps": eps,
+        "d_vocab": c.vocab_size,
+        "act_fn": act_fn,
+    }
+
+
+def _rotary_fields(rotary_dim: int, base: float) -> dict:
+    """Rotary positions with TL's half-split (not adjacent-pair) layout, as HF's models use."""
+    return {
+        "positional_embedding_type": "rotary",
+        "rotary_adjacent_pairs": False,
+        "rotary_dim": rotary_dim,
+        "rotary_base": base,
+    }
 
 
 def check_rope_scaling(hf_config: Any, arg_path: Path) -> None:
@@ -86,42 +112,20 @@ def legacy_config_dict(hf_config: Any, *, device: Any = "cpu", dtype: Any = torc
         d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         n_kv = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
         d = {
-            "d_model": c.hidden_size,
-            "d_head": d_head,
-            "n_heads": c.num_attention_heads,
-            "d_mlp": c.intermediate_size,
-            "n_layers": c.num_hidden_layers,
-            "n_ctx": c.max_position_embeddings,
-            "eps": c.rms_norm_eps,
-            "d_vocab": c.vocab_size,
-            "act_fn": c.hidden_act,
+            **_shape_fields(c, d_head=d_head, eps=c.rms_norm_eps, act_fn=c.hidden_act),
             # TL switches to grouped-query attention iff this is not None.
             "n_key_value_heads": n_kv if n_kv != c.num_attention_heads else None,
             "normalization_type": "RMS",
-            "positional_embedding_type": "rotary",
-            "rotary_adjacent_pairs": False,
-            "rotary_dim": d_head,
-            "rotary_base": _rope_theta(c),
+            **_rotary_fields(d_head, _rope_theta(c)),
             "final_rms": True,
             "gated_mlp": True,
         }
     elif family == "neox":
         d_head = c.hidden_size // c.num_attention_heads
         d = {
-            "d_model": c.hidden_size,
-            "d_head": d_head,
-            "n_heads": c.num_attention_heads,
-            "d_mlp": c.intermediate_size,
-            "n_layers": c.num_hidden_layers,
-            "n_ctx": c.max_position_embeddings,
-            "eps": c.layer_norm_eps,
-            "d_vocab": c.vocab_size,
-            "act_fn": c.hidden_act,
+            **_shape_fields(c, d_head=d_head, eps=c.layer_norm_eps, act_fn=c.hidden_act),
             "parallel_attn_mlp": bool(getattr(c, "use_parallel_residual", True)),
-            "positional_embedding_type": "rotary",
-            "rotary_adjacent_pairs": False,
-            "rotary_dim": round(_partial_rotary(c) * d_head),
-            "rotary_base": _rope_theta(c),
+            **_rotary_fields(round(_partial_rotary(c) * d_head), _rope_theta(c)),
             "normalization_type": "LN",
         }
         if not d["parallel_attn_mlp"]:
@@ -130,15 +134,7 @@ def legacy_config_dict(hf_config: Any, *, device: Any = "cpu", dtype: Any = torc
             )
     elif family == "bert":
         d = {
-            "d_model": c.hidden_size,
-            "d_head": c.hidden_size // c.num_attention_heads,
-            "n_heads": c.num_attention_heads,
-            "d_mlp": c.intermediate_size,
-            "n_layers": c.num_hidden_layers,
-            "n_ctx": c.max_position_embeddings,
-            "eps": c.layer_norm_eps,
-            "d_vocab": c.vocab_size,
-            "act_fn": "gelu",
+            **_shape_fields(c, d_head=c.hidden_size // c.num_attention_heads, eps=c.layer_norm_eps, act_fn="gelu"),
             "attention_dir": "bidirectional",
         }
     elif family == "gemma3":
@@ -187,20 +183,10 @@ def _legacy_gemma3_fields(c: Any) -> dict:
     glob, local = _gemma3_rope_bases(c)
     d_head = c.head_dim
     return {
-        "d_model": c.hidden_size,
-        "d_head": d_head,
-        "n_heads": c.num_attention_heads,
-        "d_mlp": c.intermediate_size,
-        "n_layers": c.num_hidden_layers,
-        "n_ctx": min(int(c.max_position_embeddings), LEGACY_MAX_CTX),
-        "eps": c.rms_norm_eps,
-        "d_vocab": c.vocab_size,
-        "act_fn": c.hidden_activation,
+        **_shape_fields(c, d_head=d_head, eps=c.rms_norm_eps, act_fn=c.hidden_activation,
+                        n_ctx=min(int(c.max_position_embeddings), LEGACY_MAX_CTX)),
         "normalization_type": "RMS",
-        "positional_embedding_type": "rotary",
-        "rotary_dim": d_head,
-        "rotary_adjacent_pairs": False,
-        "rotary_base": glob,
+        **_rotary_fields(d_head, glob),
         "rotary_base_local": local,
         "use_attn_scale": True,
         "attn_scale": float(c.query_pre_attn_scalar) ** 0.5,

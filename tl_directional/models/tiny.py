@@ -30,6 +30,59 @@ def _check_positive_int(name: str, value: Any) -> int:
     return value
 
 
+#: The usual HF names of the shape arguments (Llama, GPT-NeoX, BERT, Gemma-3 configs).
+_HF_SHAPE = {"vocab_size": "vocab_size", "hidden_size": "d_model", "intermediate_size": "d_mlp",
+             "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads", "max_position_embeddings": "n_ctx"}
+
+#: family -> (``transformers`` config class, {HF argument: shape argument}, fixed settings).
+#: Dropout is 0 everywhere.
+_CONFIGS: dict[str, tuple[str, dict[str, str], dict[str, Any]]] = {
+    "gpt2": ("GPT2Config",
+             {"vocab_size": "vocab_size", "n_positions": "n_ctx", "n_embd": "d_model", "n_layer": "n_layers",
+              "n_head": "n_heads", "n_inner": "d_mlp"},
+             dict(activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                  summary_first_dropout=0.0, layer_norm_epsilon=1e-5, scale_attn_by_inverse_layer_idx=False,
+                  reorder_and_upcast_attn=False, tie_word_embeddings=True)),
+    "llama": ("LlamaConfig",
+              {**_HF_SHAPE, "num_key_value_heads": "n_kv_heads", "head_dim": "d_head"},
+              dict(rms_norm_eps=1e-5, rope_theta=10000.0, hidden_act="silu", attention_bias=False, mlp_bias=False,
+                   attention_dropout=0.0, tie_word_embeddings=False)),
+    # Pythia-style partial rotary: a quarter of each head's dims rotate.
+    "neox": ("GPTNeoXConfig", _HF_SHAPE,
+             dict(rotary_pct=0.25, rotary_emb_base=10000, use_parallel_residual=True, hidden_act="gelu",
+                  layer_norm_eps=1e-5, hidden_dropout=0.0, attention_dropout=0.0, classifier_dropout=0.0,
+                  tie_word_embeddings=False)),
+    "bert": ("BertConfig", _HF_SHAPE,
+             dict(hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                  classifier_dropout=0.0, layer_norm_eps=1e-12, type_vocab_size=2, tie_word_embeddings=True)),
+    # Gemma-3 text decoder in miniature: sandwich norms (a norm after attention and after the
+    # MLP, before each residual add), q/k norms, alternating sliding-window / full attention
+    # (window 6, so short test sequences exercise both), tied embeddings.
+    "gemma3": ("Gemma3TextConfig",
+               {**_HF_SHAPE, "num_key_value_heads": "n_kv_heads", "head_dim": "d_head",
+                "query_pre_attn_scalar": "d_head"},
+               dict(rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh", sliding_window=6,
+                    attn_logit_softcapping=None, final_logit_softcapping=None, attention_bias=False,
+                    attention_dropout=0.0, tie_word_embeddings=True)),
+}
+
+
+def _gemma3_extra(n_layers: int) -> dict[str, Any]:
+    """Gemma-3's layer types (every second layer full attention) and rotary bases, under
+    transformers 5's ``rope_parameters`` or 4's two attributes."""
+    extra: dict[str, Any] = {
+        "layer_types": ["full_attention" if (i + 1) % 2 == 0 else "sliding_attention" for i in range(n_layers)],
+    }
+    if transformers_major() >= 5:
+        extra["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        }
+    else:
+        extra.update(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)
+    return extra
+
+
 def hf_config(
     family: str,
     *,
@@ -45,120 +98,17 @@ def hf_config(
     """The ``transformers`` config of a ``family`` model, dropout 0 everywhere."""
     import transformers
 
-    ids = {"bos_token_id": special_id, "eos_token_id": special_id, "pad_token_id": special_id}
-    if family == "gpt2":
-        return transformers.GPT2Config(
-            vocab_size=vocab_size,
-            n_positions=n_ctx,
-            n_embd=d_model,
-            n_layer=n_layers,
-            n_head=n_heads,
-            n_inner=d_mlp,
-            activation_function="gelu_new",
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            summary_first_dropout=0.0,
-            layer_norm_epsilon=1e-5,
-            scale_attn_by_inverse_layer_idx=False,
-            reorder_and_upcast_attn=False,
-            tie_word_embeddings=True,
-            **ids,
-        )
-    if family == "llama":
-        return transformers.LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=d_model,
-            intermediate_size=d_mlp,
-            num_hidden_layers=n_layers,
-            num_attention_heads=n_heads,
-            num_key_value_heads=n_kv_heads,
-            head_dim=d_model // n_heads,
-            max_position_embeddings=n_ctx,
-            rms_norm_eps=1e-5,
-            rope_theta=10000.0,
-            hidden_act="silu",
-            attention_bias=False,
-            mlp_bias=False,
-            attention_dropout=0.0,
-            tie_word_embeddings=False,
-            **ids,
-        )
-    if family == "neox":
-        return transformers.GPTNeoXConfig(
-            vocab_size=vocab_size,
-            hidden_size=d_model,
-            num_hidden_layers=n_layers,
-            num_attention_heads=n_heads,
-            intermediate_size=d_mlp,
-            max_position_embeddings=n_ctx,
-            # Pythia-style partial rotary: a quarter of each head's dims rotate.
-            rotary_pct=0.25,
-            rotary_emb_base=10000,
-            use_parallel_residual=True,
-            hidden_act="gelu",
-            layer_norm_eps=1e-5,
-            hidden_dropout=0.0,
-            attention_dropout=0.0,
-            classifier_dropout=0.0,
-            tie_word_embeddings=False,
-            **ids,
-        )
-    if family == "bert":
-        return transformers.BertConfig(
-            vocab_size=vocab_size,
-            hidden_size=d_model,
-            num_hidden_layers=n_layers,
-            num_attention_heads=n_heads,
-            intermediate_size=d_mlp,
-            max_position_embeddings=n_ctx,
-            hidden_act="gelu",
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            classifier_dropout=0.0,
-            layer_norm_eps=1e-12,
-            type_vocab_size=2,
-            tie_word_embeddings=True,
-            **ids,
-        )
+    if family not in _CONFIGS:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
+    shape = {"n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "n_kv_heads": n_kv_heads,
+             "d_mlp": d_mlp, "n_ctx": n_ctx, "vocab_size": vocab_size, "d_head": d_model // n_heads}
+    class_name, names, fixed = _CONFIGS[family]
+    kwargs = {hf_name: shape[ours] for hf_name, ours in names.items()}
+    kwargs.update(fixed)
     if family == "gemma3":
-        # Gemma-3 text decoder in miniature: sandwich norms (a norm after attention and after the
-        # MLP, before each residual add), q/k norms, alternating sliding-window / full attention
-        # (window 6, so short test sequences exercise both), tied embeddings.
-        rope: dict[str, Any] = {}
-        if transformers_major() >= 5:
-            rope["rope_parameters"] = {
-                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-            }
-        else:
-            rope.update(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)
-        return transformers.Gemma3TextConfig(
-            vocab_size=vocab_size,
-            hidden_size=d_model,
-            intermediate_size=d_mlp,
-            num_hidden_layers=n_layers,
-            num_attention_heads=n_heads,
-            num_key_value_heads=n_kv_heads,
-            head_dim=d_model // n_heads,
-            query_pre_attn_scalar=d_model // n_heads,
-            max_position_embeddings=n_ctx,
-            rms_norm_eps=1e-6,
-            hidden_activation="gelu_pytorch_tanh",
-            sliding_window=6,
-            layer_types=[
-                "full_attention" if (i + 1) % 2 == 0 else "sliding_attention"
-                for i in range(n_layers)
-            ],
-            attn_logit_softcapping=None,
-            final_logit_softcapping=None,
-            attention_bias=False,
-            attention_dropout=0.0,
-            tie_word_embeddings=True,
-            **rope,
-            **ids,
-        )
-    raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
+        kwargs.update(_gemma3_extra(n_layers))
+    ids = {"bos_token_id": special_id, "eos_token_id": special_id, "pad_token_id": special_id}
+    return getattr(transformers, class_name)(**kwargs, **ids)
 
 
 def _hf_model_class(family: str) -> Any:

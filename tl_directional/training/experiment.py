@@ -100,40 +100,34 @@ def pre_edit_geometry(model: Any, tokens: torch.Tensor, edits: Sequence[Any] = (
     at that hook while ``edits`` are active (capture hooks are registered first, so they run
     first). Returns rows with energy ratios (``sqrt(sum par^2 / sum perp^2)``), mean ``beta`` /
     ``alpha`` and mean ``par_frac``."""
+    from ..adapter import capture_hooks
     from ..edit import edit_hooks
     from ..geometry import decompose
     from ..sites import resolve_sites
 
     sites = resolve_sites(model, warn=False)
-    got: dict[tuple[str, int], torch.Tensor] = {}
-
-    def grab(key: str, layer: int):
-        def hook(t, hook):  # noqa: ARG001
-            got[(key, layer)] = t.detach()
-            return t
-        return hook
-
-    capture = []
+    names = []
     for L in range(sites.n_layers):
-        capture += [(sites.value[L].v_hook, grab("v", L)), (sites.value[L].z_hook, grab("z", L))]
+        names += [sites.value[L].v_hook, sites.value[L].z_hook]
         for comp in ("attn", "mlp"):
             unit = sites.unit(comp, L)
-            capture += [(unit.reference_hook, grab(f"{comp}_ref", L)),
-                        (unit.update_hook, grab(f"{comp}_upd", L))]
+            names += [unit.reference_hook, unit.update_hook]
+    got: dict[str, torch.Tensor] = {}
     model.eval()
-    with model.hooks(fwd_hooks=capture + edit_hooks(model, *edits)):
+    with model.hooks(fwd_hooks=capture_hooks(names, got) + edit_hooks(model, *edits)):
         model(tokens, return_type="logits")
     start = 1 if exclude_first_token else 0
     rows = []
     for L in range(sites.n_layers):
-        v = got[("v", L)][:, start:]
+        v = got[sites.value[L].v_hook][:, start:]
         v = sites.expand_kv(v)
-        dv = decompose(got[("z", L)][:, start:], v)
+        dv = decompose(got[sites.value[L].z_hook][:, start:], v)
         ok = ~dv.degenerate
         row = {"layer": L, "value_energy_ratio": _energy(dv, ok), "value_beta_mean": float(dv.alpha[ok].mean()),
                "value_par_frac_mean": float(dv.par_frac[ok].mean())}
         for comp in ("attn", "mlp"):
-            d = decompose(got[(f"{comp}_upd", L)][:, start:], got[(f"{comp}_ref", L)][:, start:])
+            unit = sites.unit(comp, L)
+            d = decompose(got[unit.update_hook][:, start:], got[unit.reference_hook][:, start:])
             ok = ~d.degenerate
             row.update({f"{comp}_energy_ratio": _energy(d, ok), f"{comp}_alpha_mean": float(d.alpha[ok].mean()),
                         f"{comp}_par_frac_mean": float(d.par_frac[ok].mean())})

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..adapter import device_of
 from ..edit import Edit, edit_hooks
 from ..fileio import replace_dir
 from ..sites import lane_of
@@ -102,7 +103,7 @@ def evaluate_text(model: Any, text: str, *, n_ctx: int | None = None, batch_size
     total, count = 0.0, 0
     model.eval()
     for i in range(0, len(windows), batch_size):
-        chunk = windows[i:i + batch_size].to(model.cfg.device)
+        chunk = windows[i:i + batch_size].to(device_of(model))
         with model.hooks(fwd_hooks=hooks):
             loss = model(chunk, return_type="loss")
         total += float(loss) * len(chunk)
