@@ -675,7 +675,7 @@ def _model_device(model) -> torch.device:
         return torch.device("cpu")
 
 
-def _streaming_hooks(acc: _Accumulator, sites: ModelSites, model, state: dict) -> list:
+def _streaming_hooks(acc: _Accumulator, sites: ModelSites, model, state: dict) -> tuple[list, int]:
     """Read-only hooks, one function per hook name, that feed the accumulator, and the number
     of actions they run per forward (each counts itself in ``state["done"]``).
 

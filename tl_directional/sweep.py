@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .distributed import rank_and_world, release_captured_groups
@@ -166,7 +166,7 @@ def grid(
 # ---------------------------------------------------------------------------
 
 
-def prediction_mask(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos_minus_1"]:
+def prediction_mask(attention_mask: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos-1"]:
     """Positions ``t`` whose next token ``t + 1`` is a real token of the same sequence."""
     m = attention_mask.bool()
     return m[:, :-1] & m[:, 1:]
