@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -123,7 +124,7 @@ def grid(
     spaces: str | Sequence[str],
     s_par: Sequence[float] | float | str = (1.0,),
     s_perp: Sequence[float] | float | str = (1.0,),
-    layers: Sequence[Sequence[int] | None] | None = None,
+    layers: Any = None,
 ) -> list[Setting]:
     """The product grid of spaces x s_par x s_perp x layer sets (duplicates dropped).
 
