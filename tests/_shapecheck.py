@@ -11,11 +11,27 @@ where ``float`` is annotated (PEP 484's rule, which beartype leaves off by defau
 import os
 
 from beartype import BeartypeConf, beartype
+from beartype.roar import BeartypeDecorHintException
 
 ENABLED = os.environ.get("TLD_SHAPECHECK", "1") != "0"
 """Whether the suite runs with the import hook (anything but ``TLD_SHAPECHECK=0``)."""
 
-typechecker = beartype(conf=BeartypeConf(is_pep484_tower=True))
+_beartype = beartype(conf=BeartypeConf(is_pep484_tower=True))
+
+UNCHECKABLE: list = []
+"""Functions left unchecked because this beartype cannot check one of their hints (the legacy
+lane's beartype 0.14, which TransformerLens 2.18 requires, rejects ``os.PathLike[str]``);
+tests/test_shapecheck.py requires it empty from beartype 0.15 on."""
+
+
+def typechecker(func):
+    """beartype with the numeric tower; a function whose hints this beartype cannot check at
+    all is returned unchecked (and named in :data:`UNCHECKABLE`) instead of failing to import."""
+    try:
+        return _beartype(func)
+    except BeartypeDecorHintException:
+        UNCHECKABLE.append(func)
+        return func
 
 
 def install() -> None:
