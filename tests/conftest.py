@@ -24,17 +24,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-# Runtime shape checking (TLD_SHAPECHECK=1): jaxtyping's import hook decorates every function
-# and dataclass of the package with beartype (tests/_shapecheck.py), so each annotation, e.g.
-# ``Float[Tensor, "batch pos d_model"]``, is checked on every call (shapes bound per call). It
-# must be installed before anything imports tl_directional (the imports below do). Off by
-# default until the annotations it still rejects are fixed (listed in the issue-10 notes).
-if os.environ.get("TLD_SHAPECHECK") == "1":
-    from jaxtyping import install_import_hook  # noqa: E402
+# Runtime shape checking, on unless TLD_SHAPECHECK=0: jaxtyping's import hook decorates every
+# function and dataclass of the package with beartype (tests/_shapecheck.py), so each annotation,
+# e.g. ``Float[Tensor, "batch pos d_model"]``, is checked on every call (shapes bound per call).
+# It must be installed before anything imports tl_directional (the imports below do);
+# tests/test_shapecheck.py fails if it is not in force.
+import tests._shapecheck  # noqa: E402
 
-    import tests._shapecheck  # noqa: E402, F401 - the hook refers to it by name
-
-    install_import_hook("tl_directional", "tests._shapecheck.typechecker")
+if tests._shapecheck.ENABLED:
+    tests._shapecheck.install()
 
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -270,7 +270,8 @@ def test_real_split_dla_adds_up_to_the_logit_difference(real):
     from tl_directional.patching import _final_norm_linear
 
     with torch.no_grad():
-        emb = _final_norm_linear(model, None, cache["blocks.0.hook_resid_pre"][:, -1],
+        emb = _final_norm_linear(model, resolve_sites(model, warn=False),
+                                 cache["blocks.0.hook_resid_pre"][:, -1],
                                  cache["ln_final.hook_scale"][:, -1])
         direction = model.W_U[:, answer] - model.W_U[:, wrong]
     total = units.values + (emb * direction.T).sum(-1).detach().numpy()
@@ -353,7 +354,8 @@ def test_tiny_gemma3_split_dla(tiny_gemma):
 
     with torch.no_grad():
         logits, cache = tiny_gemma.run_with_cache(tokens)
-        emb = _final_norm_linear(tiny_gemma, None, cache["blocks.0.hook_resid_pre"][:, -1],
+        emb = _final_norm_linear(tiny_gemma, resolve_sites(tiny_gemma, warn=False),
+                                 cache["blocks.0.hook_resid_pre"][:, -1],
                                  cache["ln_final.hook_scale"][:, -1])
         direction = tiny_gemma.W_U[:, 3] - tiny_gemma.W_U[:, 4]
     total = units.groupby("sequence")["dla"].sum().values + (emb * direction).sum(-1).detach().numpy()

@@ -442,7 +442,7 @@ def _grouped(w: Tensor, group_size: int | None) -> tuple[Tensor, int]:
     return w.reshape(out_dim, -1, g), in_dim
 
 
-def rtn_matrix(w: Tensor, bits: int, group_size: int | None = None, symmetric: bool = True) -> Tensor:
+def rtn_matrix(w: Tensor, bits: Any, group_size: Any = None, symmetric: bool = True) -> Tensor:
     """Round-to-nearest quantize-dequantize of an ``[out, in]`` matrix.
 
     Symmetric: ``scale = absmax / (2^(b-1) - 1)``, integers in ``[-2^(b-1), 2^(b-1) - 1]``.
@@ -471,7 +471,7 @@ def rtn_matrix(w: Tensor, bits: int, group_size: int | None = None, symmetric: b
     return deq.reshape(w.shape[0], -1)[:, :in_dim]
 
 
-def magnitude_mask(score: Tensor, sparsity: float, *, per_row: bool) -> Tensor:
+def magnitude_mask(score: Tensor, sparsity: Any, *, per_row: bool) -> Tensor:
     """Keep-mask (True = kept) removing the ``sparsity`` fraction of smallest scores,
     per matrix or per row. Ties are broken by position, so the count is exact."""
     _check_sparsity(sparsity)
@@ -540,7 +540,7 @@ def _apply(model, method: str, params: dict, transform: Callable[[LinearWeight, 
     return CompressionResult(target, record)
 
 
-def quantize_rtn(model, bits: int = 4, *, group_size: int | None = None, symmetric: bool = True,
+def quantize_rtn(model, bits: Any = 4, *, group_size: Any = None, symmetric: bool = True,
                  layers=None, units: Sequence[str] = UNITS, keys=None) -> CompressionResult:
     """Round-to-nearest weight quantization (dequantized back into a copy of ``model``).
 
@@ -558,7 +558,7 @@ def quantize_rtn(model, bits: int = 4, *, group_size: int | None = None, symmetr
                   layers=layers, units=units, keys=keys)
 
 
-def quantize_awq(model, calibration, bits: int = 4, *, group_size: int | None = 128, symmetric: bool = False,
+def quantize_awq(model, calibration, bits: Any = 4, *, group_size: Any = 128, symmetric: bool = False,
                  alphas: Sequence[float] = tuple(i / 10 for i in range(11)), n_samples: int = 512,
                  batch_size: int = 8, layers=None, units: Sequence[str] = UNITS, keys=None,
                  stats: InputStats | None = None) -> CompressionResult:
@@ -600,7 +600,7 @@ def quantize_awq(model, calibration, bits: int = 4, *, group_size: int | None = 
     return res
 
 
-def prune_magnitude(model, sparsity: float = 0.5, *, n_m: tuple[int, int] | None = None, per_row: bool = False,
+def prune_magnitude(model, sparsity: Any = 0.5, *, n_m: Any = None, per_row: bool = False,
                     layers=None, units: Sequence[str] = UNITS, keys=None) -> CompressionResult:
     """Magnitude pruning: zero the ``sparsity`` fraction of smallest ``|W|`` in each weight
     matrix (``per_row=True``: in each output row), or keep the ``N`` largest of every
@@ -617,7 +617,7 @@ def prune_magnitude(model, sparsity: float = 0.5, *, n_m: tuple[int, int] | None
                   layers=layers, units=units, keys=keys)
 
 
-def prune_wanda(model, calibration, sparsity: float | None = 0.5, *, n_m: tuple[int, int] | None = None,
+def prune_wanda(model, calibration, sparsity: Any = 0.5, *, n_m: Any = None,
                 batch_size: int = 8, layers=None, units: Sequence[str] = UNITS, keys=None,
                 stats: InputStats | None = None) -> CompressionResult:
     """Wanda pruning (activation-aware): score ``|W_ij| * ||x_j||_2`` with input norms from
@@ -642,7 +642,7 @@ def prune_wanda(model, calibration, sparsity: float | None = 0.5, *, n_m: tuple[
     return res
 
 
-def low_rank(model, rank_fraction: float = 0.5, *, layers=None, units: Sequence[str] = UNITS,
+def low_rank(model, rank_fraction: Any = 0.5, *, layers=None, units: Sequence[str] = UNITS,
              keys=None) -> CompressionResult:
     """Replace each linear weight by its truncated SVD keeping ``rank_fraction`` of the
     full rank ``min(out, in)`` (at least rank 1)."""

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -550,7 +551,7 @@ def edits_for_space(name: str, s_par=1.0, s_perp=1.0, layers=None, *, heads=None
     return space.build(s_par, s_perp, **scope)
 
 
-def edit_hooks(model, *edits: Edit) -> HookList:
+def edit_hooks(model, *edits: Any) -> HookList:
     """All forward hooks of ``edits`` for ``model``, in order (so they compose in order)."""
     hooks: HookList = []
     for i, e in enumerate(edits):
@@ -564,7 +565,7 @@ def edit_hooks(model, *edits: Edit) -> HookList:
 
 
 @contextmanager
-def apply_edits(model, *edits: Edit):
+def apply_edits(model, *edits: Any):
     """Context manager: ``with apply_edits(model, ValueScale(0.0)): model(tokens)``.
 
     Hooks are added in order (edits compose in order, each taking its reference

@@ -18,6 +18,8 @@ never NaN.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -38,17 +40,17 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @dataclass(frozen=True)
-class Decomposition:
-    """Result of :func:`decompose`; every field is in the compute dtype.
+class SplitStats:
+    """Per-token scalars of the split of ``u`` against ``r`` (METHOD.md sec. 1), compute dtype.
 
-    Shapes: ``alpha`` and the metrics are ``[*batch]``; ``par`` and ``perp`` are
-    ``[*batch, d]``. ``par_sq`` / ``perp_sq`` are squared norms, kept so that
-    streaming summaries can form energy ratios without recomputing them.
+    Every field is ``[*batch]``. ``par_sq`` / ``perp_sq`` are the squared norms of the two
+    parts, kept so that streaming summaries can form energy ratios without recomputing them;
+    ``par_sq`` is 0 on degenerate tokens and ``perp_sq`` is ``||u - a r||^2`` (``||u||^2``
+    there). :func:`tl_directional.kernels.split_stats` returns these alone (for measuring);
+    :func:`decompose` returns them with the parts themselves (a :class:`Decomposition`).
     """
 
     alpha: Float[Tensor, "*batch"]
-    par: Float[Tensor, "*batch d"]
-    perp: Float[Tensor, "*batch d"]
     par_frac: Float[Tensor, "*batch"]
     par_perp_ratio: Float[Tensor, "*batch"]
     rel_update: Float[Tensor, "*batch"]
@@ -57,7 +59,17 @@ class Decomposition:
     perp_sq: Float[Tensor, "*batch"]
 
 
-def _check_pair(update: Tensor, reference: Tensor, *, names=("update", "reference")) -> None:
+@dataclass(frozen=True)
+class Decomposition(SplitStats):
+    """Result of :func:`decompose`: the :class:`SplitStats` scalars (``[*batch]``) and the
+    parts ``par`` and ``perp`` themselves (``[*batch, d]``); every field is in the compute dtype.
+    """
+
+    par: Float[Tensor, "*batch d"]
+    perp: Float[Tensor, "*batch d"]
+
+
+def _check_pair(update: object, reference: object, *, names=("update", "reference")) -> None:
     if not isinstance(update, Tensor) or not isinstance(reference, Tensor):
         raise TypeError(
             f"{names[0]} and {names[1]} must be torch tensors, got "
@@ -74,17 +86,49 @@ def _check_pair(update: Tensor, reference: Tensor, *, names=("update", "referenc
         raise TypeError(f"{names[0]} and {names[1]} must be floating point tensors")
 
 
+def _checks_vectors(*names: str):
+    """Decorator: check the tensor arguments ``names`` against the last of them (the
+    reference) with :func:`_check_pair` before the function runs.
+
+    The public functions below check their input this way rather than in their body, so that
+    a user's mistake gets this module's error (naming the argument and the fix) also under a
+    runtime type checker: jaxtyping's import hook puts its checker innermost, below this
+    wrapper, so the annotations are checked only once the input is known to be usable.
+    """
+    *vectors, ref = names
+
+    def decorate(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def checked(*args, **kwargs):
+            if len(args) >= len(names):
+                values = args[:len(names)]
+            else:
+                bound = signature.bind_partial(*args, **kwargs).arguments
+                if not all(n in bound for n in names):
+                    return fn(*args, **kwargs)  # Python's own missing-argument error
+                values = [bound[n] for n in names]
+            for name, value in zip(vectors, values[:-1], strict=True):
+                _check_pair(value, values[-1], names=(name, ref))
+            return fn(*args, **kwargs)
+
+        return checked
+
+    return decorate
+
+
+@_checks_vectors("update", "reference")
 def projection_coefficient(
-    update: Float[Tensor, "*batch d"],
-    reference: Float[Tensor, "*batch d"],
+    update: Float[Tensor, "*#batch d"],
+    reference: Float[Tensor, "*#batch d"],
     eps: float = DEFAULT_EPS,
-) -> tuple[Float[Tensor, "*batch"], Bool[Tensor, "*batch"], Float[Tensor, "*batch"], Float[Tensor, "*batch"]]:
+) -> tuple[Float[Tensor, "*#batch"], Bool[Tensor, "*#batch"], Float[Tensor, "*#batch"], Float[Tensor, "*#batch"]]:
     """Signed scale ``a = (u . r) / ||r||^2`` along the reference, in the compute dtype.
 
     Returns ``(a, degenerate, ||u||^2, ||r||^2)``; ``a`` is 0 where degenerate.
     ``update`` and ``reference`` broadcast against each other.
     """
-    _check_pair(update, reference)
     dtype = compute_dtype(torch.promote_types(update.dtype, reference.dtype))
     u = update.to(dtype)
     r = reference.to(dtype)
@@ -99,9 +143,10 @@ def projection_coefficient(
     return a, degenerate, u_sq, r_sq
 
 
+@_checks_vectors("update", "reference")
 def decompose(
-    update: Float[Tensor, "*batch d"],
-    reference: Float[Tensor, "*batch d"],
+    update: Float[Tensor, "*#batch d"],
+    reference: Float[Tensor, "*#batch d"],
     eps: float = DEFAULT_EPS,
 ) -> Decomposition:
     """Split ``update`` into the part along ``reference`` and the part orthogonal to it.
@@ -163,11 +208,12 @@ def decompose(
     )
 
 
+@_checks_vectors("y", "reference")
 def parallel_part(
-    y: Float[Tensor, "*batch d"],
-    reference: Float[Tensor, "*batch d"],
+    y: Float[Tensor, "*#batch d"],
+    reference: Float[Tensor, "*#batch d"],
     eps: float = DEFAULT_EPS,
-) -> Float[Tensor, "*batch d"]:
+) -> Float[Tensor, "*#batch d"]:
     """``y_par = a * r`` in the compute dtype (0 where degenerate); ``y_perp = y - y_par``."""
     a, _, _, _ = projection_coefficient(y, reference, eps)
     return a.unsqueeze(-1) * reference.to(a.dtype)
@@ -178,13 +224,14 @@ def _as_scale(s: float | Tensor, dtype: torch.dtype, device) -> Tensor:
     return t.unsqueeze(-1) if t.ndim else t
 
 
+@_checks_vectors("y", "reference")
 def component_delta(
-    y: Float[Tensor, "*batch d"],
-    reference: Float[Tensor, "*batch d"],
+    y: Float[Tensor, "*#batch d"],
+    reference: Float[Tensor, "*#batch d"],
     s_par: float | Tensor = 1.0,
     s_perp: float | Tensor = 1.0,
     eps: float = DEFAULT_EPS,
-) -> Float[Tensor, "*batch d"]:
+) -> Float[Tensor, "*#batch d"]:
     """``(s_par - 1) * y_par + (s_perp - 1) * y_perp`` in the compute dtype.
 
     Adding this to a tensor that contains ``y`` rescales ``y``'s components; at
@@ -199,13 +246,14 @@ def component_delta(
     ) * y_perp
 
 
+@_checks_vectors("y", "reference")
 def scale_components(
-    y: Float[Tensor, "*batch d"],
-    reference: Float[Tensor, "*batch d"],
+    y: Float[Tensor, "*#batch d"],
+    reference: Float[Tensor, "*#batch d"],
     s_par: float | Tensor = 1.0,
     s_perp: float | Tensor = 1.0,
     eps: float = DEFAULT_EPS,
-) -> Float[Tensor, "*batch d"]:
+) -> Float[Tensor, "*#batch d"]:
     """``s_par * y_par + s_perp * y_perp`` (METHOD.md sec. 4), returned in ``y``'s dtype.
 
     Written as ``y + (s_par - 1) * y_par + (s_perp - 1) * y_perp`` so that
@@ -217,13 +265,14 @@ def scale_components(
     return (y.to(delta.dtype) + delta).to(y.dtype)
 
 
+@_checks_vectors("source", "target", "reference")
 def patch_components(
-    source: Float[Tensor, "*batch d"],
-    target: Float[Tensor, "*batch d"],
-    reference: Float[Tensor, "*batch d"],
+    source: Float[Tensor, "*#batch d"],
+    target: Float[Tensor, "*#batch d"],
+    reference: Float[Tensor, "*#batch d"],
     which: str,
     eps: float = DEFAULT_EPS,
-) -> Float[Tensor, "*batch d"]:
+) -> Float[Tensor, "*#batch d"]:
     """Directional patch (METHOD.md sec. 5): take ``which`` component from ``source``.
 
     ``which="par"`` gives ``P_r source + (I - P_r) target``; ``which="perp"``

@@ -20,26 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
-from .geometry import DEFAULT_EPS, PERP_VANISH_ULPS, compute_dtype
-
-
-@dataclass(frozen=True)
-class SplitStats:
-    """Per-token scalars of the split of ``u`` against ``r`` (METHOD.md sec. 1), compute dtype.
-
-    ``par_sq`` is 0 on degenerate tokens; ``perp_sq`` is ``||u - a r||^2`` (``||u||^2`` there).
-    """
-
-    alpha: Float[Tensor, "*batch"]
-    par_frac: Float[Tensor, "*batch"]
-    par_perp_ratio: Float[Tensor, "*batch"]
-    rel_update: Float[Tensor, "*batch"]
-    degenerate: Bool[Tensor, "*batch"]
-    par_sq: Float[Tensor, "*batch"]
-    perp_sq: Float[Tensor, "*batch"]
+from .geometry import DEFAULT_EPS, PERP_VANISH_ULPS, SplitStats, compute_dtype
 
 
 def split_stats(

@@ -655,7 +655,7 @@ def _all_reduce_accumulator(acc: _Accumulator) -> None:
     acc.tokens_seen, acc.sequences_seen = int(counts[0]), int(counts[1])
 
 
-def _streaming_hooks(acc: _Accumulator, sites: ModelSites, model, state: dict) -> list:
+def _streaming_hooks(acc: _Accumulator, sites: ModelSites, model, state: dict) -> tuple[list, int]:
     """Read-only hooks, one function per hook name, that feed the accumulator, and the number
     of actions they run per forward (each counts itself in ``state["done"]``).
 

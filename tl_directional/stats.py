@@ -151,17 +151,21 @@ class StreamingSummary:
 
     def update(
         self,
-        group: Int[Tensor, " n"],
-        values: dict[str, Float[Tensor, " n"]],
+        group: Int[Tensor, "..."],
+        values: dict[str, Float[Tensor, "*tokens"]],
         *,
-        degenerate: Bool[Tensor, " n"] | None = None,
-        par_sq: Float[Tensor, " n"] | None = None,
-        perp_sq: Float[Tensor, " n"] | None = None,
-        keep: Bool[Tensor, " n"] | None = None,
+        degenerate: Bool[Tensor, "*tokens"] | None = None,
+        par_sq: Float[Tensor, "*tokens"] | None = None,
+        perp_sq: Float[Tensor, "*tokens"] | None = None,
+        keep: Bool[Tensor, "*tokens"] | None = None,
     ) -> None:
         """Add ``n`` tokens. Degenerate tokens are counted but excluded from every statistic;
         tokens where ``keep`` is False are ignored entirely (as if not passed), so callers can
         pass whole ``[batch * pos]`` blocks with a mask instead of gathering.
+
+        Shapes: the values and flags share one shape of ``n`` elements (e.g. ``[n]`` or
+        ``[n_query, n_heads]``); ``group``, the group of each, has any shape of ``n`` elements
+        (all are read flattened, in row-major order).
 
         The tokens are staged and summed by :meth:`flush` together with the other updates
         of the batch (every reader flushes first), so many small updates cost one pass."""

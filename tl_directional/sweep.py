@@ -25,11 +25,12 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .adapter import device_of
@@ -92,7 +93,7 @@ def grid(
     spaces: str | Sequence[str],
     s_par: Sequence[float] | float | str = (1.0,),
     s_perp: Sequence[float] | float | str = (1.0,),
-    layers: Sequence[Sequence[int] | None] | None = None,
+    layers: Any = None,
 ) -> list[Setting]:
     """The product grid of spaces x s_par x s_perp x layer sets (duplicates dropped).
 
@@ -135,7 +136,7 @@ def grid(
 # ---------------------------------------------------------------------------
 
 
-def prediction_mask(attention_mask: Int[Tensor, "batch pos"]) -> Int[Tensor, "batch pos_minus_1"]:
+def prediction_mask(attention_mask: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos-1"]:
     """Positions ``t`` whose next token ``t + 1`` is a real token of the same sequence."""
     m = attention_mask.bool()
     return m[:, :-1] & m[:, 1:]

@@ -18,7 +18,7 @@ from ..adapter import hf_state_key
 from ..page import Report
 from ..sites import resolve_sites
 from .charts import svg_chart
-from .geometry import _normalize_targets, compression_geometry
+from .geometry import compression_geometry, normalize_targets
 
 GATE_METRICS = ("err_perp_energy", "err_perp_over_update", "err_perp_energy_vs_resid")
 #: What ``compress_check(component=...)`` / ``--component`` accepts.
@@ -156,7 +156,7 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, componen
         units = ("attn", "mlp")
     else:
         units = (component,)
-    models = [("dense", dense)] + [(name, m) for name, m, _ in _normalize_targets(compressed)]
+    models = [("dense", dense)] + [(name, m) for name, m, _ in normalize_targets(compressed)]
     bad_weights = [f"{which} {name} ({count} non-finite values)"
                    for which, model in models for name, count in nonfinite_parameters(model)]
     if bad_weights:

@@ -269,7 +269,16 @@ def summarize(sums: Tensor, mode: str) -> dict[str, float | int]:
     return out
 
 
-def _normalize_targets(compressed) -> list[tuple[str, object, CompressionRecord | None]]:
+def normalize_targets(compressed) -> list[tuple[str, object, CompressionRecord | None]]:
+    """The compressed models of a ``compressed`` argument as ``(name, model, record)`` rows.
+
+    ``compressed`` is one model, a :class:`~tl_directional.compress.CompressionResult`, a
+    list / tuple of them or a mapping ``name -> model or result``. A result is named by its
+    record's label (a plain model: ``"compressed"``), a mapping by its keys; repeated names of
+    a list get their position as a suffix (``"rtn #1"``). ``record`` is None for plain models.
+    Raises ValueError for an empty list or mapping. Shared by :func:`compression_geometry`
+    and :func:`~tl_directional.compression.gate.compress_check`.
+    """
     def one(name, obj):
         if isinstance(obj, CompressionResult):
             return (name or obj.record.label, obj.model, obj.record)
@@ -571,7 +580,7 @@ def compression_geometry(
     """
     if mode not in MODES:
         raise ValueError(f"mode must be 'local' or 'global', got {mode!r}")
-    targets_in = _normalize_targets(compressed)
+    targets_in = normalize_targets(compressed)
     for _, model, _ in targets_in:
         check_compatible(dense, model)
     # Same lane, architecture class and shapes (checked above) mean the same hook names.
@@ -718,6 +727,7 @@ __all__ = [
     "CompatibilityError",
     "check_compatible",
     "compression_geometry",
+    "normalize_targets",
     "pooled_sums",
     "summarize",
 ]
