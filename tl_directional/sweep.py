@@ -235,13 +235,15 @@ class BaselineStats:
     next-token probabilities at every position, ``sum_v p log p`` per position (for the
     KL), the baseline NLL sum and the baseline's top-1 (argmax of its logits).
 
-    :meth:`compare` then needs, per setting, one fused ``log_softmax`` over each position's
-    logits and three reads of it: the target's log-prob (a gather), the dot product with the
-    baseline probabilities (``KL(base || edited) = sum p log p - p . log q``) and the argmax
-    of the logits. Vocabulary-sized work runs over chunks of positions of at most
-    :data:`CHUNK_ELEMENTS` logits, small enough that a chunk's log-probs stay in the CPU's
-    cache between those reads and that a 262k-vocabulary model never holds a second
-    ``[batch, pos, vocab]`` tensor beside the logits. The baseline probabilities are kept
+    :meth:`compare` then needs, per setting, three vocabulary-sized passes: one fused
+    ``log_softmax`` of each position's logits ``z`` (then the target's log-prob, a gather),
+    the dot product of its result with the baseline probabilities (``KL(base || edited) =
+    sum p log p - p . log q``) and the largest logit (``amax``: top-1 agreement is
+    ``z[top1_base] == max z``, so an exact tie for the largest counts as agreement).
+    Vocabulary-sized work runs over chunks of positions of at most :data:`CHUNK_ELEMENTS`
+    logits, small enough that a chunk stays in the CPU's cache between those passes and that
+    a 262k-vocabulary model never holds a second ``[batch, pos, vocab]`` tensor beside the
+    logits; :meth:`compare_hidden` forms the logits themselves a chunk at a time. The baseline probabilities are kept
     when they have at most :data:`KEEP_PROBS_ELEMENTS` elements, else recomputed per chunk.
     Per-position values are formed in the logits' precision (float32, or float64 for a
     float64 model); the sums over positions are float64.
@@ -304,7 +306,8 @@ class BaselineStats:
     @torch.no_grad()
     def compare(self, logits: Float[Tensor, "batch pos vocab"]) -> MetricSums:
         """Sums of next-token NLL (edited and base), ``KL(base || edited)`` and top-1
-        agreement (argmax of the logits equal to the baseline's) over the predicted tokens."""
+        agreement (the baseline's top-1 token has the largest edited logit) over the
+        predicted tokens."""
         flat = logits.reshape(-1, logits.shape[-1])
         return self._compare(lambda a, e: flat[a:e], flat.shape[0], flat.device)
 
@@ -319,22 +322,24 @@ class BaselineStats:
     def _compare(self, chunk_logits: Callable[[int, int], Tensor], n_rows: int, device) -> MetricSums:
         p_lq = torch.empty(n_rows, dtype=self.dtype, device=device)
         tgt_lq = torch.empty(n_rows, dtype=self.dtype, device=device)
-        top1 = torch.empty(n_rows, dtype=torch.long, device=device)
+        agree = torch.empty(n_rows, dtype=torch.bool, device=device)
         for c, (a, e) in enumerate(self.ranges):
             z = chunk_logits(a, e)
             lq = F.log_softmax(z.to(self.dtype), dim=-1)  # the one vocabulary-sized temporary
             p_lq[a:e] = _row_dot(self._probs(c), lq)
             tgt_lq[a:e] = lq.gather(-1, self._tgt[a:e]).squeeze(-1)
-            top1[a:e] = z.argmax(-1)
+            # top-1 agreement: the baseline's argmax holds the largest logit (an exact tie for
+            # the largest counts as agreement); amax is one vectorised pass, argmax is not
+            agree[a:e] = z.gather(-1, self._top1[a:e, None]).squeeze(-1) == z.amax(-1)
         w = self._weight
         sums = torch.stack([-_weighted_sum(tgt_lq, w), _weighted_sum(self._plp_rows - p_lq, w),
-                            (w & (top1 == self._top1)).sum().to(torch.float64)]).tolist()
+                            (w & agree).sum().to(torch.float64)]).tolist()
         return MetricSums(self.tokens, sums[0], float(self.base_nll), sums[1], sums[2])
 
 
 def _row_dot(x: Float[Tensor, "rows vocab"], y: Float[Tensor, "rows vocab"]) -> Float[Tensor, " rows"]:
-    """``(x * y).sum(-1)`` per row, as a batched matrix product (no ``[rows, vocab]`` product)."""
-    return torch.bmm(x.unsqueeze(1), y.unsqueeze(2)).reshape(-1)
+    """``(x * y).sum(-1)`` per row without a ``[rows, vocab]`` product tensor."""
+    return torch.linalg.vecdot(x, y)
 
 
 def _weighted_sum(values: Float[Tensor, " rows"], weight) -> Tensor:
