@@ -65,3 +65,25 @@ def test_chunked_metrics_equal_one_chunk(tiny_model, monkeypatch):
     many = stats.compare(edited)
     for k in ("tokens", "nll", "base_nll", "kl", "top1_agree"):
         assert getattr(many, k) == pytest.approx(getattr(one, k), rel=1e-5, abs=1e-6), k
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_forward_from_block_equals_the_full_forward(tiny_model, family):
+    from tl_directional.adapter import forward_from_block, forward_recording_block_input
+
+    model = tiny_model(family)
+    batch = tld.prepare_inputs(model, TEXTS)
+    assert not batch.attention_mask.bool().all()  # padded rows: masks and positions matter
+    with torch.no_grad():
+        full, block_input = forward_recording_block_input(model, batch.tokens, batch.attention_mask, 1)
+        fired = []
+        with model.hooks(fwd_hooks=[("blocks.0.hook_attn_out", lambda t, hook: fired.append(1))]):
+            again = forward_from_block(model, batch.tokens, batch.attention_mask, block_input)
+            stacked = forward_from_block(model, batch.tokens.repeat(2, 1), batch.attention_mask.repeat(2, 1),
+                                         block_input, repeat=2)
+    assert fired == []  # block 0 did not run
+    real = batch.attention_mask.bool()
+    torch.testing.assert_close(again[real], full[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stacked[: len(batch)][real], full[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(stacked[len(batch):][real], full[real], rtol=1e-5, atol=1e-5)
+    assert "forward" not in model.blocks[0].__dict__  # pass-throughs removed

@@ -365,14 +365,211 @@ def capture(model, tokens: Tensor, names, *, attention_mask: Tensor | None = Non
     return (out if logits else None), store
 
 
+# ---------------------------------------------------------------------------------------------
+# Partial forwards: stopping early, starting from a recorded block input
+# ---------------------------------------------------------------------------------------------
+
+
+class StopForward(Exception):  # noqa: N818 - control flow, not an error
+    """Raised from a hook to end a forward pass whose remaining part is not needed (later
+    blocks, the final norm, the unembedding); :func:`run_hooked` catches it."""
+
+
+def _raise_stop(tensor, hook):  # noqa: ARG001 - TL hook signature
+    raise StopForward
+
+
+def run_hooked(model, tokens: Tensor, attention_mask: Tensor | None, fwd_hooks, stop_at: str | None = None) -> None:
+    """One forward (``return_type=None``) with ``fwd_hooks`` on; with ``stop_at``, the forward
+    ends right after the hook point ``stop_at`` fired (its own hooks in ``fwd_hooks`` run first).
+    Hooks may also raise :class:`StopForward` themselves."""
+    hooks = list(fwd_hooks) + ([(stop_at, _raise_stop)] if stop_at is not None else [])
+    try:
+        model.run_with_hooks(tokens, attention_mask=attention_mask, return_type=None, fwd_hooks=hooks)
+    except StopForward:
+        pass
+
+
+class BlockInput:
+    """The residual entering block ``start`` in one batch's unedited forward, and how the
+    model's blocks return their output (``"tensor"``, ``"tuple1"`` or None if unknown; needed to
+    skip blocks on the bridge). Made by :func:`forward_recording_block_input`; fed back by
+    :func:`forward_from_block`."""
+
+    def __init__(self, start: int, resid: Tensor, output_form: str | None):
+        self.start, self.resid, self.output_form = start, resid, output_form
+
+
+def forward_recording_block_input(model, tokens: Tensor, attention_mask: Tensor | None,
+                                  start: int) -> tuple[Tensor, BlockInput]:
+    """A plain forward (logits) that also records ``blocks.{start}.hook_resid_pre`` (copied)
+    and, on the bridge, the form of block 0's output."""
+    got: dict = {}
+
+    def keep(t, hook):  # noqa: ARG001 - TL hook signature
+        got["resid"] = t.detach().clone()
+
+    def form(module, args, output):  # noqa: ARG001 - torch forward-hook signature
+        got["form"] = ("tensor" if isinstance(output, Tensor) else
+                       "tuple1" if isinstance(output, tuple) and len(output) == 1 else None)
+
+    handle = model.blocks[0].register_forward_hook(form)
+    try:
+        with model.hooks(fwd_hooks=[(f"blocks.{start}.hook_resid_pre", keep)]):
+            logits = model(tokens, attention_mask=attention_mask)
+    finally:
+        handle.remove()
+    return logits, BlockInput(start, got["resid"], got.get("form"))
+
+
+def forward_from_block(model, tokens: Tensor, attention_mask: Tensor | None, block_input: BlockInput,
+                       repeat: int = 1) -> Tensor:
+    """The logits of a forward that starts at block ``block_input.start`` from the recorded
+    residual, without computing the blocks before it (see :func:`from_block`)."""
+    with from_block(model, block_input, repeat) as run:
+        return run(tokens, attention_mask)
+
+
+@contextlib.contextmanager
+def from_block(model, block_input: BlockInput, repeat: int = 1) -> Iterator:
+    """Within: ``run(tokens, attention_mask) -> logits``, a forward that starts at block
+    ``block_input.start`` from the recorded residual (repeated ``repeat`` times along the
+    batch, for ``tokens`` stacked as many times) and computes no block before it. Hooks added
+    inside the context fire from block ``start`` on, after the residual is put in (so an edit
+    reading ``hook_resid_pre`` of block ``start`` sees the recorded residual).
+
+    Legacy: ``HookedTransformer.forward(resid, start_at_layer=start, attention_mask=...)``
+    (no embedding either). Bridge: its own ``start_at_layer`` still runs the earlier blocks,
+    so they are replaced for the call by pass-throughs (the wrapped HF model still builds its
+    masks and positions from ``tokens``) and the residual is put in at block ``start``'s
+    ``hook_resid_pre``. With an unknown block output form the earlier blocks run (exact, not
+    faster).
+    """
+    b = block_input
+    resid = b.resid.repeat(repeat, 1, 1) if repeat > 1 else b.resid
+    if lane_of(model) == "legacy" and getattr(model.cfg, "positional_embedding_type", "") != "shortformer":
+        def run_legacy(tokens, attention_mask):  # noqa: ARG001 - tokens: same call on both lanes
+            mask = None if attention_mask is None else attention_mask.to(resid.device)
+            return model(resid, start_at_layer=b.start, attention_mask=mask)
+
+        yield run_legacy
+        return
+
+    def inject(t, hook):  # noqa: ARG001 - TL hook signature
+        return resid
+
+    def run_bridge(tokens, attention_mask):
+        return model(tokens, attention_mask=attention_mask)
+
+    with _blocks_passed_through(model, b.start, b.output_form), \
+            model.hooks(fwd_hooks=[(f"blocks.{b.start}.hook_resid_pre", inject)]):
+        yield run_bridge
+
+
+class Unembedding:
+    """How a model's logits follow from one hook point: ``hook`` carries ``[batch, pos,
+    d_model]`` and :meth:`logits` maps rows of it to their logits with the model's own modules
+    (bridge: the unembedding's input, through ``model.unembed``; legacy: the last block's
+    ``resid_post``, through ``ln_final`` and ``unembed``). Lets a caller that only reduces the
+    logits (the sweep's metrics) compute them a chunk of positions at a time instead of
+    holding ``[batch, pos, vocab]``. Made by :func:`unembedding`."""
+
+    def __init__(self, hook: str, modules: tuple):
+        self.hook, self._modules = hook, modules
+
+    def logits(self, rows: Tensor) -> Tensor:
+        """``[n, d_model]`` rows at :attr:`hook` -> their ``[n, vocab]`` logits."""
+        x = rows.unsqueeze(0)
+        for module in self._modules:
+            x = module(x)
+        return x.squeeze(0)
+
+
+#: HF config fields that change the logits after the unembedding's linear map (softcapping,
+#: scaling); a model that sets one is not given an :class:`Unembedding`.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def unembedding(model) -> Unembedding | None:
+    """The :class:`Unembedding` of ``model``, or None where the logits are not exactly the
+    unembedding of that hook (logit softcapping or scaling, a missing hook point, an
+    unembedding that is not a linear map). Callers still check it once against the model's
+    own logits (:func:`unembedding_matches`)."""
+    hooks = model.hook_dict
+    if lane_of(model) == "bridge":
+        hf_cfg = getattr(getattr(model, "original_model", None), "config", None)
+        for name in _LOGIT_TRANSFORMS:
+            value = getattr(hf_cfg, name, None)
+            if value not in (None, 0, 0.0, 1, 1.0):
+                return None
+        unembed = getattr(model, "unembed", None)
+        if unembed is None or "unembed.hook_in" not in hooks or not isinstance(hf_module(unembed), torch.nn.Linear):
+            return None
+        return Unembedding("unembed.hook_in", (unembed,))
+    if float(getattr(model.cfg, "output_logits_soft_cap", 0.0) or 0.0) > 0.0:
+        return None
+    last = f"blocks.{int(model.cfg.n_layers) - 1}.hook_resid_post"
+    if last not in hooks or not hasattr(model, "unembed"):
+        return None
+    ln_final = getattr(model, "ln_final", None)
+    return Unembedding(last, (model.unembed,) if ln_final is None else (ln_final, model.unembed))
+
+
+def unembedding_matches(unembed: Unembedding, hidden: Tensor, logits: Tensor, rows: int = 8) -> bool:
+    """Whether :meth:`Unembedding.logits` of the first ``rows`` positions of ``hidden``
+    (``[batch, pos, d_model]`` at its hook) reproduces the model's ``logits`` there (relative
+    to the largest logit: 1e-10 in float64, 1e-5 in float32, 2e-2 below)."""
+    want = logits.reshape(-1, logits.shape[-1])[:rows]
+    got = unembed.logits(hidden.reshape(-1, hidden.shape[-1])[:rows])
+    if got.shape != want.shape:
+        return False
+    tol = 1e-10 if want.dtype == torch.float64 else 1e-5 if want.dtype == torch.float32 else 2e-2
+    err = float((got.double() - want.double()).abs().max())
+    return err <= tol * (float(want.double().abs().max()) + 1.0)
+
+
+@contextlib.contextmanager
+def _blocks_passed_through(model, stop: int, output_form: str | None) -> Iterator[None]:
+    """Within: blocks ``0..stop-1`` return their input unchanged (in ``output_form``); no-op
+    when the form is unknown."""
+    patched: list = []
+    if output_form is not None:
+        tuple_out = output_form == "tuple1"
+
+        def passthrough(*args, **kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            return (h,) if tuple_out else h
+
+        for L in range(stop):
+            block = model.blocks[L]
+            patched.append((block, block.__dict__.get("forward")))
+            # straight into the instance dict: the bridge's __setattr__ would forward the
+            # assignment to the wrapped HF module
+            object.__setattr__(block, "forward", passthrough)
+    try:
+        yield
+    finally:
+        for block, fwd in reversed(patched):
+            if fwd is None:
+                block.__dict__.pop("forward", None)
+            else:
+                object.__setattr__(block, "forward", fwd)
+
+
 __all__ = [
+    "BlockInput",
     "Lane",
+    "StopForward",
+    "Unembedding",
     "add_hook_point",
     "architecture_name",
     "capture",
     "capture_hooks",
     "clone_model",
     "device_of",
+    "forward_from_block",
+    "from_block",
+    "forward_recording_block_input",
     "hf_attention_module",
     "hf_module",
     "hf_state_dict",
@@ -384,6 +581,9 @@ __all__ = [
     "lane_of",
     "quiet_transformers",
     "remove_hook_point",
+    "run_hooked",
     "save_hf_directory",
     "to_hf_model",
+    "unembedding",
+    "unembedding_matches",
 ]

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from .adapter import device_of
+from .adapter import StopForward, device_of
 from .components import ALL_COMPONENTS, check_components
 from .distributed import rank_and_world
 from .fileio import ArtefactError, replace_dir, verify_manifest
@@ -608,7 +608,7 @@ def profile(
             state["done"] = 0
             try:
                 model(part.tokens, attention_mask=part.attention_mask, return_type=None)
-            except _StopForward:
+            except StopForward:
                 pass
             tokens_seen += state["mask"].sum()
             acc.sequences_seen += len(part)
@@ -620,19 +620,16 @@ def profile(
     return _finish(acc, model, sites, components, eps, positions, exclude_first_token)
 
 
-class _StopForward(Exception):  # noqa: N818 - control flow, not an error
-    """Raised by the hook on the last block's ``resid_post``: the rest is not needed."""
-
-
 def _with_stop(hooks: list, stop_at: str, state: dict, n_actions: int) -> list:
-    """``hooks`` with :class:`_StopForward` raised on ``stop_at`` after that hook's own
-    measuring work, once all ``n_actions`` measuring actions of the forward have run."""
+    """``hooks`` with :class:`~tl_directional.adapter.StopForward` raised on ``stop_at`` after
+    that hook's own measuring work, once all ``n_actions`` measuring actions of the forward
+    have run."""
 
     def then_stop(fn):
         def hook(tensor, hook):
             out = tensor if fn is None else fn(tensor, hook)
             if state["done"] >= n_actions:
-                raise _StopForward
+                raise StopForward
             return out
         return hook
 

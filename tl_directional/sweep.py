@@ -33,7 +33,16 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from .adapter import device_of
+from .adapter import (
+    BlockInput,
+    StopForward,
+    Unembedding,
+    device_of,
+    forward_recording_block_input,
+    from_block,
+    unembedding,
+    unembedding_matches,
+)
 from .distributed import rank_and_world, release_captured_groups
 from .edit import EDIT_SPACES, Edit, apply_edits, edit_space, edits_for_space, scales
 from .fileio import (
@@ -193,18 +202,27 @@ class MetricSums:
 
 class BaselineStats:
     """What every setting is compared with on one batch, computed once: the unedited
-    next-token log-probs at the predicted positions, their probabilities, the
-    baseline NLL sum, ``sum p log p`` (for the KL) and the baseline's top-1.
+    next-token probabilities at every position, ``sum_v p log p`` per position (for the
+    KL), the baseline NLL sum and the baseline's top-1 (argmax of its logits).
 
-    Vocabulary-sized work runs over chunks of predicted positions (at most
-    :data:`CHUNK_ELEMENTS` logits each), so a 262k-vocabulary model never holds a second
-    ``[batch, pos, vocab]`` tensor beside the logits: the baseline keeps a reference to its
-    own logits and, when they are small enough (:data:`KEEP_PROBS_ELEMENTS`), its
-    probabilities; otherwise they are recomputed chunk by chunk in :meth:`compare`.
+    :meth:`compare` then needs, per setting, three vocabulary-sized passes: one fused
+    ``log_softmax`` of each position's logits ``z`` (then the target's log-prob, a gather),
+    the dot product of its result with the baseline probabilities (``KL(base || edited) =
+    sum p log p - p . log q``) and the largest logit (``amax``: top-1 agreement is
+    ``z[top1_base] == max z``, so an exact tie for the largest counts as agreement).
+    Vocabulary-sized work runs over chunks of positions of at most :data:`CHUNK_ELEMENTS`
+    logits, small enough that a chunk stays in the CPU's cache between those passes and that
+    a 262k-vocabulary model never holds a second ``[batch, pos, vocab]`` tensor beside the
+    logits; :meth:`compare_hidden` forms the logits themselves a chunk at a time. The baseline probabilities are kept
+    when they have at most :data:`KEEP_PROBS_ELEMENTS` elements, else recomputed per chunk.
+    Per-position values are formed in the logits' precision (float32, or float64 for a
+    float64 model); the sums over positions are float64.
     """
 
-    #: logits per chunk of vocabulary-sized work (64 MiB in float32)
-    CHUNK_ELEMENTS = 1 << 24
+    #: logits per chunk of vocabulary-sized work (4 MiB in float32: 128 positions of an
+    #: 8192-token vocabulary, 4 of Gemma-3's 262k), so that the chunk's log-probs are still
+    #: in cache when they are read again
+    CHUNK_ELEMENTS = 1 << 20
     #: keep the baseline probabilities when they have at most this many elements
     KEEP_PROBS_ELEMENTS = 1 << 25
 
@@ -230,39 +248,73 @@ class BaselineStats:
         n_rows = batch * pos
         self.ranges = [(a, min(a + step, n_rows)) for a in range(0, n_rows, step)]
         keep = n_rows * vocab <= self.KEEP_PROBS_ELEMENTS
-        zero = torch.zeros((), dtype=self.dtype, device=dev)
-        self.p_log_p, self.base_nll = zero.clone(), zero.clone()
-        self._p, plp_rows, top1 = [], [], []
+        self._p: list[Tensor] = []
+        plp = torch.empty(n_rows, dtype=self.dtype, device=dev)
+        tgt_lp = torch.empty(n_rows, dtype=self.dtype, device=dev)
+        self._top1 = torch.empty(n_rows, dtype=torch.long, device=dev)
         for a, e in self.ranges:
-            w = self._weight[a:e]
-            base_lp = F.log_softmax(self._base[a:e].to(self.dtype), dim=-1)
+            z = self._base[a:e]
+            base_lp = F.log_softmax(z.to(self.dtype), dim=-1)
             p = base_lp.exp()
-            plp = (p * base_lp).sum(-1)
-            plp_rows.append(plp)
-            self.p_log_p += torch.where(w, plp, zero).sum()
-            self.base_nll -= torch.where(w, base_lp.gather(-1, self._tgt[a:e]).squeeze(-1), zero).sum()
-            top1.append(base_lp.argmax(-1))
+            plp[a:e] = _row_dot(p, base_lp)
+            tgt_lp[a:e] = base_lp.gather(-1, self._tgt[a:e]).squeeze(-1)
+            self._top1[a:e] = z.argmax(-1)
             if keep:
                 self._p.append(p)
-        self._plp_rows = torch.cat(plp_rows)
-        self._top1 = torch.cat(top1)
+        self._plp_rows = plp
+        self.p_log_p = _weighted_sum(plp, self._weight)
+        self.base_nll = -_weighted_sum(tgt_lp, self._weight)
         self.tokens = float(self.mask.sum())
+
+    def _probs(self, c: int) -> Tensor:
+        """The baseline probabilities of chunk ``c`` (kept, or recomputed from the logits)."""
+        if self._p:
+            return self._p[c]
+        a, e = self.ranges[c]
+        return F.log_softmax(self._base[a:e].to(self.dtype), dim=-1).exp()
 
     @torch.no_grad()
     def compare(self, logits: Float[Tensor, "batch pos vocab"]) -> MetricSums:
         """Sums of next-token NLL (edited and base), ``KL(base || edited)`` and top-1
-        agreement over the predicted tokens, in float32 or better."""
+        agreement (the baseline's top-1 token has the largest edited logit) over the
+        predicted tokens."""
         flat = logits.reshape(-1, logits.shape[-1])
-        zero = torch.zeros((), dtype=self.dtype, device=flat.device)
-        nll, kl, agree = zero.clone(), zero.clone(), zero.clone()
+        return self._compare(lambda a, e: flat[a:e], flat.shape[0], flat.device)
+
+    @torch.no_grad()
+    def compare_hidden(self, hidden: Float[Tensor, "batch pos d_model"], unembed: Unembedding) -> MetricSums:
+        """:meth:`compare` from the unembedding's input (``hidden`` at ``unembed.hook``): each
+        chunk's logits are computed, reduced and dropped, so no ``[batch, pos, vocab]`` tensor
+        is ever formed."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return self._compare(lambda a, e: unembed.logits(flat[a:e]), flat.shape[0], flat.device)
+
+    def _compare(self, chunk_logits: Callable[[int, int], Tensor], n_rows: int, device) -> MetricSums:
+        p_lq = torch.empty(n_rows, dtype=self.dtype, device=device)
+        tgt_lq = torch.empty(n_rows, dtype=self.dtype, device=device)
+        agree = torch.empty(n_rows, dtype=torch.bool, device=device)
         for c, (a, e) in enumerate(self.ranges):
-            w = self._weight[a:e]
-            lp = F.log_softmax(flat[a:e].to(self.dtype), dim=-1)
-            p = self._p[c] if self._p else F.log_softmax(self._base[a:e].to(self.dtype), dim=-1).exp()
-            nll -= torch.where(w, lp.gather(-1, self._tgt[a:e]).squeeze(-1), zero).sum()
-            kl += torch.where(w, self._plp_rows[a:e] - (p * lp).sum(-1), zero).sum()
-            agree += ((lp.argmax(-1) == self._top1[a:e]) & w).sum()
-        return MetricSums(self.tokens, float(nll), float(self.base_nll), float(kl), float(agree))
+            z = chunk_logits(a, e)
+            lq = F.log_softmax(z.to(self.dtype), dim=-1)  # the one vocabulary-sized temporary
+            p_lq[a:e] = _row_dot(self._probs(c), lq)
+            tgt_lq[a:e] = lq.gather(-1, self._tgt[a:e]).squeeze(-1)
+            # top-1 agreement: the baseline's argmax holds the largest logit (an exact tie for
+            # the largest counts as agreement); amax is one vectorised pass, argmax is not
+            agree[a:e] = z.gather(-1, self._top1[a:e, None]).squeeze(-1) == z.amax(-1)
+        w = self._weight
+        sums = torch.stack([-_weighted_sum(tgt_lq, w), _weighted_sum(self._plp_rows - p_lq, w),
+                            (w & agree).sum().to(torch.float64)]).tolist()
+        return MetricSums(self.tokens, sums[0], float(self.base_nll), sums[1], sums[2])
+
+
+def _row_dot(x: Float[Tensor, "rows vocab"], y: Float[Tensor, "rows vocab"]) -> Float[Tensor, " rows"]:
+    """``(x * y).sum(-1)`` per row without a ``[rows, vocab]`` product tensor."""
+    return torch.linalg.vecdot(x, y)
+
+
+def _weighted_sum(values: Float[Tensor, " rows"], weight) -> Tensor:
+    """Sum of ``values`` over the rows where ``weight`` is True, in float64."""
+    return torch.where(weight, values.to(torch.float64), 0.0).sum()
 
 
 def batch_metric_sums(
@@ -292,7 +344,7 @@ def _stack_groups(settings: Sequence[Setting], width: int) -> list[list[Setting]
         groups.setdefault(key, []).append(s)
     out = []
     for members in groups.values():
-        if members[0].space == "hard-diag":
+        if not EDIT_SPACES[members[0].space].scaled:  # nothing to stack (hard-diag)
             out += [[m] for m in members]
             continue
         for i in range(0, len(members), width):
@@ -301,34 +353,55 @@ def _stack_groups(settings: Sequence[Setting], width: int) -> list[list[Setting]
 
 
 def _eval_group(model, batch: TokenBatch, base: BaselineStats, group: list[Setting],
-                prefix: _Prefix | None = None) -> list[MetricSums]:
-    if len(group) == 1:
-        with _from_prefix(model, prefix, 1), apply_edits(model, *group[0].edits()):
-            logits = _forward(model, batch)
-        return [base.compare(logits)]
+                prefix: BlockInput | None = None, unembed: Unembedding | None = None) -> list[MetricSums]:
     k, b = len(group), len(batch)
-    stacked = TokenBatch(batch.tokens.repeat(k, 1), batch.attention_mask.repeat(k, 1))
-    s_par = scales(torch.tensor([s.s_par for s in group], dtype=torch.float64).repeat_interleave(b), "batch")
-    s_perp = scales(torch.tensor([s.s_perp for s in group], dtype=torch.float64).repeat_interleave(b), "batch")
-    edits = group[0].edits(s_par=s_par, s_perp=(s_perp if group[0].space != "eff-diag" else None))
-    with _from_prefix(model, prefix, k), apply_edits(model, *edits):
-        logits = _forward(model, stacked)
-    return [base.compare(logits[i * b:(i + 1) * b]) for i in range(k)]
+    if k == 1:
+        edits = group[0].edits()
+    else:
+        batch = TokenBatch(batch.tokens.repeat(k, 1), batch.attention_mask.repeat(k, 1))
+        s_par = scales(torch.tensor([s.s_par for s in group], dtype=torch.float64).repeat_interleave(b), "batch")
+        s_perp = scales(torch.tensor([s.s_perp for s in group], dtype=torch.float64).repeat_interleave(b), "batch")
+        edits = group[0].edits(s_par=s_par, s_perp=(s_perp if EDIT_SPACES[group[0].space].perp else None))
+    with ExitStack() as stack:
+        # the prefix's hooks first, so that the edits see the recorded residual
+        run = _plain_run(model) if prefix is None else stack.enter_context(from_block(model, prefix, k))
+        stack.enter_context(apply_edits(model, *edits))
+        out, hidden = _edited_forward(model, run, batch, unembed)
+    parts = [out[i * b:(i + 1) * b] for i in range(k)] if k > 1 else [out]
+    return [base.compare_hidden(x, unembed) if hidden else base.compare(x) for x in parts]
+
+
+def _plain_run(model):
+    return lambda tokens, attention_mask: model(tokens, attention_mask=attention_mask)
+
+
+def _edited_forward(model, run, batch: TokenBatch, unembed: Unembedding | None) -> tuple[Tensor, bool]:
+    """``(logits, False)`` of ``run(tokens, mask)``, or with ``unembed`` ``(input of the
+    unembedding, True)``: the forward then stops there and the metrics form the logits chunk
+    by chunk (:meth:`BaselineStats.compare_hidden`). Called inside the edits' context, so the
+    stopping hook is registered after theirs and sees the edited stream."""
+    if unembed is None:
+        return run(batch.tokens, batch.attention_mask), False
+    got: dict = {}
+
+    def grab(t, hook):  # noqa: ARG001 - TL hook signature
+        got["hidden"] = t
+        raise StopForward
+
+    try:
+        with model.hooks(fwd_hooks=[(unembed.hook, grab)]):
+            logits = run(batch.tokens, batch.attention_mask)
+    except StopForward:
+        return got["hidden"], True
+    return logits, False  # the hook did not fire: the model's own logits
 
 
 # -- shared unedited prefix ----------------------------------------------------------------
 # When every setting edits only layers >= L, blocks 0..L-1 compute the same thing in every
 # forward. The baseline forward records blocks.L.hook_resid_pre once; each setting's forward
-# then skips blocks 0..L-1 (they return their input unchanged) and block L starts from the
-# recorded residual. TransformerLens's own start_at_layer is not used: on the bridge it
-# still runs the earlier blocks.
-
-
-@dataclass
-class _Prefix:
-    start: int
-    resid: Tensor  # [batch, pos, d_model], blocks.start.hook_resid_pre of the baseline
-    output_form: str | None  # how a block returns its output: "tensor", "tuple1" or None (unknown)
+# then starts at block L from the recorded residual (tl_directional.adapter.from_block:
+# TransformerLens's own start_at_layer on the legacy lane; on the bridge, whose start_at_layer
+# still runs the earlier blocks, they are passed through).
 
 
 def _prefix_start(settings: Sequence[Setting]) -> int | None:
@@ -339,74 +412,19 @@ def _prefix_start(settings: Sequence[Setting]) -> int | None:
     return start if start >= 1 else None
 
 
-def _baseline_forward(model, batch: TokenBatch, start: int | None) -> tuple[Tensor, _Prefix | None]:
-    """The unedited logits and, with ``start``, the residual entering block ``start``."""
-    if start is None:
-        return _forward(model, batch), None
+def _baseline_forward(model, batch: TokenBatch, start: int | None,
+                      keep: str | None = None) -> tuple[Tensor, BlockInput | None, Tensor | None]:
+    """The unedited logits, with ``start`` the residual entering block ``start``, and with
+    ``keep`` the tensor at that hook point (to check an :class:`Unembedding` once)."""
     got: dict = {}
-
-    def keep(t, hook):  # noqa: ARG001 - TL hook signature
-        got["resid"] = t.detach().clone()
-
-    def form(module, args, output):  # noqa: ARG001 - torch forward-hook signature
-        got["form"] = ("tensor" if isinstance(output, Tensor) else
-                       "tuple1" if isinstance(output, tuple) and len(output) == 1 else None)
-
-    handle = model.blocks[0].register_forward_hook(form)
-    try:
-        with model.hooks(fwd_hooks=[(f"blocks.{start}.hook_resid_pre", keep)]):
-            logits = _forward(model, batch)
-    finally:
-        handle.remove()
-    return logits, _Prefix(start, got["resid"], got.get("form"))
-
-
-class _from_prefix:  # noqa: N801 - used as a context manager like a function
-    """Within: blocks before ``prefix.start`` pass their input through and block
-    ``prefix.start`` reads the recorded residual (repeated ``k`` times for stacked settings).
-    A no-op when ``prefix`` is None."""
-
-    def __init__(self, model, prefix: _Prefix | None, k: int):
-        self.model, self.prefix, self.k = model, prefix, k
-        self._hooks = None
-        self._patched: list = []
-
-    def __enter__(self):
-        p = self.prefix
-        if p is None:
-            return self
-        resid = p.resid.repeat(self.k, 1, 1) if self.k > 1 else p.resid
-
-        def inject(t, hook):  # noqa: ARG001 - TL hook signature
-            return resid
-
-        if p.output_form is not None:  # unknown block output form: run the prefix, stay exact
-            tuple_out = p.output_form == "tuple1"
-
-            def passthrough(*args, **kwargs):
-                h = args[0] if args else kwargs["hidden_states"]
-                return (h,) if tuple_out else h
-
-            for L in range(p.start):
-                block = self.model.blocks[L]
-                self._patched.append((block, block.__dict__.get("forward")))
-                # straight into the instance dict: the bridge's __setattr__ would forward
-                # the assignment to the wrapped HF module
-                object.__setattr__(block, "forward", passthrough)
-        self._hooks = self.model.hooks(fwd_hooks=[(f"blocks.{p.start}.hook_resid_pre", inject)])
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self._hooks is not None:
-            self._hooks.__exit__(*exc)
-        for block, fwd in reversed(self._patched):
-            if fwd is None:
-                block.__dict__.pop("forward", None)
-            else:
-                object.__setattr__(block, "forward", fwd)
-        self._patched.clear()
-        return False
+    with ExitStack() as stack:
+        if keep is not None:
+            stack.enter_context(model.hooks(fwd_hooks=[(keep, lambda t, hook: got.setdefault("kept", t))]))
+        if start is None:
+            logits, prefix = _forward(model, batch), None
+        else:
+            logits, prefix = forward_recording_block_input(model, batch.tokens, batch.attention_mask, start)
+    return logits, prefix, got.get("kept")
 
 
 @dataclass
@@ -587,14 +605,22 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
 
         iterator = tqdm(todo, desc="sweep", unit="batch", disable=rank != 0)
     done_since_save = 0
+    # the edited forwards stop at the unembedding's input and the metrics form the logits a
+    # chunk at a time, once that reproduces the model's own logits (checked on the first batch)
+    unembed, unembed_checked = unembedding(model), False
     with torch.no_grad():
         for i in iterator:
             part = batches[i].to(device)
-            base_logits, prefix = _baseline_forward(model, part, start)
+            keep = unembed.hook if unembed is not None and not unembed_checked else None
+            base_logits, prefix, kept = _baseline_forward(model, part, start, keep)
+            if keep is not None:
+                unembed_checked = True
+                if kept is None or not unembedding_matches(unembed, kept, base_logits):
+                    unembed = None
             base = BaselineStats(base_logits, part.tokens, part.attention_mask)
             base_sums.add_(MetricSums(base.tokens, float(base.base_nll), float(base.base_nll), 0.0, base.tokens))
             for group in groups:
-                for s, m in zip(group, _eval_group(model, part, base, group, prefix), strict=True):
+                for s, m in zip(group, _eval_group(model, part, base, group, prefix, unembed), strict=True):
                     sums[s.label].add_(m)
             state.batches_done = i + 1
             done_since_save += 1

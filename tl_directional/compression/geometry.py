@@ -55,7 +55,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..adapter import capture_hooks, device_of
+from ..adapter import capture_hooks, device_of, run_hooked
 from ..components import RESIDUAL_COMPONENTS, check_components
 from ..compress import CompressionRecord, CompressionResult
 from ..distributed import rank_and_world
@@ -478,22 +478,10 @@ class _Runner:
 _BRANCH_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-class _StopForward(Exception):
-    """Raised by a hook after the last measured layer: the rest of the forward (later blocks,
-    final norm, unembedding) is not needed."""
-
-
-def _stop_hook(t, hook):  # noqa: ARG001
-    raise _StopForward
-
-
 def _run(model, tokens, attention_mask, hooks, stop_at: str | None):
-    if stop_at is not None:
-        hooks = list(hooks) + [(stop_at, _stop_hook)]
-    try:
-        model.run_with_hooks(tokens, attention_mask=attention_mask, return_type=None, fwd_hooks=hooks)
-    except _StopForward:
-        pass
+    """A forward with ``hooks`` that ends after ``stop_at`` (nothing after the last measured
+    block is needed)."""
+    run_hooked(model, tokens, attention_mask, hooks, stop_at)
 
 
 def _choose_plan(runner: _Runner, sites, units, mode, target: _Target, part: TokenBatch, stop_at) -> list[dict]:
