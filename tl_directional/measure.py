@@ -9,6 +9,7 @@ not grow with the number of tokens and no ``ActivationCache`` is held.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -70,6 +71,7 @@ VALUE_METRICS = {
 EXCLUSIVE_METRICS = {"par_frac_exclusive": "unit", "par_perp_ratio_exclusive": "positive"}
 
 
+@functools.cache  # a metadata scan per call costs about a millisecond at small shapes
 def _tl_version() -> str:
     try:
         from importlib.metadata import version
