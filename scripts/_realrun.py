@@ -128,8 +128,18 @@ def provenance(model, model_arg: str, resolved: str, cache_dir: Path) -> dict:
     info = {"model": short_name(model_arg), "model_argument": model_arg, "model_path": resolved,
             "lane": lane_of(model), "n_layers": int(model.cfg.n_layers), "d_model": int(model.cfg.d_model),
             "n_heads": int(model.cfg.n_heads), "d_head": int(model.cfg.d_head)}
-    st = Path(resolved) / "model.safetensors"
-    if st.is_file():
+    path = Path(resolved)
+    if not path.is_dir():  # a catalogue name: its converted directory in the cache
+        from tl_directional.models.catalog import REAL_MODELS, entry_dir, read_manifest
+
+        if resolved in REAL_MODELS and entry_dir(resolved).is_dir():
+            path = entry_dir(resolved)
+            info["model_path"] = str(path)
+            want = (read_manifest(path) or {}).get("files", {}).get("model.safetensors", {}).get("sha256")
+            if want:  # load_model verified the file against its manifest
+                info["model_safetensors_sha256"] = want
+    st = path / "model.safetensors"
+    if st.is_file() and "model_safetensors_sha256" not in info:
         info["model_safetensors_sha256"] = sha256_cached(st, cache_dir / "model_sha256.json")
     dev = next(model.parameters()).device
     info["device"] = (f"{dev}" + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else

@@ -27,7 +27,7 @@ EXPERIMENTS = [  # (page prefix, title, what)
      "the all-layer removals again with the first position spared, paired with the sweep"),
     ("layer_sensitivity", "Per-layer sensitivity",
      "one-layer parallel removal per space, layer x space heat map with intervals"),
-    ("compression", "Compression diagnostics",
+    ("compression_study", "Compression diagnostics",
      "Spearman of perpendicular / parallel error, 1-cos, MSE with held-out loss increase across settings"),
 ]
 MODELS = ["smollm2-135m", "gemma-3-270m"]
