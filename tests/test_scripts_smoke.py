@@ -183,6 +183,10 @@ def test_compression_study_two_texts_smoke(llama_dir, tmp_path):
     assert mod.main(args + ["--from-partial"]) == 0
     again = pd.read_csv(page.with_name("comp2.settings.csv"))
     pd.testing.assert_frame_equal(before, again)
+    assert "Measured by `python scripts/compression_study.py" in page.read_text()
+    sp = pd.read_csv(page.with_name("comp2.spearman.csv"))
+    head = sp[(sp["mode"] == "local") & (sp.unit == "block") & (sp.diagnostic == "perp_energy")]
+    assert len(head) == 2 and (head.loo_min <= head.spearman + 1e-12).all() and (head.spearman <= head.loo_max + 1e-12).all()
 
 
 def test_layer_sensitivity_extend_smoke(llama_dir, tmp_path):
