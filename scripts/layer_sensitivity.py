@@ -118,9 +118,11 @@ def render(meta, tables, safe: pd.DataFrame | None, stem: str, reading: list[str
         L += [f"This run measured {', '.join(meta['own_spaces'])}; the other spaces are from earlier runs on the same "
               "windows (checked by the baseline NLL of each sequence):", ""]
         L += [f"- {', '.join(src['spaces'])}: `{src['command']}` (commit `{src['commit']}`)" for src in ex["sources"]]
-        L += ["", f"As a check, {', '.join(ex['check_spaces'])} at layer(s) {ex['check_layers']} were measured again "
-              "here: the per-sequence delta loss differs from the earlier run's by at most "
-              f"{max(ex['check_max_abs_diff'].values(), default=float('nan')):.2g} nats.", ""]
+        L.append("")
+        if ex["check_max_abs_diff"]:
+            L += [f"As a check, {', '.join(ex['check_spaces'])} at layer(s) {ex['check_layers']} were measured again "
+                  "here: the per-sequence delta loss differs from the earlier run's by at most "
+                  f"{max(ex['check_max_abs_diff'].values()):.2g} nats.", ""]
     for t, df in tables.items():
         L += [f"## Text `{t}`", "", f"![heat map]({stem}.{t}.svg)", "",
               "| layer | " + " | ".join(f"{s} delta loss [95% CI]" for s in SPACES if s in set(df.space)) + " |",
