@@ -142,10 +142,12 @@ def render(meta, tables, safe: pd.DataFrame | None, stem: str, reading: list[str
               f"with {meta['safe']['grid_points']} grid points and {meta['safe']['refine_steps']} bisection steps per edge, "
               f"on {meta['safe']['sequences']} windows ({meta['safe']['tokens']} predicted tokens; no interval on the "
               "interval itself). 'bound' marks an edge that hit the search range."
-              + (f" Layers {', '.join(map(str, meta['safe']['previous']['layers']))} are from an earlier run with the "
-                 f"same settings (`{meta['safe']['previous']['command']}`, commit "
-                 f"`{meta['safe']['previous']['commit']}`)." if meta["safe"].get("previous") else ""), "",
-              "| layer | safe s_par interval | lower edge at bound | upper edge at bound | delta loss at s_par = 0 |",
+              + (" The layers were searched in several runs with these settings:" if len(meta["safe"].get("runs", [])) > 1
+                 else ""), ""]
+        if len(meta["safe"].get("runs", [])) > 1:
+            L += [f"- layers {', '.join(map(str, r['layers']))}: `{r['command']}` (commit `{r['commit']}`)"
+                  for r in meta["safe"]["runs"]] + [""]
+        L += ["| layer | safe s_par interval | lower edge at bound | upper edge at bound | delta loss at s_par = 0 |",
               "|---:|---|---|---|---:|"]
         for r in safe.itertuples():
             L.append(f"| {r.layer} | [{r.lo:.3g}, {r.hi:.3g}] | {'bound' if r.lo_at_bound else ''} | "
@@ -271,6 +273,7 @@ def main(argv=None) -> int:
                                   layer_groups=[[L] for L in (args.safe_layers or range(meta["n_layers"]))],
                                   batch_size=args.batch_size)
             rows = []
+            res_layers = [r.layers[0] for r in res]
             for r in res:
                 ev = r.evaluations.set_index("scale")["cost"]
                 rows.append({"layer": r.layers[0], "lo": r.interval[0], "hi": r.interval[1],
@@ -288,10 +291,16 @@ def main(argv=None) -> int:
                     raise SystemExit(f"--safe-extend {pdir}: its search settings differ from this run's "
                                      f"({ {k: pmeta['safe'][k] for k in same} }, seq_len {pmeta.get('seq_len')})")
                 old = pd.read_csv(pdir / "safe.csv")
-                old = old[~old.layer.isin(safe.layer)]
-                meta["safe"]["previous"] = {"command": pmeta["command"], "commit": pmeta["commit"],
-                                            "layers": [int(x) for x in old.layer]}
+                own = {int(x) for x in safe.layer}
+                # which run searched which layer (a chain of --safe-extend runs keeps the list)
+                runs = pmeta["safe"].get("runs") or [{"command": pmeta["command"], "commit": pmeta["commit"],
+                                                      "layers": sorted(int(x) for x in old.layer)}]
+                runs = [{**r, "layers": [x for x in r["layers"] if x not in own]} for r in runs]
+                meta["safe"]["runs"] = [r for r in runs if r["layers"]]
+                old = old[~old.layer.isin(own)]
                 safe = pd.concat([old, safe], ignore_index=True).sort_values("layer").reset_index(drop=True)
+            meta["safe"].setdefault("runs", []).append({"command": meta["command"], "commit": meta["commit"],
+                                                       "layers": sorted(int(x) for x in res_layers)})
             safe.to_csv(out / "safe.csv", index=False)
             print(safe.to_string(index=False), flush=True)
         meta["seconds"] = time.time() - t0

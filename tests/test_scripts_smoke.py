@@ -204,6 +204,17 @@ def test_layer_sensitivity_extend_smoke(llama_dir, tmp_path):
     assert meta["spaces"] == ["value", "resid-mlp", "hard-diag"] and len(df) == 3 * meta["n_layers"]
     assert max(meta["extends"]["check_max_abs_diff"].values()) < 1e-6
     assert "earlier runs on the same windows" in page.read_text()
+    # the safe-scale search in two runs: the table keeps both, the page names both commands
+    safe = ["--texts", "--safe-scale", "--safe-sequences", "2", "--safe-grid-points", "3", "--safe-refine-steps", "1"]
+    base = common[:2] + ["--seq-len", "16", "--batch-size", "2"]
+    assert mod.main(base + safe + ["--safe-layers", "0", "--out", str(tmp_path / "s1")]) == 0
+    spage = tmp_path / "safe.md"
+    assert mod.main(base + safe + ["--safe-layers", "1", "--safe-extend", str(tmp_path / "s1"),
+                                   "--out", str(tmp_path / "s2"), "--page", str(spage)]) == 0
+    smeta = json.loads(spage.with_name("safe.meta.json").read_text())
+    assert [r["layers"] for r in smeta["safe"]["runs"]] == [[0], [1]]
+    assert sorted(pd.read_csv(spage.with_name("safe.safe.csv")).layer) == [0, 1]
+    assert "searched in several runs" in spage.read_text()
 
 
 def test_compression_study_ranks_average_ties():
