@@ -46,6 +46,9 @@ def rows() -> list[str]:
                 texts = meta.get("texts")
                 if isinstance(texts, dict):
                     tok = ", ".join(f"`{t}` {v.get('tokens', v.get('tokens_bos_in', '?'))}" for t, v in texts.items())
+                    if meta.get("safe"):  # the per-layer find_safe_scale search
+                        tok = ", ".join(x for x in (tok, f"`{meta['safe']['text']}` {meta['safe']['tokens']} "
+                                                    "(safe-scale search)") if x)
                 else:
                     tok = f"`{meta.get('text')}` {meta.get('evaluation_predicted_tokens', '?')}"
                 out.append(f"| {title}: {what} | {m} | [{page.stem}](results/{page.name}) | {tok} | "
