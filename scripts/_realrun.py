@@ -114,8 +114,9 @@ def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
                              cwd=ROOT).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=ROOT).stdout.strip()
+        # code only: the result pages these runs rewrite do not make the code that wrote them dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "tl_directional",
+                                "scripts"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
         return out + ("+dirty" if dirty else "")
     except Exception:
         return "unknown"
@@ -128,8 +129,18 @@ def provenance(model, model_arg: str, resolved: str, cache_dir: Path) -> dict:
     info = {"model": short_name(model_arg), "model_argument": model_arg, "model_path": resolved,
             "lane": lane_of(model), "n_layers": int(model.cfg.n_layers), "d_model": int(model.cfg.d_model),
             "n_heads": int(model.cfg.n_heads), "d_head": int(model.cfg.d_head)}
-    st = Path(resolved) / "model.safetensors"
-    if st.is_file():
+    path = Path(resolved)
+    if not path.is_dir():  # a catalogue name: its converted directory in the cache
+        from tl_directional.models.catalog import REAL_MODELS, entry_dir, read_manifest
+
+        if resolved in REAL_MODELS and entry_dir(resolved).is_dir():
+            path = entry_dir(resolved)
+            info["model_path"] = str(path)
+            want = (read_manifest(path) or {}).get("files", {}).get("model.safetensors", {}).get("sha256")
+            if want:  # load_model verified the file against its manifest
+                info["model_safetensors_sha256"] = want
+    st = path / "model.safetensors"
+    if st.is_file() and "model_safetensors_sha256" not in info:
         info["model_safetensors_sha256"] = sha256_cached(st, cache_dir / "model_sha256.json")
     dev = device_of(model)
     info["device"] = (f"{dev}" + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else

@@ -22,7 +22,18 @@ Usage (the docs' numbers)::
 
     python scripts/compression_study.py --model default --out docs/compression_study
 
-Outputs in ``--out``: ``settings.csv`` (one row per setting: loss increase, every diagnostic),
+Real models, both texts (each setting compressed once, calibrated on the first prose windows,
+evaluated on the next prose windows and on KJV; the page lists what held first)::
+
+    python scripts/compression_study.py --model smollm2-135m --texts prose kjv --calib-sequences 4 \
+        --eval-sequences 8 --seq-len 64 --modes local --out results/real/compression_study_smollm2-135m \
+        --page docs/results/compression_study_smollm2-135m.md
+
+With ``--partial FILE`` each finished setting's sums are saved there; ``--from-partial`` then
+writes every output from the settings finished so far (a run stopped by a deadline still gives
+its page).
+
+Outputs in ``--out`` (with several texts: in ``OUT/<text>/``): ``settings.csv`` (one row per setting: loss increase, every diagnostic),
 ``spearman.csv`` (diagnostic x unit x mode: rho, bootstrap interval, P(perp beats it)),
 ``per_layer.csv`` (setting x layer x unit geometry), ``perp_per_layer_attn.svg`` /
 ``perp_per_layer_mlp.svg`` (the paper-style figure), ``scatter.svg``, ``table.md`` and
@@ -114,7 +125,8 @@ def rankdata(x: torch.Tensor) -> torch.Tensor:
     xs = x.gather(-1, order)
     out = ranks.clone()
     flat_x, flat_o, flat_out = xs.reshape(-1, x.shape[-1]), order.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
-    for r in range(flat_x.shape[0]):
+    tied = (flat_x[:, 1:] == flat_x[:, :-1]).any(-1)  # only rows with ties need the loop
+    for r in torch.nonzero(tied).flatten().tolist():
         row = flat_x[r]
         i = 0
         while i < row.numel():
@@ -164,13 +176,14 @@ def write_outputs(out: Path, settings, pl, sp) -> None:
     show = [x for x in FIGURE_SETTINGS if x in set(pl.setting)] or \
         sorted(set(pl.setting) - set(settings[settings.by_construction_parallel].setting))
     for unit in ("attn", "mlp"):
-        series = {}
-        for s in show:
-            sub = pl[(pl.setting == s) & (pl.unit == unit) & (pl["mode"] == "local")].sort_values("layer")
-            series[s] = list(zip(sub.layer.tolist(), sub.err_perp_energy.tolist(), strict=True))
-        svg = svg_chart(series, title=f"local {unit}: perpendicular error / update per layer "
-                        "(err_perp_energy)", xlabel="layer", ylabel="err_perp_energy", width=760, height=420)
-        (out / f"perp_per_layer_{unit}.svg").write_text(svg)
+        for part, col, word in (("perp", "err_perp_energy", "perpendicular"), ("par", "err_par_energy", "parallel")):
+            series = {}
+            for s in show:
+                sub = pl[(pl.setting == s) & (pl.unit == unit) & (pl["mode"] == "local")].sort_values("layer")
+                series[s] = list(zip(sub.layer.tolist(), sub[col].tolist(), strict=True))
+            svg = svg_chart(series, title=f"local {unit}: {word} error / update per layer ({col})",
+                            xlabel="layer", ylabel=col, width=760, height=420)
+            (out / f"{part}_per_layer_{unit}.svg").write_text(svg)
     sc = {}
     rk = settings[~settings.by_construction_parallel]
     for name, col in (("perp", "local.block.perp_energy"), ("par", "local.block.par_energy"),
@@ -192,15 +205,18 @@ def write_outputs(out: Path, settings, pl, sp) -> None:
         pb = "" if r.p_perp_energy_higher != r.p_perp_energy_higher else f"{r.p_perp_energy_higher:.2f}"
         lines.append(f"| {r.mode} | {r.unit} | {r.diagnostic} | {r.spearman:+.3f} | "
                      f"[{r.ci_lo:+.3f}, {r.ci_hi:+.3f}] | {pb} |")
-    lines += ["", "| setting | loss increase | local attn perp | local attn par | local block perp | "
-              "local block par | local block 1-cos | local block MSE | global block perp |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    cols = [("local attn perp", "local.attn.perp_energy", ".4f"), ("local attn par", "local.attn.par_energy", ".4f"),
+            ("local mlp perp", "local.mlp.perp_energy", ".4f"), ("local mlp par", "local.mlp.par_energy", ".4f"),
+            ("local block perp", "local.block.perp_energy", ".4f"), ("local block par", "local.block.par_energy", ".4f"),
+            ("local block 1-cos", "local.block.one_minus_cos", ".5f"), ("local block MSE", "local.block.mse_energy", ".5f"),
+            ("global block perp", "global.block.perp_energy", ".4f")]
+    cols = [c for c in cols if c[1] in settings.columns]
+    lines += ["", "| setting | loss increase | " + " | ".join(c[0] for c in cols) + " |",
+              "|---|---:|" + "---:|" * len(cols)]
     for r in settings.sort_values("loss_increase").to_dict("records"):
         flag = " (drop: purely parallel, not ranked)" if r["by_construction_parallel"] else ""
-        lines.append(f"| {r['setting']}{flag} | {r['loss_increase']:+.4f} | {r['local.attn.perp_energy']:.4f} | "
-                     f"{r['local.attn.par_energy']:.4f} | {r['local.block.perp_energy']:.4f} | "
-                     f"{r['local.block.par_energy']:.4f} | {r['local.block.one_minus_cos']:.5f} | "
-                     f"{r['local.block.mse_energy']:.5f} | {r.get('global.block.perp_energy', float('nan')):.4f} |")
+        lines.append(f"| {r['setting']}{flag} | {r['loss_increase']:+.4f} | "
+                     + " | ".join(f"{r[c[1]]:{c[2]}}" for c in cols) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     # compact: diagnostic x (mode, unit), "rho [lo, hi]"
     cols = [("local", "attn"), ("local", "mlp"), ("local", "block"), ("global", "attn"), ("global", "mlp"),
@@ -242,84 +258,298 @@ PAPER_LAYER = {
 }
 
 
-def write_page(page: Path, out: Path, settings, pl, sp, meta: dict) -> None:
-    """The real-model results page: reading first (computed), provenance, tables, paper side by side."""
-    import shutil
+PAGE_NAMES = ["perp_energy", "par_energy", "one_minus_cos", "mse_energy"]
 
-    stem = page.stem
-    page.parent.mkdir(parents=True, exist_ok=True)
-    look = sp.set_index(["mode", "unit", "diagnostic"])
-    names = ["perp_energy", "par_energy", "one_minus_cos", "mse_energy"]
-    reading = []
-    for unit in ("attn", "mlp", "block"):
-        r = {n: look.loc[("local", unit, n)] for n in names}
-        best = max(names, key=lambda n: r[n].spearman)
-        reading.append(
-            f"- local {unit}: Spearman with held-out loss increase: "
-            + ", ".join(f"{n} {r[n].spearman:+.2f} [{r[n].ci_lo:+.2f}, {r[n].ci_hi:+.2f}]" for n in names)
-            + f"; highest: {best}; P(perp_energy rho > par_energy rho) = {r['par_energy'].p_perp_energy_higher:.2f}, "
-            f"> 1-cos: {r['one_minus_cos'].p_perp_energy_higher:.2f}, > MSE: {r['mse_energy'].p_perp_energy_higher:.2f}.")
-    r = look.loc[("local", "block", "perp_energy")]
-    others = [look.loc[("local", "block", n)] for n in names[1:]]
-    beats = all(o.p_perp_energy_higher >= 0.95 for o in others)
-    reading.append(f"- The paper's claim (perpendicular error ranks compression damage better than parallel error, "
-                   f"cosine or MSE), local block: {'holds' if beats else 'not shown'} here "
-                   f"(needs P(perp higher) >= 0.95 against each; got "
-                   + ", ".join(f"{n} {o.p_perp_energy_higher:.2f}" for n, o in zip(names[1:], others, strict=True))
-                   + ").")
+
+def paper_layer_rows(settings, pl) -> list[tuple]:
+    """``(source, label, paper perp, paper par, layer, per-layer row)`` for each of the paper's
+    single-layer numbers whose setting is in the grid (local attention at that layer)."""
     by_spec = dict(zip(settings.spec, settings.setting, strict=True))
-    L = [f"# Compression diagnostics: {meta['model']}, text `{meta['text']}`", "",
-         "**Reading (computed from the tables below):**", ""] + reading + [
-        "", f"Generated by `{meta['command']}` (commit `{meta['commit']}`, {meta['date']}, {meta['device']}, "
-        f"{meta['seconds']:.0f} s).", "",
-        f"Model: `{meta['model']}` loaded from `{meta['model_path']}` (model.safetensors sha256 "
-        f"`{meta.get('model_safetensors_sha256', 'n/a')}`), lane {meta['lane']}, {meta['n_layers']} layers. "
-        f"Text `{meta['text']}`: calibration on the first {meta['calibration_sequences']} windows, evaluation on the "
-        f"next {meta['evaluation_sequences']} windows of {meta['seq_len']} tokens = "
-        f"{meta['evaluation_predicted_tokens']} predicted tokens; dense loss {meta['dense_loss']:.4f}. "
-        f"Geometry modes: {', '.join(meta['modes'])}. Spearman over {len(meta['ranked_settings'])} ranked settings "
-        f"(layer drop reported, not ranked: its error is parallel by construction, METHOD sec. 6), 95% interval from "
-        f"{meta['bootstrap']} paired resamples of the evaluation sequences.", "",
-        "## Spearman of each diagnostic with the loss increase", ""]
-    L += (out / "table_compact.md").read_text().splitlines()
-    L += ["", "## Settings", ""] + (out / "table.md").read_text().splitlines()[
-        next(i for i, x in enumerate((out / "table.md").read_text().splitlines()) if x.startswith("| setting")):]
-    L += ["", "## The paper's single-layer numbers side by side (local attention, per-token mean error / update)", "",
-          "| source | setting | paper perp | paper par | here layer | here perp / update | here par / update | "
-          "here perp energy | here par energy |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = []
     for src, vals in PAPER_LAYER.items():
         layer = 10 if "layer 10" in src else 14
         for spec, (pp, pa) in vals.items():
             lab = by_spec.get(spec)
             sub = pl[(pl.setting == lab) & (pl.unit == "attn") & (pl["mode"] == "local") & (pl.layer == layer)]
-            if lab is None or not len(sub):
-                continue
-            x = sub.iloc[0]
-            L.append(f"| {src} | {lab} | {pp} | {'' if pa is None else pa} | {layer} | {x.err_perp_over_update:.3f} | "
-                     f"{x.err_par_over_update:.3f} | {x.err_perp_energy:.3f} | {x.err_par_energy:.3f} |")
-    L += ["", "The paper's layer-10 values above 1 suggest a different normalisation from METHOD sec. 6's "
-          "`||e_perp|| / ||u||` (a guess; the paper's text does not settle it).", "",
-          f"![local attn perp per layer]({stem}.perp_per_layer_attn.svg)", "",
-          f"![local mlp perp per layer]({stem}.perp_per_layer_mlp.svg)", "",
-          f"Per-layer local parallel / perpendicular error of attention and MLP for every setting: "
+            if lab is not None and len(sub):
+                out.append((src, lab, pp, pa, layer, sub.iloc[0]))
+    return out
+
+
+def reading_lines(text: str, settings, pl, sp) -> list[str]:
+    """The page's first lines for one text: does perpendicular error rank the damage best
+    (local block, with the bootstrap probability against each rival), per unit, and the
+    paper's layer-10 perp-vs-par comparison."""
+    look = sp.set_index(["mode", "unit", "diagnostic"])
+    names = PAGE_NAMES
+    out = []
+    r = {n: look.loc[("local", "block", n)] for n in names}
+    if all(r[n].p_perp_energy_higher >= 0.95 for n in names[1:]):
+        verdict = "held"
+    elif any(r[n].p_perp_energy_higher <= 0.05 for n in names[1:]):
+        verdict = "failed (another diagnostic ranks better)"
+    else:
+        verdict = "not shown (the intervals overlap)"
+    best = max(names, key=lambda n: r[n].spearman)
+    out.append(
+        f"- `{text}`, the paper's claim (perpendicular error ranks compression damage better than parallel error, "
+        f"1-cos and MSE), local block, {len(settings[~settings.by_construction_parallel.astype(bool)])} ranked "
+        f"settings: **{verdict}** (held needs P(perp rho higher) >= 0.95 against each, failed <= 0.05 against one). "
+        + ", ".join(f"{n} rho {r[n].spearman:+.2f} [{r[n].ci_lo:+.2f}, {r[n].ci_hi:+.2f}]" for n in names)
+        + "; P(perp higher) vs " + ", ".join(f"{n} {r[n].p_perp_energy_higher:.2f}" for n in names[1:])
+        + f"; highest rho: {best}. Leaving one setting out moves perp_energy's rho within "
+        f"[{r['perp_energy'].loo_min:+.2f}, {r['perp_energy'].loo_max:+.2f}] and {best}'s within "
+        f"[{r[best].loo_min:+.2f}, {r[best].loo_max:+.2f}].")
+    for unit in ("attn", "mlp"):
+        ru = {n: look.loc[("local", unit, n)] for n in names}
+        out.append(f"- `{text}`, local {unit}: " + ", ".join(
+            f"{n} {ru[n].spearman:+.2f} [{ru[n].ci_lo:+.2f}, {ru[n].ci_hi:+.2f}]" for n in names)
+            + f"; highest: {max(names, key=lambda n: ru[n].spearman)}.")
+    rows = [x for x in paper_layer_rows(settings, pl) if x[4] == 10]
+    if rows:
+        ok = all(x.err_perp_energy > x.err_par_energy for *_, x in rows)
+        out.append(
+            f"- `{text}`, layer 10 attention (the paper, Qwen3-4B: perpendicular error above parallel for AWQ 4-bit "
+            f"and Wanda 2:4): **{'held' if ok else 'failed'}** here: " + "; ".join(
+                f"{lab} perp {x.err_perp_energy:.3f} [{x.err_perp_energy_lo:.3f}, {x.err_perp_energy_hi:.3f}] vs par "
+                f"{x.err_par_energy:.3f} [{x.err_par_energy_lo:.3f}, {x.err_par_energy_hi:.3f}] "
+                f"(paper {pp} vs {pa})" for _, lab, pp, pa, _, x in rows)
+            + " (energy form over the update; the paper's normalisation differs, see below).")
+    rows = [x for x in paper_layer_rows(settings, pl) if x[4] == 14]
+    if rows:
+        out.append(f"- `{text}`, layer 14 attention, perpendicular error per token over the update (METHOD sec. 8's "
+                   "Qwen3-4B values): " + "; ".join(f"{lab} {x.err_perp_over_update:.2f} (paper {pp})"
+                                                   for _, lab, pp, _, _, x in rows) + ".")
+    return out
+
+
+def write_page(page: Path, results: dict, meta: dict) -> None:
+    """The real-model results page: reading first (computed), provenance, then per text the
+    Spearman table, the settings table and the paper's single-layer numbers side by side.
+
+    ``results``: ``{text: (out_dir, settings, per_layer, spearman)}``; with one text the
+    copied files are ``<stem>.settings.csv`` etc., with several they are concatenated (a
+    ``text`` column) and the figures are ``<stem>.<text>.*.svg``."""
+    import shutil
+
+    import pandas as pd
+
+    stem = page.stem
+    page.parent.mkdir(parents=True, exist_ok=True)
+    multi = len(results) > 1
+    reading = []
+    for text, (_, settings, pl, sp) in results.items():
+        reading += reading_lines(text, settings, pl, sp)
+    widths = []
+    for _, (_, _, _, sp) in results.items():
+        loc = sp[(sp["mode"] == "local") & sp.unit.isin(UNITS) & sp.diagnostic.isin(PAGE_NAMES)]
+        widths += (loc.ci_hi - loc.ci_lo).tolist()
+    widths.sort()
+    med_w = widths[len(widths) // 2] if widths else float("nan")
+    L = [f"# Compression diagnostics: {meta['model']}", "", "**Reading (computed from the tables below):**", ""]
+    L += reading
+    measured = (f" Measured by `{meta['measured_by']['command']}` at commit `{meta['measured_by']['commit']}` "
+                f"({meta['measured_by']['date']}, {meta['measured_seconds']:.0f} s of compressing and measuring); "
+                "this run re-analysed its saved per-sequence sums."
+                if meta.get("measured_by") else "")
+    L += ["", f"Generated by `{meta['command']}` (commit `{meta['commit']}`, {meta['date']}, {meta['device']}, "
+          f"{meta['seconds']:.0f} s).{measured}", "",
+          f"Model: `{meta['model']}` loaded from `{meta['model_path']}` (model.safetensors sha256 "
+          f"`{meta.get('model_safetensors_sha256', 'n/a')}`), lane {meta['lane']}, {meta['n_layers']} layers. "
+          f"Each setting compresses every attention and MLP linear once (embeddings, norms, the tied unembedding "
+          f"untouched) and is evaluated on every text. Calibration (Wanda input norms, AWQ scales): the first "
+          f"{meta['calibration_sequences']} windows of `{meta['calibration_text']}` "
+          f"({meta['calibration_tokens']} tokens), disjoint from every evaluation window. Geometry: "
+          f"{', '.join(meta['modes'])} mode (each unit fed the dense model's input), attention / MLP / block, "
+          "pooled over layers and tokens in energy form.", ""]
+    for text, info in meta["texts"].items():
+        L.append(f"- text `{text}`: {R_TEXTS.get(text, text)}; {info['sequences']} windows of {meta['seq_len']} "
+                 f"tokens = {info['tokens']} predicted tokens; dense loss {info['dense_loss']:.4f} nats/token.")
+    L += ["", f"Every Spearman rho is over {len(meta['ranked_settings'])} ranked settings (layer drop reported, not "
+          "ranked: its error is parallel by construction, METHOD sec. 6) and rests on the tokens of its text; its 95% "
+          f"interval is from {meta['bootstrap']} paired resamples of that text's evaluation sequences (the same "
+          "resample for every setting); the local attn / MLP / block rho intervals are "
+          f"{med_w:.2f} wide (median). They measure token noise only: the grid of settings is fixed, and which "
+          "settings are in it matters more; the reading gives each rho's range over leave-one-setting-out grids "
+          "(columns `loo_min` / `loo_max` of the Spearman CSV). Per-layer errors carry their own bootstrap intervals "
+          "in the per-layer CSV.", ""]
+    for text, (out, settings, pl, _sp) in results.items():
+        prefix = f"{stem}.{text}" if multi else stem
+        L += [f"## Text `{text}`", "", "### Spearman of each diagnostic with the loss increase", ""]
+        L += (out / "table_compact.md").read_text().splitlines()
+        L += ["", "Within method families (full sample, no interval), local block:", ""]
+        L += (out / "table_within.md").read_text().splitlines()
+        tm = (out / "table.md").read_text().splitlines()
+        L += ["", "### Settings", ""] + tm[next(i for i, x in enumerate(tm) if x.startswith("| setting")):]
+        L += ["", "### The paper's single-layer numbers side by side (local attention)", "",
+              "| source | setting | paper perp | paper par | here layer | here perp energy [95% CI] | "
+              "here par energy [95% CI] | P(perp > par) | here perp / update (per-token mean) | here par / update |",
+              "|---|---|---:|---:|---:|---|---|---:|---:|---:|"]
+        for src, lab, pp, pa, layer, x in paper_layer_rows(settings, pl):
+            L.append(f"| {src} | {lab} | {pp} | {'' if pa is None else pa} | {layer} | "
+                     f"{x.err_perp_energy:.3f} [{x.err_perp_energy_lo:.3f}, {x.err_perp_energy_hi:.3f}] | "
+                     f"{x.err_par_energy:.3f} [{x.err_par_energy_lo:.3f}, {x.err_par_energy_hi:.3f}] | "
+                     f"{x.p_perp_gt_par:.2f} | {x.err_perp_over_update:.3f} | {x.err_par_over_update:.3f} |")
+        L += ["", "The paper's layer-10 values above 1 suggest a different normalisation from METHOD sec. 6's "
+              "`||e_perp|| / ||u||` (a guess; the paper's text does not settle it), so compare the perp-vs-par "
+              "order, not the values.", "",
+              f"![local attn perp per layer, {text}]({prefix}.perp_per_layer_attn.svg)", "",
+              f"![local mlp perp per layer, {text}]({prefix}.perp_per_layer_mlp.svg)", "",
+              f"Parallel error per layer: [attention]({prefix}.par_per_layer_attn.svg), "
+              f"[MLP]({prefix}.par_per_layer_mlp.svg).", "",
+              f"![diagnostics vs loss increase, {text}]({prefix}.scatter.svg)", ""]
+    L += [f"Per-layer local parallel / perpendicular error of attention and MLP for every setting, with intervals: "
           f"[`{stem}.per_layer.csv`]({stem}.per_layer.csv); settings [`{stem}.settings.csv`]({stem}.settings.csv); "
           f"Spearman incl. per layer [`{stem}.spearman.csv`]({stem}.spearman.csv); meta "
           f"[`{stem}.meta.json`]({stem}.meta.json).", ""]
     page.write_text("\n".join(L))
-    for name in ("settings.csv", "per_layer.csv", "spearman.csv", "perp_per_layer_attn.svg", "perp_per_layer_mlp.svg",
-                 "scatter.svg"):
-        shutil.copy(out / name, page.with_name(f"{stem}.{name}"))
-    meta = {**meta, "reading": reading}
+    for name in ("settings.csv", "per_layer.csv", "spearman.csv"):
+        frames = [pd.read_csv(out / name) for out, *_ in results.values()]
+        pd.concat(frames, ignore_index=True).to_csv(page.with_name(f"{stem}.{name}"), index=False,
+                                                    float_format="%.6g")
+    for text, (out, *_) in results.items():
+        prefix = f"{stem}.{text}" if multi else stem
+        for name in ("perp_per_layer_attn.svg", "perp_per_layer_mlp.svg", "par_per_layer_attn.svg",
+                     "par_per_layer_mlp.svg", "scatter.svg"):
+            shutil.copy(out / name, page.with_name(f"{prefix}.{name}"))
+    meta = {**meta, "reading": reading, "rho_interval_width_median": med_w}
     page.with_name(f"{stem}.meta.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
     print(f"wrote {page}")
 
 
+R_TEXTS = {
+    "kjv": "bundled held-out KJV slice (test-split books)",
+    "prose": "held-out modern English prose (Debian Reference slice, tl_directional/data/prose_heldout.txt)",
+}
+
+
+def concat_batches(batches: dict) -> tuple[TokenBatch, dict]:
+    """One batch of several texts' windows (right-padded to a common width, mask 0) and each
+    text's row indices in it."""
+    width = max(b.tokens.shape[1] for b in batches.values())
+    toks, masks, spans, i = [], [], {}, 0
+    for text, b in batches.items():
+        pad = width - b.tokens.shape[1]
+        toks.append(torch.nn.functional.pad(b.tokens, (0, pad), value=int(b.tokens[0, -1])))
+        masks.append(torch.nn.functional.pad(b.attention_mask, (0, pad), value=0))
+        spans[text] = torch.arange(i, i + len(b))
+        i += len(b)
+    return TokenBatch(torch.cat(toks), torch.cat(masks)), spans
+
+
+def analyse(out: Path, text: str, sel: torch.Tensor, records: list[dict], seq_nll: dict, seq_sums: dict,
+            dense_nll_all: torch.Tensor, counts_all: torch.Tensor, geo_rows: list, modes, B: int, seed: int):
+    """Settings table, per-layer table (with bootstrap intervals of the energy-form errors) and
+    Spearman table of one text, from the per-sequence sums of its rows ``sel`` of the joint
+    evaluation batch; writes them (and the figures) to ``out``."""
+    import pandas as pd
+
+    from tl_directional.compression.geometry import summarize as row_summary
+
+    out.mkdir(parents=True, exist_ok=True)
+    counts, dense_nll = counts_all[sel], dense_nll_all[sel]
+    n_eval = len(sel)
+    dense_loss = float(dense_nll.sum() / counts.sum())
+    gen = torch.Generator().manual_seed(seed)
+    weights = torch.ones(B + 1, n_eval, dtype=torch.float64)
+    for b in range(1, B + 1):  # row 0 = the full sample
+        idx = torch.randint(0, n_eval, (n_eval,), generator=gen)
+        weights[b] = torch.bincount(idx, minlength=n_eval).double()
+    iu, ip, ie = STAT_INDEX["u_sq"], STAT_INDEX["e_perp_sq"], STAT_INDEX["e_par_sq"]
+    rows, per_layer = [], []
+    for rec in records:
+        label = rec["setting"]
+        nll = seq_nll[label][sel]
+        loss = float(nll.sum() / counts.sum())
+        row = {"text": text, **{k: rec[k] for k in ("setting", "spec", "method", "weight_rel_error", "zero_fraction",
+                                                    "by_construction_parallel")},
+               "loss": loss, "loss_increase": loss - dense_loss}
+        for mode in modes:
+            per = seq_sums[(label, mode)][sel]  # [n, rows, K]
+            for unit in UNITS:
+                idx = [i for i, (L, u) in enumerate(geo_rows) if u == unit]
+                for k, v in diagnostics(per[:, idx].sum((0, 1))).items():
+                    row[f"{mode}.{unit}.{k}"] = float(v)
+            boot = torch.einsum("bn,nrk->brk", weights, per)  # [B+1, rows, K]
+            u_b = boot[..., iu].clamp_min(1e-300)
+            perp_b, par_b = (boot[..., ip] / u_b).sqrt(), (boot[..., ie] / u_b).sqrt()
+            q = torch.tensor([0.025, 0.975], dtype=torch.float64)
+            perp_q, par_q = torch.quantile(perp_b[1:], q, dim=0), torch.quantile(par_b[1:], q, dim=0)
+            p_gt = (perp_b[1:] > par_b[1:]).double().mean(0)
+            for i, (L, u) in enumerate(geo_rows):
+                m = row_summary(per[:, i].sum(0), mode)
+                per_layer.append({
+                    "text": text, "setting": label, "mode": mode, "layer": L, "unit": u,
+                    "err_perp_energy": m["err_perp_energy"], "err_perp_energy_lo": float(perp_q[0, i]),
+                    "err_perp_energy_hi": float(perp_q[1, i]), "err_par_energy": m["err_par_energy"],
+                    "err_par_energy_lo": float(par_q[0, i]), "err_par_energy_hi": float(par_q[1, i]),
+                    "p_perp_gt_par": float(p_gt[i]),
+                    "err_perp_over_update": m["err_perp_over_update"], "err_par_over_update": m["err_par_over_update"],
+                    "err_perp_share_energy": m["err_perp_share_energy"], "cos_sim": m["cos_sim"],
+                    "rel_mse_energy": m["rel_mse_energy"], "alpha_err": m["alpha_err"],
+                    "by_construction_parallel": bool(m["by_construction_parallel"] or L in rec["dropped"])})
+        rows.append(row)
+    settings = pd.DataFrame(rows)
+    settings.to_csv(out / "settings.csv", index=False)
+    pl = pd.DataFrame(per_layer)
+    pl.to_csv(out / "per_layer.csv", index=False, float_format="%.6g")
+
+    # ---- Spearman with a paired bootstrap over sequences (same weights for every setting) ----
+    ranked = [r["setting"] for r in rows if not r["by_construction_parallel"]]
+    S = len(ranked)
+    nll_mat = torch.stack([seq_nll[s][sel] for s in ranked])  # [S, n]
+    loss_inc = (weights @ nll_mat.T) / (weights @ counts).unsqueeze(-1) - \
+        ((weights @ dense_nll) / (weights @ counts)).unsqueeze(-1)  # [B+1, S]
+    cand_values = {}
+    for mode in modes:
+        for unit in UNITS:
+            idx = [i for i, (L, u) in enumerate(geo_rows) if u == unit]
+            stacked = torch.stack([seq_sums[(s, mode)][sel][:, idx].sum(1) for s in ranked])  # [S, n, K]
+            pooled = torch.einsum("bn,snk->bsk", weights, stacked)  # [B+1, S, K]
+            for name, val in diagnostics(pooled).items():
+                cand_values[(mode, unit, name)] = val
+            if mode == "local":  # layer-resolved, for the paper's single-layer reading
+                for i in idx:
+                    L = geo_rows[i][0]
+                    stacked = torch.stack([seq_sums[(s, mode)][sel][:, i] for s in ranked])
+                    d = diagnostics(torch.einsum("bn,snk->bsk", weights, stacked))
+                    for name in PAGE_NAMES:
+                        cand_values[("local", f"{unit} L{L}", name)] = d[name]
+    wre = torch.tensor([settings.set_index("setting").loc[s, "weight_rel_error"] for s in ranked],
+                       dtype=torch.float64).expand(B + 1, S)
+    cand_values[("data-free", "all", "weight_rel_error")] = wre
+    rhos = {k: spearman(v, loss_inc) for k, v in cand_values.items()}  # each [B+1]
+    # The bootstrap above resamples tokens only; the grid of settings is fixed. How much one
+    # setting moves rho: its range over leave-one-setting-out grids (full sample).
+    loo = {}
+    for key, v in cand_values.items():
+        if key[1] in UNITS or key[0] == "data-free":
+            keep = [torch.tensor([j for j in range(S) if j != i]) for i in range(S)]
+            vals = torch.stack([spearman(v[0, k], loss_inc[0, k]) for k in keep])
+            loo[key] = (float(vals.min()), float(vals.max()))
+    results = []
+    for (mode, unit, name), rho in rhos.items():
+        ref = rhos.get((mode, unit, "perp_energy"))
+        p_beat = float((ref[1:] > rho[1:]).double().mean()) if ref is not None and name != "perp_energy" else float("nan")
+        results.append({"text": text, "mode": mode, "unit": unit, "diagnostic": name, "spearman": float(rho[0]),
+                        "ci_lo": float(torch.quantile(rho[1:], 0.025)), "ci_hi": float(torch.quantile(rho[1:], 0.975)),
+                        "p_perp_energy_higher": p_beat,
+                        "loo_min": loo.get((mode, unit, name), (float("nan"),) * 2)[0],
+                        "loo_max": loo.get((mode, unit, name), (float("nan"),) * 2)[1],
+                        "description": DIAGNOSTICS.get(name, "mean relative Frobenius error of the weights")})
+    sp = pd.DataFrame(results)
+    sp.to_csv(out / "spearman.csv", index=False, float_format="%.6g")
+    write_outputs(out, settings, pl, sp.copy())
+    info = {"sequences": n_eval, "tokens": int(counts.sum()), "dense_loss": dense_loss}
+    return settings, pl, sp, info
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
+    p.add_argument("--model", default="default", help="'default', a catalogue name (smollm2-135m), or a model directory")
     p.add_argument("--out", default="docs/compression_study")
     p.add_argument("--calib-sequences", type=int, default=32)
-    p.add_argument("--eval-sequences", type=int, default=64)
+    p.add_argument("--eval-sequences", type=int, default=64, help="evaluation windows per text")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--bootstrap", type=int, default=1000)
@@ -329,6 +559,12 @@ def main(argv=None) -> int:
     p.add_argument("--text", default="kjv",
                    help="held-out text: 'kjv' (bundled KJV slice, the default), 'prose' (bundled Debian Reference "
                         "slice) or a text file")
+    p.add_argument("--texts", nargs="+", default=None,
+                   help="several held-out texts (overrides --text): each setting is compressed once and evaluated "
+                        "on every text; outputs per text in OUT/<text>/")
+    p.add_argument("--calib-text", default=None,
+                   help="text whose first --calib-sequences windows calibrate (default: the first text); its "
+                        "evaluation windows follow them")
     p.add_argument("--modes", nargs="+", default=["local", "global"], choices=["local", "global"],
                    help="geometry modes to measure (global costs two more forwards per setting)")
     p.add_argument("--page", default=None,
@@ -336,6 +572,11 @@ def main(argv=None) -> int:
                         "<page stem>.meta.json and the tables copied next to it")
     p.add_argument("--replot", action="store_true",
                    help="only redraw figures and tables from the CSVs already in --out")
+    p.add_argument("--partial", default=None,
+                   help="save the per-sequence sums of every finished setting to this file (for --from-partial)")
+    p.add_argument("--from-partial", action="store_true",
+                   help="skip measuring: analyse the settings finished so far (the --partial file) and write the "
+                        "outputs and page from them")
     args = p.parse_args(argv)
     if args.replot:
         import pandas as pd
@@ -349,168 +590,132 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
 
-    from tl_directional.inputs import load_text_sequences
+    from _realrun import text_windows
+
     from tl_directional.models import bundled_model_dir, load_model
     from tl_directional.sites import lane_of, resolve_sites
 
     t_start = time.perf_counter()
-    if args.model == "default":
-        dense, resolved = load_model(args.model), "default"
-    else:  # an official real-model name falls back to its scratch conversion until the loader knows it
-        from _realrun import load as _load_real
-
-        dense, resolved = _load_real(args.model)
+    dense, resolved = load_model(args.model), args.model
     sites = resolve_sites(dense, warn=False)
     if args.model == "default":
         model_desc = ("bundled trained default model" if bundled_model_dir() is not None
                       else "RANDOM-WEIGHT STAND-IN for the default model (bundled model not installed)")
     else:
         model_desc = str(args.model)
-    if args.text == "kjv":
-        windows = load_text_sequences(dense, None, max_sequences=args.calib_sequences + args.eval_sequences,
-                                      seq_len=args.seq_len)
-    else:
-        from _realrun import text_windows
-
-        windows = text_windows(dense, args.text, args.calib_sequences + args.eval_sequences, args.seq_len)
-    if len(windows) < args.calib_sequences + 2:
-        raise SystemExit("not enough held-out text for calibration + evaluation windows")
-    calib = windows.slice(0, args.calib_sequences)
-    evalb = windows.slice(args.calib_sequences, len(windows))
-    n_eval = len(evalb)
+    texts = list(dict.fromkeys(args.texts or [args.text]))
+    calib_text = args.calib_text or texts[0]
+    evals = {}
+    for text in dict.fromkeys([calib_text, *texts]):
+        if text == calib_text:
+            windows = text_windows(dense, text, args.calib_sequences + args.eval_sequences, args.seq_len)
+            if len(windows) < args.calib_sequences + 2:
+                raise SystemExit(f"not enough held-out text in {text!r} for calibration + evaluation windows")
+            calib = windows.slice(0, args.calib_sequences)
+            if text in texts:
+                evals[text] = windows.slice(args.calib_sequences, len(windows))
+        else:
+            evals[text] = text_windows(dense, text, args.eval_sequences, args.seq_len)
+    evals = {t: evals[t] for t in texts}
+    evalb, spans = concat_batches(evals)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     print(f"model: {model_desc} ({sites.n_layers} layers, d_model {sites.d_model}, lane {lane_of(dense)}); "
-          f"calibration {len(calib)} x {args.seq_len} tokens, evaluation {n_eval} sequences")
+          f"calibration {len(calib)} x {args.seq_len} tokens of {calib_text!r}, evaluation "
+          + ", ".join(f"{t} {len(b)} sequences" for t, b in evals.items()), flush=True)
 
     grid = [g.replace("LAST", str(sites.n_layers - 1)) for g in (args.grid or DEFAULT_GRID)]
-    stats = collect_input_stats(dense, calib, batch_size=args.batch_size, n_samples=512, seed=args.seed)
     t0 = time.perf_counter()
     dense_nll, counts = per_sequence_loss(dense, evalb, args.batch_size)
     dense_loss_seconds = time.perf_counter() - t0
-    dense_loss = float(dense_nll.sum() / counts.sum())
-    print(f"dense held-out loss {dense_loss:.4f} nats/token over {int(counts.sum())} predicted tokens")
+    for t, sel in spans.items():
+        print(f"dense held-out loss ({t}) {float(dense_nll[sel].sum() / counts[sel].sum()):.4f} nats/token over "
+              f"{int(counts[sel].sum())} predicted tokens ({dense_loss_seconds:.1f}s for all texts)", flush=True)
 
-    rows, per_layer, seq_sums, seq_nll, geo_rows = [], [], {}, {}, []
-    timings = {}
-    for spec in grid:
-        t0 = time.perf_counter()
-        res = compress(dense, spec, calibration=calib, stats=stats)
-        t_comp = time.perf_counter() - t0
-        label = res.record.label
-        t0 = time.perf_counter()
-        nll, _ = per_sequence_loss(res.model, evalb, args.batch_size)
-        t_loss = time.perf_counter() - t0
-        geo = {}
-        t_geo = {}
-        for mode in args.modes:
+    records, seq_sums, seq_nll, geo_rows, timings = [], {}, {}, None, {}
+    partial = Path(args.partial) if args.partial else None
+    if args.from_partial and partial is None:
+        raise SystemExit("--from-partial needs --partial FILE (the file the interrupted run saved)")
+    if args.from_partial:
+        saved = torch.load(partial)
+        records, seq_sums, seq_nll, geo_rows, timings = (saved[k] for k in ("records", "seq_sums", "seq_nll",
+                                                                           "geo_rows", "timings"))
+        assert torch.equal(saved["dense_nll"], dense_nll), "partial.pt was measured on other windows"
+        print(f"analysing {len(records)} finished settings from {partial}")
+    else:
+        from _realrun import git_commit
+
+        measured_by = {"command": "python scripts/compression_study.py " + " ".join(argv if argv is not None
+                                                                                    else sys.argv[1:]),
+                       "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        stats = collect_input_stats(dense, calib, batch_size=args.batch_size, n_samples=512, seed=args.seed)
+        for spec in grid:
             t0 = time.perf_counter()
-            geo[mode] = compression_geometry(dense, res, evalb, mode=mode, batch_size=args.batch_size,
-                                             per_sequence=True, verify=False)
-            t_geo[mode] = time.perf_counter() - t0
-        timings[label] = {"compress_s": t_comp, "loss_s": t_loss, **{f"{m}_s": t for m, t in t_geo.items()}}
-        seq_nll[label] = nll
-        loss = float(nll.sum() / counts.sum())
-        row = {"setting": label, "spec": spec, "method": res.record.method, "loss": loss,
-               "loss_increase": loss - dense_loss,
-               "weight_rel_error": res.record.stats.get("weight_rel_error_mean", float("nan")),
-               "zero_fraction": res.record.stats.get("zero_fraction", float("nan")),
-               "by_construction_parallel": res.record.method == "drop"}
-        for mode, df in geo.items():
-            per = df.attrs["per_sequence"][label]  # [n_seq, rows, K]
-            rws = geo_rows = df.attrs["rows"]  # the same (layer, unit) order for every setting
-            seq_sums[(label, mode)] = per
-            for unit in UNITS:
-                idx = [i for i, (L, u) in enumerate(rws) if u == unit]
-                d = diagnostics(per[:, idx].sum((0, 1)))
-                for k, v in d.items():
-                    row[f"{mode}.{unit}.{k}"] = float(v)
-            for r in df.itertuples():
-                per_layer.append({"setting": label, "mode": mode, "layer": r.layer, "unit": r.unit,
-                                  "err_perp_energy": r.err_perp_energy, "err_par_energy": r.err_par_energy,
-                                  "err_perp_over_update": r.err_perp_over_update,
-                                  "err_par_over_update": r.err_par_over_update,
-                                  "err_perp_share_energy": r.err_perp_share_energy, "cos_sim": r.cos_sim,
-                                  "rel_mse_energy": r.rel_mse_energy, "alpha_err": r.alpha_err,
-                                  "by_construction_parallel": r.by_construction_parallel})
-        rows.append(row)
-        print(f"  {label:24s} loss +{row['loss_increase']:.4f}  local block perp "
-              f"{row['local.block.perp_energy']:.4f} par {row['local.block.par_energy']:.4f}  "
-              f"({t_comp:.1f}s compress, {t_geo['local']:.1f}s local)", flush=True)
-        del res
+            res = compress(dense, spec, calibration=calib, stats=stats)
+            t_comp = time.perf_counter() - t0
+            label = res.record.label
+            t0 = time.perf_counter()
+            nll, _ = per_sequence_loss(res.model, evalb, args.batch_size)
+            t_loss = time.perf_counter() - t0
+            t_geo = {}
+            for mode in args.modes:
+                t0 = time.perf_counter()
+                df = compression_geometry(dense, res, evalb, mode=mode, batch_size=args.batch_size,
+                                          per_sequence=True, verify=False)
+                t_geo[mode] = time.perf_counter() - t0
+                seq_sums[(label, mode)] = df.attrs["per_sequence"][label]  # [n_seq, rows, K]
+                geo_rows = df.attrs["rows"]  # the same (layer, unit) order for every setting
+            timings[label] = {"compress_s": t_comp, "loss_s": t_loss, **{f"{m}_s": t for m, t in t_geo.items()}}
+            seq_nll[label] = nll
+            records.append({"setting": label, "spec": spec, "method": res.record.method,
+                            "weight_rel_error": res.record.stats.get("weight_rel_error_mean", float("nan")),
+                            "zero_fraction": res.record.stats.get("zero_fraction", float("nan")),
+                            "by_construction_parallel": res.record.method == "drop",
+                            "dropped": list(res.record.layers) if res.record.method == "drop" else []})
+            if partial is not None:
+                torch.save({"records": records, "seq_sums": seq_sums, "seq_nll": seq_nll, "geo_rows": geo_rows,
+                            "timings": timings, "dense_nll": dense_nll, "measured_by": measured_by}, partial)
+            incs = ", ".join(f"{t} {float((nll[s].sum() - dense_nll[s].sum()) / counts[s].sum()):+.4f}"
+                             for t, s in spans.items())
+            print(f"  {label:24s} loss increase {incs}  ({t_comp:.1f}s compress, {t_loss:.1f}s loss, "
+                  + ", ".join(f"{t:.1f}s {m}" for m, t in t_geo.items()) + ")", flush=True)
+            del res
 
-    import pandas as pd
-
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = pd.DataFrame(rows)
-    settings.to_csv(out / "settings.csv", index=False)
-    pl = pd.DataFrame(per_layer)
-    pl.to_csv(out / "per_layer.csv", index=False)
-
-    # ---- Spearman with a paired bootstrap over sequences ----------------------------------
-    ranked = [r["setting"] for r in rows if not r["by_construction_parallel"]]
-    S = len(ranked)
-    gen = torch.Generator().manual_seed(args.seed)
-    B = args.bootstrap
-    weights = torch.ones(B + 1, n_eval, dtype=torch.float64)
-    for b in range(1, B + 1):  # row 0 = the full sample
-        idx = torch.randint(0, n_eval, (n_eval,), generator=gen)
-        weights[b] = torch.bincount(idx, minlength=n_eval).double()
-    nll_mat = torch.stack([seq_nll[s] for s in ranked])  # [S, n]
-    loss_inc = (weights @ nll_mat.T) / (weights @ counts).unsqueeze(-1) - \
-        ((weights @ dense_nll) / (weights @ counts)).unsqueeze(-1)  # [B+1, S]
-    results = []
-    cand_values = {}
-    for mode in args.modes:
-        for unit in UNITS:
-            idx = [i for i, (L, u) in enumerate(geo_rows) if u == unit]
-            stacked = torch.stack([seq_sums[(s, mode)][:, idx].sum(1) for s in ranked])  # [S, n, K]
-            pooled = torch.einsum("bn,snk->bsk", weights, stacked)  # [B+1, S, K]
-            for name, val in diagnostics(pooled).items():
-                cand_values[(mode, unit, name)] = val
-            if mode == "local":  # layer-resolved, for the paper's single-layer reading
-                for i in idx:
-                    L = geo_rows[i][0]
-                    stacked = torch.stack([seq_sums[(s, mode)][:, i] for s in ranked])
-                    d = diagnostics(torch.einsum("bn,snk->bsk", weights, stacked))
-                    for name in ("perp_energy", "par_energy", "one_minus_cos", "mse_energy"):
-                        cand_values[("local", f"{unit} L{L}", name)] = d[name]
-    wre = torch.tensor([settings.set_index("setting").loc[s, "weight_rel_error"] for s in ranked],
-                       dtype=torch.float64).expand(B + 1, S)
-    cand_values[("data-free", "all", "weight_rel_error")] = wre
-    rhos = {k: spearman(v, loss_inc) for k, v in cand_values.items()}  # each [B+1]
-    for (mode, unit, name), rho in rhos.items():
-        ref = rhos.get((mode, unit, "perp_energy"))
-        p_beat = float((ref[1:] > rho[1:]).double().mean()) if ref is not None and name != "perp_energy" else float("nan")
-        results.append({"mode": mode, "unit": unit, "diagnostic": name, "spearman": float(rho[0]),
-                        "ci_lo": float(torch.quantile(rho[1:], 0.025)), "ci_hi": float(torch.quantile(rho[1:], 0.975)),
-                        "p_perp_energy_higher": p_beat,
-                        "description": DIAGNOSTICS.get(name, "mean relative Frobenius error of the weights")})
-    sp = pd.DataFrame(results)
-    sp.to_csv(out / "spearman.csv", index=False)
-
-    write_outputs(out, settings, pl, sp)
-
+    results, text_info = {}, {}
+    for text, sel in spans.items():
+        out_t = out if len(spans) == 1 else out / text
+        settings, pl, sp, info = analyse(out_t, text, sel, records, seq_nll, seq_sums, dense_nll, counts,
+                                         geo_rows, args.modes, args.bootstrap, args.seed)
+        results[text] = (out_t, settings, pl, sp)
+        text_info[text] = info
+    ranked = [r["setting"] for r in records if not r["by_construction_parallel"]]
     meta = {
         "model": str(args.model), "model_description": model_desc, "lane": lane_of(dense),
         "n_layers": sites.n_layers, "d_model": sites.d_model,
-        "calibration_sequences": len(calib), "evaluation_sequences": n_eval, "seq_len": args.seq_len,
-        "evaluation_predicted_tokens": int(counts.sum()), "dense_loss": dense_loss,
-        "bootstrap": B, "seed": args.seed, "ranked_settings": ranked, "grid": grid,
+        "calibration_text": calib_text, "calibration_sequences": len(calib), "calibration_tokens": calib.n_tokens,
+        "evaluation_sequences": len(evalb), "seq_len": args.seq_len,
+        "evaluation_predicted_tokens": int(counts.sum()), "texts": text_info,
+        "dense_loss": float(dense_nll.sum() / counts.sum()),
+        "bootstrap": args.bootstrap, "seed": args.seed, "ranked_settings": ranked,
+        "grid": [r["spec"] for r in records], "grid_asked": grid,
         "timings": timings, "dense_loss_seconds": dense_loss_seconds,
         "total_seconds": time.perf_counter() - t_start, "torch_threads": torch.get_num_threads(),
         "command": "python scripts/compression_study.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "text": "+".join(texts), "modes": list(args.modes),
     }
-    meta["text"] = args.text
-    meta["modes"] = list(args.modes)
+    if args.from_partial:
+        meta["measured_seconds"] = sum(sum(v.values()) for v in timings.values())
+        meta["measured_by"] = saved.get("measured_by")
     (out / "study.json").write_text(json.dumps(meta, indent=2) + "\n")
     if args.page:
         import _realrun as R
 
         prov = R.provenance(dense, args.model, resolved, out.parent)
-        write_page(Path(args.page), out, settings, pl, sp, {**meta, **prov, "seconds": meta["total_seconds"]})
-    print((out / "table.md").read_text())
-    print(f"wrote {out}/settings.csv, spearman.csv, per_layer.csv, table.md, *.svg, study.json "
-          f"({meta['total_seconds']:.0f}s)")
+        write_page(Path(args.page), results, {**meta, **prov, "seconds": meta["total_seconds"]})
+    for text, (out_t, *_) in results.items():
+        print(f"== {text}")
+        print((out_t / "table.md").read_text())
+    print(f"wrote {out} ({meta['total_seconds']:.0f}s)")
     return 0
 
 

@@ -114,7 +114,7 @@ def render_page(meta: dict, res: pd.DataFrame, val: pd.DataFrame, stem: str, rea
         for layer in sorted(res.layer.unique()):
             cells = []
             for comp in ("attn", "mlp", "block"):
-                def g(bos, col, comp=comp):
+                def g(bos, col, comp=comp, text=text, layer=layer):
                     return float(res[(res.text == text) & (res.bos == bos) & (res.component == comp)
                                      & (res.layer == layer)][col].iloc[0])
                 cells.append(f"{g('in', 'energy_ratio'):.3f} / {g('out', 'energy_ratio'):.3f}")

@@ -32,8 +32,31 @@ from tl_directional.sweep import Setting  # noqa: E402
 SPACES = ["value", "value-exclusive", "resid-attn", "resid-mlp", "hard-diag"]
 
 
-def settings(n_layers: int, spaces) -> list[Setting]:
-    return [Setting(s, 0.0 if s != "hard-diag" else 1.0, 1.0, (L,)) for L in range(n_layers) for s in spaces]
+def one_layer(space: str, layer: int) -> Setting:
+    """Parallel removal in ``space`` at one layer (hard-diag: its A_tt := 0 edit)."""
+    return Setting(space, 0.0 if space != "hard-diag" else 1.0, 1.0, (layer,))
+
+
+def settings(layers, spaces) -> list[Setting]:
+    return [one_layer(s, L) for L in layers for s in spaces]
+
+
+def merge_previous(seq: dict, prev_dir: Path, text: str, check: dict) -> tuple[dict, dict]:
+    """Union of this run's per-sequence sums with a previous run's on the same windows
+    (checked by the baseline NLL per sequence). ``check``: this run's re-measurement of some
+    of the previous run's cells ``{label: sums}``; their largest per-sequence difference in
+    delta loss is returned (the previous values are kept)."""
+    old = torch.load(prev_dir / f"seq_{text}.pt")
+    if old["baseline"].shape != seq["baseline"].shape or not torch.allclose(
+            old["baseline"][:, 2], seq["baseline"][:, 2], rtol=1e-5, atol=1e-4):
+        raise SystemExit(f"--extend {prev_dir}: its {text!r} windows differ from this run's (baseline NLL per "
+                         "sequence); pass the same --sequences / --seq-len")
+    diffs = {}
+    for label, sums in check.items():
+        d_new = (sums[:, 1] - sums[:, 2]) / sums[:, 0]
+        d_old = (old[label][:, 1] - old[label][:, 2]) / old[label][:, 0]
+        diffs[label] = float((d_new - d_old).abs().max())
+    return {**seq, **old}, diffs
 
 
 def heatmap_svg(df: pd.DataFrame, spaces, title: str) -> str:
@@ -90,6 +113,16 @@ def render(meta, tables, safe: pd.DataFrame | None, stem: str, reading: list[str
         L += ["", f"Intervals: 95% percentile bootstrap over sequences ({meta['bootstrap']} resamples); with "
               f"{min(i['sequences'] for i in meta['texts'].values())} sequences they are rough. "
               f"Table: [`{stem}.csv`]({stem}.csv); meta: [`{stem}.meta.json`]({stem}.meta.json).", ""]
+    if meta.get("extends"):
+        ex = meta["extends"]
+        L += [f"This run measured {', '.join(meta['own_spaces'])}; the other spaces are from earlier runs on the same "
+              "windows (checked by the baseline NLL of each sequence):", ""]
+        L += [f"- {', '.join(src['spaces'])}: `{src['command']}` (commit `{src['commit']}`)" for src in ex["sources"]]
+        L.append("")
+        if ex["check_max_abs_diff"]:
+            L += [f"As a check, {', '.join(ex['check_spaces'])} at layer(s) {ex['check_layers']} were measured again "
+                  "here: the per-sequence delta loss differs from the earlier run's by at most "
+                  f"{max(ex['check_max_abs_diff'].values()):.2g} nats.", ""]
     for t, df in tables.items():
         L += [f"## Text `{t}`", "", f"![heat map]({stem}.{t}.svg)", "",
               "| layer | " + " | ".join(f"{s} delta loss [95% CI]" for s in SPACES if s in set(df.space)) + " |",
@@ -108,8 +141,13 @@ def render(meta, tables, safe: pd.DataFrame | None, stem: str, reading: list[str
               f"delta loss stays within {meta['safe']['budget']} nats/token, searched over {meta['safe']['bounds']} "
               f"with {meta['safe']['grid_points']} grid points and {meta['safe']['refine_steps']} bisection steps per edge, "
               f"on {meta['safe']['sequences']} windows ({meta['safe']['tokens']} predicted tokens; no interval on the "
-              "interval itself). 'bound' marks an edge that hit the search range.", "",
-              "| layer | safe s_par interval | lower edge at bound | upper edge at bound | delta loss at s_par = 0 |",
+              "interval itself). 'bound' marks an edge that hit the search range."
+              + (" The layers were searched in several runs with these settings:" if len(meta["safe"].get("runs", [])) > 1
+                 else ""), ""]
+        if len(meta["safe"].get("runs", [])) > 1:
+            L += [f"- layers {', '.join(map(str, r['layers']))}: `{r['command']}` (commit `{r['commit']}`)"
+                  for r in meta["safe"]["runs"]] + [""]
+        L += ["| layer | safe s_par interval | lower edge at bound | upper edge at bound | delta loss at s_par = 0 |",
               "|---:|---|---|---|---:|"]
         for r in safe.itertuples():
             L.append(f"| {r.layer} | [{r.lo:.3g}, {r.hi:.3g}] | {'bound' if r.lo_at_bound else ''} | "
@@ -132,6 +170,14 @@ def reading_lines(tables, safe) -> list[str]:
                                    for r in top.itertuples())
                        + f"; {sig} of {len(sub)} layers hurt with 95% confidence; sum over layers "
                        f"{sub.delta_loss.sum():+.4f}.")
+    for t, df in tables.items():
+        if df.space.nunique() > 1:
+            out.append(f"- `{t}`, one-layer removal harmless (upper 95% bound below +0.01 nats/token) in: "
+                       + ", ".join(f"{s} {int((df[df.space == s].delta_loss_hi < 0.01).sum())}/"
+                                   f"{int((df.space == s).sum())} layers" for s in SPACES if s in set(df.space))
+                       + "; worst cell: " + (lambda r: f"{r.space} at L{int(r.layer)} {r.delta_loss:+.4f} "
+                                             f"[{r.delta_loss_lo:+.4f}, {r.delta_loss_hi:+.4f}]")(
+                           df.sort_values("delta_loss", ascending=False).iloc[0]) + ".")
     if safe is not None and len(safe):
         narrow = safe[safe.lo > 0]
         out.append(f"- Safe V-Para s_par interval excludes 0 (removal at that layer alone costs more than the budget) "
@@ -157,6 +203,15 @@ def main(argv=None) -> int:
     ap.add_argument("--safe-layers", type=int, nargs="+", default=None, help="layers to search (default: all)")
     ap.add_argument("--safe-grid-points", type=int, default=5)
     ap.add_argument("--safe-refine-steps", type=int, default=2)
+    ap.add_argument("--layers", type=int, nargs="+", default=None, help="layers of the heat map (default: all)")
+    ap.add_argument("--extend", default=None,
+                    help="OUT directory of an earlier run on the same windows: its spaces join this run's in the "
+                         "heat map (baseline checked per sequence)")
+    ap.add_argument("--extend-check-layers", type=int, nargs="*", default=[1],
+                    help="layers at which the earlier run's spaces are measured again, as a check")
+    ap.add_argument("--safe-extend", default=None,
+                    help="OUT directory of an earlier --safe-scale run with the same search settings: its layers "
+                         "not searched here are kept in the table")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="results/real/layers")
     ap.add_argument("--page", default=None)
@@ -177,12 +232,33 @@ def main(argv=None) -> int:
         meta.update({"command": "python scripts/layer_sensitivity.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                      "seq_len": args.seq_len, "bootstrap": args.bootstrap, "seed": args.seed, "texts": {},
                      "spaces": args.spaces})
-        sets = settings(meta["n_layers"], args.spaces)
+        meta["layers"] = list(args.layers if args.layers is not None else range(meta["n_layers"]))
+        meta["own_spaces"] = list(args.spaces)
+        sets = settings(meta["layers"], args.spaces)
+        prev = None
+        if args.extend:
+            prev = json.loads((Path(args.extend) / "meta.json").read_text())
+            prev_own = [s for s in prev.get("own_spaces", prev["spaces"]) if s not in args.spaces]
+            # where each earlier space was measured (a chain of --extend runs keeps the list)
+            sources = [{**src, "spaces": [s for s in src["spaces"] if s not in args.spaces]}
+                       for src in prev.get("extends", {}).get("sources", [])]
+            sources.append({"spaces": prev_own, "command": prev["command"], "commit": prev["commit"]})
+            check = [one_layer(s, L) for L in args.extend_check_layers for s in prev_own]
+            meta["extends"] = {"dir": args.extend, "sources": [x for x in sources if x["spaces"]],
+                               "check_spaces": prev_own, "check_layers": args.extend_check_layers,
+                               "check_max_abs_diff": {}}
+            meta["spaces"] = [s for s in SPACES if s in set(args.spaces) | set(prev["spaces"])]
+            meta["layers"] = sorted(set(meta["layers"]) | set(prev.get("layers", range(prev["n_layers"]))))
         for text in args.texts:
             batch = R.text_windows(model, text, args.sequences, args.seq_len)
             t1 = time.time()
-            print(f"{text}: {len(batch)} sequences, {len(sets)} settings", flush=True)
-            seq = R.per_sequence_sweep(model, batch, sets, args.batch_size, log=lambda m: print(m, flush=True))
+            todo = sets + (check if prev else [])
+            print(f"{text}: {len(batch)} sequences, {len(todo)} settings", flush=True)
+            seq = R.per_sequence_sweep(model, batch, todo, args.batch_size, log=lambda m: print(m, flush=True))
+            if prev:
+                checked = {s.label: seq.pop(s.label) for s in check}
+                seq, diffs = merge_previous(seq, Path(args.extend), text, checked)
+                meta["extends"]["check_max_abs_diff"].update({f"{text}: {k}": v for k, v in diffs.items()})
             torch.save(seq, out / f"seq_{text}.pt")
             meta["texts"][text] = {"sequences": len(batch), "seconds": time.time() - t1}
             meta["seconds"] = time.time() - t0  # so a run stopped after one text can still be re-rendered
@@ -197,16 +273,35 @@ def main(argv=None) -> int:
                                   layer_groups=[[L] for L in (args.safe_layers or range(meta["n_layers"]))],
                                   batch_size=args.batch_size)
             rows = []
+            res_layers = [r.layers[0] for r in res]
             for r in res:
                 ev = r.evaluations.set_index("scale")["cost"]
                 rows.append({"layer": r.layers[0], "lo": r.interval[0], "hi": r.interval[1],
                              "lo_at_bound": r.hit_bounds[0], "hi_at_bound": r.hit_bounds[1],
                              "cost_at_0": float(ev.get(0.0, float("nan"))), "evaluations": len(ev), "note": r.note})
             safe = pd.DataFrame(rows)
-            safe.to_csv(out / "safe.csv", index=False)
             meta["safe"] = {"text": args.safe_text, "sequences": len(sb), "tokens": int((sb.attention_mask[:, 1:]).sum()),
                             "budget": args.safe_budget, "bounds": [-1.0, 3.0], "grid_points": args.safe_grid_points,
                             "refine_steps": args.safe_refine_steps, "seconds": time.time() - t1}
+            if args.safe_extend:
+                pdir = Path(args.safe_extend)
+                pmeta = json.loads((pdir / "meta.json").read_text())
+                same = ("text", "sequences", "tokens", "budget", "bounds", "grid_points", "refine_steps")
+                if pmeta.get("seq_len") != args.seq_len or any(pmeta["safe"][k] != meta["safe"][k] for k in same):
+                    raise SystemExit(f"--safe-extend {pdir}: its search settings differ from this run's "
+                                     f"({ {k: pmeta['safe'][k] for k in same} }, seq_len {pmeta.get('seq_len')})")
+                old = pd.read_csv(pdir / "safe.csv")
+                own = {int(x) for x in safe.layer}
+                # which run searched which layer (a chain of --safe-extend runs keeps the list)
+                runs = pmeta["safe"].get("runs") or [{"command": pmeta["command"], "commit": pmeta["commit"],
+                                                      "layers": sorted(int(x) for x in old.layer)}]
+                runs = [{**r, "layers": [x for x in r["layers"] if x not in own]} for r in runs]
+                meta["safe"]["runs"] = [r for r in runs if r["layers"]]
+                old = old[~old.layer.isin(own)]
+                safe = pd.concat([old, safe], ignore_index=True).sort_values("layer").reset_index(drop=True)
+            meta["safe"].setdefault("runs", []).append({"command": meta["command"], "commit": meta["commit"],
+                                                       "layers": sorted(int(x) for x in res_layers)})
+            safe.to_csv(out / "safe.csv", index=False)
             print(safe.to_string(index=False), flush=True)
         meta["seconds"] = time.time() - t0
     tables, frames = {}, []
@@ -215,10 +310,11 @@ def main(argv=None) -> int:
         w = R.bootstrap_weights(seq["baseline"].shape[0], meta["bootstrap"], meta["seed"])
         base = R.summarize(seq["baseline"], w)
         rows = []
-        for L in range(meta["n_layers"]):
+        for L in meta.get("layers", range(meta["n_layers"])):
             for s in meta["spaces"]:
-                st = Setting(s, 0.0 if s != "hard-diag" else 1.0, 1.0, (L,))
-                rows.append({"layer": L, "space": s, **R.summarize(seq[st.label], w)})
+                label = one_layer(s, L).label
+                if label in seq:  # a space of an --extend run may cover other layers
+                    rows.append({"layer": L, "space": s, **R.summarize(seq[label], w)})
         df = pd.DataFrame(rows)
         meta["texts"][text].update(tokens=base["tokens"], base_loss=base["loss"])
         tables[text] = df

@@ -27,7 +27,7 @@ EXPERIMENTS = [  # (page prefix, title, what)
      "the all-layer removals again with the first position spared, paired with the sweep"),
     ("layer_sensitivity", "Per-layer sensitivity",
      "one-layer parallel removal per space, layer x space heat map with intervals"),
-    ("compression", "Compression diagnostics",
+    ("compression_study", "Compression diagnostics",
      "Spearman of perpendicular / parallel error, 1-cos, MSE with held-out loss increase across settings"),
 ]
 MODELS = ["smollm2-135m", "gemma-3-270m"]
@@ -46,6 +46,9 @@ def rows() -> list[str]:
                 texts = meta.get("texts")
                 if isinstance(texts, dict):
                     tok = ", ".join(f"`{t}` {v.get('tokens', v.get('tokens_bos_in', '?'))}" for t, v in texts.items())
+                    if meta.get("safe"):  # the per-layer find_safe_scale search
+                        tok = ", ".join(x for x in (tok, f"`{meta['safe']['text']}` {meta['safe']['tokens']} "
+                                                    "(safe-scale search)") if x)
                 else:
                     tok = f"`{meta.get('text')}` {meta.get('evaluation_predicted_tokens', '?')}"
                 out.append(f"| {title}: {what} | {m} | [{page.stem}](results/{page.name}) | {tok} | "

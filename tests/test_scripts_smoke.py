@@ -109,6 +109,17 @@ def test_scaling_sweep_smoke(llama_dir, tmp_path):
     b = pd.read_csv(bpage.with_name("bos.csv"))
     assert len(b) == 2 * 3
     assert (b.unspared_delta_loss - b.spared_delta_loss - b.bos_part).abs().max() < 1e-9
+    # one text again, the other kept from the first run: the same rows and numbers
+    b2page = tmp_path / "bos2.md"
+    assert bos.main(["--model", llama_dir, "--sweep-out", str(tmp_path / "out"), "--batch-size", "3", "--texts",
+                     "prose", "--keep-previous", str(tmp_path / "bos"), "--out", str(tmp_path / "bos2"),
+                     "--page", str(b2page)]) == 0
+    b2 = pd.read_csv(b2page.with_name("bos2.csv"))
+    meta2 = json.loads(b2page.with_name("bos2.meta.json").read_text())
+    assert meta2["previous"]["texts"] == ["kjv"] and set(meta2["texts"]) == {"kjv", "prose"}
+    key = ["text", "space"]
+    pd.testing.assert_frame_equal(b.sort_values(key).reset_index(drop=True),
+                                  b2.sort_values(key).reset_index(drop=True), check_exact=False, rtol=1e-9)
 
 
 def test_layer_sensitivity_smoke(llama_dir, tmp_path):
@@ -141,3 +152,76 @@ def test_compression_study_real_mode_smoke(llama_dir, tmp_path):
     meta = json.loads(page.with_name("comp.meta.json").read_text())
     assert meta["text"] == "prose" and meta["model_path"] == llama_dir
     assert page.read_text().splitlines()[2].startswith("**Reading")
+
+
+def test_compression_study_two_texts_smoke(llama_dir, tmp_path):
+    """One compression per setting, evaluated on both texts; per-text tables, intervals on the
+    per-layer errors, and the same outputs again from the partial file."""
+    mod = _script("compression_study")
+    page = tmp_path / "comp2.md"
+    grid = ["rtn:bits=8", "rtn:bits=3", "wanda:nm=2:4", "magnitude:sparsity=0.5", "drop:layers=LAST"]
+    args = ["--model", llama_dir, "--texts", "prose", "kjv", "--partial", str(tmp_path / "partial.pt"),
+            "--calib-sequences", "2", "--eval-sequences", "3", "--seq-len", "16", "--batch-size", "3", "--bootstrap", "30", "--modes", "local",
+            "--grid", *grid, "--out", str(tmp_path / "out"), "--page", str(page)]
+    assert mod.main(args) == 0
+    settings = pd.read_csv(page.with_name("comp2.settings.csv"))
+    assert len(settings) == 2 * len(grid) and sorted(set(settings.text)) == ["kjv", "prose"]
+    # the same compressed model per setting on both texts: the data-free weight error agrees
+    per_text = settings.pivot(index="setting", columns="text", values="weight_rel_error")
+    pd.testing.assert_series_equal(per_text.kjv, per_text.prose, check_names=False)
+    pl = pd.read_csv(page.with_name("comp2.per_layer.csv"))
+    ranked = pl[~pl.by_construction_parallel]
+    assert (ranked.err_perp_energy_lo <= ranked.err_perp_energy * (1 + 1e-5) + 1e-12).all()
+    assert (ranked.err_perp_energy <= ranked.err_perp_energy_hi * (1 + 1e-5) + 1e-12).all()
+    meta = json.loads(page.with_name("comp2.meta.json").read_text())
+    assert meta["calibration_text"] == "prose" and set(meta["texts"]) == {"kjv", "prose"}
+    assert meta["texts"]["kjv"]["tokens"] == 3 * 15
+    text = page.read_text()
+    assert text.splitlines()[2].startswith("**Reading") and "## Text `kjv`" in text and "## Text `prose`" in text
+    assert page.with_name("comp2.kjv.perp_per_layer_attn.svg").is_file()
+    before = settings.copy()
+    assert mod.main(args + ["--from-partial"]) == 0
+    again = pd.read_csv(page.with_name("comp2.settings.csv"))
+    pd.testing.assert_frame_equal(before, again)
+    assert "Measured by `python scripts/compression_study.py" in page.read_text()
+    sp = pd.read_csv(page.with_name("comp2.spearman.csv"))
+    head = sp[(sp["mode"] == "local") & (sp.unit == "block") & (sp.diagnostic == "perp_energy")]
+    assert len(head) == 2 and (head.loo_min <= head.spearman + 1e-12).all() and (head.spearman <= head.loo_max + 1e-12).all()
+
+
+def test_layer_sensitivity_extend_smoke(llama_dir, tmp_path):
+    """A second run adds spaces to an earlier run's heat map on the same windows; the earlier
+    cells re-measured as a check agree exactly (the same deterministic forwards)."""
+    mod = _script("layer_sensitivity")
+    common = ["--model", llama_dir, "--texts", "prose", "--sequences", "2", "--seq-len", "16", "--batch-size", "2",
+              "--bootstrap", "50"]
+    assert mod.main(common + ["--spaces", "value", "--out", str(tmp_path / "a")]) == 0
+    page = tmp_path / "ext.md"
+    assert mod.main(common + ["--spaces", "resid-mlp", "hard-diag", "--extend", str(tmp_path / "a"),
+                              "--extend-check-layers", "0", "--out", str(tmp_path / "b"), "--page", str(page)]) == 0
+    meta = json.loads(page.with_name("ext.meta.json").read_text())
+    df = pd.read_csv(page.with_name("ext.csv"))
+    assert meta["spaces"] == ["value", "resid-mlp", "hard-diag"] and len(df) == 3 * meta["n_layers"]
+    assert max(meta["extends"]["check_max_abs_diff"].values()) < 1e-6
+    assert "earlier runs on the same windows" in page.read_text()
+    # the safe-scale search in two runs: the table keeps both, the page names both commands
+    safe = ["--texts", "--safe-scale", "--safe-sequences", "2", "--safe-grid-points", "3", "--safe-refine-steps", "1"]
+    base = common[:2] + ["--seq-len", "16", "--batch-size", "2"]
+    assert mod.main(base + safe + ["--safe-layers", "0", "--out", str(tmp_path / "s1")]) == 0
+    spage = tmp_path / "safe.md"
+    assert mod.main(base + safe + ["--safe-layers", "1", "--safe-extend", str(tmp_path / "s1"),
+                                   "--out", str(tmp_path / "s2"), "--page", str(spage)]) == 0
+    smeta = json.loads(spage.with_name("safe.meta.json").read_text())
+    assert [r["layers"] for r in smeta["safe"]["runs"]] == [[0], [1]]
+    assert sorted(pd.read_csv(spage.with_name("safe.safe.csv")).layer) == [0, 1]
+    assert "searched in several runs" in spage.read_text()
+
+
+def test_compression_study_ranks_average_ties():
+    import torch
+
+    mod = _script("compression_study")
+    x = torch.tensor([[3.0, 1.0, 2.0, 2.0], [0.5, 0.1, 0.2, 0.3]], dtype=torch.float64)
+    assert mod.rankdata(x).tolist() == [[3.0, 0.0, 1.5, 1.5], [3.0, 0.0, 1.0, 2.0]]
+    y = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    assert abs(float(mod.spearman(-y, y)) + 1.0) < 1e-12
