@@ -29,6 +29,27 @@ def _profile_call(bench: Bench, comps):
     return call
 
 
+def _attach_memory(bench: Bench, **kwargs) -> None:
+    """On the primary setting, the memory-scaling measurement (or why it is missing) in
+    ``bench.extra["memory"]``; ``kwargs`` go to :func:`memory_scaling` (e.g. ``other=``)."""
+    cfg = bench.harness.config
+    if not bench.setting.primary:
+        return
+    if not cfg.memory:
+        bench.extra["memory"] = {"status": "skipped", "met": None,
+                                 "reason": "memory scaling not requested (--quick without --memory, "
+                                           "or --no-memory)"}
+        return
+    try:
+        bench.extra["memory"] = memory_scaling(
+            bench.model_source, seq=bench.setting.seq, batch_size=bench.setting.batch,
+            device=str(bench.device), dtype=bench.harness.dtype_name, log=bench.harness.log,
+            threads=cfg.threads, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - reported in the record, never hidden
+        bench.extra["memory"] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}",
+                                 "met": False}
+
+
 @register(
     "profile_overhead", target=1.00, op="<=", precision=0.05, models=("main", "wide"),
     baseline="plain forward of the batch (return_type=None, as profile runs it)",
@@ -111,20 +132,7 @@ def profile_vs_cache(bench: Bench):
 
     timing = bench.measure(lambda: naive_profile(model, batch, comps, names), call)
 
-    cfg = bench.harness.config
-    if bench.setting.primary and cfg.memory:
-        try:
-            bench.extra["memory"] = memory_scaling(
-                bench.model_source, seq=bench.setting.seq, batch_size=bench.setting.batch,
-                device=str(bench.device), dtype=bench.harness.dtype_name, log=bench.harness.log,
-                threads=cfg.threads)
-        except Exception as exc:  # noqa: BLE001 - reported in the record, never hidden
-            bench.extra["memory"] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}",
-                                     "met": False}
-    elif bench.setting.primary:
-        bench.extra["memory"] = {"status": "skipped", "met": None,
-                                 "reason": "memory scaling not requested (--quick without --memory, "
-                                           "or --no-memory)"}
+    _attach_memory(bench)
     return timing
 
 
@@ -152,20 +160,7 @@ def profile_vs_handwritten(bench: Bench):
         float(row["par_frac_mean"]) - float(hand[(0, "attn")]["par_frac"]["mean"]))
     bench.extra["cached_hooks"] = len(names)
     timing = bench.measure(lambda: handwritten_profile(model, batch, names, comps), call)
-    cfg = bench.harness.config
-    if bench.setting.primary and cfg.memory:
-        try:
-            bench.extra["memory"] = memory_scaling(
-                bench.model_source, seq=bench.setting.seq, batch_size=bench.setting.batch,
-                device=str(bench.device), dtype=bench.harness.dtype_name, log=bench.harness.log,
-                threads=cfg.threads, other="handwritten")
-        except Exception as exc:  # noqa: BLE001 - reported in the record, never hidden
-            bench.extra["memory"] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}",
-                                     "met": False}
-    elif bench.setting.primary:
-        bench.extra["memory"] = {"status": "skipped", "met": None,
-                                 "reason": "memory scaling not requested (--quick without --memory, "
-                                           "or --no-memory)"}
+    _attach_memory(bench, other="handwritten")
     return timing
 
 
