@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tl_directional.fileio import atomic_write_bytes, atomic_write_text  # noqa: E402
 from tl_directional.sweep import Setting, prediction_mask  # noqa: E402
 
 TEXTS = {
@@ -169,6 +170,19 @@ def model_line(meta: dict) -> str:
     """The start of a page's model sentence: name, directory, weights' sha256, lane and depth."""
     return (f"Model: `{meta['model']}` loaded from `{meta['model_path']}` (model.safetensors sha256 "
             f"`{meta.get('model_safetensors_sha256', 'n/a')}`), lane {meta['lane']}, {meta['n_layers']} layers")
+
+
+def publish(page: Path, text: str, out: Path, files: dict[str, str]) -> None:
+    """Write a results page and its side files atomically (a crash leaves the old ones whole).
+
+    ``files`` maps a file name in the run directory ``out`` to its suffix after the page's stem
+    (``{"meta.json": ".meta.json"}`` -> ``docs/results/STEM.meta.json``); the page goes last.
+    """
+    page.parent.mkdir(parents=True, exist_ok=True)
+    for name, suffix in files.items():
+        atomic_write_bytes(page.with_name(page.stem + suffix), (out / name).read_bytes())
+    atomic_write_text(page, text)
+    print(f"wrote {page}")
 
 
 def _per_row(base_lp, lp, target, mask):

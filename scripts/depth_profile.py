@@ -22,7 +22,6 @@ apply (METHOD sec. 3); ``beta``, ``A_tt`` and ``gamma`` stay valid.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -232,14 +231,9 @@ def finish(args, out: Path, meta: dict, res: pd.DataFrame, val: pd.DataFrame, le
     if args.page:
         page = Path(args.page)
         stem = page.stem
-        page.parent.mkdir(parents=True, exist_ok=True)
-        page.write_text(render_page(meta, res, val, stem, reading))
-        shutil.copy(out / "residual.csv", page.with_name(f"{stem}.residual.csv"))
-        shutil.copy(out / "value.csv", page.with_name(f"{stem}.value.csv"))
-        shutil.copy(out / "meta.json", page.with_name(f"{stem}.meta.json"))
-        for name in svgs:
-            shutil.copy(out / name, page.with_name(f"{stem}.{name}"))
-        print(f"wrote {page}")
+        files = {"residual.csv": ".residual.csv", "value.csv": ".value.csv", "meta.json": ".meta.json"}
+        R.publish(page, render_page(meta, res, val, stem, reading), out,
+                  {**files, **{name: f".{name}" for name in svgs}})
     return 0
 
 

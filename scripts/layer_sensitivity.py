@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -327,16 +326,12 @@ def main(argv=None) -> int:
     if args.page:
         page = Path(args.page)
         stem = page.stem
-        page.parent.mkdir(parents=True, exist_ok=True)
-        page.write_text(render(meta, tables, safe, stem, reading))
+        files = {"meta.json": ".meta.json", **{f"{t}.svg": f".{t}.svg" for t in tables}}
         if frames:
-            shutil.copy(out / "layers.csv", page.with_name(f"{stem}.csv"))
-        shutil.copy(out / "meta.json", page.with_name(f"{stem}.meta.json"))
+            files["layers.csv"] = ".csv"
         if safe is not None:
-            shutil.copy(out / "safe.csv", page.with_name(f"{stem}.safe.csv"))
-        for text in tables:
-            shutil.copy(out / f"{text}.svg", page.with_name(f"{stem}.{text}.svg"))
-        print(f"wrote {page}")
+            files["safe.csv"] = ".safe.csv"
+        R.publish(page, render(meta, tables, safe, stem, reading), out, files)
     return 0
 
 

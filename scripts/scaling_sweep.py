@@ -19,7 +19,6 @@ constants of ``paper_ordering.py``, METHOD sec. 8, and the issue's camera-ready 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -239,13 +238,8 @@ def main(argv=None) -> int:
     if args.page:
         page = Path(args.page)
         stem = page.stem
-        page.parent.mkdir(parents=True, exist_ok=True)
-        page.write_text(render({**meta, "_page_dir": str(page.parent)}, tables, readings, stem))
-        shutil.copy(out / "sweep.csv", page.with_name(f"{stem}.csv"))
-        shutil.copy(out / "meta.json", page.with_name(f"{stem}.meta.json"))
-        for text in tables:
-            shutil.copy(out / f"{text}.svg", page.with_name(f"{stem}.{text}.svg"))
-        print(f"wrote {page}")
+        R.publish(page, render({**meta, "_page_dir": str(page.parent)}, tables, readings, stem), out,
+                  {"sweep.csv": ".csv", "meta.json": ".meta.json", **{f"{t}.svg": f".{t}.svg" for t in tables}})
     return 0
 
 
