@@ -495,3 +495,26 @@ def test_cli_models_lists_what_loads_offline(fake_catalog, capsys):
     assert next(r for r in listed if r["name"] == "smollm2-135m")["cached"] is True
     with pytest.raises(SystemExit, match="--convert nope: unknown real model 'nope'"):
         main(["models", "--convert", "nope"])
+
+
+@pytest.mark.real_model
+def test_real_sweep_metrics_match_plain_forwards(real):
+    """The sweep's fused path (edited forwards stopped at the unembedding, metrics per slice)
+    against full forwards and the metrics written out in float64, on the real vocabulary."""
+    _, model, tokens = real
+    df = tld.sweep(model, tokens, [tld.Setting("value", 0.0)], batch_size=2, progress=False)
+    with torch.no_grad():
+        base = model(tokens).double().log_softmax(-1)[:, :-1]
+        with tld.apply_edits(model, tld.ValueScale(0.0)):
+            edit = model(tokens).double().log_softmax(-1)[:, :-1]
+    target = tokens[:, 1:].unsqueeze(-1)
+    base_nll = -base.gather(-1, target).mean()
+    edit_nll = -edit.gather(-1, target).mean()
+    kl = (base.exp() * (base - edit)).sum(-1).mean()
+    agree = (base.argmax(-1) == edit.argmax(-1)).double().mean()
+    row = df[df["label"] != "baseline"].iloc[0]
+    assert float(row["delta_loss"]) > 0.05  # the edit does something on these models
+    assert df.iloc[0]["loss"] == pytest.approx(float(base_nll), abs=1e-3)
+    assert row["delta_loss"] == pytest.approx(float(edit_nll - base_nll), abs=1e-3)
+    assert row["kl"] == pytest.approx(float(kl), abs=1e-3)
+    assert row["top1_agree"] == pytest.approx(float(agree), abs=1e-9)
