@@ -205,7 +205,7 @@ def run(args) -> int:
     src, quant = SOURCES[args.model]
     stem = f"claims_{args.model}" + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
     manifest = {
-        "study": "claims", "command": "python scripts/claims.py " + " ".join(sys.argv[2:] if args.cli else []),
+        "study": "claims", "command": "python scripts/claims.py " + " ".join(sys.argv[1:] if args.cli else []),
         "commit": commit + ("+dirty" if dirty else ""), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"CPU, {os.cpu_count()} cores shared, {args.threads} torch thread(s), torch {torch.__version__}",
         "model": {"name": args.model, "architecture": entry.architecture, "source_file": src, "quantisation": quant,
