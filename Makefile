@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(LANE)
 MODELS_STAMP := $(VENV)/.models-$(LANE)
 
-.PHONY: venv models demo test docs lint clean
+.PHONY: venv models demo test docs lint clean results
 
 $(STAMP): pyproject.toml constraints/$(LANE).txt docs/requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ test: $(STAMP)
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
+
+# Rebuild every claims page from the committed data alone (docs/results/protocol.md).
+results: $(STAMP)
+	$(PY) scripts/claims.py build
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tl_directional tests benchmarks

@@ -551,6 +551,24 @@ def _d_model(manifest) -> int:
     return {"smollm2-135m": 576, "gemma-3-270m": 640}.get(manifest["model"]["name"], 0)
 
 
+SUMMARY_START, SUMMARY_END = "<!-- claims-summary -->", "<!-- /claims-summary -->"
+
+
+def summary_block(stems) -> str:
+    """The verdict table of every run, for docs/results.md (between the two markers)."""
+    L = [SUMMARY_START, "", "| run | claim | statistic [95% CI] | verdict |", "|---|---|---|---|"]
+    for stem in stems:
+        manifest = json.loads((DATA / f"{stem}.manifest.json").read_text())
+        page = build_page(stem)
+        rows = [ln for ln in page.split("\n## Verdicts", 1)[1].split("\n\n", 2)[1].splitlines()[2:] if ln.startswith("|")]
+        done = "" if manifest["complete"] else " (incomplete)"
+        for ln in rows:
+            cells = [c.strip() for c in ln.strip("|").split(" | ")]
+            L.append(f"| [{stem}](results/{stem}.md){done} | {cells[0]} | {cells[2]} | {cells[3]} |")
+    L += ["", SUMMARY_END]
+    return "\n".join(L)
+
+
 def build(check: bool) -> int:
     from tl_directional.fileio import atomic_write_text
 
@@ -562,6 +580,12 @@ def build(check: bool) -> int:
     try:
         for stem in stems:
             pages[PAGES / f"{stem}.md"] = build_page(stem) + "\n"
+        index = PAGES.parent / "results.md"
+        if index.is_file():
+            text = index.read_text()
+            if SUMMARY_START in text and SUMMARY_END in text:
+                head, rest = text.split(SUMMARY_START, 1)
+                pages[index] = head + summary_block(stems) + rest.split(SUMMARY_END, 1)[1]
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

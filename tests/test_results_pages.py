@@ -1,0 +1,90 @@
+"""The claims pages are a pure function of the committed data (docs/results/data/): rebuilt
+here byte for byte, and a corrupt data file, data from another model or a hand-edited page is
+refused with an error that names the file."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def claims():
+    spec = importlib.util.spec_from_file_location("claims_script", ROOT / "scripts" / "claims.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["claims_script"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _stems(claims):
+    return sorted(p.name[: -len(".manifest.json")] for p in claims.DATA.glob("claims_*.manifest.json"))
+
+
+def test_committed_pages_rebuild_byte_identical(claims, capsys):
+    assert _stems(claims), "no claims data committed under docs/results/data/"
+    rc = claims.build(check=True)
+    assert rc == 0, capsys.readouterr().err
+
+
+@pytest.fixture
+def sandbox(claims, tmp_path, monkeypatch):
+    """A copy of one run's data and its page, with the script pointed at it."""
+    stem = _stems(claims)[0]
+    data, pages = tmp_path / "data", tmp_path / "pages"
+    data.mkdir()
+    pages.mkdir()
+    for p in claims.DATA.glob(f"{stem}.*"):
+        shutil.copy(p, data / p.name)
+    shutil.copy(claims.PAGES / f"{stem}.md", pages / f"{stem}.md")
+    monkeypatch.setattr(claims, "DATA", data)
+    monkeypatch.setattr(claims, "PAGES", pages)
+    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    return stem, data, pages
+
+
+def test_sandbox_rebuilds(claims, sandbox):
+    assert claims.build(check=True) == 0
+
+
+def test_corrupt_data_file_is_named_and_no_page_written(claims, sandbox, capsys):
+    stem, data, pages = sandbox
+    rec = data / f"{stem}.records.csv"
+    rec.write_bytes(rec.read_bytes().replace(b"\n", b"\n0", 1))
+    before = (pages / f"{stem}.md").read_bytes()
+    assert claims.build(check=False) == 2
+    err = capsys.readouterr().err
+    assert f"{stem}.records.csv" in err and "sha256" in err
+    assert (pages / f"{stem}.md").read_bytes() == before
+
+
+def test_missing_data_file_is_named(claims, sandbox, capsys):
+    stem, data, _ = sandbox
+    (data / f"{stem}.profile.csv").unlink()
+    assert claims.build(check=True) == 2
+    assert f"{stem}.profile.csv" in capsys.readouterr().err
+
+
+def test_data_from_another_model_is_refused(claims, sandbox, capsys):
+    stem, data, _ = sandbox
+    mpath = data / f"{stem}.manifest.json"
+    m = json.loads(mpath.read_text())
+    m["model"]["source_sha256"] = "0" * 64
+    mpath.write_text(json.dumps(m))
+    assert claims.build(check=True) == 2
+    assert "another model" in capsys.readouterr().err
+
+
+def test_hand_edited_page_fails_the_check(claims, sandbox, capsys):
+    stem, _, pages = sandbox
+    page = pages / f"{stem}.md"
+    page.write_text(page.read_text().replace("held", "hold", 1))
+    assert claims.build(check=True) == 1
+    assert f"{stem}.md" in capsys.readouterr().err
