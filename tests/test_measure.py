@@ -141,3 +141,10 @@ def test_bad_input_errors(tiny_model, family):
         tld.profile(model, torch.tensor([[1, 2, 3]]), attention_mask=torch.tensor([[1, 1]]), progress=False)
     with pytest.raises(TypeError, match="integer token ids"):
         tld.profile(model, torch.randn(2, 3), progress=False)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1e-12])
+def test_profile_refuses_an_eps_that_is_not_finite_and_positive(tiny_model, bad):
+    # issue 23 item 4: a NaN eps made every token degenerate and every phi_* silently 0
+    with pytest.raises(ValueError, match=r"eps must be a finite float > 0.*got"):
+        tld.profile(tiny_model(ALL[0]), TEXTS, eps=bad, progress=False)
