@@ -148,3 +148,12 @@ def test_profile_refuses_an_eps_that_is_not_finite_and_positive(tiny_model, bad)
     # issue 23 item 4: a NaN eps made every token degenerate and every phi_* silently 0
     with pytest.raises(ValueError, match=r"eps must be a finite float > 0.*got"):
         tld.profile(tiny_model(ALL[0]), TEXTS, eps=bad, progress=False)
+
+
+def test_profile_tokens_seen_is_the_attribute_its_repr_shows(tiny_model):
+    # issue 23 item 10: the repr showed tokens_seen but prof.tokens_seen raised AttributeError
+    model = tiny_model(ALL[0])
+    prof = tld.profile(model, TEXTS, exclude_first_token=False, progress=False)
+    batch = tld.prepare_inputs(model, TEXTS)
+    assert prof.tokens_seen == prof.metadata["tokens_seen"] == int(batch.attention_mask.sum())
+    assert f"tokens_seen={prof.tokens_seen}" in repr(prof)

@@ -265,6 +265,11 @@ class Profile:
 
     _TABLES = ("residual", "value", "tokens", "value_tokens")
 
+    @property
+    def tokens_seen(self) -> int | None:
+        """Non-padding tokens the profile was measured on (``metadata["tokens_seen"]``, shown by the repr)."""
+        return self.metadata.get("tokens_seen")
+
     def __repr__(self) -> str:
         m = self.metadata
         return (
