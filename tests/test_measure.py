@@ -157,3 +157,9 @@ def test_profile_tokens_seen_is_the_attribute_its_repr_shows(tiny_model):
     batch = tld.prepare_inputs(model, TEXTS)
     assert prof.tokens_seen == prof.metadata["tokens_seen"] == int(batch.attention_mask.sum())
     assert f"tokens_seen={prof.tokens_seen}" in repr(prof)
+
+
+def test_profile_names_the_index_of_a_text_that_is_not_a_string(tiny_model):
+    # issue 23 item 10: profile(model, ["ok", None]) did not say which item was wrong
+    with pytest.raises(TypeError, match=r"inputs\[1\] is NoneType .*not a string"):
+        tld.profile(tiny_model(ALL[0]), ["ok", None], progress=False)
