@@ -141,3 +141,25 @@ def test_bad_input_errors(tiny_model, family):
         tld.profile(model, torch.tensor([[1, 2, 3]]), attention_mask=torch.tensor([[1, 1]]), progress=False)
     with pytest.raises(TypeError, match="integer token ids"):
         tld.profile(model, torch.randn(2, 3), progress=False)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1e-12])
+def test_profile_refuses_an_eps_that_is_not_finite_and_positive(tiny_model, bad):
+    # issue 23 item 4: a NaN eps made every token degenerate and every phi_* silently 0
+    with pytest.raises(ValueError, match=r"eps must be a finite float > 0.*got"):
+        tld.profile(tiny_model(ALL[0]), TEXTS, eps=bad, progress=False)
+
+
+def test_profile_tokens_seen_is_the_attribute_its_repr_shows(tiny_model):
+    # issue 23 item 10: the repr showed tokens_seen but prof.tokens_seen raised AttributeError
+    model = tiny_model(ALL[0])
+    prof = tld.profile(model, TEXTS, exclude_first_token=False, progress=False)
+    batch = tld.prepare_inputs(model, TEXTS)
+    assert prof.tokens_seen == prof.metadata["tokens_seen"] == int(batch.attention_mask.sum())
+    assert f"tokens_seen={prof.tokens_seen}" in repr(prof)
+
+
+def test_profile_names_the_index_of_a_text_that_is_not_a_string(tiny_model):
+    # issue 23 item 10: profile(model, ["ok", None]) did not say which item was wrong
+    with pytest.raises(TypeError, match=r"inputs\[1\] is NoneType .*not a string"):
+        tld.profile(tiny_model(ALL[0]), ["ok", None], progress=False)

@@ -28,6 +28,19 @@ from torch import Tensor
 
 DEFAULT_EPS = 1e-12
 
+
+def check_eps(eps, name: str = "eps") -> float:
+    """Return ``eps`` as a float after checking it is a finite number > 0.
+
+    A NaN threshold makes every ``|s|^2 > eps`` test false, so every token reads as
+    degenerate and the numbers come out silently zero; refuse it at the call.
+    """
+    import math
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"{name} must be a finite float > 0 (a degeneracy threshold on squared norms, "
+                         f"default {DEFAULT_EPS}), got {eps!r}; pass e.g. {name}={DEFAULT_EPS}")
+    return float(eps)
+
 # A perpendicular part this small relative to the update is rounding noise of a
 # parallel update (e.g. value space at the first token, where o_0 = v_0):
 # ||u_perp||^2 <= eps + (PERP_VANISH_ULPS * machine_eps)^2 * ||u||^2 counts as zero.

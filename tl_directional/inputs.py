@@ -217,6 +217,12 @@ def prepare_inputs(
     elif isinstance(inputs, Sequence) and len(inputs) == 0:
         raise ValueError(f"{argument} is empty: pass at least one string or token sequence")
     else:
+        # a list that is mostly strings: name the first item that is not, so a None in a
+        # thousand-text corpus is found at once
+        if isinstance(inputs, Sequence) and any(isinstance(x, str) for x in inputs):
+            i, bad = next((i, x) for i, x in enumerate(inputs) if not isinstance(x, str))
+            raise TypeError(f"{argument}[{i}] is {type(bad).__name__} ({bad!r:.40}), not a string; "
+                            f"every item of a list of texts must be a str")
         raise TypeError(
             f"{argument} must be a string, a list of strings, a list of token-id lists or a "
             f"[batch, pos] LongTensor, got {type(inputs).__name__}"

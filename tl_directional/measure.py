@@ -27,7 +27,7 @@ from .adapter import StopForward, device_of
 from .components import ALL_COMPONENTS, check_components
 from .distributed import rank_and_world
 from .fileio import ArtefactError, replace_dir, verify_manifest
-from .geometry import DEFAULT_EPS, compute_dtype, projection_coefficient
+from .geometry import DEFAULT_EPS, check_eps, compute_dtype, projection_coefficient
 from .inputs import (
     TokenBatch,
     check_positions_select,
@@ -264,6 +264,11 @@ class Profile:
     value_tokens: pd.DataFrame | None = None
 
     _TABLES = ("residual", "value", "tokens", "value_tokens")
+
+    @property
+    def tokens_seen(self) -> int | None:
+        """Non-padding tokens the profile was measured on (``metadata["tokens_seen"]``, shown by the repr)."""
+        return self.metadata.get("tokens_seen")
 
     def __repr__(self) -> str:
         m = self.metadata
@@ -568,6 +573,7 @@ def profile(
     Returns:
         A :class:`Profile`.
     """
+    eps = check_eps(eps)
     sites = resolve_sites(model)
     components = _check_components(components, sites)
     batch = prepare_inputs(model, inputs, attention_mask)
