@@ -40,14 +40,27 @@ DATA = ROOT / "docs" / "results" / "data"
 PAGES = ROOT / "docs" / "results"
 TEXTS = {
     "kjv": ("bundled held-out KJV slice (test-split books)", "tl_directional/data/kjv_heldout.txt"),
-    "prose": ("modern English prose, Debian Reference slice (GPL-2+)", "tl_directional/data/prose_heldout.txt"),
-    "code": ("Python source, CPython 3.11 difflib / fractions / textwrap (PSF-2.0)", "tl_directional/data/code_heldout.txt"),
+    "prose": (
+        "modern English prose, Debian Reference slice (GPL-2+)",
+        "tl_directional/data/prose_heldout.txt",
+    ),
+    "code": (
+        "Python source, CPython 3.11 difflib / fractions / textwrap (PSF-2.0)",
+        "tl_directional/data/code_heldout.txt",
+    ),
 }
 #: the source file, its quantisation and the catalogue's sha256 of it, per catalogue model
 SOURCES = {
     "smollm2-135m": ("SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1"),
     "gemma-3-270m": ("gemma-3-270m Q4_K_M GGUF (four -partN wheels)", "Q4_K_M"),
 }
+#: the headline subset (512-token windows): the four removals the revision's table compares
+HEADLINE = (
+    "value-exclusive s_par=0",
+    "value-full s_par=0",
+    "resid-attn s_par=0",
+    "resid-mlp s_par=0",
+)
 BUDGET = 0.05  # nats/token: "barely changes behaviour" (about 5% perplexity); protocol sec. 2
 BUDGET_TO3 = 0.065  # the revision's 1.3x allowance up to s_par = 3
 EXCL_GRID = (0.0, 0.25, 0.5, 0.75, 1.5, 2.0, 3.0)
@@ -64,9 +77,15 @@ def sha256_bytes(b: bytes) -> str:
 
 
 def git_state() -> tuple[str, bool]:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "tl_directional", "scripts"],
-                           capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "tl_directional", "scripts"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout.strip()
     return head, bool(dirty)
 
 
@@ -86,6 +105,7 @@ def _concat_hooks(model, sites, mode: str, s_par: float):
 
     hooks, store = [], {}
     for vs in sites.value:
+
         def grab_v(t, hook, L=vs.layer):  # noqa: ARG001
             store[("v", L)] = t
 
@@ -98,7 +118,9 @@ def _concat_hooks(model, sites, mode: str, s_par: float):
             y = z - a * v if mode == "exclusive" else z
             r, yf = v.flatten(-2).float(), y.flatten(-2).float()
             rr = (r * r).sum(-1, keepdim=True)
-            coef = torch.where(rr > 1e-12, (yf * r).sum(-1, keepdim=True) / rr.clamp_min(1e-12), 0.0)
+            coef = torch.where(
+                rr > 1e-12, (yf * r).sum(-1, keepdim=True) / rr.clamp_min(1e-12), 0.0
+            )
             return z + ((s_par - 1.0) * coef * r).to(z.dtype).view_as(z)
 
         hooks += [(vs.v_hook, grab_v), (vs.pattern_hook, grab_a), (vs.z_hook, edit_z)]
@@ -131,34 +153,152 @@ def settings(model, sites, prof_value, prof_resid):
 
     out = []
     for s in EXCL_GRID:
-        out.append((f"value-exclusive s_par={s:g}", "exclusive", "value-exclusive", s, "1",
-                    ed(tld.ValueScale(s_par=s, mode="exclusive"))))
-    out.append(("value-full s_par=0", "removal", "value-full", 0.0, "1", ed(tld.ValueScale(s_par=0.0, mode="full"))))
-    out.append(("value-full s_par=2", "scale", "value-full", 2.0, "1", ed(tld.ValueScale(s_par=2.0, mode="full"))))
-    out.append(("resid-attn s_par=0", "removal", "resid-attn", 0.0, "1", ed(tld.ResidualScale("attn", s_par=0.0))))
-    out.append(("resid-mlp s_par=0", "removal", "resid-mlp", 0.0, "1", ed(tld.ResidualScale("mlp", s_par=0.0))))
+        out.append(
+            (
+                f"value-exclusive s_par={s:g}",
+                "exclusive",
+                "value-exclusive",
+                s,
+                "1",
+                ed(tld.ValueScale(s_par=s, mode="exclusive")),
+            )
+        )
+    out.append(
+        (
+            "value-full s_par=0",
+            "removal",
+            "value-full",
+            0.0,
+            "1",
+            ed(tld.ValueScale(s_par=0.0, mode="full")),
+        )
+    )
+    out.append(
+        (
+            "value-full s_par=2",
+            "scale",
+            "value-full",
+            2.0,
+            "1",
+            ed(tld.ValueScale(s_par=2.0, mode="full")),
+        )
+    )
+    out.append(
+        (
+            "resid-attn s_par=0",
+            "removal",
+            "resid-attn",
+            0.0,
+            "1",
+            ed(tld.ResidualScale("attn", s_par=0.0)),
+        )
+    )
+    out.append(
+        (
+            "resid-mlp s_par=0",
+            "removal",
+            "resid-mlp",
+            0.0,
+            "1",
+            ed(tld.ResidualScale("mlp", s_par=0.0)),
+        )
+    )
     out.append(("hard-diag", "removal", "hard-diag", float("nan"), "-", ed(tld.DiagonalRemoval())))
-    out.append(("value-full-concat s_par=0", "concat", "value-full-concat", 0.0, "1",
-                lambda: model.hooks(fwd_hooks=_concat_hooks(model, sites, "full", 0.0))))
-    out.append(("value-exclusive-concat s_par=0", "concat", "value-exclusive-concat", 0.0, "1",
-                lambda: model.hooks(fwd_hooks=_concat_hooks(model, sites, "exclusive", 0.0))))
+    out.append(
+        (
+            "value-full-concat s_par=0",
+            "concat",
+            "value-full-concat",
+            0.0,
+            "1",
+            lambda: model.hooks(fwd_hooks=_concat_hooks(model, sites, "full", 0.0)),
+        )
+    )
+    out.append(
+        (
+            "value-exclusive-concat s_par=0",
+            "concat",
+            "value-exclusive-concat",
+            0.0,
+            "1",
+            lambda: model.hooks(fwd_hooks=_concat_hooks(model, sites, "exclusive", 0.0)),
+        )
+    )
     # perpendicular at the same scale (s_perp = 0; value-full and value-exclusive share it)
-    out.append(("value s_perp=0", "perp-scale", "value-exclusive", 1.0, "0",
-                ed(tld.ValueScale(s_perp=0.0, mode="exclusive"))))
-    out.append(("resid-attn s_perp=0", "perp-scale", "resid-attn", 1.0, "0", ed(tld.ResidualScale("attn", s_perp=0.0))))
-    out.append(("resid-mlp s_perp=0", "perp-scale", "resid-mlp", 1.0, "0", ed(tld.ResidualScale("mlp", s_perp=0.0))))
+    out.append(
+        (
+            "value s_perp=0",
+            "perp-scale",
+            "value-exclusive",
+            1.0,
+            "0",
+            ed(tld.ValueScale(s_perp=0.0, mode="exclusive")),
+        )
+    )
+    out.append(
+        (
+            "resid-attn s_perp=0",
+            "perp-scale",
+            "resid-attn",
+            1.0,
+            "0",
+            ed(tld.ResidualScale("attn", s_perp=0.0)),
+        )
+    )
+    out.append(
+        (
+            "resid-mlp s_perp=0",
+            "perp-scale",
+            "resid-mlp",
+            1.0,
+            "0",
+            ed(tld.ResidualScale("mlp", s_perp=0.0)),
+        )
+    )
     # perpendicular at the parallel removal's perturbation norm: (1 - s_perp) ||u_perp|| = ||u_par||
     # in energy per layer (residual) or per layer and head (value): s_perp = 1 - energy ratio
     kx, kf = per_head("energy_ratio_exclusive"), per_head("energy_ratio_full")
     ka, km = per_layer("attn"), per_layer("mlp")
-    out.append(("value-exclusive matched-norm perp", "perp-norm", "value-exclusive", 1.0, "1-k",
-                ed(tld.ValueScale(s_perp=1.0 - kx, mode="exclusive"))))
-    out.append(("value-full matched-norm perp", "perp-norm", "value-full", 1.0, "1-k",
-                ed(tld.ValueScale(s_perp=1.0 - kf, mode="full"))))
-    out.append(("resid-attn matched-norm perp", "perp-norm", "resid-attn", 1.0, "1-k",
-                ed(tld.ResidualScale("attn", s_perp=1.0 - ka))))
-    out.append(("resid-mlp matched-norm perp", "perp-norm", "resid-mlp", 1.0, "1-k",
-                ed(tld.ResidualScale("mlp", s_perp=1.0 - km))))
+    out.append(
+        (
+            "value-exclusive matched-norm perp",
+            "perp-norm",
+            "value-exclusive",
+            1.0,
+            "1-k",
+            ed(tld.ValueScale(s_perp=1.0 - kx, mode="exclusive")),
+        )
+    )
+    out.append(
+        (
+            "value-full matched-norm perp",
+            "perp-norm",
+            "value-full",
+            1.0,
+            "1-k",
+            ed(tld.ValueScale(s_perp=1.0 - kf, mode="full")),
+        )
+    )
+    out.append(
+        (
+            "resid-attn matched-norm perp",
+            "perp-norm",
+            "resid-attn",
+            1.0,
+            "1-k",
+            ed(tld.ResidualScale("attn", s_perp=1.0 - ka)),
+        )
+    )
+    out.append(
+        (
+            "resid-mlp matched-norm perp",
+            "perp-norm",
+            "resid-mlp",
+            1.0,
+            "1-k",
+            ed(tld.ResidualScale("mlp", s_perp=1.0 - km)),
+        )
+    )
     return out
 
 
@@ -191,8 +331,11 @@ def run(args) -> int:
 
     commit, dirty = git_state()
     if dirty and not args.allow_dirty:
-        print("error: tl_directional/ or scripts/ has uncommitted changes; commit them first (data must name "
-              "the code that made it)", file=sys.stderr)
+        print(
+            "error: tl_directional/ or scripts/ has uncommitted changes; commit them first (data must name "
+            "the code that made it)",
+            file=sys.stderr,
+        )
         return 2
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
@@ -205,41 +348,86 @@ def run(args) -> int:
     src, quant = SOURCES[args.model]
     stem = f"claims_{args.model}" + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
     manifest = {
-        "study": "claims", "command": "python scripts/claims.py " + " ".join(sys.argv[1:] if args.cli else []),
-        "commit": commit + ("+dirty" if dirty else ""), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "study": "claims",
+        "command": "python scripts/claims.py " + " ".join(sys.argv[1:] if args.cli else []),
+        "commit": commit + ("+dirty" if dirty else ""),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"CPU, {os.cpu_count()} cores shared, {args.threads} torch thread(s), torch {torch.__version__}",
-        "model": {"name": args.model, "architecture": entry.architecture, "source_file": src, "quantisation": quant,
-                  "dequantised": True, "source_sha256": entry.source_sha256,
-                  "safetensors_sha256": man.get("files", {}).get("model.safetensors", {}).get("sha256"),
-                  "n_layers": sites.n_layers, "n_heads": sites.n_heads, "n_kv_heads": sites.n_kv_heads,
-                  "sandwich_norm": not sites.factorization_applicable, "lane": sites.lane},
-        "windows": args.windows, "seq_len": args.seq_len, "texts": {}, "complete": False, "files": {},
+        "model": {
+            "name": args.model,
+            "architecture": entry.architecture,
+            "source_file": src,
+            "quantisation": quant,
+            "dequantised": True,
+            "source_sha256": entry.source_sha256,
+            "safetensors_sha256": man.get("files", {}).get("model.safetensors", {}).get("sha256"),
+            "n_layers": sites.n_layers,
+            "n_heads": sites.n_heads,
+            "n_kv_heads": sites.n_kv_heads,
+            "sandwich_norm": not sites.factorization_applicable,
+            "lane": sites.lane,
+        },
+        "windows": args.windows,
+        "seq_len": args.seq_len,
+        "texts": {},
+        "complete": False,
+        "files": {},
     }
     records, profiles = [], []
     for text in args.texts:
         desc, rel = TEXTS[text]
         path = ROOT / rel
-        batch = load_text_sequences(model, str(path), max_sequences=args.windows, seq_len=args.seq_len)
+        batch = load_text_sequences(
+            model, str(path), max_sequences=args.windows, seq_len=args.seq_len
+        )
         if len(batch) < args.windows:
-            print(f"error: text {text} gives only {len(batch)} windows of {args.seq_len}", file=sys.stderr)
+            print(
+                f"error: text {text} gives only {len(batch)} windows of {args.seq_len}",
+                file=sys.stderr,
+            )
             return 2
-        prof = tld.profile(model, batch.tokens, attention_mask=batch.attention_mask, batch_size=args.batch_size,
-                           exclude_first_token=True, components=["attn", "mlp", "value"], progress=False)
-        pv = prof.value[["layer", "head", "count", "A_tt_mean", "beta_mean", "gamma_mean", "par_frac_full_mean",
-                         "par_frac_exclusive_mean", "energy_ratio_full", "energy_ratio_exclusive"]].copy()
-        pr = prof.residual[["layer", "component", "count", "energy_ratio", "par_frac_mean", "par_frac_median"]].copy()
+        prof = tld.profile(
+            model,
+            batch.tokens,
+            attention_mask=batch.attention_mask,
+            batch_size=args.batch_size,
+            exclude_first_token=True,
+            components=["attn", "mlp", "value"],
+            progress=False,
+        )
+        pv = prof.value[
+            [
+                "layer",
+                "head",
+                "count",
+                "A_tt_mean",
+                "beta_mean",
+                "gamma_mean",
+                "par_frac_full_mean",
+                "par_frac_exclusive_mean",
+                "energy_ratio_full",
+                "energy_ratio_exclusive",
+            ]
+        ].copy()
+        pr = prof.residual[
+            ["layer", "component", "count", "energy_ratio", "par_frac_mean", "par_frac_median"]
+        ].copy()
         for df, kind in ((pv, "value"), (pr, "residual")):
             df.insert(0, "table", kind)
             df.insert(0, "text", text)
             profiles.append(df)
         sets = settings(model, sites, pv, pr)
+        if args.settings == "headline":
+            sets = [x for x in sets if x[0] in HEADLINE]
         t1 = time.time()
         print(f"{text}: {len(batch)} windows x {args.seq_len}, {len(sets)} settings", flush=True)
         for i in range(0, len(batch), args.batch_size):
             part = batch.slice(i, i + args.batch_size)
             mask = prediction_mask(part.attention_mask)
             target = part.tokens[:, 1:].unsqueeze(-1)
-            base_lp = torch.log_softmax(model(part.tokens, attention_mask=part.attention_mask)[:, :-1].float(), -1)
+            base_lp = torch.log_softmax(
+                model(part.tokens, attention_mask=part.attention_mask)[:, :-1].float(), -1
+            )
             rows = {"baseline": _per_row(base_lp, base_lp, target, mask)}
             for label, *_rest, make in sets:
                 with make():
@@ -250,14 +438,41 @@ def run(args) -> int:
                 del lp
             for label, r in rows.items():
                 for j in range(r.shape[0]):
-                    records.append({"text": text, "window": i + j, "setting": label,
-                                    **dict(zip(("tokens", "nll", "base_nll", "kl", "agree"), r[j].tolist(), strict=True))})
-            print(f"  windows {i}-{i + part.tokens.shape[0] - 1} done ({time.time() - t1:.0f} s)", flush=True)
-        manifest["texts"][text] = {"description": desc, "file": rel,
-                                   "sha256": sha256_bytes(path.read_bytes()), "windows": len(batch),
-                                   "seconds": round(time.time() - t1, 1)}
-        manifest["settings"] = [{"label": s[0], "family": s[1], "space": s[2],
-                                 "s_par": None if s[3] != s[3] else s[3], "s_perp": s[4]} for s in sets]
+                    records.append(
+                        {
+                            "text": text,
+                            "window": i + j,
+                            "setting": label,
+                            **dict(
+                                zip(
+                                    ("tokens", "nll", "base_nll", "kl", "agree"),
+                                    r[j].tolist(),
+                                    strict=True,
+                                )
+                            ),
+                        }
+                    )
+            print(
+                f"  windows {i}-{i + part.tokens.shape[0] - 1} done ({time.time() - t1:.0f} s)",
+                flush=True,
+            )
+        manifest["texts"][text] = {
+            "description": desc,
+            "file": rel,
+            "sha256": sha256_bytes(path.read_bytes()),
+            "windows": len(batch),
+            "seconds": round(time.time() - t1, 1),
+        }
+        manifest["settings"] = [
+            {
+                "label": s[0],
+                "family": s[1],
+                "space": s[2],
+                "s_par": None if s[3] != s[3] else s[3],
+                "s_perp": s[4],
+            }
+            for s in sets
+        ]
         manifest["seconds"] = round(time.time() - t0, 1)
         manifest["complete"] = list(manifest["texts"]) == list(args.texts)
         _write_data(stem, pd.DataFrame(records), pd.concat(profiles, ignore_index=True), manifest)
@@ -278,7 +493,9 @@ def _write_data(stem, rec, prof, manifest):
     for name, b in files.items():
         atomic_write_bytes(DATA / name, b)
         manifest["files"][name] = sha256_bytes(b)
-    atomic_write_bytes(DATA / f"{stem}.manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+    atomic_write_bytes(
+        DATA / f"{stem}.manifest.json", (json.dumps(manifest, indent=1) + "\n").encode()
+    )
     print(f"wrote {DATA / stem}.* ({len(rec)} records)", flush=True)
 
 
@@ -299,20 +516,28 @@ def load_data(stem: str):
     for name, want in manifest.get("files", {}).items():
         p = DATA / name
         if not p.is_file():
-            raise DataError(f"{p.relative_to(ROOT)}: missing (named by {mpath.name}); restore it from git")
+            raise DataError(
+                f"{p.relative_to(ROOT)}: missing (named by {mpath.name}); restore it from git"
+            )
         b = p.read_bytes()
         if sha256_bytes(b) != want:
-            raise DataError(f"{p.relative_to(ROOT)}: sha256 {sha256_bytes(b)[:12]} does not match the manifest's "
-                            f"{want[:12]}: the file is corrupt or was edited; restore it from git or rerun")
+            raise DataError(
+                f"{p.relative_to(ROOT)}: sha256 {sha256_bytes(b)[:12]} does not match the manifest's "
+                f"{want[:12]}: the file is corrupt or was edited; restore it from git or rerun"
+            )
         frames[name.split(".")[-2]] = pd.read_csv(io.BytesIO(b))
     m = manifest["model"]
     from tl_directional.models.catalog import REAL_MODELS
 
     if m["name"] in REAL_MODELS and REAL_MODELS[m["name"]].source_sha256 != m["source_sha256"]:
-        raise DataError(f"{mpath.relative_to(ROOT)}: model source sha256 {m['source_sha256'][:12]} is not the "
-                        f"catalogue's {m['name']} ({REAL_MODELS[m['name']].source_sha256[:12]}): data from another model")
+        raise DataError(
+            f"{mpath.relative_to(ROOT)}: model source sha256 {m['source_sha256'][:12]} is not the "
+            f"catalogue's {m['name']} ({REAL_MODELS[m['name']].source_sha256[:12]}): data from another model"
+        )
     if "+dirty" in manifest["commit"]:
-        raise DataError(f"{mpath.relative_to(ROOT)}: made from a dirty tree ({manifest['commit']}); rerun from a clean one")
+        raise DataError(
+            f"{mpath.relative_to(ROOT)}: made from a dirty tree ({manifest['commit']}); rerun from a clean one"
+        )
     return manifest, frames["records"], frames["profile"]
 
 
@@ -355,7 +580,9 @@ def _stats(rec, weights):
             kl_all, ag_all = kl_all + s[:, 3], ag_all + s[:, 4]
         d["pooled"] = (nll_all - base_all) / tok_all
         d["pooled:kl"], d["pooled:top1"] = kl_all / tok_all, ag_all / tok_all
-        d["pooled:ppl_rel"] = np.mean([d[t + ":ppl_rel"] for t in weights if t + ":ppl_rel" in d], axis=0)
+        d["pooled:ppl_rel"] = np.mean(
+            [d[t + ":ppl_rel"] for t in weights if t + ":ppl_rel" in d], axis=0
+        )
         res[setting] = d
     return res
 
@@ -418,77 +645,143 @@ def build_page(stem: str) -> str:
     st = _stats(rec, weights)
     texts = list(weights)
     m = manifest["model"]
-    tokens = {t: int(rec[(rec.text == t) & (rec.setting == "baseline")].tokens.sum()) for t in texts}
-    L = [f"# The seed's claims on {m['name']} ({manifest['seq_len']}-token windows)", "",
-         "Built by `python scripts/claims.py build` from the committed data "
-         f"`docs/results/data/{stem}.*` alone (protocol: [protocol.md](protocol.md)); do not edit by hand.", "",
-         f"- Data made by `{manifest['command']}` at commit `{manifest['commit']}`, {manifest['date']}, "
-         f"{manifest['machine']}, {manifest['seconds']:.0f} s" + ("" if manifest["complete"] else
-                                                                  " (**incomplete run**: the texts below only)") + ".",
-         f"- Model: `{m['name']}` ({m['architecture']}, {m['n_layers']} layers, {m['n_heads']} query / "
-         f"{m['n_kv_heads']} KV heads{', sandwich norms' if m['sandwich_norm'] else ''}), **dequantised** from "
-         f"`{m['source_file']}` ({m['quantisation']}, sha256 `{m['source_sha256'][:16]}...`) to float32 "
-         f"(model.safetensors sha256 `{(m['safetensors_sha256'] or 'n/a')[:16]}...`), unprocessed weights, "
-         f"{m['lane']} lane. It is a 4-bit model's numbers, not the original float checkpoint's.",
-         "- Texts: " + "; ".join(f"`{t}` ({manifest['texts'][t]['description']}, sha256 "
-                                  f"`{manifest['texts'][t]['sha256'][:12]}`): {manifest['texts'][t]['windows']} windows, "
-                                  f"{tokens[t]} predicted tokens" for t in texts) + ".",
-         f"- Every edit on all layers and heads, no BOS exemption. Intervals: 95% percentile bootstrap over windows, "
-         f"stratified by text ({B} resamples, seed {SEED}), the same resamples for every setting (paired). "
-         "`delta` is nats per predicted token (token-weighted); `ppl` is the paper's statistic, the per-window "
-         "perplexity averaged over the windows of a text, as a relative change; `spread` is the range over texts.",
-         ""]
+    tokens = {
+        t: int(rec[(rec.text == t) & (rec.setting == "baseline")].tokens.sum()) for t in texts
+    }
+    L = [
+        f"# The seed's claims on {m['name']} ({manifest['seq_len']}-token windows)",
+        "",
+        "Built by `python scripts/claims.py build` from the committed data "
+        f"`docs/results/data/{stem}.*` alone (protocol: [protocol.md](protocol.md)); do not edit by hand.",
+        "",
+        f"- Data made by `{manifest['command']}` at commit `{manifest['commit']}`, {manifest['date']}, "
+        f"{manifest['machine']}, {manifest['seconds']:.0f} s"
+        + ("" if manifest["complete"] else " (**incomplete run**: the texts below only)")
+        + ".",
+        f"- Model: `{m['name']}` ({m['architecture']}, {m['n_layers']} layers, {m['n_heads']} query / "
+        f"{m['n_kv_heads']} KV heads{', sandwich norms' if m['sandwich_norm'] else ''}), **dequantised** from "
+        f"`{m['source_file']}` ({m['quantisation']}, sha256 `{m['source_sha256'][:16]}...`) to float32 "
+        f"(model.safetensors sha256 `{(m['safetensors_sha256'] or 'n/a')[:16]}...`), unprocessed weights, "
+        f"{m['lane']} lane. It is a 4-bit model's numbers, not the original float checkpoint's.",
+        "- Texts: "
+        + "; ".join(
+            f"`{t}` ({manifest['texts'][t]['description']}, sha256 "
+            f"`{manifest['texts'][t]['sha256'][:12]}`): {manifest['texts'][t]['windows']} windows, "
+            f"{tokens[t]} predicted tokens"
+            for t in texts
+        )
+        + ".",
+        f"- Every edit on all layers and heads, no BOS exemption. Intervals: 95% percentile bootstrap over windows, "
+        f"stratified by text ({B} resamples, seed {SEED}), the same resamples for every setting (paired). "
+        "`delta` is nats per predicted token (token-weighted); `ppl` is the paper's statistic, the per-window "
+        "perplexity averaged over the windows of a text, as a relative change; `spread` is the range over texts.",
+        "",
+    ]
 
     def row(label):
         d = st[label]
         per = [float(d[t][0]) for t in texts if t in d]
-        return (f"| {label} | {_fmt(d['pooled'])} | " + " | ".join(f"{float(d[t][0]):+.3f}" for t in texts) +
-                f" | {min(per):+.3f} .. {max(per):+.3f} | {_fmt(d['pooled:ppl_rel'] * 100, '+.1f')}% | "
-                f"{float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |")
+        return (
+            f"| {label} | {_fmt(d['pooled'])} | "
+            + " | ".join(f"{float(d[t][0]):+.3f}" for t in texts)
+            + f" | {min(per):+.3f} .. {max(per):+.3f} | {_fmt(d['pooled:ppl_rel'] * 100, '+.1f')}% | "
+            f"{float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |"
+        )
 
-    head = ("| setting | delta pooled [95% CI] | " + " | ".join(f"delta `{t}`" for t in texts) +
-            " | spread | ppl change [95% CI] | KL | top-1 agree |")
+    head = (
+        "| setting | delta pooled [95% CI] | "
+        + " | ".join(f"delta `{t}`" for t in texts)
+        + " | spread | ppl change [95% CI] | KL | top-1 agree |"
+    )
     sep = "|---|---|" + "---:|" * len(texts) + "---|---|---:|---:|"
     verdicts = []
     # claim A: exclude-self robust over [0, 1] and up to 3
     ex = [f"value-exclusive s_par={s:g}" for s in EXCL_GRID]
     in01 = [lab for lab, s in zip(ex, EXCL_GRID, strict=True) if s <= 1.0]
-    worst01 = np.max([np.abs(st[lab]["pooled"]) for lab in in01], axis=0)
-    worst3 = np.max([np.abs(st[lab]["pooled"]) for lab in ex], axis=0)
-    verdicts.append(("A1", f"exclude-self value edits change loss by at most {BUDGET} nats/token over s_par in [0, 1]",
-                     f"max |delta| over s_par in {{0, .25, .5, .75}} = {_fmt(worst01)}", _verdict_upper(worst01, BUDGET)))
-    verdicts.append(("A2", f"... and by at most {BUDGET_TO3} up to s_par = 3",
-                     f"max |delta| over all 7 scales = {_fmt(worst3)}", _verdict_upper(worst3, BUDGET_TO3)))
-    exr = st["value-exclusive s_par=0"]["pooled"]
-    comps = ["value-full s_par=0", "resid-attn s_par=0", "resid-mlp s_par=0", "value-exclusive matched-norm perp"]
-    margin = np.min([st[c]["pooled"] - exr for c in comps], axis=0)
-    verdicts.append(("A3", "exclude-self removal is less damaging than full-aggregate V-Para, resid-attn and resid-MLP "
-                     "removal and than its matched-norm perpendicular edit",
-                     f"min over the four of (their delta - exclude-self delta) = {_fmt(margin)}", _verdict_sign(margin)))
-    full0 = st["value-full s_par=0"]["pooled"]
-    v = _verdict_upper(full0, BUDGET)
-    verdicts.append(("B", f"full-aggregate V-Para removal hurts (the revision; the earlier version said no damage): "
-                     f"delta > {BUDGET}", f"delta = {_fmt(full0)}",
-                     {"**held**": "**failed**", "**failed**": "**held**"}.get(v, v)))
+    has = lambda *labels: all(lab in st for lab in labels)  # noqa: E731 - a run may hold a subset
+    if has(*ex):
+        worst01 = np.max([np.abs(st[lab]["pooled"]) for lab in in01], axis=0)
+        worst3 = np.max([np.abs(st[lab]["pooled"]) for lab in ex], axis=0)
+        verdicts.append(
+            (
+                "A1",
+                f"exclude-self value edits change loss by at most {BUDGET} nats/token over s_par in [0, 1]",
+                f"max |delta| over s_par in {{0, .25, .5, .75}} = {_fmt(worst01)}",
+                _verdict_upper(worst01, BUDGET),
+            )
+        )
+        verdicts.append(
+            (
+                "A2",
+                f"... and by at most {BUDGET_TO3} up to s_par = 3",
+                f"max |delta| over all 7 scales = {_fmt(worst3)}",
+                _verdict_upper(worst3, BUDGET_TO3),
+            )
+        )
+    comps = [
+        "value-full s_par=0",
+        "resid-attn s_par=0",
+        "resid-mlp s_par=0",
+        "value-exclusive matched-norm perp",
+    ]
+    if has("value-exclusive s_par=0", *comps):
+        exr = st["value-exclusive s_par=0"]["pooled"]
+        margin = np.min([st[c]["pooled"] - exr for c in comps], axis=0)
+        verdicts.append(
+            (
+                "A3",
+                "exclude-self removal is less damaging than full-aggregate V-Para, resid-attn and resid-MLP "
+                "removal and than its matched-norm perpendicular edit",
+                f"min over the four of (their delta - exclude-self delta) = {_fmt(margin)}",
+                _verdict_sign(margin),
+            )
+        )
+    if has("value-full s_par=0"):
+        full0 = st["value-full s_par=0"]["pooled"]
+        v = _verdict_upper(full0, BUDGET)
+        verdicts.append(
+            (
+                "B",
+                f"full-aggregate V-Para removal hurts (the revision; the earlier version said no damage): "
+                f"delta > {BUDGET}",
+                f"delta = {_fmt(full0)}",
+                {"**held**": "**failed**", "**failed**": "**held**"}.get(v, v),
+            )
+        )
     # claim C: perpendicular hurts more than parallel, matched norm and matched scale
-    pairs_norm = {"value-exclusive": ("value-exclusive matched-norm perp", "value-exclusive s_par=0"),
-                  "value-full": ("value-full matched-norm perp", "value-full s_par=0"),
-                  "resid-attn": ("resid-attn matched-norm perp", "resid-attn s_par=0"),
-                  "resid-mlp": ("resid-mlp matched-norm perp", "resid-mlp s_par=0")}
-    pairs_scale = {"value-exclusive": ("value s_perp=0", "value-exclusive s_par=0"),
-                   "value-full": ("value s_perp=0", "value-full s_par=0"),
-                   "resid-attn": ("resid-attn s_perp=0", "resid-attn s_par=0"),
-                   "resid-mlp": ("resid-mlp s_perp=0", "resid-mlp s_par=0")}
-    for cid, name, pairs in (("C1", "matched perturbation norm", pairs_norm), ("C2", "matched scale (0)", pairs_scale)):
+    pairs_norm = {
+        "value-exclusive": ("value-exclusive matched-norm perp", "value-exclusive s_par=0"),
+        "value-full": ("value-full matched-norm perp", "value-full s_par=0"),
+        "resid-attn": ("resid-attn matched-norm perp", "resid-attn s_par=0"),
+        "resid-mlp": ("resid-mlp matched-norm perp", "resid-mlp s_par=0"),
+    }
+    pairs_scale = {
+        "value-exclusive": ("value s_perp=0", "value-exclusive s_par=0"),
+        "value-full": ("value s_perp=0", "value-full s_par=0"),
+        "resid-attn": ("resid-attn s_perp=0", "resid-attn s_par=0"),
+        "resid-mlp": ("resid-mlp s_perp=0", "resid-mlp s_par=0"),
+    }
+    for cid, name, pairs in (
+        ("C1", "matched perturbation norm", pairs_norm),
+        ("C2", "matched scale (0)", pairs_scale),
+    ):
+        if not has(*[x for pair in pairs.values() for x in pair]):
+            continue
         diffs = {sp: st[a]["pooled"] - st[b]["pooled"] for sp, (a, b) in pairs.items()}
         mn = np.min(list(diffs.values()), axis=0)
         p_pos = {sp: float(np.mean(d[1:] <= 0)) for sp, d in diffs.items()}
         p_neg = {sp: float(np.mean(d[1:] >= 0)) for sp, d in diffs.items()}
         pos, neg = _holm(p_pos), _holm(p_neg)
-        verdicts.append((cid, f"perpendicular removal hurts more than parallel removal in every space, at {name}",
-                         f"min over 4 spaces of (perp delta - par delta) = {_fmt(mn)}; Holm (4 tests each way, "
-                         f"alpha 0.05): perp worse in {len(pos)} of 4 ({', '.join(sorted(pos)) or 'none'}), "
-                         f"par worse in {len(neg)} of 4 ({', '.join(sorted(neg)) or 'none'})", _verdict_sign(mn)))
+        verdicts.append(
+            (
+                cid,
+                f"perpendicular removal hurts more than parallel removal in every space, at {name}",
+                f"min over 4 spaces of (perp delta - par delta) = {_fmt(mn)}; Holm (4 tests each way, "
+                f"alpha 0.05): perp worse in {len(pos)} of 4 ({', '.join(sorted(pos)) or 'none'}), "
+                f"par worse in {len(neg)} of 4 ({', '.join(sorted(neg)) or 'none'})",
+                _verdict_sign(mn),
+            )
+        )
     # claim E: attention's value-space parallel ratio tracks A_tt (per head, bootstrap over heads)
     pv = prof[prof.table == "value"]
     rng = np.random.default_rng(SEED)
@@ -502,39 +795,101 @@ def build_page(stem: str) -> str:
             rho.append(_spearman(x[idx], y[idx]))
         e_rows.append((text, np.array(rho), len(x)))
     pooled_rho = np.mean([r for _, r, _ in e_rows], axis=0)
-    verdicts.append(("E", "a head's value-space parallel share (mean |cos(o_t, v_t)|) tracks its mean A_tt: "
-                     "Spearman > 0.5 across heads", f"mean over texts of Spearman = {_fmt(pooled_rho, '+.2f')}",
-                     _verdict_threshold(pooled_rho, 0.5)))
-    L += ["## Verdicts (rules in [protocol.md](protocol.md))", "", "| claim | test | statistic [95% CI] | verdict |",
-          "|---|---|---|---|"]
+    verdicts.append(
+        (
+            "E",
+            "a head's value-space parallel share (mean |cos(o_t, v_t)|) tracks its mean A_tt: "
+            "Spearman > 0.5 across heads",
+            f"mean over texts of Spearman = {_fmt(pooled_rho, '+.2f')}",
+            _verdict_threshold(pooled_rho, 0.5),
+        )
+    )
+    L += [
+        "## Verdicts (rules in [protocol.md](protocol.md))",
+        "",
+        "| claim | test | statistic [95% CI] | verdict |",
+        "|---|---|---|---|",
+    ]
     L += [f"| {c} | {t} | {s} | {v} |" for c, t, s, v in verdicts]
     L += ["", "## Removals (s_par = 0 unless named), all layers", "", head, sep]
-    for lab in ["value-exclusive s_par=0", "value-full s_par=0", "value-exclusive-concat s_par=0",
-                "value-full-concat s_par=0", "resid-attn s_par=0", "resid-mlp s_par=0", "hard-diag"]:
-        L.append(row(lab))
-    L += ["", "`-concat`: the same edit with the projection on all heads' concatenated outputs against the "
-          "concatenated own values (the per-head question the paper's revision leaves open).", "",
-          "## Exclude-self value edits over s_par", "", head, sep]
-    L += [row(lab) for lab in ex]
-    L += ["", "## Perpendicular edits", "", "Matched scale: `s_perp = 0` (remove the perpendicular part). Matched norm: "
-          "`s_perp = 1 - k` with `k` the text's energy ratio `sqrt(sum ||u_par||^2 / sum ||u_perp||^2)` per layer "
-          "(residual) or per layer and head (value; exclusive or full aggregate), so that the perpendicular edit moves "
-          "the update by the same energy as the parallel removal (`k > 1` gives `s_perp < 0`).", "", head, sep]
-    L += [row(lab) for lab in ["value s_perp=0", "resid-attn s_perp=0", "resid-mlp s_perp=0",
-                               "value-exclusive matched-norm perp", "value-full matched-norm perp",
-                               "resid-attn matched-norm perp", "resid-mlp matched-norm perp", "value-full s_par=2"]]
+    for lab in [
+        "value-exclusive s_par=0",
+        "value-full s_par=0",
+        "value-exclusive-concat s_par=0",
+        "value-full-concat s_par=0",
+        "resid-attn s_par=0",
+        "resid-mlp s_par=0",
+        "hard-diag",
+    ]:
+        if lab in st:
+            L.append(row(lab))
+    L += [
+        "",
+        "`-concat`: the same edit with the projection on all heads' concatenated outputs against the "
+        "concatenated own values (the per-head question the paper's revision leaves open).",
+        "",
+        "## Exclude-self value edits over s_par",
+        "",
+        head,
+        sep,
+    ]
+    L += [row(lab) for lab in ex if lab in st]
+    L += [
+        "",
+        "## Perpendicular edits",
+        "",
+        "Matched scale: `s_perp = 0` (remove the perpendicular part). Matched norm: "
+        "`s_perp = 1 - k` with `k` the text's energy ratio `sqrt(sum ||u_par||^2 / sum ||u_perp||^2)` per layer "
+        "(residual) or per layer and head (value; exclusive or full aggregate), so that the perpendicular edit moves "
+        "the update by the same energy as the parallel removal (`k > 1` gives `s_perp < 0`).",
+        "",
+        head,
+        sep,
+    ]
+    L += [
+        row(lab)
+        for lab in [
+            "value s_perp=0",
+            "resid-attn s_perp=0",
+            "resid-mlp s_perp=0",
+            "value-exclusive matched-norm perp",
+            "value-full matched-norm perp",
+            "resid-attn matched-norm perp",
+            "resid-mlp matched-norm perp",
+            "value-full s_par=2",
+        ]
+        if lab in st
+    ]
     if m["sandwich_norm"]:
-        L += ["", "Sandwich norms: the post-attention RMSNorm removes a common scale of the attention output and there "
-              "is no `o_proj` bias, so in value space `s_par = 2` is the same edit as `s_perp = 0.5` (see "
-              "[method](../method.md)); such pairs are not counted as parallel-versus-perpendicular evidence."]
-    L += ["", "## Parallel share tracks A_tt (claim E)", "",
-          "| text | heads | Spearman(A_tt mean, mean abs cos(o_t, v_t)) [95% CI, bootstrap over heads] |", "|---|---:|---|"]
+        L += [
+            "",
+            "Sandwich norms: the post-attention RMSNorm removes a common scale of the attention output and there "
+            "is no `o_proj` bias, so in value space `s_par = 2` is the same edit as `s_perp = 0.5` (see "
+            "[method](../method.md)); such pairs are not counted as parallel-versus-perpendicular evidence.",
+        ]
+    L += [
+        "",
+        "## Parallel share tracks A_tt (claim E)",
+        "",
+        "| text | heads | Spearman(A_tt mean, mean abs cos(o_t, v_t)) [95% CI, bootstrap over heads] |",
+        "|---|---:|---|",
+    ]
     L += [f"| `{t}` | {n} | {_fmt(r, '+.2f')} |" for t, r, n in e_rows]
     pr = prof[prof.table == "residual"]
-    L += ["", "## Depth profile (BOS excluded): mean abs cos(u, r) per layer", "",
-          "| layer | " + " | ".join(f"attn `{t}`" for t in texts) + " | " + " | ".join(f"mlp `{t}`" for t in texts) + " |",
-          "|---:|" + "---:|" * (2 * len(texts))]
-    rnd = math.exp(math.lgamma(prof_d := _d_model(manifest) / 2) - math.lgamma(prof_d + 0.5)) / math.sqrt(math.pi)
+    L += [
+        "",
+        "## Depth profile (BOS excluded): mean abs cos(u, r) per layer",
+        "",
+        "| layer | "
+        + " | ".join(f"attn `{t}`" for t in texts)
+        + " | "
+        + " | ".join(f"mlp `{t}`" for t in texts)
+        + " |",
+        "|---:|" + "---:|" * (2 * len(texts)),
+    ]
+    rnd = math.exp(
+        math.lgamma(prof_d := _d_model(manifest) / 2) - math.lgamma(prof_d + 0.5)
+    ) / math.sqrt(math.pi)
     for layer in sorted(pr.layer.unique()):
         cells = []
         for comp in ("attn", "mlp"):
@@ -542,8 +897,12 @@ def build_page(stem: str) -> str:
                 r = pr[(pr.text == t) & (pr.layer == layer) & (pr.component == comp)]
                 cells.append(f"{float(r.par_frac_mean.iloc[0]):.3f}" if len(r) else "")
         L.append(f"| {int(layer)} | " + " | ".join(cells) + " |")
-    L += ["", f"Random-direction level of E abs cos in d_model = {_d_model(manifest)}: {rnd:.3f}. "
-          "No anisotropy control (a mismatched token's stream) in this run.", ""]
+    L += [
+        "",
+        f"Random-direction level of E abs cos in d_model = {_d_model(manifest)}: {rnd:.3f}. "
+        "No anisotropy control (a mismatched token's stream) in this run.",
+        "",
+    ]
     return "\n".join(L)
 
 
@@ -560,11 +919,17 @@ def summary_block(stems) -> str:
     for stem in stems:
         manifest = json.loads((DATA / f"{stem}.manifest.json").read_text())
         page = build_page(stem)
-        rows = [ln for ln in page.split("\n## Verdicts", 1)[1].split("\n\n", 2)[1].splitlines()[2:] if ln.startswith("|")]
+        rows = [
+            ln
+            for ln in page.split("\n## Verdicts", 1)[1].split("\n\n", 2)[1].splitlines()[2:]
+            if ln.startswith("|")
+        ]
         done = "" if manifest["complete"] else " (incomplete)"
         for ln in rows:
             cells = [c.strip() for c in ln.strip("|").split(" | ")]
-            L.append(f"| [{stem}](results/{stem}.md){done} | {cells[0]} | {cells[2]} | {cells[3]} |")
+            L.append(
+                f"| [{stem}](results/{stem}.md){done} | {cells[0]} | {cells[2]} | {cells[3]} |"
+            )
     L += ["", SUMMARY_END]
     return "\n".join(L)
 
@@ -598,8 +963,11 @@ def build(check: bool) -> int:
             atomic_write_text(path, text)
             print(f"wrote {path.relative_to(ROOT)}")
     if bad:
-        print("error: these pages differ from what the committed data builds (edited by hand, or data changed "
-              "without a rebuild): " + ", ".join(bad) + "; run `make results`", file=sys.stderr)
+        print(
+            "error: these pages differ from what the committed data builds (edited by hand, or data changed "
+            "without a rebuild): " + ", ".join(bad) + "; run `make results`",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -614,7 +982,12 @@ def main(argv=None) -> int:
     r.add_argument("--seq-len", type=int, default=128)
     r.add_argument("--batch-size", type=int, default=8)
     r.add_argument("--threads", type=int, default=1)
-    r.add_argument("--allow-dirty", action="store_true", help="for smoke runs only: the builder refuses such data")
+    r.add_argument("--settings", choices=("all", "headline"), default="all")
+    r.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="for smoke runs only: the builder refuses such data",
+    )
     b = sub.add_parser("build")
     b.add_argument("--check", action="store_true")
     args = ap.parse_args(argv)
