@@ -706,7 +706,7 @@ def build_page(stem: str) -> str:
             (
                 "A1",
                 f"exclude-self value edits change loss by at most {BUDGET} nats/token over s_par in [0, 1]",
-                f"max |delta| over s_par in {{0, .25, .5, .75}} = {_fmt(worst01)}",
+                f"max abs(delta) over s_par in {{0, .25, .5, .75}} = {_fmt(worst01)}",
                 _verdict_upper(worst01, BUDGET),
             )
         )
@@ -714,7 +714,7 @@ def build_page(stem: str) -> str:
             (
                 "A2",
                 f"... and by at most {BUDGET_TO3} up to s_par = 3",
-                f"max |delta| over all 7 scales = {_fmt(worst3)}",
+                f"max abs(delta) over all 7 scales = {_fmt(worst3)}",
                 _verdict_upper(worst3, BUDGET_TO3),
             )
         )
@@ -798,7 +798,7 @@ def build_page(stem: str) -> str:
     verdicts.append(
         (
             "E",
-            "a head's value-space parallel share (mean |cos(o_t, v_t)|) tracks its mean A_tt: "
+            "a head's value-space parallel share (mean abs cos(o_t, v_t)) tracks its mean A_tt: "
             "Spearman > 0.5 across heads",
             f"mean over texts of Spearman = {_fmt(pooled_rho, '+.2f')}",
             _verdict_threshold(pooled_rho, 0.5),
