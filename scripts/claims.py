@@ -346,7 +346,11 @@ def run(args) -> int:
     mdir = entry_dir(args.model)
     man = read_manifest(mdir) or {}
     src, quant = SOURCES[args.model]
-    stem = f"claims_{args.model}" + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
+    stem = (
+        f"claims_{args.model}"
+        + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
+        + (f"_{args.tag}" if args.tag else "")
+    )
     manifest = {
         "study": "claims",
         "command": "python scripts/claims.py " + " ".join(sys.argv[1:] if args.cli else []),
@@ -983,6 +987,11 @@ def main(argv=None) -> int:
     r.add_argument("--batch-size", type=int, default=8)
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--settings", choices=("all", "headline"), default="all")
+    r.add_argument(
+        "--tag",
+        default="",
+        help="a suffix of the data files' names, for a run split over processes",
+    )
     r.add_argument(
         "--allow-dirty",
         action="store_true",
