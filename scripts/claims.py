@@ -307,17 +307,6 @@ def settings(model, sites, prof_value, prof_resid):
 # ---------------------------------------------------------------------------
 
 
-def _per_row(base_lp, lp, target, mask):
-    import torch
-
-    m = mask.to(lp.dtype)
-    nll = -(lp.gather(-1, target).squeeze(-1) * m).sum(-1)
-    bnll = -(base_lp.gather(-1, target).squeeze(-1) * m).sum(-1)
-    kl = ((base_lp.exp() * (base_lp - lp)).sum(-1) * m).sum(-1)
-    agree = ((lp.argmax(-1) == base_lp.argmax(-1)).to(lp.dtype) * m).sum(-1)
-    return torch.stack([m.sum(-1), nll, bnll, kl, agree], -1).double()
-
-
 def run(args) -> int:
     import pandas as pd
     import torch
@@ -328,6 +317,9 @@ def run(args) -> int:
     from tl_directional.models.catalog import REAL_MODELS, entry_dir, read_manifest
     from tl_directional.sites import resolve_sites
     from tl_directional.sweep import prediction_mask
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from _realrun import _per_row  # per-window sums: tokens, nll, base nll, KL(base || edited), top-1 agreement
 
     commit, dirty = git_state()
     if dirty and not args.allow_dirty:
