@@ -319,7 +319,9 @@ def run(args) -> int:
     from tl_directional.sweep import prediction_mask
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    from _realrun import _per_row  # per-window sums: tokens, nll, base nll, KL(base || edited), top-1 agreement
+    from _realrun import (
+        _per_row,  # per-window sums: tokens, nll, base nll, KL(base || edited), top-1 agreement
+    )
 
     commit, dirty = git_state()
     if dirty and not args.allow_dirty:
