@@ -646,8 +646,11 @@ def build_page(stem: str) -> str:
     tokens = {
         t: int(rec[(rec.text == t) & (rec.setting == "baseline")].tokens.sum()) for t in texts
     }
+    subset = "" if "value-exclusive s_par=0.25" in st else ", the four removals only"
     L = [
-        f"# The seed's claims on {m['name']} ({manifest['seq_len']}-token windows)",
+        f"# The seed's claims on {m['name']} ({manifest['seq_len']}-token windows{subset}, "
+        + ", ".join(f"`{t}`" for t in texts)
+        + ")",
         "",
         "Built by `python scripts/claims.py build` from the committed data "
         f"`docs/results/data/{stem}.*` alone (protocol: [protocol.md](protocol.md)); do not edit by hand.",
@@ -821,44 +824,40 @@ def build_page(stem: str) -> str:
     ]:
         if lab in st:
             L.append(row(lab))
-    L += [
-        "",
-        "`-concat`: the same edit with the projection on all heads' concatenated outputs against the "
-        "concatenated own values (the per-head question the paper's revision leaves open).",
-        "",
-        "## Exclude-self value edits over s_par",
-        "",
-        head,
-        sep,
-    ]
-    L += [row(lab) for lab in ex if lab in st]
-    L += [
-        "",
-        "## Perpendicular edits",
-        "",
-        "Matched scale: `s_perp = 0` (remove the perpendicular part). Matched norm: "
-        "`s_perp = 1 - k` with `k` the text's energy ratio `sqrt(sum ||u_par||^2 / sum ||u_perp||^2)` per layer "
-        "(residual) or per layer and head (value; exclusive or full aggregate), so that the perpendicular edit moves "
-        "the update by the same energy as the parallel removal (`k > 1` gives `s_perp < 0`).",
-        "",
-        head,
-        sep,
-    ]
-    L += [
-        row(lab)
-        for lab in [
-            "value s_perp=0",
-            "resid-attn s_perp=0",
-            "resid-mlp s_perp=0",
-            "value-exclusive matched-norm perp",
-            "value-full matched-norm perp",
-            "resid-attn matched-norm perp",
-            "resid-mlp matched-norm perp",
-            "value-full s_par=2",
+    if "value-full-concat s_par=0" in st:
+        L += [
+            "",
+            "`-concat`: the same edit with the projection on all heads' concatenated outputs against the "
+            "concatenated own values (the per-head question the paper's revision leaves open).",
         ]
-        if lab in st
+    if any(lab in st for lab in ex[1:]):
+        L += ["", "## Exclude-self value edits over s_par", "", head, sep]
+        L += [row(lab) for lab in ex if lab in st]
+    perp = [
+        "value s_perp=0",
+        "resid-attn s_perp=0",
+        "resid-mlp s_perp=0",
+        "value-exclusive matched-norm perp",
+        "value-full matched-norm perp",
+        "resid-attn matched-norm perp",
+        "resid-mlp matched-norm perp",
+        "value-full s_par=2",
     ]
-    if m["sandwich_norm"]:
+    if any(lab in st for lab in perp):
+        L += [
+            "",
+            "## Perpendicular edits",
+            "",
+            "Matched scale: `s_perp = 0` (remove the perpendicular part). Matched norm: "
+            "`s_perp = 1 - k` with `k` the text's energy ratio `sqrt(sum ||u_par||^2 / sum ||u_perp||^2)` per layer "
+            "(residual) or per layer and head (value; exclusive or full aggregate), so that the perpendicular edit "
+            "moves the update by the same energy as the parallel removal (`k > 1` gives `s_perp < 0`).",
+            "",
+            head,
+            sep,
+        ]
+        L += [row(lab) for lab in perp if lab in st]
+    if m["sandwich_norm"] and "value-full s_par=2" in st:
         L += [
             "",
             "Sandwich norms: the post-attention RMSNorm removes a common scale of the attention output and there "
