@@ -322,3 +322,52 @@ def test_edit_argument_errors(tiny_model):
     batch = _batch(model)
     with pytest.raises(ValueError, match="s_par has 3 batch rows but the forward pass has batch 2"):
         _run(model, batch, tld.ValueScale(tld.scales([0.0, 1.0, 2.0], "batch")))
+
+
+@pytest.mark.parametrize("edit", [
+    tld.DiagonalRemoval(positions=[500]), tld.DiagonalRemoval(positions=[-500]),
+    tld.DiagonalRemoval(positions=slice(500, None)), tld.ResidualScale("attn", 0.0, positions=[0, 500]),
+    tld.ValueScale(s_par=0.0, positions=[500])])
+def test_out_of_range_positions_raise_at_the_call(tiny_model, edit):
+    """Issue 23 item 3: an edit scope outside the sequence is an error, not a silent no-op."""
+    model = tiny_model("gpt2")
+    batch = _batch(model)
+    n = batch.tokens.shape[1]
+    with pytest.raises(ValueError, match=rf"positions=.*500.*0\.\.{n - 1} \(or -{n}\.\.-1 from the end; "
+                                         rf"sequence length {n}\); pick positions inside them"):
+        _run(model, batch, edit)
+
+
+def test_non_integer_positions_raise(tiny_model):
+    model = tiny_model("gpt2")
+    batch = _batch(model)
+    with pytest.raises(TypeError, match=r"positions must be .*got \[1\.5\] \(entry 1\.5 is not an int\); pass whole"):
+        _run(model, batch, tld.ValueScale(s_par=0.0, positions=[1.5]))
+    # in range, negative and numpy/tensor ints keep working
+    _run(model, batch, tld.ValueScale(s_par=0.0, positions=torch.tensor([1, -1])))
+
+
+def test_negative_positions_count_from_each_rows_last_real_token(tiny_model):
+    """Issue 23 item 2: with right padding, positions=[-1] edits each row's last real token,
+    not row 0's pad column."""
+    model = tiny_model("gpt2")
+    batch = tld.prepare_inputs(model, ["short", "a much longer text here"])  # right padding
+    lengths = batch.attention_mask.sum(-1).tolist()
+    n = batch.tokens.shape[1]
+    assert lengths[0] < n == lengths[1]
+    name = tld.resolve_sites(model).unit("attn", 0).update_hook
+    plain = _capture(model, batch, [name])[name]
+    edited = _capture(model, batch, [name], tld.ResidualScale("attn", s_par=0.0, layers=[0], positions=[-1]))[name]
+    changed = (edited - plain).abs().amax(-1) > 1e-6  # [batch, pos]
+    expected = torch.zeros_like(changed)
+    expected[0, lengths[0] - 1] = expected[1, n - 1] = True
+    assert torch.equal(changed, expected)
+    # without a mask the model sees every token as real: counted from the end, as before
+    store = {}
+    hooks = tld.edit_hooks(model, tld.ResidualScale("attn", s_par=0.0, layers=[0], positions=[-1]))
+    model.run_with_hooks(batch.tokens, fwd_hooks=hooks + [(name, lambda t, hook: store.setdefault("x", t.clone()))])
+    _, nomask = model.run_with_cache(batch.tokens, names_filter=[name])
+    moved = (store["x"] - nomask[name]).abs().amax(-1) > 1e-6
+    assert moved[:, -1].all() and not moved[:, :-1].any()
+
+

@@ -81,3 +81,53 @@ def test_nested_points_are_registered_the_lanes_way(tiny_model, lane):
         assert seen == [name, name] and set(cache.keys()) == {name, "blocks.0.hook_z.hook_par"}
     assert name not in model.hook_dict and name not in dict(model.named_modules())
     assert "blocks.0.hook_z.hook_par" not in model.hook_dict
+
+
+def _split_gap(cache, parent):
+    return (cache[f"{parent}.hook_par"] + cache[f"{parent}.hook_perp"] - cache[parent]).abs().max().item()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_children_split_the_value_the_parent_finally_holds(tiny_model, family):
+    """Issue 23 item 1: whatever the order of split points, edits and user hooks on the
+    parent, hook_par + hook_perp is the parent's final value (the split runs last)."""
+    model = tiny_model(family)
+    sites = tld.resolve_sites(model)
+    parent = sites.unit("attn", 1).update_hook
+    z = sites.value[1].z_hook
+    edits = (tld.ResidualScale("attn", s_par=0.0, layers=[1]), tld.ValueScale(0.0, 0.5, layers=[1]))
+    double = (parent, lambda t, hook: 2.0 * t)
+
+    def check(cache):
+        assert _split_gap(cache, parent) < 1e-5
+        assert _split_gap(cache, z) < 1e-5
+
+    # split outside / inside the edits
+    with split_hook_points(model, layers=[1]), tld.apply_edits(model, *edits):
+        _, c = model.run_with_cache(TOKENS)
+    check(c)
+    with tld.apply_edits(model, *edits), split_hook_points(model, layers=[1]):
+        _, c = model.run_with_cache(TOKENS)
+    check(c)
+    # a user hook on the parent, added after the split (hooks() and run_with_hooks) and before it
+    with split_hook_points(model, layers=[1]):
+        with model.hooks(fwd_hooks=[double]):
+            _, c = model.run_with_cache(TOKENS)
+        check(c)
+        seen = {}
+        def keep(name):
+            return name, lambda t, hook: seen.__setitem__(name, t.clone())
+        model.run_with_hooks(TOKENS, fwd_hooks=[double, keep(parent), keep(f"{parent}.hook_par"),
+                                                keep(f"{parent}.hook_perp")])
+        assert torch.allclose(seen[f"{parent}.hook_par"] + seen[f"{parent}.hook_perp"], seen[parent], atol=1e-5)
+    with model.hooks(fwd_hooks=[double]), split_hook_points(model, layers=[1]), tld.apply_edits(model, *edits):
+        _, c = model.run_with_cache(TOKENS)
+    check(c)
+    # hooking a child still changes what flows on, after every parent hook
+    with split_hook_points(model, layers=[1]), tld.apply_edits(model, edits[0]):
+        out = model.run_with_hooks(TOKENS, fwd_hooks=[(f"{parent}.hook_perp", lambda t, hook: 0 * t)])
+    with tld.apply_edits(model, tld.ResidualScale("attn", 0.0, 0.0, layers=[1])):
+        ref = model(TOKENS)
+    assert torch.allclose(out, ref, atol=1e-5)
+    assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
+    assert all(not hp._forward_pre_hooks for hp in model.hook_dict.values())

@@ -31,7 +31,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .geometry import DEFAULT_EPS, component_delta, compute_dtype, projection_coefficient
-from .inputs import position_mask
+from .inputs import _int_positions, check_positions_in_range, position_mask
 from .sites import (
     COMPONENTS,
     ModelSites,
@@ -151,14 +151,97 @@ def _head_mask(heads, n_heads: int) -> Tensor | None:
     return m
 
 
+class _ForwardState:
+    """What the edits' hooks know about the forward pass in progress: its attention mask
+    (a ``model(tokens, attention_mask=...)`` keyword, read by a forward pre-hook on the
+    model) and whether ``generate`` is running (positions beyond the prompt are then
+    reached later, so they are not out of range)."""
+
+    attention_mask: Tensor | None = None
+    generating: int = 0
+
+
+_FORWARD = _ForwardState()
+
+
+class _MaskTrackingForward:
+    """The instance ``forward`` that :func:`track_attention_mask` installs: the class's own
+    forward, with the call's ``attention_mask`` visible to the edits. An object, not a
+    closure, so ``copy.deepcopy`` / pickling of the model carry it to the copy."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __call__(self, *args, **kwargs):
+        m = kwargs.get("attention_mask")
+        before = _FORWARD.attention_mask
+        _FORWARD.attention_mask = m if isinstance(m, Tensor) and m.ndim == 2 else None
+        try:
+            return type(self.module).forward(self.module, *args, **kwargs)
+        finally:
+            _FORWARD.attention_mask = before
+
+
+def track_attention_mask(model) -> None:
+    """Let the edits see the ``attention_mask`` keyword of each forward pass (idempotent).
+
+    Sets the instance's ``forward`` (not a module pre-hook: TL 2's ``run_with_hooks`` and
+    ``generate`` call ``model.forward`` directly, which module hooks do not see); the mask
+    is set for the duration of the call and restored after it, also on errors."""
+    if not isinstance(model, torch.nn.Module) or isinstance(model.__dict__.get("forward"), _MaskTrackingForward):
+        return
+    if "forward" in model.__dict__:
+        return  # someone else's instance forward: leave it (negative positions count from the end)
+    object.__setattr__(model, "forward", _MaskTrackingForward(model))
+
+
 class Edit:
     """Base class: an edit turns into TransformerLens forward hooks for one model."""
+
+    positions = None
 
     def fwd_hooks(self, model) -> HookList:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _layers(self, sites: ModelSites) -> list[int]:
         return normalize_layers(self.layers, sites.n_layers, "layers")
+
+    def _position_mask(self, batch: int, n_q: int, offset: int, device) -> Tensor | None:
+        """The query positions this edit touches, ``[batch|1, n_q]`` (None: all).
+
+        ``positions`` is checked against the sequence length once per length (a clear
+        error for ``[500]``, ``[-500]``, ``slice(500, None)``, ``[1.5]``). Negative ints
+        count from each row's last real token where the forward pass has an attention
+        mask (right padding), else from the end of the sequence."""
+        positions = self.positions
+        if positions is None:
+            return None
+        total = offset + n_q
+        key = (total, id(positions))
+        if getattr(self, "_checked_for", None) != key:
+            if not _FORWARD.generating:  # during generate, later positions are reached later
+                check_positions_in_range(positions, total)
+            else:
+                check_positions_in_range(positions, max(total, 1 << 30))
+            self._checked_for = key
+        pm = position_mask(positions, batch=batch, n_query=n_q, offset=offset, device=device)
+        mask = _FORWARD.attention_mask
+        if (mask is None or isinstance(positions, slice) or (isinstance(positions, Tensor) and positions.dtype == torch.bool) or tuple(mask.shape) != (batch, total)):
+            return pm
+        ints = _int_positions(positions, "positions")
+        neg = [p for p in ints if p < 0]
+        if not neg:
+            return pm
+        real = mask.to(device).bool()
+        ends = total - real.flip(-1).long().argmax(-1)  # one past each row's last real token
+        if bool((ends == total).all()):
+            return pm  # no row padded at the end: the plain count from the end is right
+        keep = [p for p in ints if p >= 0]
+        pm = position_mask(keep, batch=batch, n_query=n_q, offset=offset, device=device) if keep else \
+            torch.zeros((1, n_q), dtype=torch.bool, device=device)
+        abs_pos = torch.arange(offset, total, device=device).unsqueeze(0)  # [1, n_q]
+        targets = ends.unsqueeze(-1) + torch.tensor(neg, device=device).unsqueeze(0)  # [batch, n_neg]
+        return pm | (abs_pos.unsqueeze(-1) == targets.unsqueeze(1)).any(-1)
 
 
 def _check_eps(eps) -> float:
@@ -193,6 +276,7 @@ class ResidualScale(Edit):
 
     def fwd_hooks(self, model) -> HookList:
         sites = resolve_sites(model, warn=False)
+        track_attention_mask(model)
         check_component(self.component, sites)
         if self.reference is not None and self.reference.shape[-1] != sites.d_model:
             raise ValueError(f"reference has size {self.reference.shape[-1]} but d_model is {sites.d_model}")
@@ -219,7 +303,7 @@ class ResidualScale(Edit):
             sp = s_par.at(layer, batch, tensor.device, dtype)[:, :1]  # [B|1, 1]
             sq = s_perp.at(layer, batch, tensor.device, dtype)[:, :1]
             offset = state.get("k_len", n_q) - n_q
-            pm = position_mask(self.positions, batch=batch, n_query=n_q, offset=offset, device=tensor.device)
+            pm = self._position_mask(batch, n_q, offset, tensor.device)
             if pm is not None:
                 sp = torch.where(pm, sp, torch.ones_like(sp))
                 sq = torch.where(pm, sq, torch.ones_like(sq))
@@ -268,7 +352,7 @@ class _HeadScoped(Edit):
         one = torch.ones((), dtype=dtype, device=device)
         if head_mask is not None:
             s = torch.where(head_mask.to(device).view(1, 1, -1), s, one)
-        pm = position_mask(self.positions, batch=batch, n_query=n_q, offset=offset, device=device)
+        pm = self._position_mask(batch, n_q, offset, device)
         if pm is not None:
             s = torch.where(pm.unsqueeze(-1), s, one)
         return s
@@ -296,6 +380,7 @@ class ValueScale(_HeadScoped):
 
     def fwd_hooks(self, model) -> HookList:
         sites = resolve_sites(model, warn=False)
+        track_attention_mask(model)
         s_par, s_perp = self._specs(sites)
         head_mask = _head_mask(self.heads, sites.n_heads)
         hooks: HookList = []
@@ -379,6 +464,7 @@ class DiagonalRemoval(_HeadScoped):
 
     def fwd_hooks(self, model) -> HookList:
         sites = resolve_sites(model, warn=False)
+        track_attention_mask(model)
         head_mask = _head_mask(self.heads, sites.n_heads)
         hooks: HookList = []
         for L in self._layers(sites):
@@ -402,7 +488,7 @@ class DiagonalRemoval(_HeadScoped):
             selected = off_mass > self.eps
             if head_mask is not None:
                 selected = selected & head_mask.to(pattern.device).view(1, -1, 1)
-            pm = position_mask(self.positions, batch=batch, n_query=n_q, offset=offset, device=pattern.device)
+            pm = self._position_mask(batch, n_q, offset, pattern.device)
             if pm is not None:
                 selected = selected & pm.unsqueeze(1)
             factor = torch.where(selected, row_sum / torch.where(selected, off_mass, torch.ones_like(off_mass)),
@@ -430,6 +516,7 @@ class EffectiveDiagonal(_HeadScoped):
 
     def fwd_hooks(self, model) -> HookList:
         sites = resolve_sites(model, warn=False)
+        track_attention_mask(model)
         (s_par,) = self._specs(sites, names=("s_par",))
         head_mask = _head_mask(self.heads, sites.n_heads)
         hooks: HookList = []
@@ -561,6 +648,7 @@ def edit_hooks(model, *edits: Any) -> HookList:
                 "DiagonalRemoval or EffectiveDiagonal objects"
             )
         hooks += e.fwd_hooks(model)
+    track_attention_mask(model)
     return hooks
 
 

@@ -123,6 +123,22 @@ def _bridge_generate(model, original):
     return generate
 
 
+def _marked_generating(generate):
+    """``generate`` with the edits told that a generation is running (positions beyond
+    the prompt are reached later, so the edits do not call them out of range)."""
+
+    @functools.wraps(generate)
+    def wrapped(*args, **kwargs):
+        from .edit import _FORWARD
+
+        _FORWARD.generating += 1
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            _FORWARD.generating -= 1
+    return wrapped
+
+
 def fix_generate(model):
     """Install the corrected ``generate`` on ``model`` (idempotent); returns ``model``.
 
@@ -133,7 +149,7 @@ def fix_generate(model):
     original = model.generate
     lane = _lane(model)
     wrapped = _bridge_generate(model, original) if lane == "bridge" else _legacy_generate(model, original)
-    object.__setattr__(model, "generate", wrapped)
+    object.__setattr__(model, "generate", _marked_generating(wrapped))
     object.__setattr__(model, _MARK, True)
     return model
 

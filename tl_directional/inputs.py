@@ -370,11 +370,54 @@ def check_positions_select(positions, batch: TokenBatch, argument: str = "positi
         return
     pm = position_mask(positions, batch=len(batch), n_query=batch.tokens.shape[1], argument=argument)
     if not bool((pm & batch.attention_mask.bool()).any()):
-        n = batch.tokens.shape[1]
-        raise ValueError(
-            f"{argument}={positions!r} selects no token: the inputs have positions 0..{n - 1} "
-            f"(or -{n}..-1 from the end); pick positions inside them"
-        )
+        raise ValueError(_positions_range_message(positions, batch.tokens.shape[1], argument, "selects no token"))
+
+
+def _positions_range_message(positions, n: int, argument: str, what: str) -> str:
+    return (f"{argument}={positions!r} {what}: the inputs have positions 0..{n - 1} "
+            f"(or -{n}..-1 from the end; sequence length {n}); pick positions inside them")
+
+
+def check_positions_in_range(positions, n: int, argument: str = "positions") -> None:
+    """Raise a ValueError when an int of ``positions`` lies outside a sequence of ``n`` tokens
+    (``0..n-1`` or ``-n..-1``) or a slice selects none of them; a TypeError for entries that
+    are not ints (``1.5``). Bool masks and None pass. The edits' scope check."""
+    if positions is None or (isinstance(positions, Tensor) and positions.dtype == torch.bool):
+        return
+    if isinstance(positions, slice):
+        if not len(range(n)[positions]):
+            raise ValueError(_positions_range_message(positions, n, argument, "selects no position"))
+        return
+    bad = [p for p in _int_positions(positions, argument) if not -n <= p < n]
+    if bad:
+        raise ValueError(_positions_range_message(positions, n, argument, f"has {bad[0]}, out of range"))
+
+
+def _int_positions(positions, argument: str) -> list[int]:
+    """``positions`` (an int, a sequence or an integer tensor of ints) as a list of ints;
+    a TypeError naming ``argument`` and the value for anything else (``1.5``, ``"3"``)."""
+    import numbers
+
+    if isinstance(positions, numbers.Integral) and not isinstance(positions, bool):
+        return [int(positions)]
+    if isinstance(positions, Tensor):
+        if positions.is_floating_point() or positions.is_complex():
+            positions = [float(p) for p in positions.reshape(-1).tolist()]
+        else:
+            positions = positions.reshape(-1).tolist()
+    try:
+        items = list(positions)
+    except TypeError:
+        items = None
+    bad = None if items is not None else positions
+    if items is not None:
+        bad = next((p for p in items if not isinstance(p, numbers.Integral) or isinstance(p, bool)), None)
+        if bad is None:
+            return [int(p) for p in items]
+    raise TypeError(
+        f"{argument} must be None, an int, a list of ints, a slice or a bool tensor; got {positions!r} "
+        f"(entry {bad!r} is not an int); pass whole token indices, e.g. positions=[1, -1]"
+    )
 
 
 def scale_list(value, argument: str) -> list[float]:
@@ -463,16 +506,6 @@ def position_mask(
     if isinstance(positions, slice):
         idx = torch.arange(total, device=device)[positions]
     else:
-        if isinstance(positions, int) and not isinstance(positions, bool):
-            positions = [positions]
-        if isinstance(positions, Tensor):
-            positions = positions.tolist()
-        try:
-            positions = [int(p) for p in positions]
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"{argument} must be None, an int, a list of ints, a slice or a bool tensor, "
-                f"got {type(positions).__name__}"
-            ) from None
+        positions = _int_positions(positions, argument)
         idx = torch.tensor([p + total if p < 0 else p for p in positions], dtype=torch.long, device=device)
     return torch.isin(abs_pos, idx).unsqueeze(0)

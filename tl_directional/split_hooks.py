@@ -22,6 +22,10 @@ hook point                                      tensor
 is bit-exactly unchanged. The reference is read live from the stream, as in
 the edits (METHOD.md sec. 4).
 
+Order: the split (and the read of its reference) runs last on its hook point, after
+every edit, user hook and cache hook, in whatever order they were added, so
+``hook_par + hook_perp`` is always the value the parent finally holds.
+
 Patching meaning: replacing ``hook_par`` with a clean run's cached ``hook_par``
 (what TL's patching helpers do) puts in the clean run's parallel part,
 ``P_{r_c} u_c``, split against the *clean* reference, next to the corrupted run's
@@ -62,6 +66,9 @@ class SplitHookPoints:
     def remove(self) -> None:
         for hook_point, fn in self._handles:
             _remove_one_hook(hook_point, fn)
+            pre = getattr(fn, "_tld_last_handle", None)
+            if pre is not None:
+                pre.remove()
         for name in self.names:
             remove_hook_point(self.model, name)
         self._handles.clear()
@@ -80,11 +87,28 @@ def _remove_one_hook(hook_point, fn) -> None:
 
 
 def _add_perma(hook_point, fn) -> None:
+    """Add ``fn`` as a permanent hook of ``hook_point`` that always runs *last*.
+
+    HookPoint hooks are PyTorch forward hooks on the hook point module (both lanes:
+    ``HookPoint.add_hook`` calls ``register_forward_hook``), run in registration order,
+    so hooks added later (edits, ``run_with_cache``'s cache hooks, user hooks) would run
+    after ours and the children would split a value the parent no longer holds. A forward
+    pre-hook, which PyTorch runs before it reads the forward hooks, moves ours to the end
+    of the hook point's ``_forward_hooks`` on every call (one dict operation)."""
     before = list(hook_point.fwd_hooks)
     hook_point.add_hook(fn, dir="fwd", is_permanent=True)
     for handle in hook_point.fwd_hooks:
         if handle not in before:
             handle._tld_fn = fn  # mark ours for removal (legacy handles carry no user_hook)
+            fn._tld_last_handle = hook_point.register_forward_pre_hook(_keep_last(handle.hook.id))
+
+
+def _keep_last(hook_id):
+    def pre_hook(module, args):  # noqa: ARG001
+        hooks = module._forward_hooks
+        if hook_id in hooks:
+            hooks.move_to_end(hook_id)
+    return pre_hook
 
 
 def attach_split_hook_points(model, *, components=("attn", "mlp", "value"), layers=None,
