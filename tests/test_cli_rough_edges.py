@@ -1,0 +1,68 @@
+"""Issue 23 items 7, 8 and 10: near-miss model names, leftovers of a killed conversion, and the
+CLI's last rough edges. Everything goes through the public API or the real CLI entry point."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+
+import pytest
+
+from tl_directional.cli import main
+from tl_directional.models import UnknownModelError, catalogue_names, load_model
+
+
+def _cli(*argv):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse's own usage errors
+            rc = exc.code
+    return rc, err.getvalue()
+
+
+def _one_error_line(rc, err, *fragments, status=2):
+    lines = [ln for ln in err.splitlines() if ln.strip() and "Warning" not in ln and not ln.startswith("  ")]
+    assert rc == status, err
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+# -- item 8: a near-miss model name fails at once, offline ----------------------------------------
+
+
+def test_near_miss_model_name_fails_at_once_offline_with_the_closest_match():
+    started = time.perf_counter()
+    with pytest.raises(UnknownModelError) as info:
+        load_model("smollm2")
+    assert time.perf_counter() - started < 20  # the hub path took ~30 s of retries
+    message = str(info.value)
+    assert "name_or_path='smollm2'" in message
+    for name in catalogue_names():
+        assert repr(name) in message
+    assert "Did you mean 'smollm2-135m'?" in message
+    assert info.value.closest == "smollm2-135m" and isinstance(info.value, ValueError)
+    with pytest.raises(UnknownModelError, match="Did you mean 'gpt2'"):
+        load_model("gpt-2")
+
+
+def test_cli_near_miss_model_name_is_one_error_line(tmp_path):
+    rc, err = _cli("profile", "--model", "smollm2", "--out", tmp_path / "o", "--quiet")
+    line = _one_error_line(rc, err, "--model smollm2", "'smollm2-135m'", "'gemma-3-270m'", "'default'",
+                           "Did you mean 'smollm2-135m'?")
+    assert "name_or_path" not in line
+    rc, err = _cli("compress-check", "--dense", "smollm2", "--compressed", tmp_path, "--max-perp-error", "0.1")
+    _one_error_line(rc, err, "--dense smollm2", "Did you mean 'smollm2-135m'?")
+
+
+def test_cli_model_help_names_the_catalogue(capsys):
+    with pytest.raises(SystemExit):
+        main(["profile", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for name in catalogue_names():
+        assert name in help_text
