@@ -66,3 +66,42 @@ def test_cli_model_help_names_the_catalogue(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     for name in catalogue_names():
         assert name in help_text
+
+
+# -- item 10: the CLI's last rough edges ---------------------------------------------------------
+
+
+def test_cli_models_convert_unknown_name_is_a_usage_error():
+    rc, err = _cli("models", "--convert", "nope")
+    _one_error_line(rc, err, "--convert nope", "unknown real model 'nope'", "gemma-3-270m", "smollm2-135m")
+    rc, err = _cli("models", "--convert", "smollm2")
+    _one_error_line(rc, err, "--convert smollm2", "Did you mean 'smollm2-135m'?")
+
+
+def test_cli_text_that_is_a_directory_says_so(tiny_model_dir, tmp_path):
+    model = tiny_model_dir("gpt2")
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    rc, err = _cli("profile", "--model", model, "--text", folder, "--out", tmp_path / "o", "--quiet")
+    line = _one_error_line(rc, err, f"--text {folder}", "is a directory", "one UTF-8 text file")
+    assert "no such file" not in line
+    rc, err = _cli("profile", "--model", model, "--text", tmp_path / "missing.txt", "--out", tmp_path / "o")
+    _one_error_line(rc, err, "--text", "no such file", "leave --text out")
+
+
+def test_cli_reversed_layer_range_gives_cli_advice(tiny_model_dir, tmp_path):
+    model = tiny_model_dir("gpt2")  # 2 layers
+    rc, err = _cli("sweep", "--model", model, "--layers", "1-0", "--out", tmp_path / "o", "--quiet")
+    line = _one_error_line(rc, err, "--layers '1-0'", "empty", "'0-1'", "'all'")
+    assert "None" not in line
+
+
+def test_cli_compress_check_missing_dense_names_the_option(tiny_model_dir, tmp_path):
+    model = tiny_model_dir("gpt2")
+    missing = tmp_path / "nonexistent"
+    rc, err = _cli("compress-check", "--dense", missing, "--compressed", model, "--max-perp-error", "0.1")
+    line = _one_error_line(rc, err, f"--dense {missing}", "does not exist")
+    assert "name_or_path" not in line
+    rc, err = _cli("compress-check", "--dense", model, "--compressed", missing, "--max-perp-error", "0.1")
+    line = _one_error_line(rc, err, f"--compressed {missing}", "does not exist")
+    assert "name_or_path" not in line

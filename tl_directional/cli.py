@@ -105,12 +105,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def load_text_sequences(model, text_file: str | None, *, max_sequences: int, seq_len: int):
+def load_text_sequences(model, text_file: str | None, *, max_sequences: int, seq_len: int,
+                        text_option: str = "--text"):
     """:func:`tl_directional.inputs.load_text_sequences` (its home) with errors naming the
-    options ``--text`` / ``--seq-len``; kept here for scripts that import it from the CLI."""
+    options ``--text`` (or ``text_option``) / ``--seq-len``; kept here for scripts that import
+    it from the CLI."""
     from .inputs import load_text_sequences as load
 
-    return load(model, text_file, max_sequences=max_sequences, seq_len=seq_len, text_argument="--text",
+    return load(model, text_file, max_sequences=max_sequences, seq_len=seq_len, text_argument=text_option,
                 seq_len_argument="--seq-len")
 
 
@@ -150,8 +152,11 @@ def _cmd_models(args) -> int:
     if args.convert:
         try:
             path = real_model_dir(args.convert, progress=not args.quiet)
-        except (RealModelError, ValueError) as exc:
-            raise SystemExit(f"error: --convert {args.convert}: {exc}") from None
+        except ValueError as exc:  # an unknown name: a usage error, exit 2
+            raise UsageError(f"--convert {args.convert}: {exc}") from None
+        except RealModelError as exc:  # the package is missing or damaged, the cache unwritable: exit 1
+            print(f"error: --convert {args.convert}: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 1
         print(f"{args.convert}: {path}")
         return 0
     rows = listing()
@@ -191,6 +196,10 @@ def _layer_sets(text: str, n_layers: int | None = None) -> list:
                 piece = piece.strip()
                 if "-" in piece and not piece.startswith("-"):  # a range "a-b"
                     a, b = piece.split("-", 1)
+                    if int(b) < int(a):
+                        raise UsageError(f"--layers {text!r}: the range {piece!r} is empty (it ends below its "
+                                         f"start); write it low-high, e.g. '{int(b)}-{int(a)}', or 'all' for every "
+                                         "layer")
                     layers += list(range(int(a), int(b) + 1))
                 else:  # one layer, possibly negative
                     layers.append(int(piece))
@@ -363,7 +372,7 @@ def _cmd_compress(args) -> int:
         calibration = None
         if args.spec.split(":")[0].strip().lower() in ("wanda", "awq"):
             calibration = load_text_sequences(model, args.calib_text, max_sequences=args.calib_sequences,
-                                              seq_len=args.seq_len)
+                                              seq_len=args.seq_len, text_option="--calib-text")
         result = compress(model, args.spec, calibration=calibration)
         path = save_compressed(result.model, args.out, result.record, force=args.force,
                                force_hint="pass --force")

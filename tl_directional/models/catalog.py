@@ -161,8 +161,12 @@ def _missing(model: RealModel) -> RealModelError:
 def check_name(name: str) -> RealModel:
     """The :class:`RealModel` called ``name`` (ValueError listing the known names otherwise)."""
     if name not in REAL_MODELS:
+        import difflib
+
+        close = difflib.get_close_matches(str(name), list(REAL_MODELS), n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(
-            f"unknown real model {name!r}; known: {sorted(REAL_MODELS)}."
+            f"unknown real model {name!r}; known: {sorted(REAL_MODELS)}.{hint}"
         )
     return REAL_MODELS[name]
 
