@@ -105,3 +105,39 @@ def test_cli_compress_check_missing_dense_names_the_option(tiny_model_dir, tmp_p
     rc, err = _cli("compress-check", "--dense", model, "--compressed", missing, "--max-perp-error", "0.1")
     line = _one_error_line(rc, err, f"--compressed {missing}", "does not exist")
     assert "name_or_path" not in line
+
+
+# -- item 7: a killed conversion's folders are removed by the next run ----------------------------
+
+
+def test_next_run_removes_build_folders_of_a_dead_process(tmp_path, monkeypatch):
+    import os
+    import re
+    import socket
+    import subprocess
+    import sys
+
+    from tl_directional.models import catalog
+
+    monkeypatch.setenv("TL_DIRECTIONAL_CACHE", str(tmp_path / "cache"))
+    root = catalog.entry_dir("smollm2-135m").parent
+    root.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a real pid whose process has exited (as after kill -9)
+    entry = catalog.entry_dir("smollm2-135m").name
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64]
+    tag = {pid: f"{pid}@{host}" for pid in (dead.pid, os.getpid(), os.getppid())}
+    gone = [root / f".{entry}.building.{tag[dead.pid]}.x1",
+            root / f".{entry}.source.{tag[dead.pid]}.x2"]
+    kept = [root / f".{entry}.building.{tag[os.getpid()]}.x3",  # a live owner
+            root / f".{entry}.building.{tag[os.getppid()]}.x4",
+            root / f".{entry}.building.{dead.pid}@some-other-host.x5"]  # cannot tell: kept by age
+    for folder in gone + kept:
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"\0" * 1024)
+    rc, err = _cli("models")
+    assert rc == 0, err
+    assert [p for p in gone if p.exists()] == []
+    assert all(p.exists() for p in kept)
+    assert catalog.remove_dead_builds() == []  # nothing left to remove
+
