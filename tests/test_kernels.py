@@ -20,7 +20,7 @@ from tl_directional.geometry import decompose
 from tl_directional.kernels import split_stats, value_stats
 from tl_directional.measure import EXCLUSIVE_METRICS, RESIDUAL_METRICS, VALUE_METRICS
 from tl_directional.sites import attention_output_weights, resolve_sites
-from tl_directional.stats import BIN_SCALES, QUANTILES, StreamingSummary
+from tl_directional.stats import BIN_SCALES, EXACT_QUANTILE_LIMIT, QUANTILES, StreamingSummary
 
 TEXTS = [
     "In the beginning God created the heaven and the earth.",
@@ -43,6 +43,7 @@ class _OldSummary:
         self.sumsq = {m: z(n_groups) for m in metrics}
         self.finite = {m: z(n_groups) for m in metrics}
         self.hist = {m: z(n_groups, BIN_SCALES[s].n_bins + 2) for m, s in metrics.items()}
+        self.values = {m: [[] for _ in range(n_groups)] for m in metrics}  # for exact quantiles
 
     def update(self, group, values, *, degenerate, par_sq, perp_sq):
         group = group.long().reshape(-1)
@@ -55,6 +56,9 @@ class _OldSummary:
         self.perp_sq.index_add_(0, g, perp_sq.reshape(-1)[keep].double())
         for name, scale_name in self.metrics.items():
             x = values[name].reshape(-1)[keep].double()
+            for gi in range(self.n_groups):
+                xs = x[(g == gi) & ~torch.isnan(x)]
+                self.values[name][gi].extend(xs.tolist())
             fin = torch.isfinite(x)
             xf = torch.where(fin, x, torch.zeros_like(x))
             self.sums[name].index_add_(0, g, xf)
@@ -78,7 +82,22 @@ class _OldSummary:
             new.sumsq[m].copy_(self.sumsq[m])
             new.finite[m].copy_(self.finite[m])
             new.hist[m].copy_(self.hist[m].long())
-        return new.table()
+        table = new.table()
+        if max(len(v) for m in self.metrics for v in self.values[m]) <= EXACT_QUANTILE_LIMIT:
+            # small sample: numpy's linear quantiles (an infinite neighbour gives that infinity)
+            names = [("median" if q == 0.5 else f"q{int(round(q * 100)):02d}") for q in QUANTILES]
+            for m in self.metrics:
+                for gi, xs in enumerate(self.values[m]):
+                    for q, name in zip(QUANTILES, names, strict=True):
+                        if not xs:
+                            continue
+                        lo, hi = (np.quantile(xs, q, method=k) for k in ("lower", "higher"))
+                        if lo == hi or np.isinf(lo) != np.isinf(hi):  # an infinite neighbour wins
+                            value = lo if lo == hi or np.isinf(lo) else hi
+                        else:
+                            value = np.quantile(xs, q)
+                        table[f"{m}_{name}"][gi] = float(value)
+        return table
 
 
 @torch.no_grad()

@@ -493,8 +493,8 @@ def test_cli_models_lists_what_loads_offline(fake_catalog, capsys):
     assert catalog.entry_dir("smollm2-135m").name in capsys.readouterr().out
     listed = json.loads((main(["models", "--json"]), capsys.readouterr().out)[1])
     assert next(r for r in listed if r["name"] == "smollm2-135m")["cached"] is True
-    with pytest.raises(SystemExit, match="--convert nope: unknown real model 'nope'"):
-        main(["models", "--convert", "nope"])
+    assert main(["models", "--convert", "nope"]) == 2  # a usage error (issue 23 item 10)
+    assert "error: --convert nope: unknown real model 'nope'" in capsys.readouterr().err
 
 
 @pytest.mark.real_model

@@ -47,10 +47,29 @@ def report_user_error(exc: BaseException) -> int:
     return 2
 
 
+def _check_model_arg(name, option: str) -> None:
+    """Fail at once, offline, on a ``--model`` / ``--dense`` value that cannot load: a path
+    that does not exist, or a name that is neither a catalogue entry nor a TransformerLens name."""
+    from .models import UnknownModelError, catalogue_names, check_model_name
+    from .models.load import _looks_like_path
+
+    text = str(name)
+    if Path(text).expanduser().exists() or text in catalogue_names():
+        return
+    if _looks_like_path(text):
+        raise UsageError(f"{option} {text} does not exist; pass an existing Hugging Face model directory, "
+                         f"or a catalogue name ({', '.join(catalogue_names())}; see `tl-directional models`)")
+    try:
+        check_model_name(text)
+    except UnknownModelError as exc:
+        raise UsageError(exc.describe(f"{option} {text}")) from None
+
+
 def _load_model_arg(name: str, option: str = "--model"):
     """``load_model(name)`` with the option named in any error."""
     from .models import load_model
 
+    _check_model_arg(name, option)
     try:
         return load_model(name)
     except USER_ERRORS as exc:
@@ -86,12 +105,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def load_text_sequences(model, text_file: str | None, *, max_sequences: int, seq_len: int):
+def load_text_sequences(model, text_file: str | None, *, max_sequences: int, seq_len: int,
+                        text_option: str = "--text"):
     """:func:`tl_directional.inputs.load_text_sequences` (its home) with errors naming the
-    options ``--text`` / ``--seq-len``; kept here for scripts that import it from the CLI."""
+    options ``--text`` (or ``text_option``) / ``--seq-len``; kept here for scripts that import
+    it from the CLI."""
     from .inputs import load_text_sequences as load
 
-    return load(model, text_file, max_sequences=max_sequences, seq_len=seq_len, text_argument="--text",
+    return load(model, text_file, max_sequences=max_sequences, seq_len=seq_len, text_argument=text_option,
                 seq_len_argument="--seq-len")
 
 
@@ -131,8 +152,11 @@ def _cmd_models(args) -> int:
     if args.convert:
         try:
             path = real_model_dir(args.convert, progress=not args.quiet)
-        except (RealModelError, ValueError) as exc:
-            raise SystemExit(f"error: --convert {args.convert}: {exc}") from None
+        except ValueError as exc:  # an unknown name: a usage error, exit 2
+            raise UsageError(f"--convert {args.convert}: {exc}") from None
+        except RealModelError as exc:  # the package is missing or damaged, the cache unwritable: exit 1
+            print(f"error: --convert {args.convert}: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 1
         print(f"{args.convert}: {path}")
         return 0
     rows = listing()
@@ -172,6 +196,10 @@ def _layer_sets(text: str, n_layers: int | None = None) -> list:
                 piece = piece.strip()
                 if "-" in piece and not piece.startswith("-"):  # a range "a-b"
                     a, b = piece.split("-", 1)
+                    if int(b) < int(a):
+                        raise UsageError(f"--layers {text!r}: the range {piece!r} is empty (it ends below its "
+                                         f"start); write it low-high, e.g. '{int(b)}-{int(a)}', or 'all' for every "
+                                         "layer")
                     layers += list(range(int(a), int(b) + 1))
                 else:  # one layer, possibly negative
                     layers.append(int(piece))
@@ -269,7 +297,6 @@ class _DefaultsHelp(argparse.HelpFormatter):
 
 
 _HELP = {
-    "model": "'default' (the bundled model), a local HF model directory, or a TL model name (needs the hub)",
     "text": "UTF-8 text file (default: the bundled held-out KJV slice)",
     "max_sequences": "at most this many sequences of the text",
     "seq_len": "tokens per sequence, BOS included (at most the model's n_ctx)",
@@ -278,8 +305,17 @@ _HELP = {
 }
 
 
+def _model_help() -> str:
+    from .models import catalogue_names
+
+    real = ", ".join(n for n in catalogue_names() if n != "default")
+    return (f"a catalogue name: 'default' (the bundled model) or a real model ({real}; "
+            "`tl-directional models` lists them); a local HF model directory; or a TransformerLens "
+            "model name such as gpt2 (needs the hub). Any other name fails at once")
+
+
 def _common(p, *, max_sequences: int, seq_len: int) -> None:
-    p.add_argument("--model", default="default", help=_HELP["model"])
+    p.add_argument("--model", default="default", help=_model_help())
     p.add_argument("--text", default=None, help=_HELP["text"])
     p.add_argument("--max-sequences", type=_positive_int, default=max_sequences, help=_HELP["max_sequences"])
     p.add_argument("--seq-len", type=_positive_int, default=seq_len, help=_HELP["seq_len"])
@@ -297,6 +333,7 @@ def _load_checked(path, argument: str):
     from .fileio import ArtefactError, check_model_dir
     from .models import load_model
 
+    _check_model_arg(path, argument)
     check_model_dir(path, argument)
     try:
         return load_model(path)
@@ -335,7 +372,7 @@ def _cmd_compress(args) -> int:
         calibration = None
         if args.spec.split(":")[0].strip().lower() in ("wanda", "awq"):
             calibration = load_text_sequences(model, args.calib_text, max_sequences=args.calib_sequences,
-                                              seq_len=args.seq_len)
+                                              seq_len=args.seq_len, text_option="--calib-text")
         result = compress(model, args.spec, calibration=calibration)
         path = save_compressed(result.model, args.out, result.record, force=args.force,
                                force_hint="pass --force")
@@ -357,7 +394,7 @@ def _add_compress_commands(sub, positive_int) -> None:
         "compress-check",
         help="label-free CI gate: exit 0 when the compressed model's perpendicular layer error stays "
              "within a threshold, 1 when not (2 on bad input)")
-    p.add_argument("--dense", required=True, help="dense model: HF directory (or 'default' / a TL name)")
+    p.add_argument("--dense", required=True, help="dense model: HF directory, or " + _model_help())
     p.add_argument("--compressed", required=True, help="compressed model: HF directory")
     p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
     p.add_argument("--max-perp-error", type=float, required=True, help="threshold on the metric, e.g. 0.2")
@@ -375,7 +412,7 @@ def _add_compress_commands(sub, positive_int) -> None:
     p.set_defaults(func=_cmd_compress_check)
 
     p = sub.add_parser("compress", help="compress a model's weights and save it as a HF directory (bridge lane)")
-    p.add_argument("--model", default="default", help="'default', a local HF directory, or a TL model name")
+    p.add_argument("--model", default="default", help=_model_help())
     p.add_argument("--spec", required=True, help=SPEC_HELP)
     p.add_argument("--out", required=True, help="output directory (written beside it, then swapped in)")
     p.add_argument("--force", action="store_true",

@@ -145,8 +145,12 @@ def load_text_sequences(model, text_file: str | None = None, *, max_sequences: i
         text = heldout_text()
     else:
         path = Path(text_file)
+        if path.is_dir():
+            raise ValueError(f"{text_argument} {text_file} is a directory, not a text file; pass one UTF-8 "
+                             f"text file (join a folder's files first, e.g. cat {text_file}/*.txt > all.txt)")
         if not path.is_file():
-            raise ValueError(f"{text_argument} {text_file}: no such file")
+            raise ValueError(f"{text_argument} {text_file}: no such file; pass an existing UTF-8 text file, "
+                             f"or leave {text_argument} out for the bundled held-out text")
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:

@@ -424,6 +424,20 @@ def _token_mask(attention_mask: Tensor, positions, exclude_first_token: bool) ->
     return mask
 
 
+def _quantiles_note(acc: _Accumulator) -> str:
+    """How the profile's quantiles were computed (its metadata's ``"quantiles"``)."""
+    from .stats import EXACT_QUANTILE_LIMIT
+
+    summaries = [s for s in (acc.residual, acc.value, acc.value_excl) if s.count.sum() > 0]
+    if summaries and all(s.quantiles_exact for s in summaries):
+        how = (f"exact: numpy's default (linear) quantiles of the values (at most {EXACT_QUANTILE_LIMIT} "
+               "per metric in every group)")
+    else:
+        how = (f"approximate: linear interpolation in fixed histograms (tl_directional.stats.BIN_SCALES; "
+               f"above {EXACT_QUANTILE_LIMIT} values per metric in a group)")
+    return how + "; means, counts and energy ratios are exact sums"
+
+
 def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude_first_token) -> Profile:
     # Tables are built column by column from the summaries' per-group tensors.
     acc.flush()
@@ -492,7 +506,7 @@ def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude
         "exclude_first_token": exclude_first_token,
         "eps": eps,
         "dtype": str(getattr(model.cfg, "dtype", "")),
-        "quantiles": "approximate: linear interpolation in fixed histograms (tl_directional.stats.BIN_SCALES); means, counts and energy ratios are exact sums",
+        "quantiles": _quantiles_note(acc),
         "notes": list(sites.notes),
         "factorization_applicable": sites.factorization_applicable,
         "created_unix": time.time(),

@@ -8,9 +8,13 @@ A :class:`StreamingSummary` keeps, per group (a (layer, component) or a
   (for the energy ratio), in float64;
 - a fixed histogram per metric, from which quantiles are read. Quantiles are
   therefore approximate: linear interpolation inside a bin of a fixed grid
-  (see :data:`BIN_SCALES` for the grids and their resolution).
+  (see :data:`BIN_SCALES` for the grids and their resolution);
+- while the sample is small (at most :data:`EXACT_QUANTILE_LIMIT` values per metric in
+  every group), the values themselves, so that the quantiles are exact: numpy's default
+  (``method="linear"``) quantiles, as ``np.quantile`` / pandas give them.
 
-Memory is ``O(groups x metrics x bins)``, independent of the number of tokens.
+Memory is ``O(groups x metrics x bins)``, independent of the number of tokens, plus at most
+``groups x metrics x EXACT_QUANTILE_LIMIT`` kept values (dropped once a group holds more).
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 QUANTILES: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+#: Up to this many values per metric in every group, a summary keeps the values and reports
+#: exact quantiles (numpy's default, linear); beyond it, only the histograms (the values are
+#: dropped, so memory stays bounded).
+EXACT_QUANTILE_LIMIT = 16_384
 
 
 def energy_ratio(par_sq: Tensor, perp_sq: Tensor) -> Tensor:
@@ -109,8 +118,12 @@ class StreamingSummary:
     #: pending bin indices above which :meth:`update` counts them at once (bounds memory)
     FLUSH_AT = 1 << 24
 
-    def __init__(self, n_groups: int, metrics: dict[str, str], device: torch.device | str = "cpu"):
+    def __init__(self, n_groups: int, metrics: dict[str, str], device: torch.device | str = "cpu",
+                 exact_limit: int = EXACT_QUANTILE_LIMIT):
+        if isinstance(exact_limit, bool) or not isinstance(exact_limit, int) or exact_limit < 0:
+            raise ValueError(f"exact_limit must be an int >= 0 (0: histogram quantiles only), got {exact_limit!r}")
         self.n_groups = n_groups
+        self.exact_limit = exact_limit
         self.metrics = dict(metrics)
         self.device = torch.device(device)
         f64 = dict(dtype=torch.float64, device=self.device)
@@ -148,6 +161,10 @@ class StreamingSummary:
         self._staged: list[tuple] = []
         self._pending: list[Tensor] = []
         self._pending_n = 0
+        # Values counted in the histograms, per group and metric, and (while every count is at
+        # most exact_limit) the values themselves as (group [n], x [n_metrics, n], use [n_metrics, n]).
+        self._kept = torch.zeros(n_groups, n_m, dtype=torch.int64, device=self.device)
+        self._exact: list[tuple[Tensor, Tensor, Tensor]] | None = [] if exact_limit > 0 else None
 
     def update(
         self,
@@ -197,6 +214,10 @@ class StreamingSummary:
         zero = torch.zeros((), dtype=torch.float64, device=self.device)
         self.par_sq.index_add_(0, group, torch.where(ok, par_sq.double(), zero))
         self.perp_sq.index_add_(0, group, torch.where(ok, perp_sq.double(), zero))
+        use_all = ok & ~torch.isnan(x)  # what the histograms count
+        self._kept.index_add_(0, group, use_all.long().T)
+        if self._exact is not None:
+            self._exact.append((group, x, use_all))
         x = x.double()
         fin = torch.isfinite(x) & ok
         xf = torch.where(fin, x, zero)
@@ -231,6 +252,7 @@ class StreamingSummary:
                                  torch.cat([s[1] for s in staged], dim=1),
                                  *(torch.cat([s[k] for s in staged]) for k in range(2, 6)))
         self._pending_n = 0
+        self._check_exact_limit()
         if not self._pending:
             return
         idx = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
@@ -240,13 +262,32 @@ class StreamingSummary:
         else:  # bincount on CUDA reads its size back to the host; index_add_ does not
             self._hist.index_add_(0, idx, torch.ones_like(idx))
 
+    def _check_exact_limit(self) -> None:
+        """Drop the kept values once a group holds more than ``exact_limit`` of a metric (one
+        read of the counts per flush, only while values are kept)."""
+        if self._exact is not None and self._exact and int(self._kept.max()) > self.exact_limit:
+            self._exact = None
+
+    def _exact_valid(self) -> bool:
+        """Whether the kept values are exactly what the histograms count (so exact quantiles
+        can replace the histogram's)."""
+        if self._exact is None:
+            return False
+        totals = torch.stack([self.hist[m].sum(-1) for m in self.metrics], -1)
+        return bool(torch.equal(totals.cpu(), self._kept.cpu()))
+
     def merge_(self, other: StreamingSummary) -> StreamingSummary:
         """Add another summary's sums in place (e.g. from another process)."""
         self.flush()
         other.flush()
         for attr in ("count", "degenerate", "par_sq", "perp_sq", "_sums", "_sumsq", "_finite",
-                     "_hist"):
+                     "_hist", "_kept"):
             getattr(self, attr).add_(getattr(other, attr).to(self.device))
+        if self._exact is not None and other._exact is not None:
+            self._exact += [tuple(t.to(self.device) for t in e) for e in other._exact]
+            self._check_exact_limit()
+        else:
+            self._exact = None
         return self
 
     def all_reduce_(self) -> StreamingSummary:
@@ -263,6 +304,7 @@ class StreamingSummary:
                             self._finite.reshape(-1)])
         dist.all_reduce(floats)
         dist.all_reduce(self._hist)
+        self._all_gather_exact()
         g, k = self.n_groups, self._sums.numel()
         for i, t in enumerate((self.count, self.degenerate, self.par_sq, self.perp_sq)):
             t.copy_(floats[i * g:(i + 1) * g])
@@ -272,15 +314,78 @@ class StreamingSummary:
         self._finite.copy_(rest[2 * k:].view_as(self._finite))
         return self
 
-    def quantile(self, metric: str, q: float) -> Float[Tensor, " n_groups"]:
-        """Approximate ``q``-quantile per group from the histogram (NaN for empty groups).
+    def _all_gather_exact(self) -> None:
+        """all_reduce_'s part for the kept values: every rank ends with all of them (in rank
+        order) while every rank still keeps them and the summed counts are within the limit."""
+        import torch.distributed as dist
 
-        Linear interpolation inside the bin holding the ``q * count``-th value, on the
-        grid's transformed axis; values in the underflow / overflow bins are reported
-        as the grid's edge (``0`` / ``inf`` for the positive grid).
+        keeping = torch.tensor([0 if self._exact is None else 1], dtype=torch.int64, device=self._kept.device)
+        dist.all_reduce(keeping, op=dist.ReduceOp.MIN)
+        dist.all_reduce(self._kept)
+        if not int(keeping) or int(self._kept.max()) > self.exact_limit:
+            self._exact = None
+            return
+        mine = [tuple(t.cpu() for t in e) for e in self._exact]
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        self._exact = [tuple(t.to(self.device) for t in e) for part in gathered for e in part]
+
+    def _exact_quantiles(self, metric: str, qs) -> list[Tensor]:
+        """numpy's default (linear) quantiles of the kept values, per group (NaN when empty):
+        with the group's ``n`` values sorted, ``q`` reads position ``h = (n - 1) q`` and
+        interpolates linearly between its two neighbours; an infinite neighbour gives that
+        infinity (numpy's arithmetic can give NaN there)."""
+        import numpy as np
+
+        j = list(self.metrics).index(metric)
+        group = torch.cat([e[0] for e in self._exact]).cpu().numpy()
+        x = torch.cat([e[1][j] for e in self._exact]).double().cpu().numpy()
+        use = torch.cat([e[2][j] for e in self._exact]).cpu().numpy()
+        group, x = group[use], x[use]
+        order = np.lexsort((x, group))
+        values = x[order]
+        counts = np.bincount(group, minlength=self.n_groups)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        n = np.maximum(counts, 1)
+        out = []
+        for q in qs:
+            h = (n - 1) * float(q)
+            lo = np.floor(h).astype(np.int64)
+            hi = np.minimum(lo + 1, n - 1)
+            frac = h - lo
+            if values.size:
+                a, b = values[np.minimum(starts + lo, values.size - 1)], values[np.minimum(starts + hi, values.size - 1)]
+            else:
+                a = b = np.zeros(self.n_groups)
+            with np.errstate(invalid="ignore"):
+                v = a + frac * (b - a)
+            # an infinite neighbour wins the interpolation (nan only between -inf and +inf)
+            v = np.where(np.isinf(b) & np.isfinite(a), b, v)
+            v = np.where(np.isinf(a) & np.isfinite(b), a, v)
+            v = np.where((a == b) | (frac == 0), a, v)
+            v = np.where(counts > 0, v, np.nan)
+            out.append(torch.from_numpy(v.astype(np.float64)))
+        return out
+
+    def quantile(self, metric: str, q: float) -> Float[Tensor, " n_groups"]:
+        """``q``-quantile per group (NaN for empty groups).
+
+        Exact while the sample is small (at most ``exact_limit`` values in every group, see
+        :data:`EXACT_QUANTILE_LIMIT`): numpy's default linear quantile. Beyond, approximate,
+        from the histogram: linear interpolation inside the bin holding the ``q * count``-th
+        value, on the grid's transformed axis; values in the underflow / overflow bins are
+        reported as the grid's edge (``0`` / ``inf`` for the positive grid).
         """
         self.flush()
+        if self._exact_valid():
+            return self._exact_quantiles(metric, (q,))[0]
         return self._quantiles(metric, (q,), self.hist[metric].cpu().double())[0]
+
+    @property
+    def quantiles_exact(self) -> bool:
+        """Whether :meth:`quantile` and :meth:`table` report exact quantiles (small sample)."""
+        self.flush()
+        return self._exact_valid()
 
     def _quantiles(self, metric: str, qs, hist: Tensor) -> list[Tensor]:
         scale = BIN_SCALES[self.metrics[metric]]
@@ -319,6 +424,7 @@ class StreamingSummary:
         cols["energy_ratio"] = energy_ratio(par, perp)
         sums, sumsq, finite = self._sums.cpu(), self._sumsq.cpu(), self._finite.cpu()
         hist = self._hist.cpu().double()
+        exact = self._exact_valid()
         names = [("median" if q == 0.5 else f"q{int(round(q * 100)):02d}") for q in QUANTILES]
         for j, m in enumerate(self.metrics):
             fin, s, ss = finite[:, j], sums[:, j], sumsq[:, j]
@@ -329,6 +435,7 @@ class StreamingSummary:
             cols[f"{m}_std"] = var.clamp_min(0).sqrt()
             off = self._offsets[m]
             h = hist[off:off + self.hist[m].numel()].view(self.n_groups, -1)
-            for name, v in zip(names, self._quantiles(m, QUANTILES, h), strict=True):
+            qs = self._exact_quantiles(m, QUANTILES) if exact else self._quantiles(m, QUANTILES, h)
+            for name, v in zip(names, qs, strict=True):
                 cols[f"{m}_{name}"] = v
         return cols

@@ -161,8 +161,12 @@ def _missing(model: RealModel) -> RealModelError:
 def check_name(name: str) -> RealModel:
     """The :class:`RealModel` called ``name`` (ValueError listing the known names otherwise)."""
     if name not in REAL_MODELS:
+        import difflib
+
+        close = difflib.get_close_matches(str(name), list(REAL_MODELS), n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(
-            f"unknown real model {name!r}; known: {sorted(REAL_MODELS)}."
+            f"unknown real model {name!r}; known: {sorted(REAL_MODELS)}.{hint}"
         )
     return REAL_MODELS[name]
 
@@ -403,6 +407,7 @@ def real_model_dir(name: str, *, progress: bool = True) -> Path:
     """
     model = check_name(name)
     final = entry_dir(name)
+    remove_dead_builds()
     if final.is_dir():
         ok, reason = verify_entry(final)
         if ok:
@@ -418,8 +423,9 @@ def real_model_dir(name: str, *, progress: bool = True) -> Path:
     root = final.parent
     _check_writable(root)
     _remove_stale_builds(root, final.name)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building.", dir=root))
-    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.source.", dir=root))
+    owner = _owner_tag()  # pid@host: a later run removes the folders once this process is dead
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building.{owner}.", dir=root))
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.source.{owner}.", dir=root))
     try:
         manifest = _convert_into(model, tmp, work, progress)
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -438,12 +444,72 @@ def real_model_dir(name: str, *, progress: bool = True) -> Path:
 STALE_BUILD_SECONDS = 6 * 3600
 
 
+def _host() -> str:
+    import re
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+
+
+def _owner_tag(pid: int | None = None) -> str:
+    """``<pid>@<host>``: who is building a temporary folder (part of its name)."""
+    return f"{os.getpid() if pid is None else pid}@{_host()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def _dead_owner(folder: Path) -> bool:
+    """Whether ``folder`` (``.<entry>.building.<pid>@<host>.<random>`` or ``.source.``) belongs
+    to a process of this host that no longer runs; folders of other hosts and older folders
+    without an owner are judged by age only."""
+    import re
+
+    m = re.search(r"\.(?:building|source)\.(\d+)@([A-Za-z0-9-]+)\.", folder.name)
+    if m is None or m.group(2) != _host():
+        return False
+    pid = int(m.group(1))
+    return pid != os.getpid() and not _pid_alive(pid)
+
+
 def _remove_stale_builds(root: Path, name: str) -> None:
     now = time.time()
     for p in root.glob(f".{name}.*"):
         with contextlib.suppress(OSError):
-            if now - p.stat().st_mtime > STALE_BUILD_SECONDS:
+            if _dead_owner(p) or now - p.stat().st_mtime > STALE_BUILD_SECONDS:
                 shutil.rmtree(p, ignore_errors=True)
+
+
+def remove_dead_builds() -> list[Path]:
+    """Remove the temporary folders (``.<name>-v<N>.building.*`` / ``.source.*``) that a killed
+    conversion left in the model cache: those whose owning process (named in the folder) is
+    dead, and any older than :data:`STALE_BUILD_SECONDS`. Runs at the start of every
+    :func:`real_model_dir` and :func:`listing` (``tl-directional models``); returns what it removed."""
+    from .paths import cache_dir
+
+    root = cache_dir() / "models"
+    if not root.is_dir():
+        return []
+    removed = []
+    now = time.time()
+    for m in REAL_MODELS.values():
+        entry = f"{m.name}-v{FORMAT_VERSION}"
+        for p in root.glob(f".{entry}.*"):
+            with contextlib.suppress(OSError):
+                if _dead_owner(p) or now - p.stat().st_mtime > STALE_BUILD_SECONDS:
+                    shutil.rmtree(p, ignore_errors=True)
+                    if not p.exists():
+                        removed.append(p)
+    return removed
 
 
 def _install_entry(tmp: Path, final: Path) -> None:
@@ -470,6 +536,7 @@ def listing() -> list[dict[str, Any]]:
     ``summary``, ``install``."""
     from .paths import bundled_model_dir
 
+    remove_dead_builds()
     rows: list[dict[str, Any]] = []
     bundled = bundled_model_dir()
     size = sum(f.stat().st_size for f in bundled.rglob("*") if f.is_file()) if bundled else 0
@@ -516,6 +583,7 @@ __all__ = [
     "listing",
     "manifest_files",
     "real_model_dir",
+    "remove_dead_builds",
     "sha256_file",
     "verify_entry",
 ]
