@@ -3,24 +3,13 @@ CLI's last rough edges. Everything goes through the public API or the real CLI e
 
 from __future__ import annotations
 
-import contextlib
-import io
 import time
 
 import pytest
 
+from tests.test_habits import _cli  # the real entry point: (exit status, stderr)
 from tl_directional.cli import main
 from tl_directional.models import UnknownModelError, catalogue_names, load_model
-
-
-def _cli(*argv):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            rc = main([str(a) for a in argv])
-        except SystemExit as exc:  # argparse's own usage errors
-            rc = exc.code
-    return rc, err.getvalue()
 
 
 def _one_error_line(rc, err, *fragments, status=2):
