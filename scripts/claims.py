@@ -596,6 +596,14 @@ def _fmt(x, f="+.3f"):
     return f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
 
 
+def _pct_format(x) -> str:
+    """Fixed decimals for ordinary changes; 3 significant digits past 1000% (exp of a large loss
+    change has more digits than float64 carries, and they differ between numpy builds)."""
+    import numpy as np
+
+    return "+.1f" if float(np.max(np.abs(x))) * 100 < 1000 else "+.3g"
+
+
 def _verdict_upper(stat, budget):
     """held: upper bound <= budget; failed: lower bound > budget; else not decided."""
     v, lo, hi = _ci(stat)
@@ -685,7 +693,7 @@ def build_page(stem: str) -> str:
         return (
             f"| {label} | {_fmt(d['pooled'])} | "
             + " | ".join(f"{float(d[t][0]):+.3f}" for t in texts)
-            + f" | {min(per):+.3f} .. {max(per):+.3f} | {_fmt(d['pooled:ppl_rel'] * 100, '+.1f')}% | "
+            + f" | {min(per):+.3f} .. {max(per):+.3f} | {_fmt(d['pooled:ppl_rel'] * 100, _pct_format(d['pooled:ppl_rel']))}% | "
             f"{float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |"
         )
 
