@@ -372,7 +372,32 @@ def run(args) -> int:
         "files": {},
     }
     records, profiles = [], []
+    if args.resume and (DATA / f"{stem}.manifest.json").is_file():
+        # Keep the texts an earlier run of the same stem finished; each text names its own commit and
+        # command, so a page stitched from several runs says which run made which text.
+        old, old_rec, old_prof = load_data(stem)
+        for key in ("windows", "seq_len"):
+            if old[key] != manifest[key]:
+                print(
+                    f"error: --resume: {stem} was run with {key}={old[key]}, this run has {manifest[key]}; "
+                    "use the same options or another --tag",
+                    file=sys.stderr,
+                )
+                return 2
+        if old["model"]["source_sha256"] != entry.source_sha256:
+            print(f"error: --resume: {stem} holds another model's data", file=sys.stderr)
+            return 2
+        for t, info in old["texts"].items():
+            info.setdefault("commit", old["commit"])
+            info.setdefault("command", old["command"])
+            manifest["texts"][t] = info
+        manifest["settings"] = old["settings"]
+        records = old_rec.to_dict("records")
+        profiles = [old_prof]
+        print(f"resuming {stem}: keeping {', '.join(old['texts'])}", flush=True)
     for text in args.texts:
+        if text in manifest["texts"]:
+            continue
         desc, rel = TEXTS[text]
         path = ROOT / rel
         batch = load_text_sequences(
@@ -417,6 +442,12 @@ def run(args) -> int:
         sets = settings(model, sites, pv, pr)
         if args.settings == "headline":
             sets = [x for x in sets if x[0] in HEADLINE]
+        if manifest.get("settings") and [s["label"] for s in manifest["settings"]] != [s[0] for s in sets]:
+            print(
+                f"error: --resume: {stem} holds other settings; use the same --settings or another --tag",
+                file=sys.stderr,
+            )
+            return 2
         t1 = time.time()
         print(f"{text}: {len(batch)} windows x {args.seq_len}, {len(sets)} settings", flush=True)
         for i in range(0, len(batch), args.batch_size):
@@ -460,6 +491,8 @@ def run(args) -> int:
             "sha256": sha256_bytes(path.read_bytes()),
             "windows": len(batch),
             "seconds": round(time.time() - t1, 1),
+            "commit": manifest["commit"],
+            "command": manifest["command"],
         }
         manifest["settings"] = [
             {
@@ -472,7 +505,10 @@ def run(args) -> int:
             for s in sets
         ]
         manifest["seconds"] = round(time.time() - t0, 1)
-        manifest["complete"] = list(manifest["texts"]) == list(args.texts)
+        manifest["complete"] = set(args.texts) <= set(manifest["texts"])
+        commits = list(dict.fromkeys(v.get("commit", manifest["commit"]) for v in manifest["texts"].values()))
+        if len(commits) > 1:
+            manifest["commits"] = commits
         _write_data(stem, pd.DataFrame(records), pd.concat(profiles, ignore_index=True), manifest)
     return 0
 
@@ -532,7 +568,7 @@ def load_data(stem: str):
             f"{mpath.relative_to(ROOT)}: model source sha256 {m['source_sha256'][:12]} is not the "
             f"catalogue's {m['name']} ({REAL_MODELS[m['name']].source_sha256[:12]}): data from another model"
         )
-    if "+dirty" in manifest["commit"]:
+    if any("+dirty" in t.get("commit", "") for t in manifest["texts"].values()) or "+dirty" in manifest["commit"]:
         raise DataError(
             f"{mpath.relative_to(ROOT)}: made from a dirty tree ({manifest['commit']}); rerun from a clean one"
         )
@@ -663,8 +699,20 @@ def build_page(stem: str) -> str:
         "Built by `python scripts/claims.py build` from the committed data "
         f"`docs/results/data/{stem}.*` alone (protocol: [protocol.md](protocol.md)); do not edit by hand.",
         "",
-        f"- Data made by `{manifest['command']}` at commit `{manifest['commit']}`, {manifest['date']}, "
-        f"{manifest['machine']}, {manifest['seconds']:.0f} s"
+        (
+            f"- Data made by `{manifest['command']}` at commit `{manifest['commit']}`, {manifest['date']}, "
+            f"{manifest['machine']}, {manifest['seconds']:.0f} s"
+            if "commits" not in manifest
+            else "- Data stitched from "
+            + str(len(manifest["commits"]))
+            + " runs of the same settings: "
+            + "; ".join(
+                f"`{t}` by `{manifest['texts'][t]['command']}` at commit `{manifest['texts'][t]['commit']}` "
+                f"({manifest['texts'][t]['seconds']:.0f} s)"
+                for t in texts
+            )
+            + f"; last {manifest['date']}, {manifest['machine']}"
+        )
         + ("" if manifest["complete"] else " (**incomplete run**: the texts below only)")
         + ".",
         f"- Model: `{m['name']}` ({m['architecture']}, {m['n_layers']} layers, {m['n_heads']} query / "
@@ -997,6 +1045,11 @@ def main(argv=None) -> int:
         "--allow-dirty",
         action="store_true",
         help="for smoke runs only: the builder refuses such data",
+    )
+    r.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the texts an earlier run of the same data files finished and run the rest",
     )
     b = sub.add_parser("build")
     b.add_argument("--check", action="store_true")
