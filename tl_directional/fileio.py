@@ -439,17 +439,19 @@ _FAULT_COUNTS: dict[str, int] = {}
 
 
 def fault_point(name: str) -> None:
-    """Crash-test hook: with ``TL_DIRECTIONAL_FAULT=name[:n]`` in the environment this
-    process kills itself with ``SIGKILL`` the ``n``-th time (default 1) it passes
-    ``name``. A no-op otherwise (tests/test_faults.py uses it)."""
+    """Crash-test hook: with ``TL_DIRECTIONAL_FAULT=name[:n[:sigint]]`` in the environment
+    this process kills itself with ``SIGKILL`` (or, with ``:sigint``, sends itself the
+    ``SIGINT`` a Ctrl-C sends) the ``n``-th time (default 1) it passes ``name``. A no-op
+    otherwise (tests/test_faults.py and tests/test_cli_rough_edges.py use it)."""
     spec = os.environ.get("TL_DIRECTIONAL_FAULT")
     if not spec or spec.split(":")[0] != name:
         return
+    parts = spec.split(":")
     _FAULT_COUNTS[name] = _FAULT_COUNTS.get(name, 0) + 1
-    if _FAULT_COUNTS[name] >= int(spec.split(":")[1] if ":" in spec else 1):
+    if _FAULT_COUNTS[name] >= int(parts[1] if len(parts) > 1 else 1):
         import signal
 
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGINT if parts[2:] == ["sigint"] else signal.SIGKILL)
 
 
 def seal(obj: dict) -> dict:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .fileio import check_replaceable, replace_dir
 from .inputs import prepare_inputs
 from .measure import profile
 from .page import Report
@@ -129,6 +130,7 @@ def build_report(
     title: str | None = None,
     model_label: str | None = None,
     progress: bool = False,
+    overwrite: bool = False,
 ) -> Path:
     """Profile, head maps, sweep and attention triptych of ``model`` on ``inputs``,
     written to ``out_dir/index.html`` with one CSV per figure (and ``profile/``, the
@@ -136,17 +138,20 @@ def build_report(
 
     ``layer``/``head`` choose the triptych's head (default: :func:`pick_head`);
     the triptych and token views use the first sequence of ``inputs``.
+
+    ``out_dir`` must be absent, empty or a previous report (its ``manifest.json`` says so);
+    another command's output or other files are refused unless ``overwrite``. The page is
+    built beside ``out_dir`` and swapped in complete (:func:`tl_directional.fileio.replace_dir`).
     """
     t0 = time.time()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    check_replaceable(out, "report", force=overwrite, force_hint="pass overwrite=True")  # before any work
     sites = resolve_sites(model, warn=False)
     # checked before any work; negative indices count from the end
     layer = None if layer is None else normalize_index(layer, sites.n_layers, "layer")
     head = None if head is None else normalize_index(head, sites.n_heads, "head", "head")
     batch = prepare_inputs(model, inputs)
     prof = profile(model, batch, batch_size=batch_size, progress=progress)
-    prof.save(out / "profile", format="csv")
     if layer is None or head is None:
         auto_l, auto_h = pick_head(prof.value)
         layer = auto_l if layer is None else layer
@@ -190,14 +195,17 @@ def build_report(
     rep.add(top_perpendicular_tokens(model, batch, k=8, max_sequences=4, max_tokens=64), name="top_perpendicular",
             caption="The tokens whose updates turn the stream most (||u_perp|| / ||r||), per layer and component.")
     rep.metadata["seconds"] = f"{time.time() - t0:.1f}"
-    page = rep.save(out)
-    (out / "report.json").write_text(json.dumps({
-        "views": [{"title": v.title, "csv": f"{stem}.csv" if not v.data.empty else None}
-                  for kind, v, _, stem in rep.items if kind == "view"],
-        "triptych": {"layer": layer, "head": head},
-        "libraries": rep.libraries(),
-    }, indent=2))
-    return page
+    with replace_dir(out, "report", force=overwrite, force_hint="pass overwrite=True",
+                     command="build_report") as tmp:
+        prof.save(tmp / "profile", format="csv")
+        rep.save(tmp)
+        (tmp / "report.json").write_text(json.dumps({
+            "views": [{"title": v.title, "csv": f"{stem}.csv" if not v.data.empty else None}
+                      for kind, v, _, stem in rep.items if kind == "view"],
+            "triptych": {"layer": layer, "head": head},
+            "libraries": rep.libraries(),
+        }, indent=2))
+    return out / "index.html"
 
 
 __all__ = ["Report", "build_report", "external_references", "pick_head"]

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from .adapter import add_hook_point, remove_hook_point
 from .components import check_components
-from .geometry import DEFAULT_EPS, parallel_part
+from .geometry import DEFAULT_EPS, check_eps, parallel_part
 from .sites import expand_kv_heads, normalize_layers, resolve_sites
 
 #: The updates that can carry split hook points (residual attention / MLP, value space).
@@ -114,6 +114,7 @@ def _keep_last(hook_id):
 def attach_split_hook_points(model, *, components=("attn", "mlp", "value"), layers=None,
                              eps: float = DEFAULT_EPS) -> SplitHookPoints:
     """Add ``.hook_par`` / ``.hook_perp`` children under each selected update hook."""
+    eps = check_eps(eps)
     sites = resolve_sites(model, warn=False)
     HookPoint = _hook_point_class()
     handle = SplitHookPoints(model)

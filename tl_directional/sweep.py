@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -442,8 +443,12 @@ class _Progress:
 
     @classmethod
     def load(cls, path: Path) -> _Progress:
+        raw = path.read_bytes()
+        if not _looks_like_progress(raw):  # never suggest deleting a file the library did not write
+            raise ArtefactError(f"checkpoint {path} exists and is not a sweep checkpoint written by "
+                                "tl-directional; it was left untouched: pass a new checkpoint path")
         fix = "delete it to start the sweep afresh"
-        data = sealed_json_loads(path.read_bytes(), path, fix=fix)
+        data = sealed_json_loads(raw, path, fix=fix)
         data.pop(SEAL_KEY, None)
         try:
             state = cls(**data)
@@ -454,6 +459,25 @@ class _Progress:
             raise ArtefactError(f"{path} is not a readable sweep checkpoint ({e}); {fix}") from None
         state.sums = sums
         return state
+
+
+def _looks_like_progress(raw: bytes) -> bool:
+    """Whether ``raw`` starts like a :class:`_Progress` record (sorted keys: ``batches_done``
+    first), so that a damaged checkpoint of ours is told apart from someone else's file."""
+    head = raw[:200].lstrip()
+    return head.startswith(b"{") and b'"batches_done"' in head
+
+
+class CheckpointMismatch(ArtefactError):
+    """A sweep checkpoint that belongs to another sweep; says what it holds."""
+
+    def __init__(self, path, diff: list[str], done: int, total: int, n_settings: int):
+        self.path, self.diff, self.done, self.total, self.n_settings = path, diff, done, total, n_settings
+        self.finished = done >= total
+        held = ("a finished sweep" if self.finished else f"an unfinished sweep ({done} of {total} batches done)")
+        plural = "s" if n_settings != 1 else ""
+        super().__init__(f"checkpoint {path} holds {held} of {n_settings} setting{plural} that differs from this "
+                         f"one in {diff}; pass another checkpoint path (or delete it: tl-directional wrote it)")
 
 
 def model_fingerprint(model) -> dict:
@@ -588,22 +612,27 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
         state = _Progress.load(ckpt_path)
         if state.fingerprint != fingerprint:
             diff = sorted(k for k in fingerprint if state.fingerprint.get(k) != fingerprint[k])
-            raise ArtefactError(
-                f"checkpoint {ckpt_path} belongs to a different sweep (differs in {diff}); "
-                "delete it or pass another checkpoint path"
-            )
+            old_batches = -(-int(state.fingerprint.get("n_sequences", 0)) // max(1, int(state.fingerprint.get("batch_size", 1))))
+            raise CheckpointMismatch(ckpt_path, diff, state.batches_done, old_batches,
+                                     len(state.fingerprint.get("settings", [])))
     sums = {s.label: state.sums.get(s.label, MetricSums()) for s in settings}
     base_sums = state.sums.get("__baseline__", MetricSums())
 
     device = device_of(model)
     groups = _stack_groups(settings, stack)
     start = _prefix_start(settings) if shared_prefix else None
-    todo = [i for i in range(len(batches)) if i % world == rank and i >= state.batches_done]
+    mine = [i for i in range(len(batches)) if i % world == rank]
+    todo = [i for i in mine if i >= state.batches_done]
     iterator = todo
     if progress:
         from tqdm.auto import tqdm
 
-        iterator = tqdm(todo, desc="sweep", unit="batch", disable=rank != 0)
+        resumed = len(mine) - len(todo)
+        if resumed and rank == 0:
+            tqdm.write(f"sweep: resuming from {ckpt_path}: {state.batches_done} of {len(batches)} batches "
+                       "were done", file=sys.stderr)
+        iterator = tqdm(todo, desc="sweep (resumed)" if resumed else "sweep", unit="batch",
+                        disable=rank != 0, total=len(mine), initial=resumed)
     done_since_save = 0
     # the edited forwards stop at the unembedding's input and the metrics form the logits a
     # chunk at a time, once that reproduces the model's own logits (checked on the first batch)

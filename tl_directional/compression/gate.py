@@ -71,11 +71,18 @@ class CheckResult:
         lines += [f"reason: {r}" for r in self.reasons]
         return "\n".join(lines)
 
-    def write_report(self, directory) -> Path:
+    def write_report(self, directory, *, overwrite: bool = False) -> Path:
         """Write ``report.html`` (verdict, per-layer chart, tables; a :class:`~tl_directional.page.Report`
-        page) and ``geometry.csv``."""
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
+        page) and ``geometry.csv`` into ``directory``, swapped in complete. ``directory`` must be
+        absent, empty or a previous compress-check report; anything else needs ``overwrite``."""
+        from ..fileio import replace_dir
+
+        with replace_dir(directory, "compress-check-report", force=overwrite, force_hint="pass overwrite=True",
+                         command="compress_check.write_report") as tmp:
+            self._write_report(tmp)
+        return Path(directory) / "report.html"
+
+    def _write_report(self, out: Path) -> Path:
         self.geometry.to_csv(out / "geometry.csv", index=False)
         series = {}
         for unit in self.units:

@@ -59,7 +59,7 @@ from ..adapter import capture_hooks, device_of, run_hooked
 from ..components import RESIDUAL_COMPONENTS, check_components
 from ..compress import CompressionRecord, CompressionResult
 from ..distributed import rank_and_world
-from ..geometry import DEFAULT_EPS, compute_dtype
+from ..geometry import DEFAULT_EPS, check_eps, compute_dtype
 from ..inputs import TokenBatch, first_token_mask, iter_batches, prepare_inputs
 from ..sites import (
     SEQUENTIAL,
@@ -568,6 +568,7 @@ def compression_geometry(
     """
     if mode not in MODES:
         raise ValueError(f"mode must be 'local' or 'global', got {mode!r}")
+    eps = check_eps(eps)
     targets_in = normalize_targets(compressed)
     for _, model, _ in targets_in:
         check_compatible(dense, model)

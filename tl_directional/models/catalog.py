@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..fileio import fault_point
+
 #: Written last into every converted directory: source + per-file sha256.
 MANIFEST_FILE = "tl_directional_manifest.json"
 
@@ -312,6 +314,7 @@ def _convert_into(model: RealModel, out: Path, work: Path, progress: bool) -> di
     started = time.time()
 
     def step(i: int) -> None:
+        fault_point("convert.step")
         bar.set_postfix_str(steps[i])
 
     step(0)
