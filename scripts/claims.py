@@ -1015,7 +1015,7 @@ def build(check: bool) -> int:
             if SUMMARY_START in text and SUMMARY_END in text:
                 head, rest = text.split(SUMMARY_START, 1)
                 pages[index] = head + summary_block(stems, depth) + rest.split(SUMMARY_END, 1)[1]
-    except DataError as e:
+    except (DataError, depth_claims.C.DataError) as e:  # depth_claims may hold its own copy of this module
         print(f"error: {e}", file=sys.stderr)
         return 2
     bad = []

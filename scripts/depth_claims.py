@@ -258,6 +258,16 @@ def build_page(stem: str, data: Path | None = None) -> str:
             f"layers of the excess above the random-direction level {level:.3f} | {v:+.3f} [{lo:+.3f}, {hi:+.3f}]; "
             f"layers with excess > 0 (Holm, one-sided, alpha 0.05): {len(passed)} of {len(per)} | {verdict} |"
         )
+    L += [
+        "",
+        "Mean over layers, pooled over texts: "
+        + "; ".join(
+            f"{comp} E|cos| {C._fmt(np.mean([d['m'] for d in tables[comp].values()], axis=0), '.3f')}, "
+            f"control {C._fmt(np.mean([d['c'] for d in tables[comp].values()], axis=0), '.3f')}"
+            for comp in COMPONENTS
+        )
+        + ". The control is the share of E|cos| that any token's stream would give.",
+    ]
     for comp in COMPONENTS:
         per = tables[comp]
         L += [

@@ -239,7 +239,7 @@ def test_a_finished_sweep_directory_says_what_it_holds(tiny_model_dir, tmp_path,
     assert rc == 0, err
     rc, err = _cli(*base, "--s-par=0,2")
     line = _one_error_line(rc, err, f"--out {out} holds a finished sweep of 1 setting", "settings",
-                           "pass --force to replace it")
+                           "pass --restart (or --force) to replace it")
     assert "unfinished" not in line
 
 

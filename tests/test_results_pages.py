@@ -88,3 +88,43 @@ def test_hand_edited_page_fails_the_check(claims, sandbox, capsys):
     page.write_text(page.read_text().replace("held", "hold", 1))
     assert claims.build(check=True) == 1
     assert f"{stem}.md" in capsys.readouterr().err
+
+
+@pytest.fixture
+def depth_sandbox(claims, tmp_path, monkeypatch):
+    """A copy of one claims run and one depth run (claim D), with the script pointed at it."""
+    stems = _stems(claims)
+    depth = sorted(p.name[: -len(".manifest.json")] for p in claims.DATA.glob("depth_*.manifest.json"))
+    assert depth, "no depth data committed under docs/results/data/"
+    data, pages = tmp_path / "docs" / "results" / "data", tmp_path / "docs" / "results"
+    data.mkdir(parents=True)
+    for stem in (stems[0], depth[0]):
+        for p in claims.DATA.glob(f"{stem}.*"):
+            shutil.copy(p, data / p.name)
+        shutil.copy(claims.PAGES / f"{stem}.md", pages / f"{stem}.md")
+    monkeypatch.setattr(claims, "DATA", data)
+    monkeypatch.setattr(claims, "PAGES", pages)
+    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    return depth[0], data, pages
+
+
+def test_depth_pages_rebuild_and_a_corrupt_file_is_named(claims, depth_sandbox, capsys):
+    stem, data, pages = depth_sandbox
+    assert claims.build(check=True) == 0, capsys.readouterr().err
+    rec = data / f"{stem}.records.csv"
+    rec.write_bytes(rec.read_bytes().replace(b"\n", b"\n0", 1))
+    before = (pages / f"{stem}.md").read_bytes()
+    assert claims.build(check=False) == 2
+    err = capsys.readouterr().err
+    assert f"{stem}.records.csv" in err and "sha256" in err
+    assert (pages / f"{stem}.md").read_bytes() == before
+
+
+def test_depth_data_from_another_model_is_refused(claims, depth_sandbox, capsys):
+    stem, data, _ = depth_sandbox
+    mpath = data / f"{stem}.manifest.json"
+    m = json.loads(mpath.read_text())
+    m["model"]["source_sha256"] = "0" * 64
+    mpath.write_text(json.dumps(m))
+    assert claims.build(check=True) == 2
+    assert "another model" in capsys.readouterr().err

@@ -273,7 +273,7 @@ def _cmd_sweep(args) -> int:
         what = f"{exc.n_settings} setting{'s' if exc.n_settings != 1 else ''}"
         held = (f"a finished sweep of {what}" if exc.finished else
                 f"an unfinished sweep of {what} ({exc.done} of {exc.total} batches done)")
-        fix = ("pass --force to replace it" if exc.finished else
+        fix = ("pass --restart (or --force) to replace it" if exc.finished else
                "rerun with its options to resume it, pass --restart to discard it")
         raise UsageError(f"--out {out} holds {held}, which differs from this one in {', '.join(exc.diff)}; "
                          f"{fix}, or use another --out") from None
