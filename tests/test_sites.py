@@ -110,3 +110,28 @@ def test_model_without_needed_hooks_is_reported(tiny_model):
 
     with pytest.raises(tld.SiteResolutionError, match="has no hook point"):
         tld.resolve_sites(NoHooks())
+
+
+def test_verification_is_kept_per_model_until_a_hook_changes(tiny_model, monkeypatch):
+    """verify_sites runs its forward once per model; a hook added later (which can break the
+    identity) makes the next call verify again, and a breaking one is still caught."""
+    import tl_directional.sites as S
+
+    model = tiny_model("gpt2", fresh=True)
+    sites = tld.resolve_sites(model)
+    forwards = []
+    real = S.capture
+    monkeypatch.setattr(S, "capture", lambda *a, **k: forwards.append(1) or real(*a, **k))
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    try:
+        first = tld.verify_sites(model, sites, tokens)
+        assert tld.verify_sites(model, sites, tokens) == first and len(forwards) == 1
+        tld.profile(model, tokens, progress=False)  # its own verification is the kept one
+        assert len(forwards) == 1
+        model.add_hook("blocks.1.hook_resid_mid", lambda t, hook: t + 1.0)
+        with pytest.raises(tld.SiteResolutionError, match=r"layer 1: additive identity"):
+            tld.verify_sites(model, sites, tokens)
+        model.reset_hooks(including_permanent=True)
+        assert tld.verify_sites(model, sites, tokens) == first and len(forwards) == 2  # as verified
+    finally:
+        model.reset_hooks(including_permanent=True)

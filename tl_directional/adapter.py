@@ -330,6 +330,18 @@ def _legacy_setup(model) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def hook_state(model, names) -> tuple:
+    """An identity of the hooks now attached to the hook points ``names`` of ``model`` (and
+    their modules' other forward hooks): torch gives every registered hook a fresh id, so the
+    tuple changes whenever a hook is added or removed there."""
+    out = []
+    for name in sorted(names):
+        hp = model.hook_dict.get(name)
+        out.append((name, tuple(getattr(hp, "_forward_hooks", {}).keys()),
+                    tuple(getattr(hp, "_forward_pre_hooks", {}).keys())))
+    return tuple(out)
+
+
 def capture_hooks(names, store: dict, *, clone: bool = False) -> list[tuple[str, Any]]:
     """Forward hooks, one per hook point in ``names`` (sorted, repeats dropped), that keep the
     activation there in ``store[name]`` (detached; copied when ``clone``) and change nothing.
