@@ -96,7 +96,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 #: Record names outside checks read from the JSON (all registered; the order of the table).
 CONTRACT_NAMES = ("profile_overhead", "profile_vs_handwritten", "peer_nnsight", "profile_vs_cache",
                   "edit_overhead", "sweep_cost", "sweep_shared_prefix", "train_step_overhead",
-                  "compression_local_cost", "patching_vs_transformer_lens")
+                  "compression_local_cost", "layer_sweep_shared_prefix",
+                  "patching_vs_transformer_lens")
 
 #: Width and heads of the "wide" model (a seeded GPT-2 with the main model's depth, context and
 #: vocabulary), used to show how the cost ratios change with d_model.
