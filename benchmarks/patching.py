@@ -19,6 +19,7 @@ a real-model run to a few pairs (the equality check has already called both once
 from __future__ import annotations
 
 import importlib
+import statistics
 import time
 
 import torch
@@ -117,7 +118,7 @@ def patching_vs_transformer_lens(bench: Bench):
         "check_call_s": {"transformer_lens": tl_s, "directional_patch_full": full_s},
     })
     timing = bench.measure(base, lambda: run("full"))
-    tl_median = sorted(timing.baseline_s)[len(timing.baseline_s) // 2]
+    tl_median = statistics.median(timing.baseline_s)
     variants = {}
     for which in ("par", "perp"):
         t0 = time.perf_counter()
