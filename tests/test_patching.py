@@ -95,12 +95,12 @@ def test_patching_bad_input(tiny_model):
 ALL_UNITS = ("attn", "mlp", "block", "value", "resid_pre")
 
 
-def _slow_patch(model, clean, corrupted, metric_fn, components, per_position, heads=None):
+def _slow_patch(model, clean, corrupted, metric_fn, components, per_position, heads=None, attention_mask=None):
     """One full ``run_with_hooks`` forward per patch: the previous implementation's loop."""
     from tl_directional.patching import WHICH, _patch_residual_hooks, _patch_value_hooks
 
     sites = tld.resolve_sites(model, warn=False)
-    _, cache = model.run_with_cache(clean)
+    _, cache = model.run_with_cache(clean, attention_mask=attention_mask)
     n_pos = clean.shape[1]
     heads = list(range(sites.n_heads)) if heads is None else heads
     out = {}
@@ -131,7 +131,7 @@ def _slow_patch(model, clean, corrupted, metric_fn, components, per_position, he
                                 clean_u = clean_u - cache[u.reference_hook]
                             hooks = _patch_residual_hooks(u, clean_u, w, mask, 1e-12)
                         with torch.no_grad():
-                            logits = model.run_with_hooks(corrupted, fwd_hooks=hooks)
+                            logits = model.run_with_hooks(corrupted, fwd_hooks=hooks, attention_mask=attention_mask)
                         out[(c, w, L) + ((p,) if p is not None else ()) + ((h,) if h is not None else ())] = float(
                             metric_fn(logits))
     return out
@@ -157,6 +157,23 @@ def test_fast_patching_equals_slow_path_without_positions(tiny_model):
     _assert_matches_slow(res, _slow_patch(model, CLEAN, CORRUPTED, metric, ALL_UNITS, per_position=False,
                                           heads=[1, 2]))
     assert torch.isnan(res["value"]["par"][:, [0, 3]]).all()
+
+
+def test_fast_patching_equals_slow_path_on_a_padded_batch(tiny_model):
+    model = tiny_model("llama")  # rotary positions and a padding mask: the forwards from block L keep both
+    batch = tld.prepare_inputs(model, ["the cat sat on the mat", "a dog"])
+    assert not batch.attention_mask.bool().all()
+    clean, corrupted = batch.tokens, batch.tokens.clone()
+    corrupted[:, 1] = (corrupted[:, 1] + 3) % model.cfg.d_vocab
+
+    def mean_diff(logits):
+        return (logits[:, -1, 3] - logits[:, -1, 4]).mean()
+
+    comps = ("attn", "value", "resid_pre")
+    res, _ = directional_patch(model, clean, corrupted, mean_diff, components=comps, per_position=True,
+                               attention_mask=batch.attention_mask, heads=[0, 3], batch_size=5)
+    _assert_matches_slow(res, _slow_patch(model, clean, corrupted, mean_diff, comps, per_position=True, heads=[0, 3],
+                                          attention_mask=batch.attention_mask))
 
 
 @pytest.mark.parametrize("family", CAUSAL)
