@@ -157,6 +157,40 @@ def sweep_shared_prefix(bench: Bench):
     return bench.measure(base, cand)
 
 
+@register(
+    "layer_sweep_shared_prefix", target=0.60, op="<=", precision=0.05,
+    baseline="n_layers + 1 plain forwards of the batch (baseline + one setting per layer)",
+    candidate="sweep(model, batch, grid('value', s_par=0.0, layers=[[0], [1], ..., [n_layers - 1]]), "
+              "shared_prefix=True): each layer's setting starts at its block",
+)
+def layer_sweep_shared_prefix(bench: Bench):
+    """A per-layer sweep (every layer, one space, one scale: V-Para removal) with each
+    setting's forward starting at its own layer from the residual recorded in the baseline
+    forward / ``n_layers + 1`` plain forwards. ``extra.check_max_abs_delta_loss_diff`` compares it
+    with the same sweep run as full forwards."""
+    mod = _require("tl_directional.sweep", "sweep", "grid")
+    if "shared_prefix" not in inspect.signature(mod.sweep).parameters:
+        raise NotAvailable("tl_directional.sweep.sweep has no shared_prefix argument")
+    model, batch = bench.model, bench.inputs
+    n_layers = int(model.cfg.n_layers)
+    settings = mod.grid("value", s_par=0.0, layers=[[L] for L in range(n_layers)])
+
+    def cand():
+        return mod.sweep(model, batch, settings, batch_size=len(batch), progress=False, shared_prefix=True)
+
+    shared = cand()
+    full = mod.sweep(model, batch, settings, batch_size=len(batch), progress=False)
+    bench.extra["n_layers"] = n_layers
+    bench.extra["check_result_rows"] = len(shared)
+    bench.extra["check_max_abs_delta_loss_diff"] = float((shared["delta_loss"] - full["delta_loss"]).abs().max())
+
+    def base():
+        for _ in range(n_layers + 1):
+            forward(model, batch, "logits")
+
+    return bench.measure(base, cand)
+
+
 def _tokenizer_dir(source: str) -> str | None:
     """The directory holding the main model's tokenizer, if it has one."""
     if source == "default":
@@ -230,5 +264,5 @@ def compression_local_cost(bench: Bench):
     return bench.measure(lambda: forward(dense, batch, None), cand)
 
 
-__all__ = ["SWEEP_K", "SWEEP_S_PAR", "compression_local_cost", "sweep_cost",
+__all__ = ["SWEEP_K", "SWEEP_S_PAR", "compression_local_cost", "layer_sweep_shared_prefix", "sweep_cost",
            "train_step_overhead"]

@@ -76,6 +76,7 @@ class RecordSpec:
     candidate: str
     description: str
     models: tuple[str, ...]
+    primary_only: bool = False  # run on the primary setting only (a slow record)
 
     def meets(self, ratio: float) -> bool:
         """Whether ``ratio`` satisfies the target."""
@@ -99,7 +100,8 @@ REGISTRY: dict[str, RecordSpec] = {}
 
 
 def register(name: str, *, target: float, op: str = "<=", precision: float = 0.10,
-             baseline: str, candidate: str, models: tuple[str, ...] = ("main",)):
+             baseline: str, candidate: str, models: tuple[str, ...] = ("main",),
+             primary_only: bool = False):
     """Decorator registering a record function under ``name`` (a JSON contract name).
 
     Args:
@@ -110,6 +112,7 @@ def register(name: str, *, target: float, op: str = "<=", precision: float = 0.1
             target's margin); measuring also stops once the ci95 excludes the target.
         baseline, candidate: one-line descriptions of the two timed calls.
         models: which models the record runs on (``"main"``, ``"wide"``).
+        primary_only: run on the primary setting only (a record whose one call is minutes).
     """
     if op not in ("<=", "<"):
         raise ValueError(f"op must be '<=' or '<', got {op!r}")
@@ -119,7 +122,7 @@ def register(name: str, *, target: float, op: str = "<=", precision: float = 0.1
             raise ValueError(f"record {name!r} is registered twice")
         doc = (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         REGISTRY[name] = RecordSpec(name, fn, float(target), op, float(precision), baseline,
-                                    candidate, doc, tuple(models))
+                                    candidate, doc, tuple(models), bool(primary_only))
         return fn
 
     return deco

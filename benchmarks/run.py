@@ -83,6 +83,7 @@ from pathlib import Path
 
 import torch
 
+from . import patching as _patching  # noqa: F401
 from . import peers as _peers  # noqa: F401
 from . import planned as _planned  # noqa: F401 - importing registers the records
 from . import records as _records  # noqa: F401
@@ -95,7 +96,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 #: Record names outside checks read from the JSON (all registered; the order of the table).
 CONTRACT_NAMES = ("profile_overhead", "profile_vs_handwritten", "peer_nnsight", "profile_vs_cache",
                   "edit_overhead", "sweep_cost", "sweep_shared_prefix", "train_step_overhead",
-                  "compression_local_cost")
+                  "compression_local_cost", "layer_sweep_shared_prefix",
+                  "patching_vs_transformer_lens")
 
 #: Width and heads of the "wide" model (a seeded GPT-2 with the main model's depth, context and
 #: vocabulary), used to show how the cost ratios change with d_model.
@@ -210,6 +212,8 @@ class Harness:
         """All records of one registered spec, one per applicable setting."""
         out: list[dict] = []
         settings = [s for s in self.config.settings if s.model in spec.models]
+        if spec.primary_only:
+            settings = [s for s in settings if s.primary] or settings[:1]
         for setting in settings:
             seed = self.config.seed * 1_000_003 + zlib.crc32(f"{spec.name}|{setting.label}".encode())
             t0 = time.perf_counter()

@@ -33,9 +33,12 @@ CONTRACT = {
     "sweep_shared_prefix": 0.80,
     "train_step_overhead": 1.10,
     "compression_local_cost": 2.0,
+    "layer_sweep_shared_prefix": 0.60,
+    "patching_vs_transformer_lens": 0.20,
 }
 ALWAYS_AVAILABLE = ("profile_overhead", "profile_vs_handwritten", "profile_vs_cache",
-                    "edit_overhead", "sweep_shared_prefix")
+                    "edit_overhead", "sweep_shared_prefix", "layer_sweep_shared_prefix",
+                    "patching_vs_transformer_lens")
 VERDICTS = ("met", "missed", "too noisy")
 RECORD_FIELDS = ("name", "setting", "primary", "status", "reason", "target", "target_op", "met",
                  "ratio", "ci95", "n_pairs", "times", "extra", "baseline", "candidate")
@@ -112,6 +115,19 @@ def test_records_checked_what_they_timed(quick_json):
         assert peer["status"] == "skipped" and "nnsight" in peer["reason"]
     if by["compression_local_cost"]["status"] == "ok":
         assert by["compression_local_cost"]["extra"]["check_rows"] > 0
+    layers = by["layer_sweep_shared_prefix"]["extra"]  # every layer's setting from its own block
+    assert layers["check_max_abs_delta_loss_diff"] < 1e-4 and layers["check_result_rows"] == layers["n_layers"] + 1
+    patch = by["patching_vs_transformer_lens"]["extra"]
+    assert patch["check_max_abs_diff_vs_transformer_lens"] <= 1e-5
+    assert patch["patched_runs"] == patch["n_layers"] * patch["prompt_tokens"]
+    assert set(patch["variants_timed_once"]) == {"par", "perp"}
+
+
+def test_slow_records_run_on_the_primary_setting_only():
+    from benchmarks.registry import REGISTRY
+
+    assert REGISTRY["patching_vs_transformer_lens"].primary_only
+    assert not REGISTRY["profile_overhead"].primary_only
 
 
 def test_default_mode_scales_sequence_length_and_batch():

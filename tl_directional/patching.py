@@ -22,8 +22,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .adapter import capture, device_of
-from .components import check_components
+from .adapter import (
+    BlockInput,
+    capture,
+    capture_hooks,
+    device_of,
+    forward_recording_block_input,
+    from_block,
+)
+from .components import ALL_COMPONENTS, check_components
 from .geometry import DEFAULT_EPS, decompose, patch_components
 from .inputs import prepare_inputs, token_ids
 from .sites import (
@@ -36,6 +43,16 @@ from .sites import (
 )
 
 WHICH = ("par", "perp", "full")
+
+#: The residual stream itself as a patching site: ``blocks.{L}.hook_resid_pre`` is the update
+#: (the stream entering block ``L``) and the corrupted stream there is its reference, so the full
+#: patch is TransformerLens's ``get_act_patch_resid_pre`` and the parallel-only patch keeps the
+#: corrupted stream's direction with the clean stream's length along it.
+STREAM_COMPONENTS = ("resid_pre",)
+
+#: Default bound on one stacked forward's logits (elements), when ``batch_size`` is None.
+_AUTO_LOGIT_ELEMENTS = 2**26
+_AUTO_MAX_RUNS = 64
 
 
 def _integer_columns(table: pd.DataFrame, columns) -> pd.DataFrame:
@@ -103,6 +120,132 @@ def _patch_value_hooks(vs, n_heads: int, head: int, clean_z: Tensor, which: str,
     return [(vs.v_hook, v_hook), (vs.z_hook, z_hook)]
 
 
+def _check_which(which) -> tuple[str, ...]:
+    """``which`` as a non-empty tuple of patch kinds (repeats dropped, order kept)."""
+    if isinstance(which, str):
+        which = (which,)
+    try:
+        which = tuple(dict.fromkeys(which))
+    except TypeError:
+        raise TypeError(f"which must be one of {WHICH} or a sequence of them, got {type(which).__name__}") from None
+    if not which:
+        raise ValueError(f"which is empty; choose from {WHICH}")
+    for w in which:
+        if w not in WHICH:
+            raise ValueError(f"which has unknown entry {w!r}; choose from {WHICH}")
+    return which
+
+
+def _check_batch_size(batch_size) -> int | None:
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer (patched runs stacked into one forward) "
+                         f"or None (automatic), got {batch_size!r}")
+    return batch_size
+
+
+class _Variant:
+    """One patched run: which part, at which position (None: all) and head (value space)."""
+
+    __slots__ = ("which", "pos", "head", "value")
+
+    def __init__(self, which: str, pos: int | None, head: int | None):
+        self.which, self.pos, self.head = which, pos, head
+        self.value: float | None = None
+
+
+def _masked(new: Tensor, old: Tensor, pos: int | None) -> Tensor:
+    """``new`` at position ``pos`` (every position when None), ``old`` elsewhere."""
+    if pos is None:
+        return new
+    out = old.clone()
+    out[:, pos] = new[:, pos]
+    return out
+
+
+def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """``(update, reference)`` of residual unit ``c`` at layer ``L`` in a cached run."""
+    if c in STREAM_COMPONENTS:
+        x = cache[f"blocks.{L}.hook_resid_pre"]
+        return x, x
+    u = sites.units[c][L]
+    upd, ref = cache[u.update_hook], cache[u.reference_hook]
+    return (upd - ref if u.update_is_difference else upd), ref
+
+
+def _is_identity(sites: ModelSites, c: str, L: int, v: _Variant, clean: dict, corr: dict, eps: float) -> bool:
+    """Whether the patch ``v`` writes exactly (bitwise) what the corrupted run has there: then
+    the patched run *is* the corrupted run (the patched tensor is computed from the corrupted
+    run's cached tensors, as the patched forward would compute it)."""
+    if c == "value":
+        vs = sites.value[L]
+        z, z_c = corr[vs.z_hook][:, :, v.head], clean[vs.z_hook][:, :, v.head]
+        v_h = corr[vs.v_hook][:, :, kv_head_index(v.head, sites.n_heads, corr[vs.v_hook].shape[2])]
+        sl = slice(None) if v.pos is None else slice(v.pos, v.pos + 1)
+        return torch.equal(patch_components(z_c[:, sl], z[:, sl], v_h[:, sl], v.which, eps), z[:, sl])
+    upd_x, ref = _unit_tensors(sites, c, L, corr)
+    upd_c, _ = _unit_tensors(sites, c, L, clean)
+    sl = slice(None) if v.pos is None else slice(v.pos, v.pos + 1)
+    return torch.equal(patch_components(upd_c[:, sl], upd_x[:, sl], ref[:, sl], v.which, eps), upd_x[:, sl])
+
+
+def _stacked_residual_hooks(unit, clean_update: Tensor, chunk: list[_Variant], b: int, eps: float):
+    """Hooks patching a residual unit in a forward of ``len(chunk)`` stacked copies of the
+    corrupted batch (``b`` rows each): copy ``i`` gets ``chunk[i]``'s patch (reference read live)."""
+    state: dict = {}
+
+    def ref_hook(t, hook):  # noqa: ARG001
+        state["ref"] = t
+        return t
+
+    def upd_hook(t, hook):  # noqa: ARG001
+        ref = state["ref"]
+        corrupted = t - ref if unit.update_is_difference else t
+        src = clean_update.to(t.device)
+        out = corrupted.clone()
+        for i, v in enumerate(chunk):
+            rows = slice(i * b, (i + 1) * b)
+            new = patch_components(src, corrupted[rows], ref[rows], v.which, eps)
+            if v.pos is None:
+                out[rows] = new
+            else:
+                out[rows, v.pos] = new[:, v.pos]
+        return out + ref if unit.update_is_difference else out
+
+    return [(unit.reference_hook, ref_hook), (unit.update_hook, upd_hook)]
+
+
+def _stacked_value_hooks(vs, n_heads: int, clean_z: Tensor, chunk: list[_Variant], b: int, eps: float):
+    """Hooks patching one head's ``hook_z`` per stacked copy (``chunk[i].head``)."""
+    state: dict = {}
+
+    def v_hook(t, hook):  # noqa: ARG001
+        state["v"] = t
+        return t
+
+    def z_hook(z, hook):  # noqa: ARG001
+        v = state["v"]
+        src = clean_z.to(z.device)
+        out = z.clone()
+        for i, var in enumerate(chunk):
+            rows = slice(i * b, (i + 1) * b)
+            h = var.head
+            v_h = v[rows, :, kv_head_index(h, n_heads, v.shape[2])]
+            new_h = patch_components(src[:, :, h], z[rows, :, h], v_h, var.which, eps)
+            if var.pos is None:
+                out[rows, :, h] = new_h
+            else:
+                out[rows, var.pos, h] = new_h[:, var.pos]
+        return out
+
+    return [(vs.v_hook, v_hook), (vs.z_hook, z_hook)]
+
+
+def _auto_batch_size(b: int, n_pos: int, d_vocab: int) -> int:
+    return max(1, min(_AUTO_MAX_RUNS, _AUTO_LOGIT_ELEMENTS // max(1, b * n_pos * d_vocab)))
+
+
 def directional_patch(
     model,
     clean,
@@ -116,20 +259,40 @@ def directional_patch(
     attention_mask: Tensor | None = None,
     eps: float = DEFAULT_EPS,
     progress: bool = False,
+    which: str | Sequence[str] = WHICH,
+    batch_size: int | None = None,
 ) -> tuple[dict[str, dict[str, Tensor]], pd.DataFrame]:
     """Patch parallel-only, perpendicular-only and full updates from ``clean`` into ``corrupted``.
 
     For each component (``attn``, ``mlp``, ``block`` in residual space; ``value`` per
-    head), layer (and head), and position (``per_position=True``) or all positions at
-    once, run the corrupted input with that unit's update replaced by
-    ``P_r u_c + (I - P_r) u_x`` (``par``), ``P_r u_x + (I - P_r) u_c`` (``perp``) or
-    ``u_c`` (``full``), where ``r`` is the corrupted run's live reference (METHOD.md
-    sec. 5) and, in value space, the head's own corrupted value vector ``v_t``.
+    head; ``resid_pre``, the stream itself), layer (and head), and position
+    (``per_position=True``) or all positions at once, run the corrupted input with that
+    unit's update replaced by ``P_r u_c + (I - P_r) u_x`` (``par``), ``P_r u_x + (I - P_r)
+    u_c`` (``perp``) or ``u_c`` (``full``), where ``r`` is the corrupted run's live
+    reference (METHOD.md sec. 5) and, in value space, the head's own corrupted value vector
+    ``v_t``. For ``resid_pre`` the update is the stream entering block ``L`` and its
+    reference is the corrupted stream there (so ``full`` is TransformerLens's
+    ``patching.get_act_patch_resid_pre``, ``par`` gives ``P_x u_c`` and ``perp`` gives
+    ``u_x + (I - P_x) u_c``).
+
+    How it runs: the clean and corrupted runs are cached once; a patch at layer ``L``
+    changes nothing before block ``L``, so its forward starts at block ``L`` from the
+    corrupted run's ``resid_pre`` (``tl_directional.adapter.from_block``), and up to
+    ``batch_size`` patched runs of the same unit and layer are stacked along the batch
+    axis of one forward (the metric still sees each run's own ``[batch, pos, vocab]``
+    logits). A patch that writes exactly the corrupted run's tensor (e.g. a position
+    before the corrupted token, where clean and corrupted agree bitwise) is the corrupted
+    run, and gets its metric without a forward. Results equal patching one full forward
+    at a time to float tolerance (not bitwise: stacked matrix products round differently).
 
     Args:
         clean, corrupted: inputs of identical token shape (strings or token tensors).
         metric: ``logits -> scalar`` (e.g. a logit difference).
         per_position: patch one position at a time (results gain a ``pos`` axis).
+        which: the patches to run, any of ``"par"``, ``"perp"``, ``"full"`` (default all
+            three; ``par_plus_perp_minus_full`` is reported only with all three).
+        batch_size: patched runs stacked into one forward (default: up to 64, fewer so that
+            one forward's logits stay within 2**26 elements); 1 runs them one at a time.
 
     Returns:
         ``(results, table)``: ``results[component][which]`` is a tensor shaped like
@@ -138,6 +301,8 @@ def directional_patch(
         has one row per patch with ``metric``, plus the clean and corrupted baselines
         and ``par_plus_perp_minus_full`` (the interaction, reported not assumed zero).
     """
+    which = _check_which(which)
+    batch_size = _check_batch_size(batch_size)
     sites = resolve_sites(model, warn=False)
     c_batch = prepare_inputs(model, clean, attention_mask, argument="clean")
     x_batch = prepare_inputs(model, corrupted, attention_mask, argument="corrupted")
@@ -146,81 +311,119 @@ def directional_patch(
             f"clean and corrupted must have the same token shape and padding, got {tuple(c_batch.tokens.shape)} "
             f"and {tuple(x_batch.tokens.shape)}; pad or choose prompts of equal token length"
         )
-    components = check_components(components, sites.components + ("value",), arch=sites.arch)
+    components = check_components(components, sites.components + ("value",) + STREAM_COMPONENTS,
+                                  allowed=ALL_COMPONENTS + STREAM_COMPONENTS, arch=sites.arch)
     layer_list = normalize_layers(layers, sites.n_layers)
     head_list = normalize_heads(heads, sites.n_heads) or list(range(sites.n_heads))
     device = device_of(model)
     ct, am = c_batch.tokens.to(device), c_batch.attention_mask.to(device)
     xt = x_batch.tokens.to(device)
+    b, n_pos = ct.shape
 
-    names = []
+    names = set()
     for L in layer_list:
+        names.add(f"blocks.{L}.hook_resid_pre")
         for c in components:
             if c == "value":
-                names.append(sites.value[L].z_hook)
-            else:
+                names |= {sites.value[L].z_hook, sites.value[L].v_hook}
+            elif c not in STREAM_COMPONENTS:
                 u = sites.units[c][L]
-                names += [u.update_hook, u.reference_hook]
+                names |= {u.update_hook, u.reference_hook}
     # Each run's logits are reduced to the metric at once and dropped, so at most one
-    # [batch, pos, vocab] tensor is alive at a time (large vocabularies: Gemma-3 has 262k).
+    # [batch, pos, vocab] tensor per stacked forward is alive at a time (Gemma-3: 262k vocabulary).
     clean_logits, clean_cache = capture(model, ct, names, attention_mask=am, clone=True, logits=True)
     clean_metric = _scalar_metric(metric, clean_logits)
     del clean_logits
-    with torch.no_grad():
-        corrupted_metric = _scalar_metric(metric, model(xt, attention_mask=am))
+    corr_cache: dict[str, Tensor] = {}
+    with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(names, corr_cache, clone=True)):
+        corr_logits, block0 = forward_recording_block_input(model, xt, am, 0)
+    corrupted_metric = _scalar_metric(metric, corr_logits)
+    d_vocab = int(corr_logits.shape[-1])
+    del corr_logits
+    k_max = batch_size or _auto_batch_size(b, n_pos, d_vocab)
 
-    n_pos = ct.shape[1]
     positions = list(range(n_pos)) if per_position else [None]
     results: dict[str, dict[str, Tensor]] = {}
-    rows = []
-    work = [(c, L) for c in components for L in layer_list]
+    # variants per (component, layer), in the table's order
+    work: list[tuple[str, int, list[_Variant]]] = []
+    for c in components:
+        if c == "value":
+            shape = (sites.n_layers, n_pos, sites.n_heads) if per_position else (sites.n_layers, sites.n_heads)
+        else:
+            shape = (sites.n_layers, n_pos) if per_position else (sites.n_layers,)
+        results[c] = {w: torch.full(shape, float("nan")) for w in which}
+        for L in layer_list:
+            variants = [_Variant(w, p, h) for p in positions for h in (head_list if c == "value" else [None])
+                        for w in which]
+            work.append((c, L, variants))
+
     iterator = work
     if progress:
         from tqdm.auto import tqdm
 
         iterator = tqdm(work, desc="patch")
-    for c, L in iterator:
-        if c == "value":
-            shape = (sites.n_layers, n_pos, sites.n_heads) if per_position else (sites.n_layers, sites.n_heads)
-        else:
-            shape = (sites.n_layers, n_pos) if per_position else (sites.n_layers,)
-        res = results.setdefault(c, {w: torch.full(shape, float("nan")) for w in WHICH})
-        for p in positions:
-            pos_mask = None
-            if p is not None:
-                pos_mask = torch.zeros(ct.shape, dtype=torch.bool, device=device)
-                pos_mask[:, p] = True
-            for h in (head_list if c == "value" else [None]):
-                values = {}
-                for which in WHICH:
-                    if c == "value":
-                        hooks = _patch_value_hooks(sites.value[L], sites.n_heads, h, clean_cache[sites.value[L].z_hook],
-                                                   which, pos_mask, eps)
-                    else:
-                        u = sites.units[c][L]
-                        clean_u = clean_cache[u.update_hook]
-                        if u.update_is_difference:
-                            clean_u = clean_u - clean_cache[u.reference_hook]
-                        hooks = _patch_residual_hooks(u, clean_u, which, pos_mask, eps)
-                    with torch.no_grad():
-                        values[which] = _scalar_metric(
-                            metric, model.run_with_hooks(xt, attention_mask=am, fwd_hooks=hooks))
-                idx = (L,) + ((p,) if p is not None else ()) + ((h,) if h is not None else ())
-                for which, v in values.items():
-                    res[which][idx] = v
-                rows.append({
-                    "component": c, "layer": L, "head": h, "position": p,
-                    **{f"metric_{w}": values[w] for w in WHICH},
-                    "effect_par": values["par"] - corrupted_metric,
-                    "effect_perp": values["perp"] - corrupted_metric,
-                    "effect_full": values["full"] - corrupted_metric,
-                })
+    with torch.no_grad():
+        for c, L, variants in iterator:
+            todo = []
+            for v in variants:
+                if _is_identity(sites, c, L, v, clean_cache, corr_cache, eps):
+                    v.value = corrupted_metric
+                else:
+                    todo.append(v)
+            for start in range(0, len(todo), k_max):
+                _run_chunk(model, sites, c, L, todo[start:start + k_max], clean_cache, corr_cache,
+                           block0, xt, am, metric, eps)
+
+    rows = []
+    for c, L, variants in work:
+        by_key: dict[tuple, dict[str, float]] = {}
+        for v in variants:
+            by_key.setdefault((v.pos, v.head), {})[v.which] = v.value
+        for (p, h), values in by_key.items():
+            idx = (L,) + ((p,) if p is not None else ()) + ((h,) if h is not None else ())
+            for w, val in values.items():
+                results[c][w][idx] = val
+            rows.append({
+                "component": c, "layer": L, "head": h, "position": p,
+                **{f"metric_{w}": values[w] for w in which},
+                **{f"effect_{w}": values[w] - corrupted_metric for w in which},
+            })
     table = _integer_columns(pd.DataFrame(rows), ("layer", "head", "position"))
     if not table.empty:
-        table["par_plus_perp_minus_full"] = table["effect_par"] + table["effect_perp"] - table["effect_full"]
+        if len(which) == len(WHICH):
+            table["par_plus_perp_minus_full"] = table["effect_par"] + table["effect_perp"] - table["effect_full"]
         table["clean_metric"] = clean_metric
         table["corrupted_metric"] = corrupted_metric
     return results, table
+
+
+def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[_Variant], clean: dict, corr: dict,
+               block0: BlockInput, xt: Tensor, am: Tensor, metric, eps: float) -> None:
+    """One forward from block ``L`` of ``len(chunk)`` stacked patched copies of the corrupted
+    batch; stores each copy's metric in its variant."""
+    k, b = len(chunk), xt.shape[0]
+    resid = corr[f"blocks.{L}.hook_resid_pre"]
+    hooks: list = []
+    if c in STREAM_COMPONENTS:  # the patch is the block input itself
+        src = clean[f"blocks.{L}.hook_resid_pre"]
+        stacked = torch.cat([_masked(patch_components(src, resid, resid, v.which, eps), resid, v.pos)
+                             for v in chunk])
+    else:
+        stacked = resid.repeat(k, 1, 1) if k > 1 else resid
+        if c == "value":
+            hooks = _stacked_value_hooks(sites.value[L], sites.n_heads, clean[sites.value[L].z_hook], chunk, b, eps)
+        else:
+            u = sites.units[c][L]
+            clean_u, _ = _unit_tensors(sites, c, L, clean)
+            hooks = _stacked_residual_hooks(u, clean_u, chunk, b, eps)
+    tokens = xt.repeat(k, 1) if k > 1 else xt
+    mask = am.repeat(k, 1) if k > 1 else am
+    with from_block(model, BlockInput(L, stacked, block0.output_form)) as run, model.hooks(fwd_hooks=hooks):
+        logits = run(tokens, mask)
+    for i, v in enumerate(chunk):
+        v.value = _scalar_metric(metric, logits[i * b:(i + 1) * b])
+    del logits
+
 
 
 # ---------------------------------------------------------------------------
@@ -370,4 +573,4 @@ def split_dla_figure(table: pd.DataFrame, sequence: int = 0):
     return PlotlyView(fig, data=heads.reset_index(drop=True), name="split_dla")
 
 
-__all__ = ["WHICH", "directional_patch", "split_dla_figure", "split_logit_attribution"]
+__all__ = ["STREAM_COMPONENTS", "WHICH", "directional_patch", "split_dla_figure", "split_logit_attribution"]

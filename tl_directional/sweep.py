@@ -38,6 +38,7 @@ from .adapter import (
     BlockInput,
     StopForward,
     Unembedding,
+    capture_hooks,
     device_of,
     forward_recording_block_input,
     from_block,
@@ -398,9 +399,10 @@ def _edited_forward(model, run, batch: TokenBatch, unembed: Unembedding | None) 
 
 
 # -- shared unedited prefix ----------------------------------------------------------------
-# When every setting edits only layers >= L, blocks 0..L-1 compute the same thing in every
-# forward. The baseline forward records blocks.L.hook_resid_pre once; each setting's forward
-# then starts at block L from the recorded residual (tl_directional.adapter.from_block:
+# When a setting edits only layers >= L, blocks 0..L-1 compute the same thing as in the
+# unedited forward. The baseline forward records blocks.L.hook_resid_pre once per batch (for
+# every such L among the stacked groups); each group's forward then starts at its block L from
+# the recorded residual (tl_directional.adapter.from_block:
 # TransformerLens's own start_at_layer on the legacy lane; on the bridge, whose start_at_layer
 # still runs the earlier blocks, they are passed through).
 
@@ -413,19 +415,26 @@ def _prefix_start(settings: Sequence[Setting]) -> int | None:
     return start if start >= 1 else None
 
 
-def _baseline_forward(model, batch: TokenBatch, start: int | None,
-                      keep: str | None = None) -> tuple[Tensor, BlockInput | None, Tensor | None]:
-    """The unedited logits, with ``start`` the residual entering block ``start``, and with
-    ``keep`` the tensor at that hook point (to check an :class:`Unembedding` once)."""
+def _baseline_forward(model, batch: TokenBatch, starts: Sequence[int] = (),
+                      keep: str | None = None) -> tuple[Tensor, dict[int, BlockInput], Tensor | None]:
+    """The unedited logits, with the residual entering each block in ``starts`` (by block), and
+    with ``keep`` the tensor at that hook point (to check an :class:`Unembedding` once)."""
     got: dict = {}
+    prefixes: dict[int, BlockInput] = {}
     with ExitStack() as stack:
         if keep is not None:
             stack.enter_context(model.hooks(fwd_hooks=[(keep, lambda t, hook: got.setdefault("kept", t))]))
-        if start is None:
-            logits, prefix = _forward(model, batch), None
+        if not starts:
+            logits = _forward(model, batch)
         else:
-            logits, prefix = forward_recording_block_input(model, batch.tokens, batch.attention_mask, start)
-    return logits, prefix, got.get("kept")
+            first, store = min(starts), {}
+            others = {L: f"blocks.{L}.hook_resid_pre" for L in starts if L != first}
+            stack.enter_context(model.hooks(fwd_hooks=capture_hooks(others.values(), store, clone=True)))
+            logits, prefixes[first] = forward_recording_block_input(model, batch.tokens, batch.attention_mask,
+                                                                    first)
+            for L, name in others.items():
+                prefixes[L] = BlockInput(L, store[name], prefixes[first].output_form)
+    return logits, prefixes, got.get("kept")
 
 
 @dataclass
@@ -546,11 +555,13 @@ def sweep(
             sweep, evaluation resumes after the batches already done.
         checkpoint_every: write the checkpoint every this many batches.
         progress: tqdm bar over batches.
-        shared_prefix: when every setting edits only layers ``>= L`` (``L >= 1``), run
-            blocks ``0..L-1`` once per batch (in the baseline forward) and start each
-            setting's forward at block ``L`` from the recorded residual; results agree
-            with full forwards to float tolerance. Ignored when some setting edits all
-            layers or layer 0.
+        shared_prefix: a setting (a stacked group of settings) that edits only layers
+            ``>= L`` (``L >= 1``) starts its forward at block ``L`` from the residual
+            recorded in the batch's baseline forward, so blocks ``0..L-1`` run once per
+            batch (a per-layer sweep runs only the blocks from each layer on); results
+            agree with full forwards to float tolerance. Settings that edit all layers or
+            layer 0 run full forwards. Keeps one ``[batch, pos, d_model]`` residual per
+            distinct starting layer.
 
     Returns:
         One row per setting (the first row is the baseline, delta exactly 0) with
@@ -620,7 +631,9 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
 
     device = device_of(model)
     groups = _stack_groups(settings, stack)
-    start = _prefix_start(settings) if shared_prefix else None
+    # with shared_prefix, each stacked group starts at the first layer its settings edit
+    starts = [_prefix_start(g) if shared_prefix else None for g in groups]
+    needed = sorted({L for L in starts if L is not None})
     mine = [i for i in range(len(batches)) if i % world == rank]
     todo = [i for i in mine if i >= state.batches_done]
     iterator = todo
@@ -641,14 +654,15 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
         for i in iterator:
             part = batches[i].to(device)
             keep = unembed.hook if unembed is not None and not unembed_checked else None
-            base_logits, prefix, kept = _baseline_forward(model, part, start, keep)
+            base_logits, prefixes, kept = _baseline_forward(model, part, needed, keep)
             if keep is not None:
                 unembed_checked = True
                 if kept is None or not unembedding_matches(unembed, kept, base_logits):
                     unembed = None
             base = BaselineStats(base_logits, part.tokens, part.attention_mask)
             base_sums.add_(MetricSums(base.tokens, float(base.base_nll), float(base.base_nll), 0.0, base.tokens))
-            for group in groups:
+            for group, start in zip(groups, starts, strict=True):
+                prefix = None if start is None else prefixes[start]
                 for s, m in zip(group, _eval_group(model, part, base, group, prefix, unembed), strict=True):
                     sums[s.label].add_(m)
             state.batches_done = i + 1
