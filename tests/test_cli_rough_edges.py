@@ -297,3 +297,7 @@ def test_eps_is_validated_wherever_it_is_taken(tiny_model, bad):
         compression_geometry(model, model, ["a b c"], eps=bad)
     with pytest.raises(ValueError, match=r"eps must be a finite float .*eps=1e-12"):
         tld.profile(model, ["a b c"], eps=bad)
+    with pytest.raises(ValueError, match=r"eps must be a finite float .*eps=1e-12"):
+        tld.directional_patch(model, ["a b c"], ["a b d"], lambda lg: lg[0, -1, 0], eps=bad)
+    with pytest.raises(ValueError, match=r"eps must be a finite float .*eps=1e-12"):
+        tld.split_logit_attribution(model, ["a b c"], 1, eps=bad)

@@ -31,7 +31,7 @@ from .adapter import (
     from_block,
 )
 from .components import ALL_COMPONENTS, check_components
-from .geometry import DEFAULT_EPS, decompose, patch_components
+from .geometry import DEFAULT_EPS, check_eps, decompose, patch_components
 from .inputs import prepare_inputs, token_ids
 from .sites import (
     ModelSites,
@@ -303,6 +303,7 @@ def directional_patch(
     """
     which = _check_which(which)
     batch_size = _check_batch_size(batch_size)
+    eps = check_eps(eps)
     sites = resolve_sites(model, warn=False)
     c_batch = prepare_inputs(model, clean, attention_mask, argument="clean")
     x_batch = prepare_inputs(model, corrupted, attention_mask, argument="corrupted")
@@ -482,6 +483,7 @@ def split_logit_attribution(
         ``"mlp"`` or ``"head"`` (with ``head``), and ``dla``, ``dla_par``, ``dla_perp``,
         ``par_frac`` of the written vector.
     """
+    eps = check_eps(eps)
     sites = resolve_sites(model, warn=False)
     if not sites.causal:
         raise ValueError("split_logit_attribution needs a causal LM with an unembedding")
