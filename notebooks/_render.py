@@ -186,14 +186,15 @@ def figure_svg(fig: dict, width: int = 900) -> str:
         ya = _Axis(ys, y_hi, y_lo, yl.get("autorange") == "reversed", (yl.get("title") or {}).get("text", ""))
         out.append(f'<rect x="{x_lo:.1f}" y="{y_lo:.1f}" width="{x_hi - x_lo:.1f}" height="{y_hi - y_lo:.1f}" '
                    'fill="none" stroke="#999"/>')
-        for v, label in xa.ticks():
+        for v, label in (xa.ticks() if xl.get("showticklabels", True) is not False else []):
             px = xa.pos(v)
             if not is_heat:
                 out.append(f'<line x1="{px:.1f}" y1="{y_lo:.1f}" x2="{px:.1f}" y2="{y_hi:.1f}" stroke="#eee"/>')
             rot = f' transform="rotate(-50 {px:.1f} {y_hi + 12:.1f})" text-anchor="end"' if xa.categorical and \
                 len(xa.cats) > 8 else ' text-anchor="middle"'
             out.append(f'<text x="{px:.1f}" y="{y_hi + 14:.1f}" font-size="9"{rot}>{html.escape(label[:18])}</text>')
-        for v, label in ya.ticks():
+        y_labels = yl.get("showticklabels", True) is not False
+        for v, label in (ya.ticks() if y_labels else []):
             py = ya.pos(v)
             if not is_heat:
                 out.append(f'<line x1="{x_lo:.1f}" y1="{py:.1f}" x2="{x_hi:.1f}" y2="{py:.1f}" stroke="#eee"/>')
@@ -309,6 +310,12 @@ def _scrub(text: str, repo: Path) -> str:
     return text
 
 
+def tidy_html(fragment: str) -> str:
+    """A displayed table as one raw-HTML block Markdown keeps whole: no <style>, no blank lines."""
+    fragment = re.sub(r"<style[^>]*>.*?</style>", "", fragment, flags=re.S)
+    return "\n".join(line for line in fragment.splitlines() if line.strip())
+
+
 def _fence(text: str, lang: str = "text") -> str:
     return f"```{lang}\n{text.rstrip()}\n```\n"
 
@@ -366,8 +373,7 @@ def to_markdown(book, stem: str, out: Path, repo: Path, header: str) -> str:
             elif "text/markdown" in data:
                 parts.append(data["text/markdown"].strip() + "\n")
             elif "text/html" in data:
-                parts.append('<div class="tld-output" markdown="0">\n' + _scrub(data["text/html"], repo).strip()
-                             + "\n</div>\n")
+                parts.append('<div class="tld-output">\n' + tidy_html(_scrub(data["text/html"], repo)) + "\n</div>\n")
             elif "text/plain" in data:
                 parts.append(_fence(_scrub(data["text/plain"], repo)))
     text = "\n".join(parts)
