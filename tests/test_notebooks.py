@@ -29,7 +29,7 @@ from tl_directional.models import tl_lane
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 REQUIRED = ("01_tour", "02_editing_and_sweeps", "03_compression_diagnostics", "04_training_suppression",
             "05_directional_patching", "06_head_analysis")
-LESSONS = ("01_tour", "02_editing_and_sweeps", "05_directional_patching", "06_head_analysis")
+LESSONS = ("01_tour", "02_editing_and_sweeps", "03_compression_diagnostics", "05_directional_patching", "06_head_analysis")
 ROOT = Path(__file__).resolve().parent.parent
 # rendered real-model pages of the lessons (docs/notebooks/), each with its <stem>_files/ figures
 RENDERED = ("05_directional_patching", "06_head_analysis_smollm2-135m", "06_head_analysis_gemma-3-270m")
