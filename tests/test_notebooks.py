@@ -7,9 +7,10 @@ Python; ipykernel must be installed: the ``dev`` extra has it), in a scratch dir
 test process's environment (so offline flags and ``PYTHONPATH`` carry over). The notebooks run on
 the TransformerLens 4 bridge lane only; the legacy lane skips them (same code, twice the CI time).
 
-The lesson notebooks (05, 06) switch model with ``TLD_NOTEBOOK_MODEL``; CI removes it, so they run
-on the bundled default model, and sets ``TLD_LESSON_SOLVE=1``, so each exercise takes its worked
-solution from ``notebooks/solutions/`` and its check cell must pass. Their real-model runs are
+Every notebook is a lesson (learning goals, exercises with check cells, worked solutions in
+``notebooks/solutions/``). CI sets ``TLD_LESSON_SOLVE=1``, so each exercise takes its worked
+solution and its check cell must pass. Lessons 05 and 06 switch model with
+``TLD_NOTEBOOK_MODEL``; CI removes it, so they run on the bundled default model. Their real-model runs are
 rendered to ``docs/notebooks/`` by ``notebooks/_render.py``; the checks below bound those pages.
 """
 
@@ -29,7 +30,7 @@ from tl_directional.models import tl_lane
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 REQUIRED = ("01_tour", "02_editing_and_sweeps", "03_compression_diagnostics", "04_training_suppression",
             "05_directional_patching", "06_head_analysis")
-LESSONS = ("01_tour", "02_editing_and_sweeps", "03_compression_diagnostics", "05_directional_patching", "06_head_analysis")
+LESSONS = REQUIRED  # every notebook is a lesson: goals, exercises with checks, what to try next
 ROOT = Path(__file__).resolve().parent.parent
 # rendered real-model pages of the lessons (docs/notebooks/), each with its <stem>_files/ figures
 RENDERED = ("05_directional_patching", "06_head_analysis_smollm2-135m", "06_head_analysis_gemma-3-270m")
