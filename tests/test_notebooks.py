@@ -141,3 +141,28 @@ def test_rendered_lesson_page(stem):
         assert (page.parent / ref).exists(), ref
     assert "Rendered run" in text and "notebooks/_render.py" in text
     assert f"notebooks/{stem}.md" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+def test_render_draws_plotly_figures_as_static_svg():
+    """notebooks/_render.py's figure_svg: numpy-encoded heatmap cells and scatter points are drawn,
+    NaN cells are left out, and the SVG has no script."""
+    import importlib.util
+
+    import numpy as np
+    import plotly.graph_objects as go
+
+    spec = importlib.util.spec_from_file_location("_render", ROOT / "notebooks" / "_render.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    z = np.arange(12, dtype=float).reshape(3, 4)
+    z[0, 0] = np.nan
+    heat = go.Figure(go.Heatmap(z=z, x=list(range(4)), y=["L0", "L1", "L2"], colorscale="RdBu", zmid=0))
+    fig = json.loads(heat.to_json())
+    assert "bdata" in json.dumps(fig)  # plotly stores the array base64-encoded: the renderer decodes it
+    svg = render.figure_svg(fig)
+    cells = re.findall(r'<rect x="[\d.-]+" y="[\d.-]+" width="[\d.]+" height="[\d.]+" fill="rgb', svg)
+    assert len(cells) >= 11 + 40 - 1  # 11 finite cells plus the colour bar's 40 steps (its first may match)
+    assert "<script" not in svg and svg.startswith("<svg")
+    line = json.loads(go.Figure(go.Scatter(x=[0, 1, 2], y=[0.5, 0.1, 0.9], mode="lines+markers", name="a")).to_json())
+    svg = render.figure_svg(line)
+    assert svg.count("<circle") == 3 and "<polyline" in svg
