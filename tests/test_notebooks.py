@@ -6,12 +6,19 @@ kernelspec whose ``argv`` is ``sys.executable -m ipykernel_launcher``, found fir
 Python; ipykernel must be installed: the ``dev`` extra has it), in a scratch directory, with the
 test process's environment (so offline flags and ``PYTHONPATH`` carry over). The notebooks run on
 the TransformerLens 4 bridge lane only; the legacy lane skips them (same code, twice the CI time).
+
+Every notebook is a lesson (learning goals, exercises with check cells, worked solutions in
+``notebooks/solutions/``). CI sets ``TLD_LESSON_SOLVE=1``, so each exercise takes its worked
+solution and its check cell must pass. Lessons 05 and 06 switch model with
+``TLD_NOTEBOOK_MODEL``; CI removes it, so they run on the bundled default model. Their real-model runs are
+rendered to ``docs/notebooks/`` by ``notebooks/_render.py``; the checks below bound those pages.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -21,7 +28,13 @@ import pytest
 from tl_directional.models import tl_lane
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
-REQUIRED = ("01_tour", "02_editing_and_sweeps", "03_compression_diagnostics", "04_training_suppression")
+REQUIRED = ("01_tour", "02_editing_and_sweeps", "03_compression_diagnostics", "04_training_suppression",
+            "05_directional_patching", "06_head_analysis")
+LESSONS = REQUIRED  # every notebook is a lesson: goals, exercises with checks, what to try next
+ROOT = Path(__file__).resolve().parent.parent
+# rendered real-model pages of the lessons (docs/notebooks/), each with its <stem>_files/ figures
+RENDERED = ("05_directional_patching", "06_head_analysis_smollm2-135m", "06_head_analysis_gemma-3-270m")
+PAGE_LIMIT_BYTES = 2_000_000
 CELL_TIMEOUT_S = 600
 KERNEL_NAME = "tl-directional-tests"
 
@@ -54,6 +67,8 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", env_path)  # the kernel inherits the environment
     for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(key, "1")
+    monkeypatch.delenv("TLD_NOTEBOOK_MODEL", raising=False)  # lessons: the bundled default model
+    monkeypatch.setenv("TLD_LESSON_SOLVE", "1")  # unanswered exercises take their worked solutions
     spec_dir = tmp_path / "jupyter" / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
@@ -77,4 +92,77 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
         from tl_directional.report import external_references
 
         assert external_references(o["data"]["text/html"]) == []
+    if path.stem in LESSONS:  # every exercise's check cell ran and passed
+        printed = "".join(o.get("text", "") for c in book.cells if c.cell_type == "code"
+                          for o in c.get("outputs", []) if o.get("output_type") == "stream")
+        n = _exercise_count(path)
+        assert all(f"exercise {i}: correct" in printed for i in range(1, n + 1)), printed[-2000:]
     print(f"{path.name}: {seconds:.1f} s")
+
+
+def _exercise_count(path: Path) -> int:
+    book = json.loads(path.read_text(encoding="utf-8"))
+    return sum("check_exercise(solutions," in "".join(c["source"]) for c in book["cells"] if c["cell_type"] == "code")
+
+
+@pytest.mark.parametrize("stem", LESSONS)
+def test_lesson_form(stem):
+    """Learning goals, at least 3 exercises each with a check cell and a worked solution, and a
+    'what to try next'."""
+    path = ROOT / "notebooks" / f"{stem}.ipynb"
+    book = json.loads(path.read_text(encoding="utf-8"))
+    markdown = "\n".join("".join(c["source"]) for c in book["cells"] if c["cell_type"] == "markdown")
+    assert "Learning goals" in markdown and "What to try next" in markdown
+    n = _exercise_count(path)
+    assert n >= 3, f"{stem}: {n} exercises with a check cell"
+    for i in range(1, n + 1):
+        assert f"**Exercise {i}.**" in markdown, f"{stem}: exercise {i} is not stated"
+        assert any(f"answer_{i} = ..." in "".join(c["source"]) for c in book["cells"] if c["cell_type"] == "code"), \
+            f"{stem}: exercise {i} has no answer cell left for the reader"
+    solutions = (ROOT / "notebooks" / "solutions" / f"{stem[:2]}_solutions.py").read_text(encoding="utf-8")
+    for i in range(1, n + 1):
+        assert f"def solve_{i}(" in solutions and f"def expected_{i}(" in solutions
+
+
+@pytest.mark.parametrize("stem", RENDERED)
+def test_rendered_lesson_page(stem):
+    """The rendered real-model pages: present, in the docs nav, bounded in size, no plotly.js,
+    no machine paths, every figure they point to present."""
+    page = ROOT / "docs" / "notebooks" / f"{stem}.md"
+    text = page.read_text(encoding="utf-8")
+    files = sorted((page.parent / f"{stem}_files").glob("*.svg"))
+    assert files, f"{stem}: no figures"
+    assert page.stat().st_size + sum(f.stat().st_size for f in files) < PAGE_LIMIT_BYTES
+    for body in [text] + [f.read_text(encoding="utf-8") for f in files]:
+        assert "Plotly.newPlot" not in body and "<script" not in body
+        for marker in ("/work/", "/root/", "/home/", "/tmp/", "/Users/"):
+            assert marker not in body, f"{stem}: machine path {marker!r} in the rendered page"
+    for ref in re.findall(r"\]\(([^)]+\.svg)\)", text):
+        assert (page.parent / ref).exists(), ref
+    assert "Rendered run" in text and "notebooks/_render.py" in text
+    assert f"notebooks/{stem}.md" in (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+def test_render_draws_plotly_figures_as_static_svg():
+    """notebooks/_render.py's figure_svg: numpy-encoded heatmap cells and scatter points are drawn,
+    NaN cells are left out, and the SVG has no script."""
+    import importlib.util
+
+    import numpy as np
+    import plotly.graph_objects as go
+
+    spec = importlib.util.spec_from_file_location("_render", ROOT / "notebooks" / "_render.py")
+    render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render)
+    z = np.arange(12, dtype=float).reshape(3, 4)
+    z[0, 0] = np.nan
+    heat = go.Figure(go.Heatmap(z=z, x=list(range(4)), y=["L0", "L1", "L2"], colorscale="RdBu", zmid=0))
+    fig = json.loads(heat.to_json())
+    assert "bdata" in json.dumps(fig)  # plotly stores the array base64-encoded: the renderer decodes it
+    svg = render.figure_svg(fig)
+    cells = re.findall(r'<rect x="[\d.-]+" y="[\d.-]+" width="[\d.]+" height="[\d.]+" fill="rgb', svg)
+    assert len(cells) >= 11 + 40 - 1  # 11 finite cells plus the colour bar's 40 steps (its first may match)
+    assert "<script" not in svg and svg.startswith("<svg")
+    line = json.loads(go.Figure(go.Scatter(x=[0, 1, 2], y=[0.5, 0.1, 0.9], mode="lines+markers", name="a")).to_json())
+    svg = render.figure_svg(line)
+    assert svg.count("<circle") == 3 and "<polyline" in svg
