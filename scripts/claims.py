@@ -308,6 +308,40 @@ def settings(model, sites, prof_value, prof_resid):
 # ---------------------------------------------------------------------------
 
 
+def run_header(study: str, script: str, args, sites, commit: str, dirty: bool) -> dict:
+    """The opening fields of a run's manifest: command, commit, machine, and the model's source
+    file, quantisation and sha256s (every page says "dequantised" from them)."""
+    import torch
+
+    from tl_directional.models.catalog import REAL_MODELS, entry_dir, read_manifest
+
+    entry = REAL_MODELS[args.model]
+    man = read_manifest(entry_dir(args.model)) or {}
+    src, quant = SOURCES[args.model]
+    return {
+        "study": study,
+        "command": f"python scripts/{script} " + " ".join(sys.argv[1:] if getattr(args, "cli", True) else []),
+        "commit": commit + ("+dirty" if dirty else ""),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"CPU, {os.cpu_count()} cores shared, {args.threads} torch thread(s), torch {torch.__version__}",
+        "model": {
+            "name": args.model,
+            "architecture": entry.architecture,
+            "source_file": src,
+            "quantisation": quant,
+            "dequantised": True,
+            "source_sha256": entry.source_sha256,
+            "safetensors_sha256": man.get("files", {}).get("model.safetensors", {}).get("sha256"),
+            "n_layers": sites.n_layers,
+            "n_heads": sites.n_heads,
+            "n_kv_heads": sites.n_kv_heads,
+            "d_model": sites.d_model,
+            "sandwich_norm": not sites.factorization_applicable,
+            "lane": sites.lane,
+        },
+    }
+
+
 def run(args) -> int:
     import pandas as pd
     import torch
@@ -315,7 +349,7 @@ def run(args) -> int:
     import tl_directional as tld
     from tl_directional.inputs import load_text_sequences
     from tl_directional.models import load_model
-    from tl_directional.models.catalog import REAL_MODELS, entry_dir, read_manifest
+    from tl_directional.models.catalog import REAL_MODELS
     from tl_directional.sites import resolve_sites
     from tl_directional.sweep import prediction_mask
 
@@ -338,34 +372,13 @@ def run(args) -> int:
     model = load_model(args.model)
     sites = resolve_sites(model, warn=False)
     entry = REAL_MODELS[args.model]
-    mdir = entry_dir(args.model)
-    man = read_manifest(mdir) or {}
-    src, quant = SOURCES[args.model]
     stem = (
         f"claims_{args.model}"
         + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
         + (f"_{args.tag}" if args.tag else "")
     )
-    manifest = {
-        "study": "claims",
-        "command": "python scripts/claims.py " + " ".join(sys.argv[1:] if args.cli else []),
-        "commit": commit + ("+dirty" if dirty else ""),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"CPU, {os.cpu_count()} cores shared, {args.threads} torch thread(s), torch {torch.__version__}",
-        "model": {
-            "name": args.model,
-            "architecture": entry.architecture,
-            "source_file": src,
-            "quantisation": quant,
-            "dequantised": True,
-            "source_sha256": entry.source_sha256,
-            "safetensors_sha256": man.get("files", {}).get("model.safetensors", {}).get("sha256"),
-            "n_layers": sites.n_layers,
-            "n_heads": sites.n_heads,
-            "n_kv_heads": sites.n_kv_heads,
-            "sandwich_norm": not sites.factorization_applicable,
-            "lane": sites.lane,
-        },
+    manifest = run_header("claims", "claims.py", args, sites, commit, dirty)
+    manifest |= {
         "windows": args.windows,
         "seq_len": args.seq_len,
         "texts": {},

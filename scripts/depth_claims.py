@@ -39,7 +39,6 @@ def run(args) -> int:
 
     from tl_directional.inputs import load_text_sequences
     from tl_directional.models import load_model
-    from tl_directional.models.catalog import REAL_MODELS, entry_dir, read_manifest
     from tl_directional.sites import resolve_sites
 
     commit, dirty = C.git_state()
@@ -54,38 +53,18 @@ def run(args) -> int:
     t0 = time.time()
     model = load_model(args.model)
     sites = resolve_sites(model, warn=False)
-    entry = REAL_MODELS[args.model]
-    man = read_manifest(entry_dir(args.model)) or {}
-    src, quant = C.SOURCES[args.model]
     units = [u for c in COMPONENTS for u in sites.units.get(c, [])]
     names = {u.update_hook for u in units} | {u.reference_hook for u in units}
     stem = f"depth_{args.model}"
-    manifest = {
-        "study": "depth",
-        "command": "python scripts/depth_claims.py " + " ".join(sys.argv[1:]),
-        "commit": commit + ("+dirty" if dirty else ""),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"CPU, {os.cpu_count()} cores shared, {args.threads} torch thread(s), torch {torch.__version__}",
-        "model": {
-            "name": args.model,
-            "architecture": entry.architecture,
-            "source_file": src,
-            "quantisation": quant,
-            "dequantised": True,
-            "source_sha256": entry.source_sha256,
-            "safetensors_sha256": man.get("files", {}).get("model.safetensors", {}).get("sha256"),
-            "n_layers": sites.n_layers,
-            "d_model": sites.d_model,
-            "sandwich_norm": not sites.factorization_applicable,
-            "lane": sites.lane,
-        },
+    manifest = C.run_header("depth", "depth_claims.py", args, sites, commit, dirty)
+    manifest.update({
         "windows": args.windows,
         "seq_len": args.seq_len,
         "batch_size": args.batch_size,
         "texts": {},
         "complete": False,
         "files": {},
-    }
+    })
     records = []
     for text in args.texts:
         desc, rel = C.TEXTS[text]
