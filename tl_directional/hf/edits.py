@@ -38,7 +38,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -57,7 +56,7 @@ from ..edit import (
     _ScaleSpec,
 )
 from ..geometry import component_delta, compute_dtype, projection_coefficient
-from ..sites import expand_kv_heads
+from ..sites import PARALLEL, SEQUENTIAL, ModelSites, WeightProcessing, expand_kv_heads
 
 
 class UnsupportedModelError(TypeError):
@@ -127,6 +126,15 @@ class HFSites:
     sandwich: bool
     layout: _Layout
     layers: list[torch.nn.Module] = field(default_factory=list)
+
+    def model_sites(self) -> ModelSites:
+        """The shapes as a :class:`~tl_directional.sites.ModelSites` (no hook names), which the
+        edit objects' scale and scope helpers take."""
+        return ModelSites(
+            model_name=self.model_type, lane="hf", arch=PARALLEL if self.parallel else SEQUENTIAL,
+            n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, d_model=self.d_model,
+            d_head=self.d_head, causal=True, factorization_applicable=not self.sandwich,
+            weights=WeightProcessing(False, False, False))
 
     def module(self, layer: int, name: str | None, under_attn: bool = False) -> torch.nn.Module | None:
         if name is None:
@@ -239,7 +247,7 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
 
     ``z``: ``[batch, q, n_heads, d_head]`` (o_proj input); ``v``: ``[batch, q, n_heads, d_head]``
     (own values, KV heads expanded); ``weights``: ``[batch, n_heads, q, k]`` or None."""
-    ns = SimpleNamespace(n_layers=sites.n_layers, n_heads=sites.n_heads)
+    ns = sites.model_sites()
     head_mask = _head_mask(e.heads, sites.n_heads)
     if isinstance(e, ValueScale):
         s_par, s_perp = e._specs(ns)
@@ -290,6 +298,15 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
             if pm is not None:
                 selected = selected & pm.unsqueeze(-1)
             factor = row_sum / torch.where(selected, off_mass, torch.ones_like(off_mass))
+            if off == 0 and w.shape[-1] == n_q:
+                # every key's value is here (no KV cache): edit the pattern and aggregate again,
+                # the TransformerLens lane's order of operations (A' v as eager attention does it)
+                sel = selected.transpose(1, 2)  # [batch, heads, q]
+                is_diag = torch.eye(n_q, dtype=torch.bool, device=z.device)
+                w_new = w * torch.where(sel, factor.transpose(1, 2), torch.ones_like(factor.transpose(1, 2))).unsqueeze(-1)
+                w_new = torch.where(sel.unsqueeze(-1) & is_diag, torch.zeros_like(w_new), w_new)
+                z_new = torch.matmul(w_new, v.to(dtype).transpose(1, 2)).transpose(1, 2)
+                return _cast_back(z_new, z, e, layer)
             z32 = z.to(dtype)
             edited = factor.unsqueeze(-1) * (z32 - diag.unsqueeze(-1) * v.to(dtype))
             return _cast_back(torch.where(selected.unsqueeze(-1), edited, z32), z, e, layer)
@@ -369,7 +386,7 @@ def _check_edits(edits: Sequence[Any]) -> tuple[Edit, ...]:
     return tuple(edits)
 
 
-def install_edits(model, *edits: Edit) -> HFEditHandle:
+def install_edits(model, *edits: Any) -> HFEditHandle:
     """Install ``edits`` on a plain ``transformers`` causal LM until ``handle.remove()``.
 
     Args:
@@ -419,7 +436,7 @@ def remove_edits(model) -> bool:
 
 
 @contextmanager
-def apply_edits(model, *edits: Edit) -> Iterator[Any]:
+def apply_edits(model, *edits: Any) -> Iterator[Any]:
     """Context manager: ``with tl_directional.hf.apply_edits(model, ValueScale(0.0)): model(ids)``.
 
     Installs ``edits`` (as :func:`install_edits`) for the block and always removes them on exit,
@@ -434,19 +451,24 @@ def apply_edits(model, *edits: Edit) -> Iterator[Any]:
 def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSites) -> None:
     run = _Run()
     add = handle._handles.append
-    ns = SimpleNamespace(n_layers=sites.n_layers, n_heads=sites.n_heads)
+    ns = sites.model_sites()
 
     def top_pre(module, args, kwargs):  # noqa: ARG001
         mask = kwargs.get("attention_mask")
         if mask is None and len(args) > 1 and isinstance(args[1], Tensor):
             mask = args[1]
-        run.saved.append(_edit._FORWARD.attention_mask)
+        # a cache object (even an empty one, at generate's prefill) means later positions come later
+        generating = any(kwargs.get(k) is not None for k in ("past_key_values", "cache"))
+        run.saved.append((_edit._FORWARD.attention_mask, generating))
         _edit._FORWARD.attention_mask = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
+        _edit._FORWARD.generating += int(generating)
         run.offset = _past_length(kwargs)
 
     def top_post(module, args, output):  # noqa: ARG001
         if run.saved:
-            _edit._FORWARD.attention_mask = run.saved.pop()
+            mask, generating = run.saved.pop()
+            _edit._FORWARD.attention_mask = mask
+            _edit._FORWARD.generating -= int(generating)
 
     add(model.register_forward_pre_hook(top_pre, with_kwargs=True))
     add(model.register_forward_hook(top_post, always_call=True))
@@ -526,7 +548,7 @@ def _install_value_layer(handle: HFEditHandle, sites: HFSites, layer: int, chain
 
 def _install_residual(handle: HFEditHandle, sites: HFSites, e: ResidualScale, run: _Run) -> None:
     add = handle._handles.append
-    ns = SimpleNamespace(n_layers=sites.n_layers, n_heads=sites.n_heads)
+    ns = sites.model_sites()
     if e.reference is not None and e.reference.shape[-1] != sites.d_model:
         raise ValueError(f"reference has size {e.reference.shape[-1]} but d_model is {sites.d_model}")
     kw = dict(n_layers=sites.n_layers, n_heads=sites.n_heads, allow_heads=False)
