@@ -23,6 +23,7 @@ from .edits import (
     UnsupportedModelError,
     apply_edits,
     attention_implementation,
+    edit_label,
     install_edits,
     installed_edits,
     remove_edits,
@@ -32,15 +33,14 @@ from .edits import (
 _LAZY = {
     "DirectionalEditCallback": "callback",
     "SparSchedule": "callback",
-    "parallel_share": "measure",
-    "ParallelShareMeter": "measure",
+    "S_PAR_RANGE": "callback",
 }
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    if name in ("callback", "measure", "lm_eval_task", "training"):
+    if name in ("callback", "lm_eval_task"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -52,14 +52,14 @@ __all__ = [
     "HFEditHandle",
     "HFSites",
     "MODEL_TYPES",
-    "ParallelShareMeter",
     "SparSchedule",
+    "S_PAR_RANGE",
     "UnsupportedModelError",
     "apply_edits",
     "attention_implementation",
+    "edit_label",
     "install_edits",
     "installed_edits",
-    "parallel_share",
     "remove_edits",
     "resolve_hf_sites",
 ]

@@ -224,11 +224,41 @@ def _check_pattern_available(model: Any, edit: Edit) -> None:
 
 
 class _Run:
-    """Per-forward facts for the hooks: the call's attention mask and the KV-cache offset."""
+    """Per-forward facts for the hooks: the KV-cache offset, whether the edits are on for this
+    call (``when``), and the parallel-share meter (energy sums per edit and layer)."""
 
-    def __init__(self) -> None:
+    def __init__(self, when: Callable[[], bool] | None = None) -> None:
         self.offset = 0
         self.saved: list[Any] = []
+        self.when = when
+        self.on = True
+        self.measure = False
+        self.meter: dict[str, list[float]] = {}
+
+    def record(self, key: str, y: Tensor, ref: Tensor, eps: float) -> None:
+        """Add ``sum ||y_par||^2`` and ``sum ||y||^2`` over tokens (and heads) to ``key``; the
+        first absolute position (the attention sink / BOS) is left out."""
+        if not self.measure:
+            return
+        with torch.no_grad():
+            a, degenerate, u_sq, r_sq = projection_coefficient(y.detach(), ref.detach(), eps)
+            par_sq = a * a * r_sq
+            keep = ~degenerate
+            if self.offset == 0 and keep.shape[1] > 1:
+                keep[:, 0] = False
+            sums = self.meter.setdefault(key, [0.0, 0.0])
+            sums[0] += float(par_sq[keep].sum())
+            sums[1] += float(u_sq[keep].sum())
+
+
+def edit_label(e: Edit) -> str:
+    """The edit-space name of ``e`` (as in :data:`tl_directional.edit.EDIT_SPACES`): ``value``,
+    ``value-exclusive``, ``resid-attn``, ``resid-mlp``, ``block``, ``hard-diag``, ``eff-diag``."""
+    if isinstance(e, ValueScale):
+        return "value" if e.mode == "full" else "value-exclusive"
+    if isinstance(e, ResidualScale):
+        return "block" if e.component == "block" else f"resid-{e.component}"
+    return "hard-diag" if isinstance(e, DiagonalRemoval) else "eff-diag"
 
 
 def _past_length(kwargs: dict) -> int:
@@ -255,6 +285,8 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
         (s_par,) = e._specs(ns, names=("s_par",)) if isinstance(e, EffectiveDiagonal) else (None,)
         s_perp = None
 
+    key = f"{edit_label(e)}/L{layer}"
+
     def offset_of(z: Tensor, weights: Tensor | None) -> int:
         return run.offset if weights is None else weights.shape[-1] - z.shape[1]
 
@@ -271,6 +303,7 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
                 idx = torch.arange(n_q, device=z.device)
                 a_tt = weights[:, :, idx, off + idx].transpose(1, 2)  # [batch, q, heads]
                 y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v.to(dtype)
+            run.record(key, y, v, e.eps)
             delta = component_delta(y, v, sp, sq, e.eps)
             return _cast_back(z.to(delta.dtype) + delta, z, e, layer)
     elif isinstance(e, EffectiveDiagonal):
@@ -278,6 +311,7 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
             batch, n_q = z.shape[:2]
             dtype = compute_dtype(z.dtype)
             s = e._row_scale(s_par, layer, batch, n_q, offset_of(z, weights), head_mask, z.device, dtype)
+            run.record(key, z, v, e.eps)
             beta, _, _, _ = projection_coefficient(z, v, e.eps)  # [batch, q, heads]
             add = ((s - 1.0) * beta).unsqueeze(-1) * v.to(dtype)
             return _cast_back(z.to(dtype) + add, z, e, layer)
@@ -288,6 +322,7 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
             off = offset_of(z, weights)
             idx = torch.arange(n_q, device=z.device)
             w = weights.to(dtype)
+            run.record(key, z, v, 1e-12)
             diag = w[:, :, idx, off + idx].transpose(1, 2)  # [batch, q, heads]
             row_sum = w.sum(-1).transpose(1, 2)
             off_mass = row_sum - diag
@@ -346,11 +381,29 @@ class HFEditHandle:
         self.edits = edits
         self.sites = sites
         self._handles: list[Any] = []
+        self._run: _Run = _Run()
         self.active = True
 
     def __repr__(self) -> str:
         state = "installed" if self.active else "removed"
         return f"HFEditHandle({state}, {len(self._handles)} hooks, edits={list(self.edits)})"
+
+    def start_measuring(self) -> None:
+        """Measure the parallel share of every edited site from the next forward pass on."""
+        self._run.meter.clear()
+        self._run.measure = True
+
+    def stop_measuring(self) -> dict[str, float]:
+        """Stop measuring; ``{"<edit space>/L<layer>": share}`` with ``share = sum ||y_par||^2 /
+        sum ||y||^2`` over the measured tokens (heads included in value space; first position
+        excluded), ``y`` the edited site's unedited aggregate / update split against its reference
+        (own value ``v_t`` in value space, the stream in residual space). Sites with no measured
+        energy are left out."""
+        self._run.measure = False
+        out = {k: par / tot for k, (par, tot) in sorted(self._run.meter.items(), key=lambda kv: _site_order(kv[0]))
+               if tot > 0}
+        self._run.meter.clear()
+        return out
 
     def remove(self) -> None:
         """Take every hook of these edits off the model (safe to call twice)."""
@@ -366,6 +419,11 @@ class HFEditHandle:
 
     def __exit__(self, *exc) -> None:
         self.remove()
+
+
+def _site_order(key: str) -> tuple[str, int]:
+    space, layer = key.rsplit("/L", 1)
+    return space, int(layer)
 
 
 def installed_edits(model) -> HFEditHandle | None:
@@ -386,7 +444,7 @@ def _check_edits(edits: Sequence[Any]) -> tuple[Edit, ...]:
     return tuple(edits)
 
 
-def install_edits(model, *edits: Any) -> HFEditHandle:
+def install_edits(model, *edits: Any, when: Callable[[], bool] | None = None) -> HFEditHandle:
     """Install ``edits`` on a plain ``transformers`` causal LM until ``handle.remove()``.
 
     Args:
@@ -396,6 +454,9 @@ def install_edits(model, *edits: Any) -> HFEditHandle:
         edits: :class:`~tl_directional.edit.ResidualScale`, :class:`~tl_directional.edit.ValueScale`
             (``mode="full"`` or ``"exclusive"``), :class:`~tl_directional.edit.DiagonalRemoval`,
             :class:`~tl_directional.edit.EffectiveDiagonal`, with their usual scales and scopes.
+        when: optional predicate read at the start of every forward pass of ``model``; the edits
+            act only where it returns True (e.g. ``lambda: model.training``: on for training,
+            off for evaluation). Default: always on.
 
     Returns:
         An :class:`HFEditHandle`; ``handle.remove()`` restores the unedited model.
@@ -418,7 +479,7 @@ def install_edits(model, *edits: Any) -> HFEditHandle:
             _check_pattern_available(model, e)
     handle = HFEditHandle(model, edits, sites)
     try:
-        _install(handle, model, edits, sites)
+        _install(handle, model, edits, sites, _Run(when))
     except BaseException:
         handle.remove()
         raise
@@ -448,8 +509,8 @@ def apply_edits(model, *edits: Any) -> Iterator[Any]:
         handle.remove()
 
 
-def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSites) -> None:
-    run = _Run()
+def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSites, run: _Run) -> None:
+    handle._run = run
     add = handle._handles.append
     ns = sites.model_sites()
 
@@ -463,6 +524,7 @@ def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSite
         _edit._FORWARD.attention_mask = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
         _edit._FORWARD.generating += int(generating)
         run.offset = _past_length(kwargs)
+        run.on = True if run.when is None else bool(run.when())
 
     def top_post(module, args, output):  # noqa: ARG001
         if run.saved:
@@ -487,6 +549,7 @@ def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSite
 
 def _install_value_layer(handle: HFEditHandle, sites: HFSites, layer: int, chain) -> None:
     add = handle._handles.append
+    run = handle._run
     lay = sites.layout
     attn = sites.module(layer, lay.attn)
     o_proj = sites.module(layer, lay.o_proj, under_attn=True)
@@ -496,6 +559,8 @@ def _install_value_layer(handle: HFEditHandle, sites: HFSites, layer: int, chain
 
     def v_hook(module, args, output):  # noqa: ARG001
         state.clear()
+        if not run.on:
+            return
         state["v"] = _values(lay.v_kind, output, sites)
 
     def apply_chain(z_flat: Tensor, weights: Tensor | None) -> Tensor:
@@ -512,7 +577,7 @@ def _install_value_layer(handle: HFEditHandle, sites: HFSites, layer: int, chain
         return z.reshape(b, t, -1)
 
     def o_pre(module, args):  # noqa: ARG001
-        if state.get("reentrant"):
+        if state.get("reentrant") or not run.on:
             return None
         if post:
             state["z"] = args[0]
@@ -525,6 +590,8 @@ def _install_value_layer(handle: HFEditHandle, sites: HFSites, layer: int, chain
         return
 
     def attn_post(module, args, output):  # noqa: ARG001
+        if not run.on:
+            return None
         weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
         if not isinstance(weights, Tensor):
             edit = next(e for e, _ in chain if _needs_pattern(e))
@@ -555,9 +622,12 @@ def _install_residual(handle: HFEditHandle, sites: HFSites, e: ResidualScale, ru
     s_par = _ScaleSpec(e.s_par, argument="s_par", **kw)
     s_perp = _ScaleSpec(e.s_perp, argument="s_perp", **kw)
 
+    label = edit_label(e)
+
     def edited(tensor: Tensor, stream: Tensor, layer: int, is_difference: bool) -> Tensor:
         ref = stream if e.reference is None else e.reference.to(tensor.device, tensor.dtype)
         update = tensor - stream if is_difference else tensor
+        run.record(f"{label}/L{layer}", update, ref, e.eps)
         batch, n_q = tensor.shape[:2]
         dtype = compute_dtype(tensor.dtype)
         sp = s_par.at(layer, batch, tensor.device, dtype)[:, :1]
@@ -570,21 +640,25 @@ def _install_residual(handle: HFEditHandle, sites: HFSites, e: ResidualScale, ru
         return _cast_back(tensor.to(delta.dtype) + delta, tensor, e, layer)
 
     for L in e._layers(ns):
-        _install_residual_layer(add, sites, e, L, edited)
+        _install_residual_layer(add, sites, e, L, edited, run)
 
 
-def _install_residual_layer(add, sites: HFSites, e: ResidualScale, layer: int, edited: Callable) -> None:
+def _install_residual_layer(add, sites: HFSites, e: ResidualScale, layer: int, edited: Callable,
+                            run: _Run) -> None:
     lay = sites.layout
     state: dict = {}
 
     def keep(key):
         def hook(module, args):  # noqa: ARG001
-            state[key] = args[0]
+            if run.on:
+                state[key] = args[0]
         return hook
 
     add(sites.module(layer, lay.attn_norm).register_forward_pre_hook(keep("pre")))
     if e.component == "block":
         def block_hook(module, args, output):  # noqa: ARG001
+            if not run.on:
+                return None
             return _replace_first(output, edited(_first(output), state["pre"], layer, True))
         add(sites.layers[layer].register_forward_hook(block_hook))
         return
@@ -595,6 +669,8 @@ def _install_residual_layer(add, sites: HFSites, e: ResidualScale, layer: int, e
     target = sites.module(layer, lay.attn_out if e.component == "attn" else lay.mlp_out)
 
     def unit_hook(module, args, output):  # noqa: ARG001
+        if not run.on:
+            return None
         return _replace_first(output, edited(_first(output), state[ref_key], layer, False))
 
     add(target.register_forward_hook(unit_hook))
@@ -609,6 +685,7 @@ __all__ = [
     "UnsupportedModelError",
     "apply_edits",
     "attention_implementation",
+    "edit_label",
     "install_edits",
     "installed_edits",
     "remove_edits",
