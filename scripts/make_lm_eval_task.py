@@ -11,7 +11,7 @@ and the answer's slot are drawn from one seeded generator, so the output is a pu
     python scripts/make_lm_eval_task.py --n 80 --seed 0 --out tl_directional/data/lm_eval/tld_kjv_cloze
 
 writes ``kjv_cloze.jsonl`` (one item a line: context, choices, label) and ``build.json`` there; the
-YAML and its loader (``tld_kjv_cloze.yaml``, ``utils.py``) live next to them in the repository.
+YAML and its loader (``tld_kjv_cloze.yaml``, ``_loader.py``) live next to them in the repository.
 """
 
 from __future__ import annotations
