@@ -311,3 +311,24 @@ def test_real_models_equal_transformerlens_edit(name):
         base = hf(ids).logits
         with thf.apply_edits(hf, ValueScale(1.0, mode="exclusive"), ResidualScale("mlp")):
             assert torch.equal(hf(ids).logits, base)
+
+
+@pytest.mark.parametrize("family", ("llama", "gpt2"))
+def test_negative_positions_follow_right_padding(pair, family):
+    """``positions=[-1]`` is each row's last real token under the forward's attention mask."""
+    tl, hf = pair(family)
+    ids = _ids(2, 10)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # row 1: 7 real tokens, then padding
+    edit = ValueScale(0.0, 2.0, positions=[-1])
+    with torch.no_grad():
+        base = hf(ids, attention_mask=mask).logits
+        with tld.apply_edits(tl, edit):
+            a = tl(ids, attention_mask=mask)
+        with thf.apply_edits(hf, edit):
+            b = hf(ids, attention_mask=mask).logits
+    real = mask.bool()
+    assert float((a - b)[real].abs().max()) < 1e-4
+    changed = (b - base).abs().amax(-1) > 1e-5  # [batch, pos]
+    assert changed[0, 9] and not changed[0, :9].any()
+    assert changed[1, 6] and not changed[1, :6].any()
