@@ -300,13 +300,19 @@ def test_real_models_equal_transformerlens_edit(name):
     from tl_directional.corpus import heldout_text
 
     ids = tl.tokenizer(heldout_text()[:400], return_tensors="pt").input_ids[:, :16]
+    # the bridge runs the HF modules themselves: 1e-5 absolute. The legacy HookedTransformer
+    # re-implements the layers (its unedited loss already differs in the 6th digit on Gemma-3):
+    # 1e-5 relative there.
+    with torch.no_grad():
+        gap = abs(float(_loss(tl(ids), ids)) - float(_loss(hf(ids).logits, ids)))
     for edit in (ValueScale(0.0, mode="exclusive"), ResidualScale("attn", 0.0), ValueScale(0.0)):
         with torch.no_grad():
             with tld.apply_edits(tl, edit):
                 a = _loss(tl(ids), ids)
             with thf.apply_edits(hf, edit):
                 b = _loss(hf(ids).logits, ids)
-        assert abs(float(a) - float(b)) <= TOL, (name, edit, float(a), float(b))
+        tol = TOL if lane_of(tl) == "bridge" else TOL * abs(float(b))
+        assert abs(float(a) - float(b)) <= tol, (name, edit, float(a), float(b), "unedited gap", gap)
     with torch.no_grad():
         base = hf(ids).logits
         with thf.apply_edits(hf, ValueScale(1.0, mode="exclusive"), ResidualScale("mlp")):
