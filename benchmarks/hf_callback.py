@@ -12,7 +12,7 @@ its own fresh model (median step time after warm-up, rounds interleaved):
 
 The callback's own cost is ``callback* / installed``; the edit's cost is ``installed / none``.
 
-    OMP_NUM_THREADS=1 python benchmarks/hf_callback.py --steps 30 --rounds 3
+    OMP_NUM_THREADS=1 python benchmarks/hf_callback.py --steps 12 --warmup 3 --rounds 2 --out result.json
 """
 
 from __future__ import annotations
@@ -92,8 +92,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None, help="also write the JSON result here")
     a = ap.parse_args()
-    print(json.dumps(measure(a.steps, a.warmup, a.rounds), indent=2))
+    text = json.dumps(measure(a.steps, a.warmup, a.rounds), indent=2)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":
