@@ -338,3 +338,14 @@ def test_negative_positions_follow_right_padding(pair, family):
     changed = (b - base).abs().amax(-1) > 1e-5  # [batch, pos]
     assert changed[0, 9] and not changed[0, :9].any()
     assert changed[1, 6] and not changed[1, :6].any()
+
+
+def test_importing_the_package_does_not_import_lm_eval_or_the_trainer():
+    import subprocess
+    import sys
+
+    code = ("import sys, tl_directional as t; t.hf.install_edits; "
+            "bad = [m for m in ('lm_eval', 'transformers.trainer', 'tl_directional.hf.callback') if m in sys.modules]; "
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
