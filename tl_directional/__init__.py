@@ -5,6 +5,7 @@ against each token's own value vector (value space), on TransformerLens hook
 points. See METHOD.md (docs/method.md) for every definition.
 """
 
+from . import hf  # noqa: F401  plain-transformers edits; its Trainer / lm-eval parts import lazily
 from .compress import (
     CompressionRecord,
     CompressionResult,
