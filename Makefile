@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints/$(LANE).txt docs/requirements.txt
 	$(PY) -m pip install -q --upgrade pip
 	# torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
-	$(PY) -m pip install -q -c constraints/$(LANE).txt -e '.[dev]'
+	$(PY) -m pip install -q -c constraints/$(LANE).txt -e '.[dev,hf]'
 	# the docs toolchain lives in the bridge lane (the suite builds the site strictly there)
 	if [ "$(LANE)" = bridge ]; then $(PY) -m pip install -q -r docs/requirements.txt; fi
 	touch $(STAMP)
