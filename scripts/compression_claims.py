@@ -565,7 +565,13 @@ def build_page(stem: str) -> str:
         name = _label_form(*f) + (" (**pre-registered**)" if f == ("attn", "mean") else " (secondary)")
         L.append(f"| {name} | {_fmt(T)} | " + " | ".join(_fmt(diffs[c]) for c in COMPARATORS)
                  + f" | {beat} | {_verdict(T, S) if f == ('attn', 'mean') else _verdict(T, S).replace('**', '')} |")
-    L += [""]
+    r0 = res[("attn", "mean")]
+    best = max(DIAG, key=lambda d: (r0[d][0], d))
+    neg = int((st.loss_increase()[0] < 0).sum())
+    L += ["", f"Reading (computed): the highest full-sample rho on the pre-registered attention per-token mean is "
+          f"{best}'s ({r0[best][0]:+.2f}; perp {r0['perp'][0]:+.2f}). {neg} of {S} settings lower the pooled loss "
+          "(a negative loss increase)" + (": the ranking then mixes damage with such gains, see each text's own "
+          "rhos and the settings table below." if neg else "."), ""]
 
     # ---- rho table ---------------------------------------------------------------------------
     L += ["## Spearman rho of each diagnostic with the loss increase", "",
