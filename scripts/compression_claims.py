@@ -8,6 +8,9 @@ The protocol (statistic, bootstrap, symmetric verdict rule) is sec. 6 of
     python scripts/compression_claims.py run --model default --windows 32
     python scripts/compression_claims.py run --model smollm2-135m --windows 12
 
+    # a run split over two processes (another part of the grid each, --grid ... --tag b):
+    python scripts/compression_claims.py merge --into compression_smollm2-135m --from compression_smollm2-135m_b
+
     # build every compression claims page from docs/results/data/compression_*.* alone;
     # --check compares with the pages on disk and fails on any difference (the suite runs it)
     python scripts/compression_claims.py build [--check]
@@ -346,7 +349,7 @@ def load_data(stem: str):
     if exp is not None and exp != m["source_sha256"]:
         raise DataError(f"{mpath.relative_to(ROOT)}: model source sha256 {str(m['source_sha256'])[:12]} is not "
                         f"the installed {m['name']}'s ({exp[:12]}): data from another model")
-    if "+dirty" in manifest["commit"]:
+    if "+dirty" in manifest["commit"] or any("+dirty" in r["commit"] for r in manifest.get("runs", [])):
         raise DataError(f"{mpath.relative_to(ROOT)}: made from a dirty tree ({manifest['commit']}); rerun from a "
                         "clean one")
     rec = frames["records"]
@@ -523,8 +526,14 @@ def build_page(stem: str) -> str:
     done = "complete" if manifest["complete"] else (
         f"**incomplete**: {S} of the grid's {len(manifest['grid'])} settings finished; the missing ones: "
         + ", ".join(f"`{s}`" for s in manifest["grid"] if s not in set(st.specs)))
-    L += [f"- Run: `{manifest['command']}` at commit `{manifest['commit']}` ({manifest['date']}, "
-          f"{manifest.get('seconds', 0):.0f} s, {manifest['machine']}); {done}."]
+    if manifest.get("runs"):
+        L += [f"- Runs ({len(manifest['runs'])} processes, each on its part of the grid, the same windows; "
+              f"joined, no measurement, by `{manifest['merged']}`); {done}:"]
+        L += [f"    - `{r['command']}` at commit `{r['commit']}` ({r['date']}, {r.get('seconds') or 0:.0f} s, "
+              f"{r['machine']}): {len(r['settings'])} settings" for r in manifest["runs"]]
+    else:
+        L += [f"- Run: `{manifest['command']}` at commit `{manifest['commit']}` ({manifest['date']}, "
+              f"{manifest.get('seconds', 0):.0f} s, {manifest['machine']}); {done}."]
     sha = m.get("source_sha256") or "(not recorded)"
     if m["dequantised"]:
         L += [f"- Model: {m['name']} ({m['architecture']}, {m['n_layers']} layers, d_model {m['d_model']}), "
@@ -658,6 +667,51 @@ def build_page(stem: str) -> str:
     return "\n".join(L)
 
 
+def merge(into: str, other: str) -> int:
+    """Join a second run of the same model, windows and texts (another part of the grid, run as a
+    separate process with ``--tag``) into ``into``'s data files; the manifest lists each run with
+    its commit, command and settings, and the second run's files are removed."""
+    import numpy as np
+    import pandas as pd
+
+    try:
+        ma, ra, la = load_data(into)
+        mb, rb, lb = load_data(other)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for key in ("windows", "seq_len", "texts", "grid", "calibration", "geometry"):
+        if ma[key] != mb[key]:
+            print(f"error: {into} and {other} differ in {key}", file=sys.stderr)
+            return 2
+    if ma["model"] != mb["model"]:
+        print(f"error: {into} and {other} hold different models", file=sys.stderr)
+        return 2
+    if {s["spec"] for s in ma["settings"]} & {s["spec"] for s in mb["settings"]}:
+        print(f"error: {into} and {other} share settings", file=sys.stderr)
+        return 2
+    ka = ra.drop_duplicates(["text", "window"]).set_index(["text", "window"])[["tokens", "base_nll"]]
+    kb = rb.drop_duplicates(["text", "window"]).set_index(["text", "window"])[["tokens", "base_nll"]]
+    if not (ka.index.equals(kb.index) and np.array_equal(ka.to_numpy(), kb.loc[ka.index].to_numpy())):
+        print(f"error: {into} and {other} were measured on other windows (dense NLL differs)", file=sys.stderr)
+        return 2
+    runs = ma.get("runs") or [{k: ma[k] for k in ("command", "commit", "date", "machine")}
+                              | {"settings": [s["spec"] for s in ma["settings"]], "seconds": ma.get("seconds")}]
+    runs = runs + [{k: mb[k] for k in ("command", "commit", "date", "machine")}
+                   | {"settings": [s["spec"] for s in mb["settings"]], "seconds": mb.get("seconds")}]
+    man = dict(ma)
+    man["runs"] = runs
+    man["settings"] = ma["settings"] + mb["settings"]
+    man["complete"] = {s["spec"] for s in man["settings"]} == set(man["grid"])
+    man["seconds"] = max(r.get("seconds") or 0 for r in runs)
+    man["merged"] = f"python scripts/compression_claims.py merge --into {into} --from {other}"
+    _write_data(into, pd.concat([ra, rb], ignore_index=True), pd.concat([la, lb], ignore_index=True), man)
+    for p in DATA.glob(f"{other}.*"):
+        p.unlink()
+    print(f"merged {other} into {into} ({len(man['settings'])} settings)")
+    return 0
+
+
 def build(check: bool) -> int:
     from tl_directional.fileio import atomic_write_text
 
@@ -703,8 +757,13 @@ def main(argv=None) -> int:
     r.add_argument("--allow-dirty", action="store_true", help="for smoke runs only: the builder refuses such data")
     b = sub.add_parser("build")
     b.add_argument("--check", action="store_true")
+    g = sub.add_parser("merge", help="join a second run (another part of the grid, --tag) into a run's data")
+    g.add_argument("--into", required=True, help="data stem, e.g. compression_smollm2-135m")
+    g.add_argument("--from", dest="other", required=True, help="data stem of the other run")
     args = ap.parse_args(argv)
     args.cli = argv is None
+    if args.cmd == "merge":
+        return merge(args.into, args.other)
     return run(args) if args.cmd == "run" else build(args.check)
 
 
