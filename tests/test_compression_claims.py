@@ -108,3 +108,21 @@ def test_hand_edited_page_fails_the_check(comp, sandbox, capsys):
     page.write_text(page.read_text().replace("Spearman", "Pearson", 1))
     assert comp.build(check=True) == 1
     assert f"claims_{stem}.md" in capsys.readouterr().err
+
+
+def test_merge_of_a_split_run_gives_the_same_results(comp, sandbox):
+    """A run split over two processes (two parts of the grid) and joined by ``merge`` builds the
+    same tables as one run; the page then lists both runs."""
+    stem, data, pages = sandbox
+    m, rec, lay = comp.load_data(stem)
+    first = [s["label"] for s in m["settings"]][: len(m["settings"]) // 2]
+    before = (pages / f"claims_{stem}.md").read_text()
+    for name, keep in ((stem, True), (f"{stem}_b", False)):
+        part = dict(m, settings=[s for s in m["settings"] if (s["label"] in first) == keep])
+        comp._write_data(name, rec[rec.setting.isin(first) == keep], lay[lay.setting.isin(first) == keep], part)
+    assert comp.merge(stem, f"{stem}_b") == 0
+    assert not list(data.glob(f"{stem}_b.*"))
+    assert comp.build(check=False) == 0
+    after = (pages / f"claims_{stem}.md").read_text()
+    assert "Runs (2 processes" in after
+    assert after.split("## Verdict", 1)[1] == before.split("## Verdict", 1)[1]
