@@ -44,8 +44,10 @@ test: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
-# Rebuild every claims page from the committed data alone (docs/results/protocol.md).
+# Rebuild every results page from the committed data alone (docs/results/protocol.md): the claims
+# and depth pages with the verdict table of docs/results.md, then the compression pages.
 results: $(STAMP)
+	$(PY) scripts/compression_claims.py build
 	$(PY) scripts/claims.py build
 
 lint: $(STAMP)

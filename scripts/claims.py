@@ -988,6 +988,19 @@ def summary_block(stems, depth=()) -> str:
     for stem in depth:
         for i, (claim, stat, verdict) in enumerate(depth_claims.verdict_rows(stem, DATA)):
             L.append(f"| [{stem}](results/{stem}.md) | D{i + 1}: {claim} | {stat} | {verdict} |")
+    compression = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("compression_*.manifest.json")
+                         if not p.name[len("compression_"):].split(".")[0].count("_"))
+    if compression:
+        import compression_claims
+
+        for stem in compression:
+            page = compression_claims.build_page(stem)
+            row = next(ln for ln in page.splitlines() if "(**pre-registered**)" in ln)
+            cells = [c.strip() for c in row.strip("|").split(" | ")]
+            L.append(
+                f"| [claims_{stem}](results/claims_{stem}.md) | 3: perpendicular error ranks compression damage "
+                f"better than parallel error, 1-cos and MSE ({cells[0].split(' (')[0]}) | T = {cells[1]} | {cells[-1]} |"
+            )
     for stem in stems:
         manifest = json.loads((DATA / f"{stem}.manifest.json").read_text())
         page = build_page(stem)
@@ -1007,6 +1020,7 @@ def summary_block(stems, depth=()) -> str:
 
 
 def build(check: bool) -> int:
+    import compression_claims
     import depth_claims
 
     from tl_directional.fileio import atomic_write_text
@@ -1028,7 +1042,7 @@ def build(check: bool) -> int:
             if SUMMARY_START in text and SUMMARY_END in text:
                 head, rest = text.split(SUMMARY_START, 1)
                 pages[index] = head + summary_block(stems, depth) + rest.split(SUMMARY_END, 1)[1]
-    except (DataError, depth_claims.C.DataError) as e:  # depth_claims may hold its own copy of this module
+    except (DataError, depth_claims.C.DataError, compression_claims.DataError) as e:  # each script's own class
         print(f"error: {e}", file=sys.stderr)
         return 2
     bad = []

@@ -8,7 +8,7 @@ against an anisotropy control. Committed data and pages built from it alone.
 
     # pages: built by `python scripts/claims.py build` (make results) with the claims pages
 
-Protocol: ``docs/results/protocol.md`` sec. 6 (written before these runs). Data files
+Protocol: ``docs/results/protocol.md`` sec. 7 (written before these runs). Data files
 ``docs/results/data/depth_<model>.{records.csv,manifest.json}``.
 """
 
@@ -197,7 +197,7 @@ def build_page(stem: str, data: Path | None = None) -> str:
         f"# Claim D on {m['name']}: depth profile of abs cos(u, r) with an anisotropy control",
         "",
         "Built by `python scripts/claims.py build` from the committed data "
-        f"`docs/results/data/{stem}.*` alone (protocol: [protocol.md](protocol.md), sec. 6); do not edit by hand.",
+        f"`docs/results/data/{stem}.*` alone (protocol: [protocol.md](protocol.md), sec. 7); do not edit by hand.",
         "",
         f"- Data made by `{manifest['command']}` at commit `{manifest['commit']}`, {manifest['date']}, "
         f"{manifest['machine']}, {manifest['seconds']:.0f} s.",
@@ -218,7 +218,7 @@ def build_page(stem: str, data: Path | None = None) -> str:
         f"- Intervals: 95% percentile bootstrap over windows, stratified by text ({C.B} resamples, seed {C.SEED}), "
         "the same resamples for every layer.",
         "",
-        "## Verdicts (rules in [protocol.md](protocol.md), sec. 6)",
+        "## Verdicts (rules in [protocol.md](protocol.md), sec. 7)",
         "",
         "| id | claim | statistic [95% CI] | verdict |",
         "|---|---|---|---|",

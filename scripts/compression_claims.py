@@ -1,0 +1,771 @@
+"""Claim 3 of the seed (compression ranking), as committed data and pages built from it alone.
+
+The protocol (statistic, bootstrap, symmetric verdict rule) is sec. 6 of
+``docs/results/protocol.md``; it was written before these runs. Two steps:
+
+    # measure: per-(setting, text, window) records of every compression setting of the grid;
+    # refuses a dirty tl_directional/ or scripts/; rewrites the data files after each setting
+    python scripts/compression_claims.py run --model default --windows 32
+    python scripts/compression_claims.py run --model smollm2-135m --windows 12
+
+    # a run split over two processes (another part of the grid each, --grid ... --tag b):
+    python scripts/compression_claims.py merge --into compression_smollm2-135m --from compression_smollm2-135m_b
+
+    # build every compression claims page from docs/results/data/compression_*.* alone;
+    # --check compares with the pages on disk and fails on any difference (the suite runs it)
+    python scripts/compression_claims.py build [--check]
+
+Data files (``docs/results/data/compression_<model>.*``): ``records.csv`` (setting, text, window,
+tokens, nll, base_nll and, per unit attn / mlp / block, sums over layers and tokens of the
+local-error statistics of ``tl_directional.compression.geometry``), ``layers.csv`` (the same per
+attention layer) and ``manifest.json`` (command, commit, model source file / quantisation /
+sha256, "dequantised", texts and their sha256, the grid, per-file sha256). A page is a pure
+function of those files.
+
+The compression itself is the library's (``tl_directional.compress.compress`` on spec strings,
+``tl_directional.compression.compression_geometry`` in local mode), as in
+``scripts/compression_study.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DATA = ROOT / "docs" / "results" / "data"
+PAGES = ROOT / "docs" / "results"
+TEXTS = {
+    "kjv": ("bundled held-out KJV slice (test-split books)", "tl_directional/data/kjv_heldout.txt"),
+    "prose": ("modern English prose, Debian Reference slice (GPL-2+)", "tl_directional/data/prose_heldout.txt"),
+    "code": (
+        "Python source, CPython 3.11 difflib / fractions / textwrap (PSF-2.0)",
+        "tl_directional/data/code_heldout.txt",
+    ),
+}
+#: source file and quantisation per catalogue model; the default model is bundled float32
+SOURCES = {
+    "smollm2-135m": ("SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1", True),
+    "default": ("tl_directional/data/default_model/model.safetensors (bundled)", "none (float32 as trained)", False),
+}
+#: the protocol's grid (sec. 6), in the protocol's order
+GRID = (
+    "rtn:bits=8",
+    "rtn:bits=6",
+    "rtn:bits=5",
+    "rtn:bits=4",
+    "rtn:bits=4,group=32,sym=1",
+    "rtn:bits=4,group=128,sym=0",
+    "rtn:bits=3",
+    "rtn:bits=3,group=32,sym=0",
+    "rtn:bits=2,group=32,sym=0",
+    "awq:bits=4,group=32",
+    "awq:bits=3,group=32",
+    "magnitude:sparsity=0.2",
+    "magnitude:sparsity=0.4",
+    "magnitude:sparsity=0.6",
+    "magnitude:nm=2:4",
+    "wanda:sparsity=0.3",
+    "wanda:sparsity=0.5",
+    "wanda:sparsity=0.7",
+    "wanda:nm=4:8",
+    "wanda:nm=2:4",
+    "svd:rank=0.75",
+    "svd:rank=0.5",
+    "svd:rank=0.25",
+)
+#: the order a run measures them in: families and strengths interleaved, so that a run stopped
+#: early still spans the range of damage
+RUN_ORDER = (
+    "rtn:bits=4",
+    "wanda:sparsity=0.5",
+    "svd:rank=0.5",
+    "awq:bits=4,group=32",
+    "magnitude:sparsity=0.4",
+    "rtn:bits=3",
+    "wanda:nm=2:4",
+    "rtn:bits=8",
+    "magnitude:sparsity=0.6",
+    "svd:rank=0.75",
+    "wanda:sparsity=0.3",
+    "rtn:bits=4,group=128,sym=0",
+    "awq:bits=3,group=32",
+    "magnitude:nm=2:4",
+    "rtn:bits=2,group=32,sym=0",
+    "wanda:nm=4:8",
+    "rtn:bits=6",
+    "svd:rank=0.25",
+    "magnitude:sparsity=0.2",
+    "rtn:bits=3,group=32,sym=0",
+    "wanda:sparsity=0.7",
+    "rtn:bits=4,group=32,sym=1",
+    "rtn:bits=5",
+)
+assert sorted(RUN_ORDER) == sorted(GRID)
+CALIB_START, CALIB_PER_TEXT = 64, 4  # calibration windows 64-67 of each text
+UNITS = ("attn", "mlp", "block")
+#: sums kept per unit (names of tl_directional.compression.geometry.STAT_NAMES)
+KEEP = ("n", "t_err_par", "t_err_perp", "t_cos", "t_rel_mse", "u_sq", "e_sq", "e_par_sq", "e_perp_sq")
+LAYER_KEEP = ("n", "t_err_par", "t_err_perp", "t_cos", "t_rel_mse")
+MIN_SETTINGS = 20  # protocol sec. 6: fewer finished settings -> not decided
+B = 2000
+SEED = 0
+
+
+class DataError(RuntimeError):
+    """A committed data file is missing, corrupt, or from another model."""
+
+
+def sha256_bytes(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def git_state() -> tuple[str, bool]:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=ROOT).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "tl_directional", "scripts"],
+                           capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return head, bool(dirty)
+
+
+def _default_sha256() -> str | None:
+    from tl_directional.models import bundled_model_dir
+
+    d = bundled_model_dir()
+    return sha256_bytes((d / "model.safetensors").read_bytes()) if d is not None else None
+
+
+def _expected_source_sha(name: str) -> str | None:
+    if name == "default":
+        return _default_sha256()
+    from tl_directional.models.catalog import REAL_MODELS
+
+    return REAL_MODELS[name].source_sha256 if name in REAL_MODELS else None
+
+
+# ---------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------
+
+
+def _nll(model, batch, batch_size):
+    """Per-window sums of next-token NLL (float64) and predicted-token counts."""
+    import torch
+
+    from tl_directional.sweep import prediction_mask
+
+    nll, cnt = [], []
+    for i in range(0, len(batch), batch_size):
+        part = batch.slice(i, i + batch_size)
+        logits = model(part.tokens, attention_mask=part.attention_mask)
+        lp = torch.log_softmax(logits[:, :-1].float(), -1)
+        del logits
+        m = prediction_mask(part.attention_mask)
+        tok = -lp.gather(-1, part.tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
+        nll.append((tok.double() * m).sum(-1))
+        cnt.append(m.sum(-1).double())
+    return torch.cat(nll), torch.cat(cnt)
+
+
+def _csv(df) -> bytes:
+    buf = io.StringIO()
+    df.to_csv(buf, index=False, float_format="%.10g", lineterminator="\n")
+    return buf.getvalue().encode()
+
+
+def _write_data(stem, rec, lay, manifest):
+    from tl_directional.fileio import atomic_write_bytes
+
+    DATA.mkdir(parents=True, exist_ok=True)
+    manifest["files"] = {}
+    for name, b in ((f"{stem}.records.csv", _csv(rec)), (f"{stem}.layers.csv", _csv(lay))):
+        atomic_write_bytes(DATA / name, b)
+        manifest["files"][name] = sha256_bytes(b)
+    atomic_write_bytes(DATA / f"{stem}.manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+
+
+def run(args) -> int:
+    import gc
+
+    import pandas as pd
+    import torch
+
+    from tl_directional.compress import collect_input_stats, compress
+    from tl_directional.compression import compression_geometry
+    from tl_directional.compression.geometry import STAT_INDEX
+    from tl_directional.inputs import TokenBatch, load_text_sequences
+    from tl_directional.models import load_model
+    from tl_directional.sites import resolve_sites
+
+    commit, dirty = git_state()
+    if dirty and not args.allow_dirty:
+        print("error: tl_directional/ or scripts/ has uncommitted changes; commit them first (data must name "
+              "the code that made it)", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    torch.set_grad_enabled(False)
+    t0 = time.time()
+    model = load_model(args.model)
+    sites = resolve_sites(model, warn=False)
+    src, quant, deq = SOURCES[args.model]
+    stem = f"compression_{args.model}" + (f"_{args.tag}" if args.tag else "")
+    model_info = {"name": args.model, "source_file": src, "quantisation": quant, "dequantised": deq,
+                  "source_sha256": _expected_source_sha(args.model), "n_layers": sites.n_layers,
+                  "d_model": sites.d_model, "lane": sites.lane}
+    if args.model != "default":
+        from tl_directional.models.catalog import REAL_MODELS, entry_dir, read_manifest
+
+        man = read_manifest(entry_dir(args.model)) or {}
+        model_info["architecture"] = REAL_MODELS[args.model].architecture
+        model_info["safetensors_sha256"] = man.get("files", {}).get("model.safetensors", {}).get("sha256")
+    else:
+        model_info["architecture"] = "GPT2LMHeadModel (4 layers, trained on KJV)"
+    if args.windows > CALIB_START:
+        print(f"error: --windows must be <= {CALIB_START} (calibration windows start there)", file=sys.stderr)
+        return 2
+    evals, calibs, texts_info, wtext, wwin = [], [], {}, [], []
+    for text in args.texts:
+        desc, rel = TEXTS[text]
+        b = load_text_sequences(model, str(ROOT / rel), max_sequences=CALIB_START + CALIB_PER_TEXT,
+                                seq_len=args.seq_len)
+        if len(b) < CALIB_START + CALIB_PER_TEXT:
+            print(f"error: text {text} gives only {len(b)} windows of {args.seq_len}", file=sys.stderr)
+            return 2
+        evals.append(b.slice(0, args.windows))
+        calibs.append(b.slice(CALIB_START, CALIB_START + CALIB_PER_TEXT))
+        wtext += [text] * args.windows
+        wwin += list(range(args.windows))
+        texts_info[text] = {"description": desc, "file": rel, "sha256": sha256_bytes((ROOT / rel).read_bytes()),
+                            "windows": args.windows}
+    evalb = TokenBatch(torch.cat([b.tokens for b in evals]), torch.cat([b.attention_mask for b in evals]))
+    calib = TokenBatch(torch.cat([b.tokens for b in calibs]), torch.cat([b.attention_mask for b in calibs]))
+    base_nll, counts = _nll(model, evalb, args.batch_size)
+    print(f"{args.model}: {len(evalb)} evaluation windows ({int(counts.sum())} predicted tokens), dense loss "
+          f"{float(base_nll.sum() / counts.sum()):.4f}; calibration {len(calib)} windows", flush=True)
+    stats = collect_input_stats(model, calib, batch_size=args.batch_size, n_samples=512, seed=SEED)
+    order = [s for s in RUN_ORDER if s in set(args.grid or GRID)]
+    manifest = {
+        "study": "compression_claims",
+        "command": "python scripts/compression_claims.py " + " ".join(sys.argv[1:] if args.cli else []),
+        "commit": commit + ("+dirty" if dirty else ""),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"CPU, {os.cpu_count()} cores shared, {args.threads} torch thread(s), torch {torch.__version__}",
+        "model": model_info,
+        "windows": args.windows,
+        "seq_len": args.seq_len,
+        "calibration": {"windows_per_text": CALIB_PER_TEXT, "first_window": CALIB_START,
+                        "texts": list(args.texts), "tokens": int(calib.attention_mask.sum())},
+        "geometry": "local mode, split against the dense update, BOS position excluded",
+        "texts": texts_info,
+        "grid": list(GRID),
+        "run_order": order,
+        "settings": [],
+        "complete": False,
+        "files": {},
+    }
+    records, layers = [], []
+    for spec in order:
+        t1 = time.time()
+        res = compress(model, spec, calibration=calib, stats=stats)
+        t_comp = time.time() - t1
+        nll, _ = _nll(res.model, evalb, args.batch_size)
+        df = compression_geometry(model, res, evalb, mode="local", batch_size=args.batch_size, per_sequence=True,
+                                  verify=False, exclude_first_token=True)
+        per = next(iter(df.attrs["per_sequence"].values())).numpy()  # [n, rows, K]
+        rows = df.attrs["rows"]
+        label = res.record.label
+        for i in range(len(evalb)):
+            r = {"setting": label, "text": wtext[i], "window": wwin[i], "tokens": float(counts[i]),
+                 "nll": float(nll[i]), "base_nll": float(base_nll[i])}
+            for unit in UNITS:
+                idx = [j for j, (_, u) in enumerate(rows) if u == unit]
+                tot = per[i, idx].sum(0)
+                for k in KEEP:
+                    r[f"{unit}_{k}"] = float(tot[STAT_INDEX[k]])
+            records.append(r)
+            for j, (L, u) in enumerate(rows):
+                if u == "attn":
+                    layers.append({"setting": label, "text": wtext[i], "window": wwin[i], "layer": L,
+                                   **{k: float(per[i, j, STAT_INDEX[k]]) for k in LAYER_KEEP}})
+        manifest["settings"].append({
+            "spec": spec, "label": label, "method": res.record.method,
+            "weight_rel_error": res.record.stats.get("weight_rel_error_mean"),
+            "zero_fraction": res.record.stats.get("zero_fraction"),
+            "seconds": round(time.time() - t1, 1), "compress_seconds": round(t_comp, 1)})
+        manifest["complete"] = len(manifest["settings"]) == len(order) and set(order) == set(GRID)
+        manifest["seconds"] = round(time.time() - t0, 1)
+        _write_data(stem, pd.DataFrame(records), pd.DataFrame(layers), manifest)
+        inc = float((nll.sum() - base_nll.sum()) / counts.sum())
+        print(f"  [{len(manifest['settings'])}/{len(order)}] {label:24s} loss increase {inc:+.4f} "
+              f"({time.time() - t1:.0f} s, compress {t_comp:.0f} s; total {time.time() - t0:.0f} s)", flush=True)
+        del res, df, per
+        gc.collect()
+    print(f"wrote {DATA / stem}.* ({len(records)} records, {time.time() - t0:.0f} s)", flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# build (pure function of the data)
+# ---------------------------------------------------------------------------
+
+
+def load_data(stem: str):
+    import pandas as pd
+
+    mpath = DATA / f"{stem}.manifest.json"
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{mpath.relative_to(ROOT)}: cannot read the manifest ({e})") from None
+    frames = {}
+    for name in (f"{stem}.records.csv", f"{stem}.layers.csv"):
+        p = DATA / name
+        want = manifest.get("files", {}).get(name)
+        if want is None:
+            raise DataError(f"{mpath.relative_to(ROOT)}: does not name {name}; rerun")
+        if not p.is_file():
+            raise DataError(f"{p.relative_to(ROOT)}: missing (named by {mpath.name}); restore it from git")
+        b = p.read_bytes()
+        if sha256_bytes(b) != want:
+            raise DataError(f"{p.relative_to(ROOT)}: sha256 {sha256_bytes(b)[:12]} does not match the manifest's "
+                            f"{want[:12]}: the file is corrupt or was edited; restore it from git or rerun")
+        try:
+            frames[name.split(".")[-2]] = pd.read_csv(io.BytesIO(b))
+        except ValueError as e:
+            raise DataError(f"{p.relative_to(ROOT)}: cannot parse ({e})") from None
+    m = manifest["model"]
+    exp = _expected_source_sha(m["name"])
+    if exp is not None and exp != m["source_sha256"]:
+        raise DataError(f"{mpath.relative_to(ROOT)}: model source sha256 {str(m['source_sha256'])[:12]} is not "
+                        f"the installed {m['name']}'s ({exp[:12]}): data from another model")
+    if "+dirty" in manifest["commit"] or any("+dirty" in r["commit"] for r in manifest.get("runs", [])):
+        raise DataError(f"{mpath.relative_to(ROOT)}: made from a dirty tree ({manifest['commit']}); rerun from a "
+                        "clean one")
+    rec = frames["records"]
+    need = {"setting", "text", "window", "tokens", "nll", "base_nll"} | {f"{u}_{k}" for u in UNITS for k in KEEP}
+    if need - set(rec.columns):
+        raise DataError(f"{(DATA / f'{stem}.records.csv').relative_to(ROOT)}: columns missing: "
+                        + ", ".join(sorted(need - set(rec.columns))))
+    return manifest, rec, frames["layers"]
+
+
+#: (key, unit, form, label): the diagnostic families; form "mean" is the paper's per-token mean
+FORMS = (("attn", "mean"), ("attn", "energy"), ("mlp", "mean"), ("mlp", "energy"), ("block", "mean"),
+         ("block", "energy"))
+DIAG = ("perp", "par", "1-cos", "MSE")
+COMPARATORS = ("par", "1-cos", "MSE")
+
+
+def _diag_parts(unit: str, form: str):
+    """``{diagnostic: (numerator column, denominator column, transform)}``: the diagnostic of a
+    setting is ``transform(sum num / sum den)`` over its (resampled) windows."""
+    u = unit + "_"
+    if form == "mean":
+        return {"perp": (u + "t_err_perp", u + "n", None), "par": (u + "t_err_par", u + "n", None),
+                "1-cos": (u + "t_cos", u + "n", "one_minus"), "MSE": (u + "t_rel_mse", u + "n", None),
+                "raw MSE": (u + "e_sq", u + "n", None)}
+    return {"perp": (u + "e_perp_sq", u + "u_sq", "sqrt"), "par": (u + "e_par_sq", u + "u_sq", "sqrt"),
+            "1-cos": (u + "t_cos", u + "n", "one_minus"), "MSE": (u + "e_sq", u + "u_sq", None)}
+
+
+def _rank_rows(x):
+    """Average ranks along axis 1 (ties share their mean rank)."""
+    import pandas as pd
+
+    return pd.DataFrame(x).rank(axis=1, method="average").to_numpy()
+
+
+def _spearman_rows(x, y):
+    import numpy as np
+
+    rx, ry = _rank_rows(x), _rank_rows(y)
+    rx = rx - rx.mean(1, keepdims=True)
+    ry = ry - ry.mean(1, keepdims=True)
+    den = np.sqrt((rx * rx).sum(1) * (ry * ry).sum(1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = (rx * ry).sum(1) / den
+    return np.where(den > 0, r, 0.0)
+
+
+class Study:
+    """Arrays of one run: per setting x window, and the bootstrap draws (seeded)."""
+
+    def __init__(self, manifest, rec, lay):
+        import numpy as np
+
+        self.manifest = manifest
+        order = [s["label"] for s in manifest["settings"]]
+        label_spec = {s["label"]: s["spec"] for s in manifest["settings"]}
+        # settings in the grid's order (the protocol's), windows by text then window
+        grid_pos = {s: i for i, s in enumerate(manifest["grid"])}
+        self.labels = sorted(order, key=lambda lab: grid_pos[label_spec[lab]])
+        self.specs = [label_spec[x] for x in self.labels]
+        self.methods = {s["label"]: s["method"] for s in manifest["settings"]}
+        self.texts = [t for t in manifest["texts"] if t in set(rec.text)]
+        rec = rec.copy()
+        rec["_t"] = rec.text.map({t: i for i, t in enumerate(self.texts)})
+        rec["_s"] = rec.setting.map({s: i for i, s in enumerate(self.labels)})
+        rec = rec.sort_values(["_s", "_t", "window"], kind="stable")
+        S = len(self.labels)
+        self.S = S
+        keys = rec[rec._s == 0][["_t", "window"]].to_numpy()
+        self.W = len(keys)
+        if len(rec) != S * self.W:
+            raise DataError(f"records: {len(rec)} rows, expected {S} settings x {self.W} windows")
+        self.wtext = keys[:, 0]
+        self.cols = {c: rec[c].to_numpy(dtype=float).reshape(S, self.W) for c in rec.columns
+                     if c not in ("setting", "text", "window", "_t", "_s")}
+        self.lay = lay
+        rng = np.random.default_rng(SEED)
+        w = np.ones((B + 1, self.W))
+        for b in range(1, B + 1):
+            for t in range(len(self.texts)):
+                pos = np.flatnonzero(self.wtext == t)
+                w[b, pos] = np.bincount(rng.integers(0, len(pos), len(pos)), minlength=len(pos))
+        self.w = w
+        idx = np.tile(np.arange(S), (B + 1, 1))
+        for b in range(1, B + 1):
+            idx[b] = rng.integers(0, S, S)
+        self.idx = idx
+        self.idx_fixed = np.tile(np.arange(S), (B + 1, 1))
+
+    def pooled(self, num, den, transform=None, w=None):
+        """``[B+1, S]``: ``transform(sum_w num / sum_w den)`` per setting and window resample."""
+        import numpy as np
+
+        w = self.w if w is None else w
+        v = (w @ self.cols[num].T) / (w @ self.cols[den].T)
+        if transform == "sqrt":
+            v = np.sqrt(v)
+        elif transform == "one_minus":
+            v = 1.0 - v
+        return v
+
+    def loss_increase(self, w=None):
+        w = self.w if w is None else w
+        return (w @ (self.cols["nll"] - self.cols["base_nll"]).T) / (w @ self.cols["tokens"].T)
+
+    def rhos(self, unit, form, fixed_settings=False, w=None):
+        """``{diagnostic: [B+1] rho}`` with the settings (and windows) resampled."""
+        import numpy as np
+
+        idx = self.idx_fixed if fixed_settings else self.idx
+        y = np.take_along_axis(self.loss_increase(w), idx, 1)
+        out = {}
+        for d, (num, den, tr) in _diag_parts(unit, form).items():
+            x = np.take_along_axis(self.pooled(num, den, tr, w), idx, 1)
+            out[d] = _spearman_rows(x, y)
+        return out
+
+    def text_weights(self, t):
+        """Full-sample weights of one text's windows only (a [1, W] row)."""
+        return (self.wtext == t).astype(float)[None, :]
+
+
+def _ci(x):
+    import numpy as np
+
+    return float(x[0]), float(np.quantile(x[1:], 0.025)), float(np.quantile(x[1:], 0.975))
+
+
+def _fmt(x, f="+.3f"):
+    v, lo, hi = _ci(x)
+    return f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
+
+
+def _verdict(stat, n_settings):
+    v, lo, hi = _ci(stat)
+    if n_settings < MIN_SETTINGS:
+        return f"**not decided** (only {n_settings} settings finished; the protocol needs {MIN_SETTINGS})"
+    return "**held**" if lo > 0 else "**failed**" if hi < 0 else "**not decided**"
+
+
+def _holm(pvals: dict[str, float], alpha=0.05) -> set[str]:
+    order = sorted(pvals, key=lambda k: (pvals[k], k))
+    rejected = set()
+    for i, k in enumerate(order):
+        if pvals[k] <= alpha / (len(order) - i):
+            rejected.add(k)
+        else:
+            break
+    return rejected
+
+
+def _label_form(unit, form):
+    return f"{unit}, {'per-token mean' if form == 'mean' else 'energy form'}"
+
+
+def build_page(stem: str) -> str:
+    import numpy as np
+
+    manifest, rec, lay = load_data(stem)
+    st = Study(manifest, rec, lay)
+    m = manifest["model"]
+    S, texts = st.S, st.texts
+    n_tok = int(st.cols["tokens"][0].sum())
+    L = [f"# Claim 3, compression ranking: {m['name']}", ""]
+    L += [
+        "Does the perpendicular part of the layer error rank compression settings by their real damage "
+        "(held-out loss increase) better than the parallel part, `1 - cos` and MSE? Protocol: "
+        "[sec. 6 of the protocol](protocol.md#6-compression-ranking-claim-3-of-the-seed), written before this run. "
+        "Built by `python scripts/compression_claims.py build` from "
+        f"`docs/results/data/{stem}.*` alone (do not edit by hand; the suite rebuilds it byte for byte).",
+        "",
+    ]
+    done = "complete" if manifest["complete"] else (
+        f"**incomplete**: {S} of the grid's {len(manifest['grid'])} settings finished; the missing ones: "
+        + ", ".join(f"`{s}`" for s in manifest["grid"] if s not in set(st.specs)))
+    if manifest.get("runs"):
+        L += [f"- Runs ({len(manifest['runs'])} processes, each on its part of the grid, the same windows; "
+              f"joined, no measurement, by `{manifest['merged']}`); {done}:"]
+        L += [f"    - `{r['command']}` at commit `{r['commit']}` ({r['date']}, {r.get('seconds') or 0:.0f} s, "
+              f"{r['machine']}): {len(r['settings'])} settings" for r in manifest["runs"]]
+    else:
+        L += [f"- Run: `{manifest['command']}` at commit `{manifest['commit']}` ({manifest['date']}, "
+              f"{manifest.get('seconds', 0):.0f} s, {manifest['machine']}); {done}."]
+    sha = m.get("source_sha256") or "(not recorded)"
+    if m["dequantised"]:
+        L += [f"- Model: {m['name']} ({m['architecture']}, {m['n_layers']} layers, d_model {m['d_model']}), "
+              f"**dequantised** to float32 from `{m['source_file']}` ({m['quantisation']}, sha256 `{sha}`; "
+              f"float32 safetensors sha256 `{m.get('safetensors_sha256')}`). Caveat: the \"dense\" baseline is "
+              "itself a 4-bit model dequantised, so every setting compresses an already-quantised model."]
+    else:
+        L += [f"- Model: {m['name']} ({m['architecture']}, {m['n_layers']} layers, d_model {m['d_model']}), "
+              f"`{m['source_file']}`, quantisation: {m['quantisation']} (not dequantised), sha256 `{sha}`."]
+    L += ["- Texts: " + "; ".join(f"`{t}` ({manifest['texts'][t]['description']}, sha256 "
+                                   f"`{manifest['texts'][t]['sha256'][:12]}`)" for t in texts) + "."]
+    L += [f"- Size: {S} settings x {len(texts)} texts x {manifest['windows']} windows of {manifest['seq_len']} "
+          f"tokens = {n_tok} predicted tokens per setting. Calibration (Wanda norms, AWQ scales): windows "
+          f"{manifest['calibration']['first_window']}-"
+          f"{manifest['calibration']['first_window'] + manifest['calibration']['windows_per_text'] - 1} of each "
+          f"text ({manifest['calibration']['tokens']} tokens), disjoint from the evaluation windows. Geometry: "
+          f"{manifest['geometry']}.",
+          f"- Intervals: 95% percentile, {B} resamples (seed {SEED}) that draw the settings with replacement "
+          "**and** the windows with replacement within each text (one window draw shared by all settings); the "
+          "worst comparator is taken inside each resample.", ""]
+
+    # ---- verdicts ----------------------------------------------------------------------------
+    res = {f: st.rhos(*f) for f in FORMS}
+    L += ["## Verdict", "",
+          "Statistic `T = min over c in {par, 1-cos, MSE} of (rho_perp - rho_c)`; held if its interval lies above "
+          "0, failed if below, not decided otherwise. The first row is the pre-registered one (the paper's "
+          "aggregation); the others are secondary.", "",
+          "| diagnostics | T [95% CI] | rho_perp - rho_par | rho_perp - rho_1-cos | rho_perp - rho_MSE | "
+          "perp beats (Holm, one-sided, 0.05) | verdict |",
+          "|---|---|---|---|---|---|---|"]
+    for f in FORMS:
+        r = res[f]
+        diffs = {c: r["perp"] - r[c] for c in COMPARATORS}
+        T = np.min(np.stack([diffs[c] for c in COMPARATORS]), 0)
+        pv = {c: float(np.mean(diffs[c][1:] <= 0)) for c in COMPARATORS}
+        beats = _holm(pv)
+        beat = f"{len(beats)} of 3" + (f" ({', '.join(c for c in COMPARATORS if c in beats)})" if beats else "")
+        name = _label_form(*f) + (" (**pre-registered**)" if f == ("attn", "mean") else " (secondary)")
+        L.append(f"| {name} | {_fmt(T)} | " + " | ".join(_fmt(diffs[c]) for c in COMPARATORS)
+                 + f" | {beat} | {_verdict(T, S) if f == ('attn', 'mean') else _verdict(T, S).replace('**', '')} |")
+    r0 = res[("attn", "mean")]
+    best = max(DIAG, key=lambda d: (r0[d][0], d))
+    neg = int((st.loss_increase()[0] < 0).sum())
+    L += ["", f"Reading (computed): the highest full-sample rho on the pre-registered attention per-token mean is "
+          f"{best}'s ({r0[best][0]:+.2f}; perp {r0['perp'][0]:+.2f}). {neg} of {S} settings lower the pooled loss "
+          "(a negative loss increase)" + (": the ranking then mixes damage with such gains, see each text's own "
+          "rhos and the settings table below." if neg else "."), ""]
+
+    # ---- rho table ---------------------------------------------------------------------------
+    L += ["## Spearman rho of each diagnostic with the loss increase", "",
+          f"Over the {S} settings; interval from the two-level bootstrap (settings and windows). `raw MSE` "
+          "(per-token mean `||e||^2`, not normalised) is reported, not compared.", "",
+          "| diagnostics | " + " | ".join(DIAG) + " | raw MSE |", "|---|" + "---|" * (len(DIAG) + 1)]
+    for f in FORMS:
+        r = res[f]
+        L.append(f"| {_label_form(*f)} | " + " | ".join(_fmt(r[d], "+.2f") for d in DIAG)
+                 + (f" | {_fmt(r['raw MSE'], '+.2f')} |" if "raw MSE" in r else " | |"))
+    L += ["", "The same, settings held fixed (windows resampled only: the interval the earlier study reported):", "",
+          "| diagnostics | " + " | ".join(DIAG) + " | T |", "|---|" + "---|" * (len(DIAG) + 1)]
+    for f in FORMS[:1] + FORMS[4:5]:
+        r = st.rhos(*f, fixed_settings=True)
+        T = np.min(np.stack([r["perp"] - r[c] for c in COMPARATORS]), 0)
+        L.append(f"| {_label_form(*f)} | " + " | ".join(_fmt(r[d], "+.2f") for d in DIAG) + f" | {_fmt(T)} |")
+    L += ["", "Each text on its own (full sample, attention per-token mean; the spread across texts):", "",
+          "| text | " + " | ".join(DIAG) + " | T |", "|---|" + "---:|" * (len(DIAG) + 1)]
+    for ti, t in enumerate(texts):
+        w = st.text_weights(ti)
+        y = st.loss_increase(w)
+        vals = {}
+        for d, (num, den, tr) in _diag_parts("attn", "mean").items():
+            vals[d] = float(_spearman_rows(st.pooled(num, den, tr, w), y)[0])
+        T = min(vals["perp"] - vals[c] for c in COMPARATORS)
+        L.append(f"| `{t}` | " + " | ".join(f"{vals[d]:+.2f}" for d in DIAG) + f" | {T:+.3f} |")
+    fam = {"quantisation (rtn, awq)": ("rtn", "awq"), "pruning (magnitude, wanda)": ("magnitude", "wanda")}
+    L += ["", "Within method families (full sample, attention per-token mean; no interval):", "",
+          "| family (settings) | " + " | ".join(DIAG) + " |", "|---|" + "---:|" * len(DIAG)]
+    y_all = st.loss_increase()[:1]
+    for name, methods in fam.items():
+        sel = [i for i, lab in enumerate(st.labels) if st.methods[lab] in methods]
+        if len(sel) < 3:
+            continue
+        cells = []
+        for d, (num, den, tr) in _diag_parts("attn", "mean").items():
+            if d in DIAG:
+                cells.append(f"{float(_spearman_rows(st.pooled(num, den, tr)[:1, sel], y_all[:, sel])[0]):+.2f}")
+        L.append(f"| {name} ({len(sel)}) | " + " | ".join(cells) + " |")
+
+    # ---- per layer ---------------------------------------------------------------------------
+    L += ["", "## Per attention layer (per-token mean, full sample)", "",
+          "Spearman over settings of each layer's own diagnostic against the (whole-model) loss increase.", "",
+          "| layer | rho perp | rho par | rho 1-cos | rho MSE | mean perp / mean par (over settings) |",
+          "|---:|---:|---:|---:|---:|---:|"]
+    lay = st.lay.groupby(["setting", "layer"], sort=True)[list(LAYER_KEEP)].sum().reset_index()
+    y0 = st.loss_increase()[:1]
+    for layer in sorted(lay.layer.unique()):
+        g = lay[lay.layer == layer].set_index("setting").loc[st.labels]
+        n = g["n"].to_numpy()
+        vals = {"perp": g.t_err_perp.to_numpy() / n, "par": g.t_err_par.to_numpy() / n,
+                "1-cos": 1 - g.t_cos.to_numpy() / n, "MSE": g.t_rel_mse.to_numpy() / n}
+        rr = {d: float(_spearman_rows(v[None, :], y0)[0]) for d, v in vals.items()}
+        ratio = float(np.mean(vals["perp"]) / np.mean(vals["par"]))
+        L.append(f"| {int(layer)} | " + " | ".join(f"{rr[d]:+.2f}" for d in DIAG) + f" | {ratio:.2f} |")
+
+    # ---- settings ----------------------------------------------------------------------------
+    li = st.loss_increase()
+    diag_cols = [("attn perp", "attn", "mean", "perp"), ("attn par", "attn", "mean", "par"),
+                 ("attn 1-cos", "attn", "mean", "1-cos"), ("attn MSE", "attn", "mean", "MSE"),
+                 ("block perp", "block", "mean", "perp"), ("block par", "block", "mean", "par")]
+    vals = {}
+    for name, unit, form, d in diag_cols:
+        num, den, tr = _diag_parts(unit, form)[d]
+        vals[name] = st.pooled(num, den, tr)[0]
+    L += ["", "## Settings", "",
+          "Loss increase in nats per predicted token (compressed minus dense, token-weighted over the texts; "
+          "interval over windows; then each text's own); diagnostics are per-token means pooled over layers (local error over the "
+          "dense update).", "",
+          "| setting | spec | loss increase [95% CI] | " + " | ".join(f"`{t}`" for t in texts) + " | "
+          + " | ".join(c[0] for c in diag_cols) + " |",
+          "|---|---|---|" + "---:|" * (len(texts) + len(diag_cols))]
+    per_text = [st.loss_increase(st.text_weights(ti))[0] for ti in range(len(texts))]
+    for i in np.argsort(li[0], kind="stable"):
+        lab = st.labels[i]
+        L.append(f"| {lab} | `{st.specs[i]}` | {_fmt(li[:, i], '+.4f')} | "
+                 + " | ".join(f"{pt[i]:+.4f}" for pt in per_text) + " | "
+                 + " | ".join(f"{vals[c[0]][i]:.4f}" for c in diag_cols) + " |")
+    base = (st.cols["base_nll"][0] @ np.ones(st.W)) / st.cols["tokens"][0].sum()
+    L += ["", f"Dense loss: {base:.4f} nats per predicted token (pooled over the texts); per text: "
+          + ", ".join(f"`{t}` {st.cols['base_nll'][0][st.wtext == ti].sum() / st.cols['tokens'][0][st.wtext == ti].sum():.4f}"
+                      for ti, t in enumerate(texts)) + ".", ""]
+    L += ["Data: " + ", ".join(f"`{n}` (sha256 `{h[:12]}`)" for n, h in manifest["files"].items()) + "."]
+    return "\n".join(L)
+
+
+def merge(into: str, other: str) -> int:
+    """Join a second run of the same model, windows and texts (another part of the grid, run as a
+    separate process with ``--tag``) into ``into``'s data files; the manifest lists each run with
+    its commit, command and settings, and the second run's files are removed."""
+    import numpy as np
+    import pandas as pd
+
+    try:
+        ma, ra, la = load_data(into)
+        mb, rb, lb = load_data(other)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for key in ("windows", "seq_len", "texts", "grid", "calibration", "geometry"):
+        if ma[key] != mb[key]:
+            print(f"error: {into} and {other} differ in {key}", file=sys.stderr)
+            return 2
+    if ma["model"] != mb["model"]:
+        print(f"error: {into} and {other} hold different models", file=sys.stderr)
+        return 2
+    if {s["spec"] for s in ma["settings"]} & {s["spec"] for s in mb["settings"]}:
+        print(f"error: {into} and {other} share settings", file=sys.stderr)
+        return 2
+    ka = ra.drop_duplicates(["text", "window"]).set_index(["text", "window"])[["tokens", "base_nll"]]
+    kb = rb.drop_duplicates(["text", "window"]).set_index(["text", "window"])[["tokens", "base_nll"]]
+    if not (ka.index.equals(kb.index) and np.array_equal(ka.to_numpy(), kb.loc[ka.index].to_numpy())):
+        print(f"error: {into} and {other} were measured on other windows (dense NLL differs)", file=sys.stderr)
+        return 2
+    runs = ma.get("runs") or [{k: ma[k] for k in ("command", "commit", "date", "machine")}
+                              | {"settings": [s["spec"] for s in ma["settings"]], "seconds": ma.get("seconds")}]
+    runs = runs + [{k: mb[k] for k in ("command", "commit", "date", "machine")}
+                   | {"settings": [s["spec"] for s in mb["settings"]], "seconds": mb.get("seconds")}]
+    man = dict(ma)
+    man["runs"] = runs
+    man["settings"] = ma["settings"] + mb["settings"]
+    man["complete"] = {s["spec"] for s in man["settings"]} == set(man["grid"])
+    man["seconds"] = max(r.get("seconds") or 0 for r in runs)
+    man["merged"] = f"python scripts/compression_claims.py merge --into {into} --from {other}"
+    _write_data(into, pd.concat([ra, rb], ignore_index=True), pd.concat([la, lb], ignore_index=True), man)
+    for p in DATA.glob(f"{other}.*"):
+        p.unlink()
+    print(f"merged {other} into {into} ({len(man['settings'])} settings)")
+    return 0
+
+
+def build(check: bool) -> int:
+    from tl_directional.fileio import atomic_write_text
+
+    stems = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("compression_*.manifest.json"))
+    if not stems:
+        print(f"error: no compression data under {DATA.relative_to(ROOT)}", file=sys.stderr)
+        return 2
+    pages = {}
+    try:
+        for stem in stems:
+            pages[PAGES / f"claims_{stem}.md"] = build_page(stem) + "\n"
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    bad = []
+    for path, text in pages.items():
+        if check:
+            if not path.is_file() or path.read_text() != text:
+                bad.append(str(path.relative_to(ROOT)))
+        else:
+            atomic_write_text(path, text)
+            print(f"wrote {path.relative_to(ROOT)}")
+    if bad:
+        print("error: these pages differ from what the committed data builds (edited by hand, or data changed "
+              "without a rebuild): " + ", ".join(bad) + "; run `python scripts/compression_claims.py build`",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--model", required=True, choices=sorted(SOURCES))
+    r.add_argument("--texts", nargs="+", default=list(TEXTS), choices=list(TEXTS))
+    r.add_argument("--windows", type=int, default=32, help="evaluation windows per text (the first ones)")
+    r.add_argument("--seq-len", type=int, default=128)
+    r.add_argument("--batch-size", type=int, default=8)
+    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--grid", nargs="+", default=None, choices=list(GRID), help="a subset of the grid (smoke runs)")
+    r.add_argument("--tag", default="", help="a suffix of the data files' names (smoke runs)")
+    r.add_argument("--allow-dirty", action="store_true", help="for smoke runs only: the builder refuses such data")
+    b = sub.add_parser("build")
+    b.add_argument("--check", action="store_true")
+    g = sub.add_parser("merge", help="join a second run (another part of the grid, --tag) into a run's data")
+    g.add_argument("--into", required=True, help="data stem, e.g. compression_smollm2-135m")
+    g.add_argument("--from", dest="other", required=True, help="data stem of the other run")
+    args = ap.parse_args(argv)
+    args.cli = argv is None
+    if args.cmd == "merge":
+        return merge(args.into, args.other)
+    return run(args) if args.cmd == "run" else build(args.check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
