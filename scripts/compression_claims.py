@@ -30,30 +30,24 @@ The compression itself is the library's (``tl_directional.compress.compress`` on
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "scripts"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import claims as C  # noqa: E402  (shared data layout, hashing, bootstrap formatting, Holm)
 
 DATA = ROOT / "docs" / "results" / "data"
 PAGES = ROOT / "docs" / "results"
-TEXTS = {
-    "kjv": ("bundled held-out KJV slice (test-split books)", "tl_directional/data/kjv_heldout.txt"),
-    "prose": ("modern English prose, Debian Reference slice (GPL-2+)", "tl_directional/data/prose_heldout.txt"),
-    "code": (
-        "Python source, CPython 3.11 difflib / fractions / textwrap (PSF-2.0)",
-        "tl_directional/data/code_heldout.txt",
-    ),
-}
+TEXTS = C.TEXTS
 #: source file and quantisation per catalogue model; the default model is bundled float32
 SOURCES = {
     "smollm2-135m": ("SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1", True),
@@ -123,20 +117,13 @@ B = 2000
 SEED = 0
 
 
-class DataError(RuntimeError):
-    """A committed data file is missing, corrupt, or from another model."""
-
-
-def sha256_bytes(b: bytes) -> str:
-    return hashlib.sha256(b).hexdigest()
-
-
-def git_state() -> tuple[str, bool]:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=ROOT).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "tl_directional", "scripts"],
-                           capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    return head, bool(dirty)
+DataError = C.DataError
+sha256_bytes = C.sha256_bytes
+git_state = C.git_state
+_csv = C._csv
+_ci = C._ci
+_fmt = C._fmt
+_holm = C._holm
 
 
 def _default_sha256() -> str | None:
@@ -176,12 +163,6 @@ def _nll(model, batch, batch_size):
         nll.append((tok.double() * m).sum(-1))
         cnt.append(m.sum(-1).double())
     return torch.cat(nll), torch.cat(cnt)
-
-
-def _csv(df) -> bytes:
-    buf = io.StringIO()
-    df.to_csv(buf, index=False, float_format="%.10g", lineterminator="\n")
-    return buf.getvalue().encode()
 
 
 def _write_data(stem, rec, lay, manifest):
@@ -473,33 +454,11 @@ class Study:
         return (self.wtext == t).astype(float)[None, :]
 
 
-def _ci(x):
-    import numpy as np
-
-    return float(x[0]), float(np.quantile(x[1:], 0.025)), float(np.quantile(x[1:], 0.975))
-
-
-def _fmt(x, f="+.3f"):
-    v, lo, hi = _ci(x)
-    return f"{v:{f}} [{lo:{f}}, {hi:{f}}]"
-
-
 def _verdict(stat, n_settings):
     v, lo, hi = _ci(stat)
     if n_settings < MIN_SETTINGS:
         return f"**not decided** (only {n_settings} settings finished; the protocol needs {MIN_SETTINGS})"
     return "**held**" if lo > 0 else "**failed**" if hi < 0 else "**not decided**"
-
-
-def _holm(pvals: dict[str, float], alpha=0.05) -> set[str]:
-    order = sorted(pvals, key=lambda k: (pvals[k], k))
-    rejected = set()
-    for i, k in enumerate(order):
-        if pvals[k] <= alpha / (len(order) - i):
-            rejected.add(k)
-        else:
-            break
-    return rejected
 
 
 def _label_form(unit, form):
