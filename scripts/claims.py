@@ -986,8 +986,8 @@ def summary_block(stems, depth=()) -> str:
 
     L = [SUMMARY_START, "", "| run | claim | statistic [95% CI] | verdict |", "|---|---|---|---|"]
     for stem in depth:
-        for i, (claim, stat, verdict) in enumerate(depth_claims.verdict_rows(stem, DATA)):
-            L.append(f"| [{stem}](results/{stem}.md) | D{i + 1}: {claim} | {stat} | {verdict} |")
+        for claim, stat, verdict in depth_claims.verdict_rows(stem, DATA):
+            L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
     compression = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("compression_*.manifest.json")
                          if not p.name[len("compression_"):].split(".")[0].count("_"))
     if compression:

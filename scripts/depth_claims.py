@@ -283,7 +283,7 @@ def verdict_rows(stem: str, data: Path | None = None) -> list[tuple[str, str, st
     for ln in page.split("\n## Verdicts", 1)[1].split("\n\n", 2)[1].splitlines()[2:]:
         if ln.startswith("|"):
             cells = [c.strip() for c in ln.strip("|").split(" | ")]
-            rows.append((cells[0], cells[2], cells[3]))
+            rows.append((f"{cells[0]}: {cells[1]}", cells[2], cells[3]))
     return rows
 
 
