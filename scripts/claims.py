@@ -636,9 +636,12 @@ def _stats(rec, weights):
 
 
 def _ci(x):
+    """Point value and 95% percentile interval, rounded to 9 decimals: a quantile can fall exactly
+    on a printed digit's boundary (rank statistics are rational), where the last bit differs
+    between numpy builds; rounding first makes every lane print the same page."""
     import numpy as np
 
-    return float(x[0]), float(np.quantile(x[1:], 0.025)), float(np.quantile(x[1:], 0.975))
+    return tuple(round(float(v), 9) for v in (x[0], np.quantile(x[1:], 0.025), np.quantile(x[1:], 0.975)))
 
 
 def _fmt(x, f="+.3f"):
@@ -686,11 +689,21 @@ def _holm(pvals: dict[str, float], alpha=0.05) -> set[str]:
     return rejected
 
 
+def _avg_ranks(a):
+    """Ranks with ties sharing their average rank (a bootstrap resample repeats values; the
+    order an unstable sort gives ties differs between numpy builds)."""
+    import numpy as np
+
+    ranks = np.empty(len(a))
+    ranks[np.argsort(a, kind="stable")] = np.arange(len(a))
+    _, inv = np.unique(a, return_inverse=True)
+    return (np.bincount(inv, ranks) / np.bincount(inv))[inv]
+
+
 def _spearman(x, y):
     import numpy as np
 
-    rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
-    return float(np.corrcoef(rx, ry)[0, 1])
+    return float(np.corrcoef(_avg_ranks(x), _avg_ranks(y))[0, 1])
 
 
 def build_page(stem: str) -> str:
