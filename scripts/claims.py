@@ -1036,7 +1036,6 @@ def build(check: bool) -> int:
     import compression_claims
     import depth_claims
 
-    from tl_directional.fileio import atomic_write_text
 
     stems = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("claims_*.manifest.json"))
     depth = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("depth_*.manifest.json"))
@@ -1058,18 +1057,26 @@ def build(check: bool) -> int:
     except (DataError, depth_claims.C.DataError, compression_claims.DataError) as e:  # each script's own class
         print(f"error: {e}", file=sys.stderr)
         return 2
+    return write_pages(pages, check, ROOT, "make results")
+
+
+def write_pages(pages: dict, check: bool, root: Path, command: str) -> int:
+    """Write every built page (atomically), or with ``check`` compare each with the file on disk
+    and fail (exit status 1), naming the pages that differ and ``command`` to rebuild them."""
+    from tl_directional.fileio import atomic_write_text
+
     bad = []
     for path, text in pages.items():
         if check:
             if not path.is_file() or path.read_text() != text:
-                bad.append(str(path.relative_to(ROOT)))
+                bad.append(str(path.relative_to(root)))
         else:
             atomic_write_text(path, text)
-            print(f"wrote {path.relative_to(ROOT)}")
+            print(f"wrote {path.relative_to(root)}")
     if bad:
         print(
             "error: these pages differ from what the committed data builds (edited by hand, or data changed "
-            "without a rebuild): " + ", ".join(bad) + "; run `make results`",
+            f"without a rebuild): {', '.join(bad)}; run `{command}`",
             file=sys.stderr,
         )
         return 1

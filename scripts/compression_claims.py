@@ -672,7 +672,6 @@ def merge(into: str, other: str) -> int:
 
 
 def build(check: bool) -> int:
-    from tl_directional.fileio import atomic_write_text
 
     stems = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("compression_*.manifest.json"))
     if not stems:
@@ -685,20 +684,7 @@ def build(check: bool) -> int:
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    bad = []
-    for path, text in pages.items():
-        if check:
-            if not path.is_file() or path.read_text() != text:
-                bad.append(str(path.relative_to(ROOT)))
-        else:
-            atomic_write_text(path, text)
-            print(f"wrote {path.relative_to(ROOT)}")
-    if bad:
-        print("error: these pages differ from what the committed data builds (edited by hand, or data changed "
-              "without a rebuild): " + ", ".join(bad) + "; run `python scripts/compression_claims.py build`",
-              file=sys.stderr)
-        return 1
-    return 0
+    return C.write_pages(pages, check, ROOT, "python scripts/compression_claims.py build")
 
 
 def main(argv=None) -> int:
