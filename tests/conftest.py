@@ -39,6 +39,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from tl_directional.models import (  # noqa: E402
     FAMILIES,
@@ -47,6 +48,24 @@ from tl_directional.models import (  # noqa: E402
     load_model,
     tl_lane,
 )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Lanes as markers: a test marked ``bridge`` (or ``legacy``) is skipped, with the reason,
+    on the other TransformerLens lane, so no test body asks which lane it is on to skip itself."""
+    installed = tl_lane()
+    for item in items:
+        for name in ("bridge", "legacy"):
+            if name != installed and item.get_closest_marker(name) is not None:
+                item.add_marker(pytest.mark.skip(reason=f"needs the {name} lane; {installed!r} is installed"))
+
+
+@pytest.fixture(autouse=True)
+def _grad_mode_left_on() -> Any:
+    """Every test must leave autograd on for the tests after it (a guard that does not depend on
+    which test file runs last)."""
+    yield
+    assert torch.is_grad_enabled(), "this test disabled autograd globally (use torch.no_grad() as a context)"
 
 
 @pytest.fixture(scope="session")

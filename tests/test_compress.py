@@ -198,9 +198,8 @@ def test_clone_is_independent_and_identical(tiny_model, lane):
     assert torch.equal(model(toks), base)  # the dense model never changes
 
 
-def test_clone_bert_hooks_fire_on_the_copy(tiny_model, lane):
-    if lane != "bridge":
-        pytest.skip("post-LN models are supported on the bridge only")
+@pytest.mark.bridge  # post-LN models are supported on the bridge only
+def test_clone_bert_hooks_fire_on_the_copy(tiny_model):
     model = tiny_model("bert")
     clone = clone_model(model)
     fired = []

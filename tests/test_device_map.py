@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.models import tl_lane
 from tl_directional.sweep import grid, sweep
 
-pytestmark = pytest.mark.skipif(tl_lane() != "bridge", reason="device_map placement is the bridge's "
-                                "(legacy HookedTransformer splits with n_devices, which needs several GPUs)")
+# device_map placement is the bridge's (legacy HookedTransformer splits with n_devices, which
+# needs several GPUs)
+pytestmark = pytest.mark.bridge
 
 TEXTS = ["In the beginning God created the heaven and the earth.", "And God said, Let there be light."]
 

@@ -14,21 +14,38 @@ from tl_directional.edit import (
 )
 from tl_directional.sweep import SPACES, Setting
 
+#: What each documented space name must build at (s_par=0.5, s_perp=1, layers): written out here,
+#: independently of the registry, so a registry or sweep change that builds other edits fails.
+EXPECTED = {
+    "value": [(ValueScale, {"s_par": 0.5, "s_perp": 1.0, "mode": "full"})],
+    "value-exclusive": [(ValueScale, {"s_par": 0.5, "s_perp": 1.0, "mode": "exclusive"})],
+    "resid-attn": [(ResidualScale, {"component": "attn", "s_par": 0.5, "s_perp": 1.0})],
+    "resid-mlp": [(ResidualScale, {"component": "mlp", "s_par": 0.5, "s_perp": 1.0})],
+    "resid-both": [(ResidualScale, {"component": "attn", "s_par": 0.5, "s_perp": 1.0}),
+                   (ResidualScale, {"component": "mlp", "s_par": 0.5, "s_perp": 1.0})],
+    "block": [(ResidualScale, {"component": "block", "s_par": 0.5, "s_perp": 1.0})],
+    "hard-diag": [(DiagonalRemoval, {})],
+    "eff-diag": [(EffectiveDiagonal, {"s_par": 0.5})],
+}
 
-def test_registry_names_are_the_sweep_spaces():
-    assert list(EDIT_SPACES) == list(SPACES)
-    assert {n: s.description for n, s in EDIT_SPACES.items()} == SPACES
+
+def test_registry_names_are_the_documented_spaces():
+    assert list(EDIT_SPACES) == list(EXPECTED)
+    assert list(SPACES) == list(EXPECTED)  # the sweep's names, in the same order
+    assert all(isinstance(d, str) and d for d in SPACES.values())
     with pytest.raises(TypeError):
         EDIT_SPACES["value"] = EDIT_SPACES["block"]  # read-only
 
 
-@pytest.mark.parametrize("space", list(SPACES))
+@pytest.mark.parametrize("space", list(EXPECTED))
 @pytest.mark.parametrize("layers", [None, (0, 1)])
-def test_registry_builds_what_the_sweep_builds(space, layers):
-    a = Setting(space, 0.5, 1.0, layers).edits()
-    b = edits_for_space(space, 0.5, 1.0, layers)
-    assert [type(e) for e in a] == [type(e) for e in b]
-    assert [vars(e) for e in a] == [vars(e) for e in b]
+def test_registry_and_sweep_build_the_documented_edits(space, layers):
+    want = EXPECTED[space]
+    for built in (edits_for_space(space, 0.5, 1.0, layers), Setting(space, 0.5, 1.0, layers).edits()):
+        assert [type(e) for e in built] == [cls for cls, _ in want]
+        for e, (_, fields) in zip(built, want, strict=True):
+            assert {k: getattr(e, k) for k in fields} == fields
+            assert e.layers == (None if layers is None else list(layers))  # normalised to a list
 
 
 def test_v_para_and_attention_removal():

@@ -180,9 +180,8 @@ def test_gate_corrupt_or_missing_model_files_exit_2(tiny_model_dir, tmp_path, te
 # ------------------------------------------------------------------------------------------
 
 
-def test_compress_out_killed_mid_write_keeps_the_good_model(tiny_model_dir, tmp_path, lane):
-    if lane != "bridge":
-        pytest.skip("compress --out writes HF directories from the bridge lane only")
+@pytest.mark.bridge  # compress --out writes HF directories from the bridge lane only
+def test_compress_out_killed_mid_write_keeps_the_good_model(tiny_model_dir, tmp_path):
     from tl_directional.cli import main
 
     dense = tiny_model_dir("gpt2")

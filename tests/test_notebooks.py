@@ -25,8 +25,6 @@ from pathlib import Path
 
 import pytest
 
-from tl_directional.models import tl_lane
-
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 REQUIRED = ("01_tour", "02_editing_and_sweeps", "03_compression_diagnostics", "04_training_suppression",
             "05_directional_patching", "06_head_analysis")
@@ -56,9 +54,8 @@ def test_notebook_is_stripped(path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.bridge  # executed on the TL 4 bridge lane only (same code, twice the CI time)
 def test_notebook_runs(path, tmp_path, monkeypatch):
-    if tl_lane() != "bridge":
-        pytest.skip("notebooks are executed on the TransformerLens 4 bridge lane only")
     nbformat = pytest.importorskip("nbformat", reason="install the dev extra (nbformat, nbclient, ipykernel)")
     nbclient = pytest.importorskip("nbclient", reason="install the dev extra (nbformat, nbclient, ipykernel)")
     pytest.importorskip("ipykernel", reason="install the dev extra (ipykernel provides the python3 kernel)")

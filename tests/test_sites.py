@@ -37,9 +37,8 @@ def test_gqa_head_mapping(tiny_model):
     assert [sites.kv_head(h) for h in range(4)] == [0, 0, 1, 1]
 
 
-def test_bert_bridge_uses_post_ln_sites(tiny_model, lane):
-    if lane != "bridge":
-        pytest.skip("post-LN encoders are supported on the TL 4 bridge only")
+@pytest.mark.bridge  # post-LN encoders are supported on the TL 4 bridge only
+def test_bert_bridge_uses_post_ln_sites(tiny_model):
     sites = tld.resolve_sites(tiny_model("bert"))
     assert sites.units["attn"][0].update_hook == "blocks.0.attn.o.hook_out"
     assert sites.units["mlp"][0].reference_hook == "blocks.0.ln1.hook_out"
