@@ -993,11 +993,15 @@ def _d_model(manifest) -> int:
 SUMMARY_START, SUMMARY_END = "<!-- claims-summary -->", "<!-- /claims-summary -->"
 
 
-def summary_block(stems, depth=()) -> str:
+def summary_block(stems, depth=(), training=()) -> str:
     """The verdict table of every run, for docs/results.md (between the two markers)."""
     import depth_claims
+    import training_claims
 
     L = [SUMMARY_START, "", "| run | claim | statistic [95% CI] | verdict |", "|---|---|---|---|"]
+    for stem in training:
+        for claim, stat, verdict in training_claims.verdict_rows(stem, DATA):
+            L.append(f"| [claims_{stem}](results/claims_{stem}.md) | {claim} | {stat} | {verdict} |")
     for stem in depth:
         for claim, stat, verdict in depth_claims.verdict_rows(stem, DATA):
             L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
@@ -1035,10 +1039,11 @@ def summary_block(stems, depth=()) -> str:
 def build(check: bool) -> int:
     import compression_claims
     import depth_claims
-
+    import training_claims
 
     stems = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("claims_*.manifest.json"))
     depth = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("depth_*.manifest.json"))
+    training = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("training_*.manifest.json"))
     if not stems:
         print(f"error: no claims data under {DATA.relative_to(ROOT)}", file=sys.stderr)
         return 2
@@ -1048,13 +1053,15 @@ def build(check: bool) -> int:
             pages[PAGES / f"{stem}.md"] = build_page(stem) + "\n"
         for stem in depth:
             pages[PAGES / f"{stem}.md"] = depth_claims.build_page(stem, DATA) + "\n"
+        for stem in training:
+            pages[PAGES / f"claims_{stem}.md"] = training_claims.build_page(stem, DATA) + "\n"
         index = PAGES.parent / "results.md"
         if index.is_file():
             text = index.read_text()
             if SUMMARY_START in text and SUMMARY_END in text:
                 head, rest = text.split(SUMMARY_START, 1)
-                pages[index] = head + summary_block(stems, depth) + rest.split(SUMMARY_END, 1)[1]
-    except (DataError, depth_claims.C.DataError, compression_claims.DataError) as e:  # each script's own class
+                pages[index] = head + summary_block(stems, depth, training) + rest.split(SUMMARY_END, 1)[1]
+    except (DataError, depth_claims.C.DataError, compression_claims.DataError, training_claims.DataError) as e:  # each script's own class
         print(f"error: {e}", file=sys.stderr)
         return 2
     return write_pages(pages, check, ROOT, "make results")
