@@ -88,6 +88,11 @@ class Family:
             ``legacy_config`` is ``None``.
         legacy_encoder: The legacy model is a ``HookedEncoder`` (BERT), not a ``HookedTransformer``.
         bridge_refusal: Why the bridge lane refuses it ("" if it loads).
+        bridge_pattern_after_z: On the TL 4 bridge, ``hook_pattern`` fires after ``hook_z`` (the
+            HF attention module computes the output before the bridge sees the pattern), so
+            pattern edits (``EffectiveDiagonal``, ``DiagonalRemoval``, ``ValueScale`` with
+            ``mode="exclusive"`` or positions) are refused there with a ``RuntimeError`` naming
+            the fix; ``ValueScale(mode="full")`` and the residual edits work.
         causal: A decoder (``False`` for BERT's masked LM).
         notes: Anything a user should know (shown in docs/models.md).
         tested: Test-suite notes: which checks the family passes (docs).
@@ -112,6 +117,7 @@ class Family:
     legacy_encoder: bool = False
     bridge_refusal: str = ""
     causal: bool = True
+    bridge_pattern_after_z: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def refusal(self, lane: str) -> str:

@@ -41,6 +41,7 @@ FAMILY = Family(
                       attention_dropout=0.0, classifier_dropout=0.0, layer_norm_epsilon=1e-5,
                       tie_word_embeddings=True),
     config_extra=config_extra,
+    bridge_pattern_after_z=True,  # pattern edits refused on the bridge (see Family)
     layout=Layout(norm_gain="LN", positions="learned", local_attn=True),
     legacy_config=legacy_config,
     legacy_converter="convert_neo_weights",

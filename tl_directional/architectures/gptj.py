@@ -33,6 +33,7 @@ FAMILY = Family(
                   "n_layer": "n_layers", "n_head": "n_heads", "n_inner": "d_mlp"},
     config_fixed=dict(rotary_dim=4, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                       attn_pdrop=0.0, layer_norm_epsilon=1e-5, tie_word_embeddings=False),
+    bridge_pattern_after_z=True,  # pattern edits refused on the bridge (see Family)
     layout=Layout(parallel=True, norm_gain="LN", positions="rotary (adjacent pairs)"),
     legacy_config=legacy_config,
     legacy_converter="convert_gptj_weights",

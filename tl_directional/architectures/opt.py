@@ -34,6 +34,7 @@ FAMILY = Family(
     config_fixed=dict(activation_function="relu", do_layer_norm_before=True, dropout=0.0, attention_dropout=0.0,
                       layerdrop=0.0, enable_bias=True, layer_norm_elementwise_affine=True,
                       tie_word_embeddings=True),
+    bridge_pattern_after_z=True,  # pattern edits refused on the bridge (see Family)
     layout=Layout(norm_gain="LN", positions="learned"),
     legacy_config=legacy_config,
     legacy_converter="convert_opt_weights",
