@@ -36,6 +36,7 @@ _MODULES: tuple[str, ...] = (
     "gpt_neo",
     "opt",
     "bloom",
+    "apertus",
 )
 
 #: family name -> :class:`Family`.
