@@ -37,6 +37,7 @@ _MODULES: tuple[str, ...] = (
     "opt",
     "bloom",
     "apertus",
+    "gpt_oss",
 )
 
 #: family name -> :class:`Family`.

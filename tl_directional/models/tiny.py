@@ -128,17 +128,22 @@ def build_tiny_hf_model(
       (``n_kv_heads`` defaults to 1), sliding-window (6 tokens) and full attention alternating,
       tied embed/unembed.
 
+    Every other family of :data:`tl_directional.architectures.REGISTRY` (qwen2, qwen3,
+    qwen3_moe, mistral, mixtral, gemma, gemma2, olmo2, phi3, phi, gptj, gpt_neo, opt, bloom,
+    apertus, gpt_oss) builds the same way from its file in ``tl_directional/architectures/``;
+    ``docs/models.md`` lists them with their layouts and lanes.
+
     Weights are a deterministic function of ``seed`` and the shape arguments (see
     :func:`_seeded_init_`); the global torch RNG is left untouched.
 
     Args:
-        family: ``"gpt2"``, ``"llama"``, ``"neox"``, ``"bert"`` or ``"gemma3"``.
+        family: A registered family name (:data:`FAMILIES`), e.g. ``"gpt2"`` or ``"qwen3"``.
         path: Output directory; created if missing. Existing model files in it are overwritten.
         seed: Weight seed.
         n_layers: Number of transformer blocks.
         d_model: Residual stream width; must be divisible by ``n_heads``.
         n_heads: Number of (query) heads.
-        n_kv_heads: Key/value heads (``"llama"`` only; must divide ``n_heads``).
+        n_kv_heads: Key/value heads (families with GQA, e.g. ``"llama"``; must divide ``n_heads``).
         d_mlp: MLP hidden width; default ``4 * d_model``.
         n_ctx: Context length (position table size / ``max_position_embeddings``).
         vocab_size: Vocabulary size of both the tokenizer and the embedding matrix.
