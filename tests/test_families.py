@@ -207,3 +207,21 @@ def test_refused_families_name_what_is_missing(tiny_model_dir, family, lane):
     with pytest.raises(ValueError) as info:
         load_model(tiny_model_dir(family))
     assert str(info.value) == reason
+
+
+def test_docs_models_lists_every_family_lane_by_lane():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "models.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(" `"): [c.strip() for c in line.split("|")[1:-1]]
+            for line in text.splitlines() if line.startswith("| `")}
+    for name, fam in REGISTRY.items():
+        assert name in rows, f"docs/models.md has no row for {name}"
+        cells = rows[name]
+        assert cells[1] == f"`{fam.hf_class}`", cells
+        bridge, legacy = cells[-2], cells[-1]
+        assert bridge.startswith("tested"), (name, bridge)
+        if fam.legacy_config is None:
+            assert legacy.startswith("refused"), (name, legacy)
+        elif fam.causal:
+            assert legacy == "tested", (name, legacy)
