@@ -6,32 +6,27 @@ Shared by the tiny-model factory (:mod:`.tiny`), the legacy-lane config conversi
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-Family = Literal["gpt2", "llama", "neox", "bert", "gemma3"]
+from ..architectures import BY_ARCH, BY_MODEL_TYPE, REGISTRY
 
-#: The model families :func:`build_tiny_hf_model` can build.
-FAMILIES: tuple[str, ...] = ("gpt2", "llama", "neox", "bert", "gemma3")
+#: Our family names (see :mod:`tl_directional.architectures`, one file per family).
+Family = str
+
+#: The model families :func:`build_tiny_hf_model` can build (the registry's order).
+FAMILIES: tuple[str, ...] = tuple(REGISTRY)
 
 # Hugging Face architecture name (config.architectures[0]) -> our family name.
-ARCH_TO_FAMILY: dict[str, str] = {
-    "GPT2LMHeadModel": "gpt2",
-    "LlamaForCausalLM": "llama",
-    "GPTNeoXForCausalLM": "neox",
-    "BertForMaskedLM": "bert",
-    "Gemma3ForCausalLM": "gemma3",
-}
+ARCH_TO_FAMILY: dict[str, str] = {arch: f.name for arch, f in BY_ARCH.items()}
 FAMILY_TO_ARCH: dict[str, str] = {v: k for k, v in ARCH_TO_FAMILY.items()}
 
 
 # Whether TransformerLens prepends BOS by default, per family, as the TL 4 bridge adapters set it
 # (the NeoX adapter turns it off: Pythia was trained without BOS). The legacy lane copies this so
 # `to_tokens` agrees across lanes.
-DEFAULT_PREPEND_BOS: dict[str, bool] = {
-    "gpt2": True, "llama": True, "neox": False, "bert": True, "gemma3": True,
-}
+DEFAULT_PREPEND_BOS: dict[str, bool] = {f.name: f.prepend_bos for f in REGISTRY.values()}
 
 
 def hf_architecture(hf_config: Any) -> str:
@@ -39,16 +34,9 @@ def hf_architecture(hf_config: Any) -> str:
     for arch in archs:
         if arch in ARCH_TO_FAMILY:
             return arch
-    by_type = {
-        "gpt2": "GPT2LMHeadModel",
-        "llama": "LlamaForCausalLM",
-        "gpt_neox": "GPTNeoXForCausalLM",
-        "bert": "BertForMaskedLM",
-        "gemma3_text": "Gemma3ForCausalLM",
-    }
     model_type = getattr(hf_config, "model_type", None)
-    if not archs and model_type in by_type:
-        return by_type[model_type]
+    if not archs and model_type in BY_MODEL_TYPE:
+        return BY_MODEL_TYPE[model_type].hf_class
     return archs[0] if archs else str(model_type)
 
 

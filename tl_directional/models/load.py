@@ -24,7 +24,7 @@ import torch
 
 from ..adapter import Lane, installed_lane, quiet_transformers
 from .hf import from_pretrained_kwargs, hf_architecture
-from .legacy_config import bert_for_converter, check_rope_scaling, legacy_config_dict
+from .legacy_config import check_rope_scaling, legacy_config_dict, legacy_family
 from .paths import bundled_model_dir, cache_dir
 from .tiny import BUILD_INFO_FILE, build_tiny_hf_model
 
@@ -343,38 +343,34 @@ def _load_bridge_dir(path: Path, *, device: Any, dtype: torch.dtype) -> Any:
 
 
 def _load_legacy_dir(path: Path, *, device: Any, dtype: torch.dtype) -> Any:
+    """A ``HookedTransformer`` (``HookedEncoder`` for BERT) from a local directory, without the
+    hub: the family's file (:mod:`tl_directional.architectures`) gives the config fields and
+    names TransformerLens' weight converter; unprocessed weights."""
     import transformers
     from transformer_lens import HookedTransformerConfig
     from transformer_lens.pretrained import weight_conversions as wc
 
     hf_config = transformers.AutoConfig.from_pretrained(str(path))
-    arch = hf_architecture(hf_config)
-    if arch in ("LlamaForCausalLM", "GPTNeoXForCausalLM"):
-        check_rope_scaling(hf_config, path)
+    family = legacy_family(hf_config)  # ValueError naming what is missing for other families
+    check_rope_scaling(hf_config, path)
     cfg_dict = legacy_config_dict(hf_config, device=device, dtype=dtype)
     cfg_dict["model_name"] = path.name
     cfg = HookedTransformerConfig(**cfg_dict)
 
     with quiet_transformers():
-        hf_model = getattr(transformers, arch).from_pretrained(
+        hf_model = getattr(transformers, family.hf_class).from_pretrained(
             str(path), **from_pretrained_kwargs(dtype)
         )
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
-    if arch == "BertForMaskedLM":
-        state_dict = wc.convert_bert_weights(bert_for_converter(hf_model), cfg)
-    else:
-        converters = {
-            "GPT2LMHeadModel": wc.convert_gpt2_weights,
-            "LlamaForCausalLM": wc.convert_llama_weights,
-            "GPTNeoXForCausalLM": wc.convert_neox_weights,
-            "Gemma3ForCausalLM": wc.convert_gemma_weights,
-        }
-        state_dict = converters[arch](hf_model, cfg)
+    convert = family.legacy_converter
+    if isinstance(convert, str):
+        convert = getattr(wc, convert)
+    state_dict = convert(hf_model, cfg)
     # Converters return views of the HF tensors; clone so the HF model can be freed.
     state_dict = {k: v.detach().clone() for k, v in state_dict.items()}
     del hf_model
 
-    if arch == "BertForMaskedLM":
+    if family.legacy_encoder:
         from transformer_lens import HookedEncoder
 
         model = HookedEncoder(cfg, tokenizer=tokenizer, move_to_device=False)

@@ -1,4 +1,4 @@
-"""Seeded tiny Hugging Face models of five families (:func:`build_tiny_hf_model`).
+"""Seeded tiny Hugging Face models of every registered family (:func:`build_tiny_hf_model`).
 
 Random weights that are a deterministic function of the seed and the shape, written with
 ``save_pretrained``; no network is touched, so tests and demos run offline.
@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from ..adapter import quiet_transformers
+from ..architectures import REGISTRY, get_family
 from .hf import FAMILIES, FAMILY_TO_ARCH, transformers_major
-from .tokenizer import BERT_MASK_TOKEN, ENDOFTEXT, train_tokenizer
+from .tokenizer import ENDOFTEXT, train_tokenizer
 
 # Written next to config.json so a directory records how it was made.
 BUILD_INFO_FILE = "tl_directional_build.json"
@@ -28,59 +29,6 @@ def _check_positive_int(name: str, value: Any) -> int:
     if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value}.")
     return value
-
-
-#: The usual HF names of the shape arguments (Llama, GPT-NeoX, BERT, Gemma-3 configs).
-_HF_SHAPE = {"vocab_size": "vocab_size", "hidden_size": "d_model", "intermediate_size": "d_mlp",
-             "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads", "max_position_embeddings": "n_ctx"}
-
-#: family -> (``transformers`` config class, {HF argument: shape argument}, fixed settings).
-#: Dropout is 0 everywhere.
-_CONFIGS: dict[str, tuple[str, dict[str, str], dict[str, Any]]] = {
-    "gpt2": ("GPT2Config",
-             {"vocab_size": "vocab_size", "n_positions": "n_ctx", "n_embd": "d_model", "n_layer": "n_layers",
-              "n_head": "n_heads", "n_inner": "d_mlp"},
-             dict(activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                  summary_first_dropout=0.0, layer_norm_epsilon=1e-5, scale_attn_by_inverse_layer_idx=False,
-                  reorder_and_upcast_attn=False, tie_word_embeddings=True)),
-    "llama": ("LlamaConfig",
-              {**_HF_SHAPE, "num_key_value_heads": "n_kv_heads", "head_dim": "d_head"},
-              dict(rms_norm_eps=1e-5, rope_theta=10000.0, hidden_act="silu", attention_bias=False, mlp_bias=False,
-                   attention_dropout=0.0, tie_word_embeddings=False)),
-    # Pythia-style partial rotary: a quarter of each head's dims rotate.
-    "neox": ("GPTNeoXConfig", _HF_SHAPE,
-             dict(rotary_pct=0.25, rotary_emb_base=10000, use_parallel_residual=True, hidden_act="gelu",
-                  layer_norm_eps=1e-5, hidden_dropout=0.0, attention_dropout=0.0, classifier_dropout=0.0,
-                  tie_word_embeddings=False)),
-    "bert": ("BertConfig", _HF_SHAPE,
-             dict(hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                  classifier_dropout=0.0, layer_norm_eps=1e-12, type_vocab_size=2, tie_word_embeddings=True)),
-    # Gemma-3 text decoder in miniature: sandwich norms (a norm after attention and after the
-    # MLP, before each residual add), q/k norms, alternating sliding-window / full attention
-    # (window 6, so short test sequences exercise both), tied embeddings.
-    "gemma3": ("Gemma3TextConfig",
-               {**_HF_SHAPE, "num_key_value_heads": "n_kv_heads", "head_dim": "d_head",
-                "query_pre_attn_scalar": "d_head"},
-               dict(rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh", sliding_window=6,
-                    attn_logit_softcapping=None, final_logit_softcapping=None, attention_bias=False,
-                    attention_dropout=0.0, tie_word_embeddings=True)),
-}
-
-
-def _gemma3_extra(n_layers: int) -> dict[str, Any]:
-    """Gemma-3's layer types (every second layer full attention) and rotary bases, under
-    transformers 5's ``rope_parameters`` or 4's two attributes."""
-    extra: dict[str, Any] = {
-        "layer_types": ["full_attention" if (i + 1) % 2 == 0 else "sliding_attention" for i in range(n_layers)],
-    }
-    if transformers_major() >= 5:
-        extra["rope_parameters"] = {
-            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-        }
-    else:
-        extra.update(rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)
-    return extra
 
 
 def hf_config(
@@ -95,20 +43,21 @@ def hf_config(
     vocab_size: int,
     special_id: int,
 ) -> Any:
-    """The ``transformers`` config of a ``family`` model, dropout 0 everywhere."""
+    """The ``transformers`` config of a ``family`` model, dropout 0 everywhere (the family's
+    ``config_class`` / ``config_names`` / ``config_fixed`` / ``config_extra``)."""
     import transformers
 
-    if family not in _CONFIGS:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
+    fam = get_family(family)
     shape = {"n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "n_kv_heads": n_kv_heads,
              "d_mlp": d_mlp, "n_ctx": n_ctx, "vocab_size": vocab_size, "d_head": d_model // n_heads}
-    class_name, names, fixed = _CONFIGS[family]
-    kwargs = {hf_name: shape[ours] for hf_name, ours in names.items()}
-    kwargs.update(fixed)
-    if family == "gemma3":
-        kwargs.update(_gemma3_extra(n_layers))
+    kwargs = {hf_name: shape[ours] for hf_name, ours in fam.config_names.items()}
+    kwargs.update(fam.config_fixed)
+    if fam.config_extra is not None:
+        kwargs.update(fam.config_extra({**shape, "transformers_major": transformers_major()}))
     ids = {"bos_token_id": special_id, "eos_token_id": special_id, "pad_token_id": special_id}
-    return getattr(transformers, class_name)(**kwargs, **ids)
+    config = getattr(transformers, fam.config_class)(**kwargs, **ids)
+    config.architectures = [fam.hf_class]
+    return config
 
 
 def _hf_model_class(family: str) -> Any:
@@ -179,17 +128,22 @@ def build_tiny_hf_model(
       (``n_kv_heads`` defaults to 1), sliding-window (6 tokens) and full attention alternating,
       tied embed/unembed.
 
+    Every other family of :data:`tl_directional.architectures.REGISTRY` (qwen2, qwen3,
+    qwen3_moe, mistral, mixtral, gemma, gemma2, olmo2, phi3, phi, gptj, gpt_neo, opt, bloom,
+    apertus, gpt_oss) builds the same way from its file in ``tl_directional/architectures/``;
+    ``docs/models.md`` lists them with their layouts and lanes.
+
     Weights are a deterministic function of ``seed`` and the shape arguments (see
     :func:`_seeded_init_`); the global torch RNG is left untouched.
 
     Args:
-        family: ``"gpt2"``, ``"llama"``, ``"neox"``, ``"bert"`` or ``"gemma3"``.
+        family: A registered family name (:data:`FAMILIES`), e.g. ``"gpt2"`` or ``"qwen3"``.
         path: Output directory; created if missing. Existing model files in it are overwritten.
         seed: Weight seed.
         n_layers: Number of transformer blocks.
         d_model: Residual stream width; must be divisible by ``n_heads``.
         n_heads: Number of (query) heads.
-        n_kv_heads: Key/value heads (``"llama"`` only; must divide ``n_heads``).
+        n_kv_heads: Key/value heads (families with GQA, e.g. ``"llama"``; must divide ``n_heads``).
         d_mlp: MLP hidden width; default ``4 * d_model``.
         n_ctx: Context length (position table size / ``max_position_embeddings``).
         vocab_size: Vocabulary size of both the tokenizer and the embedding matrix.
@@ -215,18 +169,20 @@ def build_tiny_hf_model(
     if d_model % n_heads:
         raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}).")
     d_mlp = 4 * d_model if d_mlp is None else _check_positive_int("d_mlp", d_mlp)
+    fam = REGISTRY[family]
+    if fam.fixed_d_mlp is not None and d_mlp != fam.fixed_d_mlp(d_model):
+        raise ValueError(f"family={family!r} fixes d_mlp at {fam.fixed_d_mlp(d_model)} for d_model={d_model}; "
+                         f"got d_mlp={d_mlp}.")
     if n_kv_heads is None:
-        # Grouped-query attention by default for llama: two query heads share each KV head;
-        # gemma3 uses one KV head for all query heads, as Gemma-3-270M does.
-        if family == "gemma3":
-            n_kv_heads = 1
-        else:
-            n_kv_heads = n_heads // 2 if family == "llama" and n_heads % 2 == 0 else n_heads
+        # The family's default: GQA with two query heads per KV head (llama, qwen, mistral, ...),
+        # one KV head (gemma, gemma3, as Gemma-2B / Gemma-3-270M) or one per query head.
+        n_kv_heads = fam.default_kv_heads(n_heads)
     else:
         _check_positive_int("n_kv_heads", n_kv_heads)
-        if family not in ("llama", "gemma3") and n_kv_heads != n_heads:
+        if not fam.gqa_allowed and n_kv_heads != n_heads:
+            gqa = tuple(n for n, f in REGISTRY.items() if f.gqa_allowed)
             raise ValueError(
-                f"n_kv_heads={n_kv_heads} is only supported for family='llama' / 'gemma3'; leave it None "
+                f"n_kv_heads={n_kv_heads} is only supported for the families {gqa}; leave it None "
                 f"for {family!r} (which uses n_heads key/value heads)."
             )
         if n_heads % n_kv_heads:
@@ -236,7 +192,7 @@ def build_tiny_hf_model(
         from tl_directional.corpus import heldout_text
 
         tokenizer_text = heldout_text()
-    specials = [BERT_MASK_TOKEN] if family == "bert" else []
+    specials = list(fam.tokenizer_specials)
     tokenizer = train_tokenizer(
         tokenizer_text, vocab_size, special_tokens=specials, model_max_length=n_ctx
     )
