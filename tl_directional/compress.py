@@ -45,14 +45,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from .adapter import (
-    clone_model,
-    device_of,
-    hf_attention_module,
-    hf_module,
-    is_encoder,
-    save_hf_directory,
-)
+from .adapter import clone_model, device_of, is_encoder, save_hf_directory
 from .sites import lane_of, linear_input_hooks, normalize_layers
 
 UNITS = ("attn", "mlp")
@@ -145,140 +138,6 @@ class LinearWeight:
         return f"blocks.{self.layer}.{self.key}"
 
 
-def _float(t: Tensor) -> Tensor:
-    return t.detach().to(torch.float64 if t.dtype == torch.float64 else torch.float32).clone()
-
-
-def _is_conv1d(mod) -> bool:
-    return type(mod).__name__ == "Conv1D"  # HF Conv1D stores [in, out]
-
-
-def _fused_rows(attn) -> dict[str, Tensor] | None:
-    """For a fused-QKV attention bridge whose split ``q, k, v`` are copies (NeoX: interleaved
-    per head), the rows of the fused ``[out, in]`` weight each split row came from.
-
-    Found by running the bridge's own split function on a probe weight whose rows hold their
-    own index, so the map is exact for any row permutation the adapter uses. None when the
-    split weights are views into the fused one (GPT-2), where in-place writes already reach it.
-    """
-    fused_mod = hf_module(attn.qkv)
-    fused = fused_mod.weight
-    storage = fused.untyped_storage().data_ptr()
-    if all(hf_module(getattr(attn, n)).weight.untyped_storage().data_ptr() == storage
-           for n in ("q", "k", "v")):
-        return None
-    split = getattr(attn, "split_qkv_matrix", None)
-    hf_attn = hf_attention_module(attn)
-    if split is None:
-        raise NotImplementedError("fused QKV weight without a split function: cannot keep it in sync")
-    conv = _is_conv1d(fused_mod)
-    n_out = fused.shape[1] if conv else fused.shape[0]
-    probe = torch.arange(n_out, dtype=torch.float64).unsqueeze(1).expand(n_out, fused.shape[0] if conv else fused.shape[1])
-    saved = fused.data
-    try:
-        fused.data = (probe.T if conv else probe).to(saved.dtype).contiguous()
-        parts = split(hf_attn)
-    finally:
-        fused.data = saved
-    out = {}
-    for name, mod in zip(("q", "k", "v"), parts, strict=True):
-        w = mod.weight.detach()
-        rows = (w.T if _is_conv1d(mod) else w)[:, 0]
-        out[name] = rows.round().long()
-    if torch.cat(list(out.values())).sort().values.tolist() != list(range(n_out)):
-        raise NotImplementedError("fused QKV split is not a row permutation: cannot keep it in sync")
-    return out
-
-
-def _bridge_linears(model, layer: int) -> list[LinearWeight]:
-    block = model.blocks[layer]
-    out = []
-    for unit in UNITS:
-        comp = getattr(block, unit, None)
-        if comp is None:
-            continue
-        names = [n for n, c in comp.named_children() if type(c).__name__ == "LinearBridge"]
-        fused_rows = None
-        if "qkv" in names and {"q", "k", "v"} <= set(names):
-            names.remove("qkv")  # forward reads q, k, v: compress each once
-            fused_rows = _fused_rows(comp)
-        for n in names:
-            mod = hf_module(getattr(comp, n))
-            w = mod.weight
-            transposed = _is_conv1d(mod)
-            sync = None
-            if fused_rows is not None and n in fused_rows:
-                fmod = hf_module(comp.qkv)
-                sync = (fmod.weight, _is_conv1d(fmod), fused_rows[n])
-
-            def get(w=w, t=transposed):
-                return _float(w.T if t else w)
-
-            def set_(m, w=w, t=transposed, sync=sync):
-                with torch.no_grad():
-                    w.copy_((m.T if t else m).to(w.dtype))
-                    if sync is not None:  # keep the fused weight (what is saved) in step
-                        fw, fconv, rows = sync
-                        if fconv:
-                            fw[:, rows] = m.T.to(fw.dtype)
-                        else:
-                            fw[rows] = m.to(fw.dtype)
-
-            shape = (w.shape[1], w.shape[0]) if transposed else (w.shape[0], w.shape[1])
-            out.append(LinearWeight(layer, f"{unit}.{n}", tuple(shape), get, set_))
-    return out
-
-
-def _legacy_linears(model, layer: int) -> list[LinearWeight]:
-    block = model.blocks[layer]
-    attn = block.attn
-    out = []
-
-    def qkv_weight(name):
-        # GQA: the real parameter is _W_K / _W_V ([n_kv, d_model, d_head]); W_K repeats it.
-        return getattr(attn, f"_{name}", None) if isinstance(getattr(attn, f"_{name}", None), torch.nn.Parameter) else getattr(attn, name)
-
-    for k, pname in (("q", "W_Q"), ("k", "W_K"), ("v", "W_V")):
-        w = qkv_weight(pname)  # [h, d_model, d_head] -> [h * d_head, d_model]
-        h, dm, dh = w.shape
-
-        def get(w=w, h=h, dm=dm, dh=dh):
-            return _float(w.permute(0, 2, 1).reshape(h * dh, dm))
-
-        def set_(m, w=w, h=h, dm=dm, dh=dh):
-            with torch.no_grad():
-                w.copy_(m.reshape(h, dh, dm).permute(0, 2, 1).to(w.dtype))
-
-        out.append(LinearWeight(layer, f"attn.{k}", (h * dh, dm), get, set_))
-    w_o = attn.W_O  # [h, d_head, d_model] -> [d_model, h * d_head]
-    h, dh, dm = w_o.shape
-
-    def get_o(w=w_o, h=h, dh=dh, dm=dm):
-        return _float(w.reshape(h * dh, dm).T)
-
-    def set_o(m, w=w_o, h=h, dh=dh, dm=dm):
-        with torch.no_grad():
-            w.copy_(m.T.reshape(h, dh, dm).to(w.dtype))
-
-    out.append(LinearWeight(layer, "attn.o", (dm, h * dh), get_o, set_o))
-    mlp = getattr(block, "mlp", None)
-    if mlp is not None:
-        for key, pname in (("mlp.in", "W_in"), ("mlp.gate", "W_gate"), ("mlp.out", "W_out")):
-            w = getattr(mlp, pname, None)
-            if not isinstance(w, torch.nn.Parameter):
-                continue
-
-            def get(w=w):
-                return _float(w.T)
-
-            def set_(m, w=w):
-                with torch.no_grad():
-                    w.copy_(m.T.to(w.dtype))
-
-            out.append(LinearWeight(layer, key, (w.shape[1], w.shape[0]), get, set_))
-    return out
-
-
 def linear_weights(model, *, layers=None, units: Sequence[str] = UNITS, keys: Iterable[str] | None = None) -> list[LinearWeight]:
     """The attention / MLP linears of ``model`` as ``[out, in]`` views with setters.
 
@@ -292,7 +151,11 @@ def linear_weights(model, *, layers=None, units: Sequence[str] = UNITS, keys: It
     if bad or not units:
         raise ValueError(f"units must be a non-empty subset of {UNITS}, got {units!r}")
     layers = normalize_layers(layers, int(model.cfg.n_layers))
-    fn = _bridge_linears if lane_of(model) == "bridge" else _legacy_linears
+    lane = lane_of(model)
+
+    def fn(model, L):  # the lane knows the storage layout; here every linear is [out, in]
+        return [LinearWeight(L, key, shape, get, set_) for key, shape, get, set_ in lane.linear_weights(model, L)]
+
     keys = None if keys is None else set(keys)
     out = []
     for L in layers:
@@ -533,7 +396,7 @@ def _apply(model, method: str, params: dict, transform: Callable[[LinearWeight, 
         params=params,
         layers=sorted({lw.layer for lw in lws}),
         weights=[lw.name for lw in lws],
-        lane=lane_of(model),
+        lane=lane_of(model).name,
         stats={"weight_rel_error_mean": float(sum(rel_err) / max(len(rel_err), 1)),
                "zero_fraction": zeros / max(total, 1), "n_weights": float(total)},
     )
@@ -681,31 +544,20 @@ def drop_layers(model, layers) -> CompressionResult:
         for L in layers:
             for b in _output_biases(target, L):
                 b.zero_()
-    record = CompressionRecord("drop", {"layers": layers}, layers, names, lane_of(model),
+    record = CompressionRecord("drop", {"layers": layers}, layers, names, lane_of(model).name,
                                stats={"by_construction_parallel": 1.0},
                                notes=["block update is exactly 0: error e = -u is purely parallel"])
     return CompressionResult(target, record)
 
 
 def _output_biases(model, layer: int) -> list[Tensor]:
-    block = model.blocks[layer]
-    out = []
-    if lane_of(model) == "bridge":
-        for unit, name in (("attn", "o"), ("mlp", "out")):
-            mod = hf_module(getattr(getattr(block, unit), name))
-            if getattr(mod, "bias", None) is not None:
-                out.append(mod.bias)
-    else:
-        for t in (getattr(block.attn, "b_O", None), getattr(getattr(block, "mlp", None), "b_out", None)):
-            if isinstance(t, torch.nn.Parameter):
-                out.append(t)
-    return out
+    return lane_of(model).output_biases(model, layer)
 
 
 def identity(model) -> CompressionResult:
     """A plain copy (the no-op "compression"), for controls: its error is exactly zero."""
     target = clone_model(model)
-    return CompressionResult(target, CompressionRecord("identity", {}, [], [], lane_of(model)))
+    return CompressionResult(target, CompressionRecord("identity", {}, [], [], lane_of(model).name))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -808,7 +660,7 @@ def save_compressed(model, path, record: CompressionRecord | None = None, *, for
     fails on GPT-2's split-qkv views), then saved with ``save_pretrained`` together with
     the tokenizer and, when given, the record as ``tl_directional_compression.json``.
     """
-    if lane_of(model) != "bridge":
+    if not lane_of(model).hf_export:
         raise NotImplementedError(
             "save_compressed writes Hugging Face directories from a TransformerLens 4 bridge model; "
             "on the legacy HookedTransformer lane keep the model in memory (compression_geometry "

@@ -659,12 +659,11 @@ def apply_edits(model, *edits: Any):
 
     Hooks are added in order (edits compose in order, each taking its reference
     from the live, already edited stream) and always removed on exit, also when
-    the body raises.
+    the body raises. The model itself is not changed: ``model.generate`` inside the block gives
+    a manual greedy loop's tokens when it was fixed at load (:func:`~tl_directional.models.load_model`)
+    or by :func:`tl_directional.generation.fix_generate`.
     """
-    from .generation import fix_generate
-
     hooks = edit_hooks(model, *edits)
-    fix_generate(model)  # so model.generate inside the block gives a manual greedy loop's tokens
     with model.hooks(fwd_hooks=hooks):
         yield model
 

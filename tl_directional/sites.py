@@ -3,6 +3,11 @@
 This is the one module that knows TransformerLens hook names. Everything else
 asks :func:`resolve_sites` for a :class:`ModelSites` and uses its names.
 
+Sites are resolved once per model: :func:`resolve_sites` keeps its result per model instance
+and returns the same :class:`ModelSites` until something that matters changes (the model's
+hook point names, its weights, the config fields it reads; see :func:`resolution_key`), so a
+workflow's edits, views and measurements share one resolution.
+
 Works by duck typing on the hook API (``run_with_hooks``, ``hooks``,
 ``hook_dict``, ``cfg``) for both the TL 4 ``TransformerBridge`` and the legacy
 ``HookedTransformer`` (TL 2.x / 3.x); ``HookedTransformer`` is never imported.
@@ -21,7 +26,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-# Lane internals live in the adapter (lane_of / architecture_name are re-exported here).
+# Lane internals live in the lanes (lane_of / architecture_name are re-exported here).
 from .adapter import architecture_name, capture, hook_state, is_encoder, is_parallel, lane_of
 from .components import RESIDUAL_COMPONENTS
 
@@ -162,6 +167,17 @@ class ModelSites:
     def expand_kv(self, v: Float[Tensor, "batch pos n_kv_heads d_head"]) -> Float[Tensor, "batch pos n_heads d_head"]:
         """One value per query head (see :func:`expand_kv_heads`)."""
         return expand_kv_heads(v, self.n_heads)
+
+    def resid_post_hook(self, layer: int) -> str:
+        """The hook point of the residual stream leaving block ``layer`` (``blocks.L.hook_resid_post``;
+        on post-LN models it exists but is not an update's sum)."""
+        return f"blocks.{check_layer(layer, self.n_layers, 'layer')}.hook_resid_post"
+
+    def value_alias_hook(self, layer: int, child: str) -> str:
+        """The name ``transformer_lens.patching`` builds with ``get_act_name`` for a value-space
+        child hook point ``child`` of ``hook_z`` (``"z.hook_par"`` -> ``blocks.L.hook_z.hook_par``,
+        not ``blocks.L.attn.hook_z.hook_par``)."""
+        return f"blocks.{check_layer(layer, self.n_layers, 'layer')}.hook_z.{child}"
 
 
 def kv_head_index(head: int, n_heads: int, n_kv_heads: int) -> int:
@@ -310,7 +326,7 @@ def detect_weight_processing(model) -> WeightProcessing:
         # value biases folded: none left in b_V while b_O carries them
         folded_value_biases=(not any_b_v_nonzero) and any_b_o_nonzero,
         folded_layer_norm=folded_ln,
-        flagged_processed=getattr(model, "_weights_processed", None),
+        flagged_processed=lane_of(model).weights_processed_flag(model),
     )
 
 
@@ -327,18 +343,77 @@ def _require_hooks(model, names: list[str]) -> None:
         )
 
 
+#: The config fields :func:`resolve_sites` reads (part of :func:`resolution_key`).
+_CFG_FIELDS = ("n_layers", "n_heads", "n_key_value_heads", "d_model", "d_head", "model_name",
+               "original_architecture", "architecture", "parallel_attn_mlp", "normalization_type",
+               "layer_norm_folding", "use_normalization_before_and_after")
+
+
+def resolution_key(model) -> tuple:
+    """What the sites of ``model`` depend on, cheaply: the lane, the config fields read, the
+    hook point names (a split hook point added or removed changes them) and each parameter's
+    storage and in-place version counter (a weight written, e.g. by weight processing or a
+    compressor, changes it, so :class:`WeightProcessing` is detected again).
+
+    :func:`resolve_sites` reuses its previous result for as long as this key is unchanged."""
+    lane = lane_of(model)
+    cfg = tuple(repr(getattr(model.cfg, n, None)) for n in _CFG_FIELDS)
+    params = tuple((p.data_ptr(), p._version) for p in model.parameters())
+    return (lane.name, cfg, lane.hook_layout_key(model), params, lane.weights_processed_flag(model))
+
+
+#: model -> (resolution_key, ModelSites) of its last resolution.
+_RESOLVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def resolve_sites(model, *, warn: bool = True) -> ModelSites:
     """Name, per layer, each update hook with its reference hook, and the value-space hooks.
 
+    Resolved once per model: a later call on the same instance returns the same
+    :class:`ModelSites` (read it, do not change it) while :func:`resolution_key` is unchanged,
+    and resolves again once the hook point names, the weights or the config fields it reads
+    have changed.
+
     Args:
         model: a ``TransformerBridge`` or ``HookedTransformer``.
-        warn: emit a :class:`WeightProcessingWarning` when weights look processed.
+        warn: emit a :class:`WeightProcessingWarning` when weights look processed (on every
+            call, also when the sites come from the cache).
 
     Raises:
         TypeError: ``model`` has no TransformerLens hook API.
         SiteResolutionError: a needed hook point is missing.
     """
     check_hook_api(model)
+    try:
+        key = resolution_key(model)
+        known = _RESOLVED.get(model)
+    except (TypeError, RuntimeError, AttributeError):  # not weak-referenceable, no parameters()
+        # (a duck-typed stand-in) or inference tensors: no cache
+        key = known = None
+    if known is not None and known[0] == key:
+        sites = known[1]
+    else:
+        sites = _resolve(model)
+        if key is not None:
+            try:
+                _RESOLVED[model] = (key, sites)
+            except TypeError:  # pragma: no cover - checked above
+                pass
+    weights = sites.weights
+    if warn and weights.any:
+        warnings.warn(
+            f"{sites.model_name}: weights look processed ({weights.as_dict()}). Centering writing "
+            "weights or folding value biases changes every projection; the canonical form is "
+            "unprocessed (TransformerBridge.boot_transformers without enable_compatibility_mode, "
+            "or HookedTransformer.from_pretrained_no_processing).",
+            WeightProcessingWarning,
+            stacklevel=2,
+        )
+    return sites
+
+
+def _resolve(model) -> ModelSites:
+    """One real resolution (see :func:`resolve_sites`, which caches it)."""
     cfg = model.cfg
     lane = lane_of(model)
     n_layers = int(cfg.n_layers)
@@ -347,7 +422,7 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
     if n_heads % n_kv:
         raise SiteResolutionError(f"n_heads={n_heads} is not a multiple of n_key_value_heads={n_kv}")
     is_post_ln = is_encoder(model)
-    if is_post_ln and lane == "legacy":
+    if is_post_ln and not lane.resolves_encoders:
         raise SiteResolutionError(
             "post-LN encoders are supported on the TL 4 TransformerBridge only "
             "(boot_transformers); the legacy HookedEncoder is not a supported lane."
@@ -399,7 +474,7 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
         notes.append(SANDWICH_NOTE)
     sites = ModelSites(
         model_name=model_name,
-        lane=lane,
+        lane=lane.name,
         arch=arch,
         n_layers=n_layers,
         n_heads=n_heads,
@@ -413,15 +488,6 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
         value=value,
         notes=notes,
     )
-    if warn and weights.any:
-        warnings.warn(
-            f"{sites.model_name}: weights look processed ({weights.as_dict()}). Centering writing "
-            "weights or folding value biases changes every projection; the canonical form is "
-            "unprocessed (TransformerBridge.boot_transformers without enable_compatibility_mode, "
-            "or HookedTransformer.from_pretrained_no_processing).",
-            WeightProcessingWarning,
-            stacklevel=2,
-        )
     return sites
 
 
@@ -432,12 +498,7 @@ def final_norm_weight(model) -> Tensor | None:
     module and exposes its raw ``weight`` as ``w``) the gain is ``1 + weight``; the legacy
     converters fold the 1 into ``ln_final.w`` already.
     """
-    ln = model.ln_final
-    inner = getattr(ln, "original_component", None)
-    if inner is not None and type(inner).__name__.startswith("Gemma") and getattr(inner, "weight", None) is not None:
-        return 1.0 + inner.weight
-    w = getattr(ln, "w", None)
-    return w if w is not None else getattr(inner, "weight", None)
+    return lane_of(model).final_norm_weight(model)
 
 
 def attention_output_weights(model, layer: int) -> tuple[Float[Tensor, "n_heads d_head d_model"], Float[Tensor, " d_model"] | None]:
@@ -474,38 +535,8 @@ def linear_input_hooks(model, layer: int) -> dict[str, LinearInput]:
     """
     layer = check_layer(layer, int(model.cfg.n_layers), "layer")
     hook_dict = model.hook_dict
-    block = model.blocks[layer]
-    b = f"blocks.{layer}"
-    out: dict[str, LinearInput] = {}
-    if lane_of(model) == "bridge":
-        for unit in ("attn", "mlp"):
-            comp = getattr(block, unit, None)
-            if comp is None:
-                continue
-            names = [n for n, c in comp.named_children() if type(c).__name__ == "LinearBridge"]
-            if "qkv" in names and {"q", "k", "v"} <= set(names):
-                names.remove("qkv")
-            for n in names:
-                hook = f"{b}.{unit}.{n}.hook_in"
-                if hook in hook_dict:
-                    out[f"{unit}.{n}"] = LinearInput(f"{unit}.{n}", hook)
-        return out
-
-    def norm_input(ln_name: str) -> tuple[str, Tensor | None]:
-        ln = getattr(block, ln_name)
-        scale = getattr(ln, "w", None) if type(ln).__name__ == "RMSNorm" else None
-        return f"{b}.{ln_name}.hook_normalized", scale
-
-    hook, scale = norm_input("ln1")
-    for k in ("q", "k", "v"):
-        out[f"attn.{k}"] = LinearInput(f"attn.{k}", hook, scale)
-    out["attn.o"] = LinearInput("attn.o", f"{b}.attn.hook_z")
-    if getattr(block, "mlp", None) is not None and hasattr(block, "ln2"):
-        hook, scale = norm_input("ln2")
-        out["mlp.in"] = LinearInput("mlp.in", hook, scale)
-        if getattr(block.mlp, "W_gate", None) is not None:
-            out["mlp.gate"] = LinearInput("mlp.gate", hook, scale)
-        out["mlp.out"] = LinearInput("mlp.out", f"{b}.mlp.hook_post")
+    out = {key: LinearInput(key, hook, scale)
+           for key, (hook, scale) in lane_of(model).linear_inputs(model, layer, hook_dict).items()}
     missing = [li.hook for li in out.values() if li.hook not in hook_dict]
     if missing:
         raise SiteResolutionError(f"layer {layer}: no hook point(s) {sorted(set(missing))} for linear inputs")

@@ -40,7 +40,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .adapter import add_hook_point, remove_hook_point
+from .adapter import add_hook_point, lane_of, remove_hook_point
 from .components import check_components
 from .geometry import DEFAULT_EPS, check_eps, parallel_part
 from .sites import expand_kv_heads, normalize_layers, resolve_sites
@@ -61,54 +61,15 @@ class SplitHookPoints:
 
     model: object
     names: list[str] = field(default_factory=list)
-    _handles: list[tuple[object, object]] = field(default_factory=list)
+    _removers: list = field(default_factory=list)
 
     def remove(self) -> None:
-        for hook_point, fn in self._handles:
-            _remove_one_hook(hook_point, fn)
-            pre = getattr(fn, "_tld_last_handle", None)
-            if pre is not None:
-                pre.remove()
+        for remove in self._removers:  # exactly our permanent hooks (user hooks stay)
+            remove()
         for name in self.names:
             remove_hook_point(self.model, name)
-        self._handles.clear()
+        self._removers.clear()
         self.names.clear()
-
-
-def _remove_one_hook(hook_point, fn) -> None:
-    """Remove exactly our permanent hook from a HookPoint (user hooks stay)."""
-    for handle in list(hook_point.fwd_hooks):
-        user = getattr(handle, "user_hook", None)
-        pt = handle.hook if hasattr(handle, "hook") else handle
-        if user is fn or getattr(pt, "_tld_fn", None) is fn or getattr(handle, "_tld_fn", None) is fn:
-            pt.remove()
-            hook_point.fwd_hooks.remove(handle)
-            return
-
-
-def _add_perma(hook_point, fn) -> None:
-    """Add ``fn`` as a permanent hook of ``hook_point`` that always runs *last*.
-
-    HookPoint hooks are PyTorch forward hooks on the hook point module (both lanes:
-    ``HookPoint.add_hook`` calls ``register_forward_hook``), run in registration order,
-    so hooks added later (edits, ``run_with_cache``'s cache hooks, user hooks) would run
-    after ours and the children would split a value the parent no longer holds. A forward
-    pre-hook, which PyTorch runs before it reads the forward hooks, moves ours to the end
-    of the hook point's ``_forward_hooks`` on every call (one dict operation)."""
-    before = list(hook_point.fwd_hooks)
-    hook_point.add_hook(fn, dir="fwd", is_permanent=True)
-    for handle in hook_point.fwd_hooks:
-        if handle not in before:
-            handle._tld_fn = fn  # mark ours for removal (legacy handles carry no user_hook)
-            fn._tld_last_handle = hook_point.register_forward_pre_hook(_keep_last(handle.hook.id))
-
-
-def _keep_last(hook_id):
-    def pre_hook(module, args):  # noqa: ARG001
-        hooks = module._forward_hooks
-        if hook_id in hooks:
-            hooks.move_to_end(hook_id)
-    return pre_hook
 
 
 def attach_split_hook_points(model, *, components=("attn", "mlp", "value"), layers=None,
@@ -116,6 +77,7 @@ def attach_split_hook_points(model, *, components=("attn", "mlp", "value"), laye
     """Add ``.hook_par`` / ``.hook_perp`` children under each selected update hook."""
     eps = check_eps(eps)
     sites = resolve_sites(model, warn=False)
+    lane = lane_of(model)
     HookPoint = _hook_point_class()
     handle = SplitHookPoints(model)
     components = check_components(components, sites.components + ("value",), allowed=SPLIT_COMPONENTS,
@@ -133,7 +95,7 @@ def attach_split_hook_points(model, *, components=("attn", "mlp", "value"), laye
                 points = {}  # child -> [its hook point, + one under TL's spelling where that differs]
                 for child in ("hook_par", "hook_perp"):
                     points[child] = []
-                    for name in dict.fromkeys((f"{parent}.{child}", _tl_spelling(parent, L, c, child))):
+                    for name in dict.fromkeys((f"{parent}.{child}", _tl_spelling(sites, parent, L, c, child))):
                         hp = HookPoint()
                         add_hook_point(model, name, hp)
                         handle.names.append(name)
@@ -141,24 +103,24 @@ def attach_split_hook_points(model, *, components=("attn", "mlp", "value"), laye
                 ref_fn = _store(state)
                 split_fn = _split(state, points["hook_par"], points["hook_perp"], value=(c == "value"),
                                   n_heads=sites.n_heads, eps=eps)
+                # ours run last on their hook point, after every edit, user and cache hook
+                hook_dict = model.hook_dict
                 for name, fn in ((ref_name, ref_fn), (parent, split_fn)):
-                    hook_point = model.hook_dict[name]
-                    _add_perma(hook_point, fn)
-                    handle._handles.append((hook_point, fn))
+                    handle._removers.append(lane.add_last_hook(hook_dict[name], fn))
     except Exception:
         handle.remove()
         raise
     return handle
 
 
-def _tl_spelling(parent: str, layer: int, component: str, child: str) -> str:
+def _tl_spelling(sites, parent: str, layer: int, component: str, child: str) -> str:
     """The name ``transformer_lens.patching`` builds with ``get_act_name`` for a value-space
     child: ``"z.hook_par"`` -> ``blocks.L.hook_z.hook_par`` (not ``blocks.L.attn.hook_z...``).
     Registered as a second hook point, fed by the first, so TL's patching helpers find it.
     Residual children already have TL's spelling (``blocks.L.hook_attn_out.hook_par``); on
     post-LN bridges, whose ``hook_attn_out`` is not the update, they get no alias."""
     if component == "value":
-        return f"blocks.{layer}.hook_z.{child}"
+        return sites.value_alias_hook(layer, child)
     return f"{parent}.{child}"
 
 

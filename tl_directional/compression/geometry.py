@@ -116,9 +116,9 @@ def check_compatible(dense, compressed) -> None:
     """Raise :class:`CompatibilityError` unless the two models can be compared layer by layer."""
     check_hook_api(dense, "dense")
     check_hook_api(compressed, "compressed")
-    if lane_of(dense) != lane_of(compressed):
+    if lane_of(dense) is not lane_of(compressed):
         raise CompatibilityError(
-            f"dense is a {lane_of(dense)}-lane model but compressed is a {lane_of(compressed)}-lane "
+            f"dense is a {lane_of(dense).name}-lane model but compressed is a {lane_of(compressed).name}-lane "
             "model; load both the same way (tl_directional.load_model)")
     a, b = architecture_name(dense), architecture_name(compressed)
     if a != b:
@@ -510,16 +510,11 @@ def _choose_plan(runner: _Runner, sites, units, mode, target: _Target, part: Tok
     return plan
 
 
-_SITES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _sites_of(model) -> tuple[ModelSites, bool]:
-    """``resolve_sites`` once per model object (hook names do not change with the weights;
-    the bridge rebuilds its hook dictionary on every access, which costs a few ms)."""
-    if model not in _SITES:
-        sites = resolve_sites(model, warn=False)
-        _SITES[model] = (sites, f"blocks.{sites.n_layers - 1}.hook_resid_post" in model.hook_dict)
-    return _SITES[model]
+    """The model's sites (resolved once per model by :func:`resolve_sites`) and whether the
+    last block's ``hook_resid_post`` exists (to stop the forward there)."""
+    sites = resolve_sites(model, warn=False)
+    return sites, sites.resid_post_hook(sites.n_layers - 1) in model.hook_dict
 
 
 def compression_geometry(
@@ -591,7 +586,7 @@ def compression_geometry(
         verify_sites(dense, sites, first.tokens[:, :64], first.attention_mask[:, :64])
     runner = _Runner(dense, sites, units, layers, mode, eps)
     # nothing after the last measured block is needed: stop both forwards there
-    stop_at = f"blocks.{max(layers)}.hook_resid_post" if has_resid_post else None
+    stop_at = sites.resid_post_hook(max(layers)) if has_resid_post else None
     K = len(_STATS)
     targets = [
         _Target(name, model, record, torch.zeros(len(runner.rows), K, dtype=torch.float64),

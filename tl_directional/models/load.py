@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..adapter import Lane, installed_lane, quiet_transformers
+from ..lanes import lane_named
 from .hf import from_pretrained_kwargs, hf_architecture
 from .legacy_config import check_rope_scaling, legacy_config_dict, legacy_family
 from .paths import bundled_model_dir, cache_dir
@@ -45,26 +46,28 @@ def tl_lane() -> Lane:
     """Which TransformerLens API is installed.
 
     Returns:
-        ``"legacy"`` when ``transformer_lens.HookedTransformer`` exists (TransformerLens 2.x /
-        3.x), else ``"bridge"`` (TransformerLens >= 4, ``TransformerBridge`` only); see
-        :func:`tl_directional.adapter.installed_lane`.
+        The :class:`~tl_directional.lanes.base.Lane` (equal to its name): ``"legacy"`` when
+        ``transformer_lens.HookedTransformer`` exists (TransformerLens 2.x / 3.x), else
+        ``"bridge"`` (TransformerLens >= 4, ``TransformerBridge`` only); see
+        :func:`tl_directional.lanes.installed_lane`.
     """
     return installed_lane()
 
 
 def _resolve_lane(lane: str) -> Lane:
-    if lane not in ("auto", "bridge", "legacy"):
-        raise ValueError(f"lane must be 'auto', 'bridge' or 'legacy', got {lane!r}.")
     installed = tl_lane()
     if lane == "auto":
         return installed
-    if lane != installed:
-        need = "transformer-lens>=4" if lane == "bridge" else "transformer-lens<4"
+    try:
+        wanted = lane_named(lane)
+    except ValueError:
+        raise ValueError(f"lane must be 'auto', 'bridge' or 'legacy', got {lane!r}.") from None
+    if wanted is not installed:
         raise ValueError(
-            f"lane={lane!r} but the installed TransformerLens provides the {installed!r} lane; "
-            f"pass lane='auto' or install {need}."
+            f"lane={wanted.name!r} but the installed TransformerLens provides the {installed.name!r} lane; "
+            f"pass lane='auto' or install {wanted.requirement}."
         )
-    return lane  # type: ignore[return-value]
+    return wanted
 
 
 def _looks_like_path(name: str) -> bool:
@@ -177,10 +180,7 @@ def load_model(
         check_model_name(name_or_path)  # offline: an unknown name fails here, not on the hub
         return fix_generate(_load_by_name(str(name_or_path), resolved, device=device, dtype=dtype))
     check_model_dir(path, "name_or_path")
-    if resolved == "bridge":
-        model = _load_bridge_dir(path, device=device, dtype=dtype)
-    else:
-        model = _load_legacy_dir(path, device=device, dtype=dtype)
+    model = resolved.load_dir(path, device=device, dtype=dtype)  # legacy: _load_legacy_dir
     if real_name is not None:
         model.cfg.model_name = real_name
     model.eval()
@@ -321,25 +321,7 @@ def load_default_model(**kwargs: Any) -> Any:
 
 
 def _load_by_name(name: str, lane: Lane, *, device: Any, dtype: torch.dtype) -> Any:
-    if lane == "bridge":
-        from transformer_lens.model_bridge import TransformerBridge
-
-        model = TransformerBridge.boot_transformers(name, device=device, dtype=dtype)
-    else:
-        from transformer_lens import HookedTransformer
-
-        model = HookedTransformer.from_pretrained_no_processing(name, device=device, dtype=dtype)
-    model.eval()
-    return model
-
-
-def _load_bridge_dir(path: Path, *, device: Any, dtype: torch.dtype) -> Any:
-    from transformer_lens.model_bridge import TransformerBridge
-
-    # Boot from the path string: TL then reads config, weights and tokenizer from disk. Passing an
-    # in-memory tokenizer / hf_model instead makes TL look the name up on the hub.
-    with quiet_transformers():
-        return TransformerBridge.boot_transformers(str(path), device=device, dtype=dtype)
+    return lane.boot_by_name(name, device=device, dtype=dtype)
 
 
 def _load_legacy_dir(path: Path, *, device: Any, dtype: torch.dtype) -> Any:

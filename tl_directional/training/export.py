@@ -37,7 +37,7 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
     from ..adapter import quiet_transformers
     from ..models import BUILD_INFO_FILE
 
-    if lane_of(model) != "bridge":
+    if not lane_of(model).hf_export:
         raise NotImplementedError(
             "export_model needs a bridge-lane model (TransformerLens >= 4): a legacy "
             "HookedTransformer keeps an untied unembedding and TL-format weights, which do not map "

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..adapter import hf_state_dict, is_bridge
+from ..adapter import lane_of
 from ..fileio import check_model_dir, write_manifest
 from .checkpoint import CheckpointError
 from .config import TrainConfig
@@ -92,15 +92,16 @@ def canonical_state_dict(model: Any) -> dict[str, Tensor]:
     ...), i.e. exactly what ``save_pretrained`` of an unwrapped model holds. Legacy lane: the
     ``HookedTransformer`` state dict (``blocks.0.attn.W_Q`` ...).
     """
-    if is_bridge(model):
+    lane = lane_of(model)
+    if lane.hf_export:  # a wrapped HF model: its native names are the HF ones
         hf = model.original_model
         wanted = _hf_reference_keys(hf.config)
-        sd = hf_state_dict(model)
+        sd = lane.native_state_dict(model)
         missing = [k for k in wanted if k not in sd]
         if missing:
             raise RuntimeError(f"cannot map bridge weights back to Hugging Face names: {missing[:5]}")
         return {k: sd[k].detach().clone().contiguous() for k in wanted}
-    return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()
+    return {k: v.detach().clone().contiguous() for k, v in lane.native_state_dict(model).items()
             if torch.is_floating_point(v) and not k.endswith((".IGNORE", ".mask"))}
 
 
@@ -114,10 +115,7 @@ def _hf_reference_keys(hf_config: Any) -> list[str]:
 
 def load_canonical_state_dict_(model: Any, state: dict[str, Tensor], *, source: str) -> None:
     """Copy ``state`` (from :func:`canonical_state_dict`) into ``model``'s parameters in place."""
-    if is_bridge(model):
-        live = hf_state_dict(model, keep_vars=True)
-    else:
-        live = dict(model.state_dict(keep_vars=True))
+    live = lane_of(model).native_state_dict(model, keep_vars=True)
     missing = [k for k in state if k not in live]
     if missing:
         raise CheckpointError(f"{source}: tensors {missing[:5]} do not exist in this model; the "
