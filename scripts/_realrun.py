@@ -16,7 +16,6 @@ Nothing here changes what the library measures; it only keeps the per-sequence s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -34,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import tl_directional.sweep_metrics as M  # noqa: E402  (the sweep's metric registries)
-from tl_directional.fileio import atomic_write_bytes, atomic_write_text  # noqa: E402
+from tl_directional.fileio import atomic_write_bytes, atomic_write_text, sha256_file  # noqa: E402
 from tl_directional.sweep import Setting, prediction_mask  # noqa: E402
 
 TEXTS = {
@@ -102,11 +101,7 @@ def sha256_cached(path: Path, cache: Path) -> str:
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     data = json.loads(cache.read_text()) if cache.is_file() else {}
     if key not in data:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        data[key] = h.hexdigest()
+        data[key] = sha256_file(path)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return data[key]
