@@ -57,17 +57,11 @@ class SafeScaleResult:
     note: str = ""
 
     def figure(self):
-        """Plotly figure of the evaluated damage with the budget and the interval."""
-        import plotly.graph_objects as go
+        """Plotly figure of the evaluated damage with the budget and the interval
+        (:func:`tl_directional.views.safe_scale_figure`)."""
+        from .views.sweep import safe_scale_figure
 
-        ev = self.evaluations.sort_values("scale")
-        fig = go.Figure(go.Scatter(x=ev["scale"], y=ev["cost"], mode="markers+lines", name=self.metric))
-        fig.add_hline(y=self.budget, line_dash="dash", line_color="red", annotation_text="budget")
-        fig.add_vrect(x0=self.interval[0], x1=self.interval[1], fillcolor="green", opacity=0.12, line_width=0)
-        layers = "all" if self.layers is None else ",".join(map(str, self.layers))
-        fig.update_layout(title=f"safe {self.which} interval, layers {layers}: [{self.interval[0]:.3g}, {self.interval[1]:.3g}]",
-                          xaxis_title=self.which, yaxis_title=self.metric, template="plotly_white")
-        return fig
+        return safe_scale_figure(self)
 
 
 def find_safe_scale(

@@ -71,6 +71,7 @@ from .sweep_metrics import (  # the metric registries; re-exported: `from tl_dir
     prediction_mask,
     top1_agreement,
 )
+from .views.sweep import sweep_figure  # the figure lives in the views; re-exported
 
 #: The sweep's space names with their descriptions: a read-only view of
 #: :data:`tl_directional.edit.EDIT_SPACES` (the one registry), kept for ``from sweep import SPACES``.
@@ -521,22 +522,6 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
                      "layers": "all" if s.layers is None else ",".join(map(str, s.layers)),
                      "label": s.label, **{c: r[c] for c in cols}})
     return pd.DataFrame(rows)
-
-
-def sweep_figure(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl"):
-    """Plotly figure: ``y`` against ``x`` per space (the component-scaling figure)."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    df = results[results["space"] != "baseline"]
-    for (space, layers), part in df.groupby(["space", "layers"], sort=False):
-        part = part.sort_values(x)
-        name = space if layers == "all" else f"{space} L={layers}"
-        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers", name=name))
-    fig.add_hline(y=0.0, line_dash="dot", line_color="gray")
-    fig.update_layout(xaxis_title=x, yaxis_title=y, title=f"{y} vs {x} per edit space",
-                      template="plotly_white", legend_title="space")
-    return fig
 
 
 __all__ = ["METRICS", "METRIC_REGISTRY", "QUANTITIES", "SPACES", "BaselineStats", "Metric", "MetricSums", "Quantity",
