@@ -51,7 +51,7 @@ results: $(STAMP)
 	$(PY) scripts/claims.py build
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check tl_directional tests benchmarks
+	$(VENV)/bin/ruff check tl_directional tests benchmarks scripts
 
 clean:
 	rm -rf .venv .venv-legacy demo_out demo_out-* site

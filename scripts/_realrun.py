@@ -16,7 +16,6 @@ Nothing here changes what the library measures; it only keeps the per-sequence s
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -33,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tl_directional.fileio import atomic_write_bytes, atomic_write_text  # noqa: E402
+import tl_directional.sweep_metrics as M  # noqa: E402  (the sweep's metric registries)
+from tl_directional.fileio import atomic_write_bytes, atomic_write_text, sha256_file  # noqa: E402
 from tl_directional.sweep import Setting, prediction_mask  # noqa: E402
 
 TEXTS = {
@@ -101,11 +101,7 @@ def sha256_cached(path: Path, cache: Path) -> str:
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     data = json.loads(cache.read_text()) if cache.is_file() else {}
     if key not in data:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-        data[key] = h.hexdigest()
+        data[key] = sha256_file(path)
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return data[key]
@@ -157,7 +153,7 @@ def provenance(model, model_arg: str, resolved: str, cache_dir: Path) -> dict:
 # per-sequence metrics and the sequence bootstrap
 # ---------------------------------------------------------------------------
 
-SEQ_FIELDS = ("tokens", "nll", "base_nll", "kl", "agree")
+SEQ_FIELDS = tuple(M.QUANTITIES)  # ("tokens", "nll", "base_nll", "kl", "top1_agree")
 
 
 def generated_line(meta: dict, tail: str = "") -> str:
@@ -186,13 +182,10 @@ def publish(page: Path, text: str, out: Path, files: dict[str, str]) -> None:
 
 
 def _per_row(base_lp, lp, target, mask):
-    """Per-row sums ``[b, 5]``: tokens, nll, base nll, KL(base || edited), top-1 agreement."""
-    m = mask.to(lp.dtype)
-    nll = -(lp.gather(-1, target).squeeze(-1) * m).sum(-1)
-    bnll = -(base_lp.gather(-1, target).squeeze(-1) * m).sum(-1)
-    kl = ((base_lp.exp() * (base_lp - lp)).sum(-1) * m).sum(-1)
-    agree = ((lp.argmax(-1) == base_lp.argmax(-1)).to(lp.dtype) * m).sum(-1)
-    return torch.stack([m.sum(-1), nll, bnll, kl, agree], -1).double()
+    """Per-row sums ``[b, 5]``: tokens, nll, base nll, KL(base || edited), top-1 agreement, by
+    the sweep's own formulas (:data:`tl_directional.sweep_metrics.QUANTITIES`; top-1 by
+    :func:`~tl_directional.sweep_metrics.top1_agreement`, the rule of ``sweep``)."""
+    return M.per_position_sums(base_lp, lp, target, mask)
 
 
 @torch.no_grad()
@@ -236,16 +229,19 @@ def bootstrap_weights(n: int, B: int, seed: int) -> torch.Tensor:
 
 def summarize(sums: torch.Tensor, weights: torch.Tensor) -> dict[str, float]:
     """Point values and 95% percentile intervals of delta loss, delta ppl, KL and top-1
-    agreement from per-sequence sums ``[n, 5]`` under bootstrap weights ``[B + 1, n]``."""
-    agg = weights @ sums  # [B+1, 5]
+    agreement (each registered metric's ``interval`` columns) from per-sequence sums ``[n, 5]``
+    under bootstrap weights ``[B + 1, n]``; the columns are the sweep's
+    (:func:`tl_directional.sweep_metrics.metric_columns`)."""
+    agg = weights @ sums  # [B+1, len(QUANTITIES)]
     tok = agg[:, 0].clamp_min(1)
-    loss, base = agg[:, 1] / tok, agg[:, 2] / tok
-    vals = {"delta_loss": loss - base, "delta_ppl": loss.exp() - base.exp(), "kl": agg[:, 3] / tok,
-            "top1_agree": agg[:, 4] / tok, "loss": loss, "ppl": loss.exp(), "base_loss": base, "base_ppl": base.exp()}
+    cols = M.metric_columns({k: agg[:, j] for j, k in enumerate(M.QUANTITIES)}, tok)  # the sweep's own columns
+    interval = [c for m in M.METRIC_REGISTRY.values() for c in m.interval]
+    order = [*interval, *sorted((c for c in cols if c not in interval), key=lambda c: c.startswith("base_"))]
     row = {"tokens": int(agg[0, 0])}
-    for k, v in vals.items():
+    for k in order:
+        v = cols[k]
         row[k] = float(v[0])
-        if k in ("delta_loss", "delta_ppl", "kl", "top1_agree"):
+        if k in interval:
             row[f"{k}_lo"] = float(torch.quantile(v[1:], 0.025))
             row[f"{k}_hi"] = float(torch.quantile(v[1:], 0.975))
     return row

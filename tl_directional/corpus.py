@@ -23,6 +23,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .fileio import (
+    sha256_file,  # the one sha256_file; re-exported for `from corpus import sha256_file`
+)
+
 #: The three splits that ``scripts/fetch_corpus.py`` writes.
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
 
@@ -42,15 +46,6 @@ _REGENERATE_SPLIT = (
 
 class CorpusIntegrityError(ValueError):
     """A corpus file does not match the sha256 recorded in its manifest."""
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:

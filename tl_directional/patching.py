@@ -41,6 +41,7 @@ from .sites import (
     normalize_layers,
     resolve_sites,
 )
+from .views.patching import split_dla_figure  # the figure lives in the views; re-exported
 
 WHICH = ("par", "perp", "full")
 
@@ -549,30 +550,6 @@ def split_logit_attribution(
         "adds; head rows are NaN, the attn / mlp rows are exact."
     ]
     return table
-
-
-def split_dla_figure(table: pd.DataFrame, sequence: int = 0):
-    """Per-head ``dla_par`` and ``dla_perp`` of one sequence as plotly heatmaps, in a
-    :class:`~tl_directional.views.PlotlyView` (like the other views: ``.figure``,
-    ``.data`` = the rows shown, ``.save``)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    from .views import PlotlyView
-
-    heads = table[(table["unit"] == "head") & (table["sequence"] == sequence)]
-    if heads.empty:
-        raise ValueError(f"table has no head rows for sequence={sequence}; pass split_logit_attribution's table")
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("parallel part", "perpendicular part"), shared_yaxes=True)
-    for col, key in enumerate(("dla_par", "dla_perp"), start=1):
-        grid = heads.pivot(index="layer", columns="head", values=key)
-        fig.add_trace(go.Heatmap(z=grid.values, x=list(grid.columns), y=list(grid.index), coloraxis="coloraxis"),
-                      row=1, col=col)
-    fig.update_layout(title="direct logit attribution per head, split", coloraxis={"colorscale": "RdBu", "cmid": 0},
-                      template="plotly_white")
-    fig.update_xaxes(title_text="head")
-    fig.update_yaxes(title_text="layer", col=1)
-    return PlotlyView(fig, data=heads.reset_index(drop=True), name="split_dla")
 
 
 __all__ = ["STREAM_COMPONENTS", "WHICH", "directional_patch", "split_dla_figure", "split_logit_attribution"]

@@ -10,8 +10,9 @@ can be stacked along the batch (per-row scales), and progress is checkpointed
 so an interrupted sweep resumes where it stopped. Under ``torchrun`` each rank
 evaluates a shard of the batches and the sums are all-reduced.
 
-:func:`find_safe_scale` searches the widest scale interval around 1 whose
-damage stays within a budget.
+The metrics are registries in :mod:`tl_directional.sweep_metrics` (adding one is one
+entry); :func:`find_safe_scale` (in :mod:`tl_directional.safe_scale`) searches the widest
+scale interval around 1 whose damage stays within a budget. Both are re-exported here.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,10 +31,9 @@ from typing import Any
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
-from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from . import sweep_metrics as _metrics
 from .adapter import (
     BlockInput,
     StopForward,
@@ -57,12 +57,25 @@ from .fileio import (
     sealed_json_loads,
 )
 from .inputs import TokenBatch, iter_batches, prepare_inputs, scale_list
+from .safe_scale import SafeScaleResult, find_safe_scale  # re-exported
 from .sites import normalize_layers, resolve_sites
+from .sweep_metrics import (  # the metric registries; re-exported: `from tl_directional.sweep import ...`
+    METRIC_REGISTRY,
+    METRICS,
+    QUANTITIES,
+    BaselineStats,
+    Metric,
+    MetricSums,
+    Quantity,
+    batch_metric_sums,
+    prediction_mask,
+    top1_agreement,
+)
+from .views.sweep import sweep_figure  # the figure lives in the views; re-exported
 
 #: The sweep's space names with their descriptions: a read-only view of
 #: :data:`tl_directional.edit.EDIT_SPACES` (the one registry), kept for ``from sweep import SPACES``.
 SPACES: Mapping[str, str] = MappingProxyType({name: space.description for name, space in EDIT_SPACES.items()})
-METRICS = ("loss", "ppl", "kl", "top1_agree")
 
 
 @dataclass(frozen=True)
@@ -140,193 +153,6 @@ def grid(
             seen.add(s)
             unique.append(s)
     return unique
-
-
-# ---------------------------------------------------------------------------
-# per-batch metric sums
-# ---------------------------------------------------------------------------
-
-
-def prediction_mask(attention_mask: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos-1"]:
-    """Positions ``t`` whose next token ``t + 1`` is a real token of the same sequence."""
-    m = attention_mask.bool()
-    return m[:, :-1] & m[:, 1:]
-
-
-@dataclass
-class MetricSums:
-    """Exact sums over predicted tokens, to be added across batches and ranks."""
-
-    tokens: float = 0.0
-    nll: float = 0.0
-    base_nll: float = 0.0
-    kl: float = 0.0
-    top1_agree: float = 0.0
-
-    def add_(self, other: MetricSums) -> MetricSums:
-        for k in ("tokens", "nll", "base_nll", "kl", "top1_agree"):
-            setattr(self, k, getattr(self, k) + getattr(other, k))
-        return self
-
-    def as_tensor(self) -> Tensor:
-        return torch.tensor([self.tokens, self.nll, self.base_nll, self.kl, self.top1_agree], dtype=torch.float64)
-
-    @classmethod
-    def from_tensor(cls, t: Tensor) -> MetricSums:
-        return cls(*[float(x) for x in t.tolist()])
-
-    def to_disk(self) -> list:
-        """Exact form for a checkpoint: token and agreement counts as ints, sums as float64."""
-        return [int(self.tokens), self.nll, self.base_nll, self.kl, int(self.top1_agree)]
-
-    @classmethod
-    def from_disk(cls, values) -> MetricSums:
-        if not isinstance(values, list) or len(values) != 5 or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            raise ValueError(f"sums must be a list of 5 numbers, got {values!r}")
-        return cls(*[float(v) for v in values])
-
-    def row(self) -> dict:
-        n = max(self.tokens, 1.0)
-        loss, base = self.nll / n, self.base_nll / n
-        return {
-            "tokens": int(self.tokens),
-            "loss": loss,
-            "base_loss": base,
-            "delta_loss": loss - base,
-            "ppl": math.exp(loss),
-            "base_ppl": math.exp(base),
-            "delta_ppl": math.exp(loss) - math.exp(base),
-            "kl": self.kl / n,
-            "top1_agree": self.top1_agree / n,
-        }
-
-
-class BaselineStats:
-    """What every setting is compared with on one batch, computed once: the unedited
-    next-token probabilities at every position, ``sum_v p log p`` per position (for the
-    KL), the baseline NLL sum and the baseline's top-1 (argmax of its logits).
-
-    :meth:`compare` then needs, per setting, three vocabulary-sized passes: one fused
-    ``log_softmax`` of each position's logits ``z`` (then the target's log-prob, a gather),
-    the dot product of its result with the baseline probabilities (``KL(base || edited) =
-    sum p log p - p . log q``) and the largest logit (``amax``: top-1 agreement is
-    ``z[top1_base] == max z``, so an exact tie for the largest counts as agreement).
-    Vocabulary-sized work runs over chunks of positions of at most :data:`CHUNK_ELEMENTS`
-    logits, small enough that a chunk stays in the CPU's cache between those passes and that
-    a 262k-vocabulary model never holds a second ``[batch, pos, vocab]`` tensor beside the
-    logits; :meth:`compare_hidden` forms the logits themselves a chunk at a time. The baseline probabilities are kept
-    when they have at most :data:`KEEP_PROBS_ELEMENTS` elements, else recomputed per chunk.
-    Per-position values are formed in the logits' precision (float32, or float64 for a
-    float64 model); the sums over positions are float64.
-    """
-
-    #: logits per chunk of vocabulary-sized work (4 MiB in float32: 128 positions of an
-    #: 8192-token vocabulary, 4 of Gemma-3's 262k), so that the chunk's log-probs are still
-    #: in cache when they are read again
-    CHUNK_ELEMENTS = 1 << 20
-    #: keep the baseline probabilities when they have at most this many elements
-    KEEP_PROBS_ELEMENTS = 1 << 25
-
-    @torch.no_grad()
-    def __init__(self, base_logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"],
-                 attention_mask: Int[Tensor, "batch pos"]):
-        self.mask = prediction_mask(attention_mask)
-        batch, pos, vocab = base_logits.shape
-        dev = base_logits.device
-        self.target = tokens[:, 1:][self.mask][:, None]
-        self.dtype = torch.float64 if base_logits.dtype == torch.float64 else torch.float32
-        # Row b * pos + t of the flat [batch * pos, vocab] logits predicts token t + 1. Rows are
-        # processed in contiguous slices (views, no gather); rows that predict nothing (the
-        # last position, padding) are computed and weighted out, 1 / pos extra work.
-        weight = torch.zeros(batch, pos, dtype=torch.bool, device=dev)
-        weight[:, :-1] = self.mask.to(dev)
-        self._weight = weight.reshape(-1)
-        tgt = torch.zeros(batch, pos, dtype=torch.long, device=dev)
-        tgt[:, :-1] = tokens[:, 1:].to(dev)
-        self._tgt = tgt.reshape(-1, 1)
-        self._base = base_logits.reshape(-1, vocab)
-        step = max(1, self.CHUNK_ELEMENTS // vocab)
-        n_rows = batch * pos
-        self.ranges = [(a, min(a + step, n_rows)) for a in range(0, n_rows, step)]
-        keep = n_rows * vocab <= self.KEEP_PROBS_ELEMENTS
-        self._p: list[Tensor] = []
-        plp = torch.empty(n_rows, dtype=self.dtype, device=dev)
-        tgt_lp = torch.empty(n_rows, dtype=self.dtype, device=dev)
-        self._top1 = torch.empty(n_rows, dtype=torch.long, device=dev)
-        for a, e in self.ranges:
-            z = self._base[a:e]
-            base_lp = F.log_softmax(z.to(self.dtype), dim=-1)
-            p = base_lp.exp()
-            plp[a:e] = _row_dot(p, base_lp)
-            tgt_lp[a:e] = base_lp.gather(-1, self._tgt[a:e]).squeeze(-1)
-            self._top1[a:e] = z.argmax(-1)
-            if keep:
-                self._p.append(p)
-        self._plp_rows = plp
-        self.p_log_p = _weighted_sum(plp, self._weight)
-        self.base_nll = -_weighted_sum(tgt_lp, self._weight)
-        self.tokens = float(self.mask.sum())
-
-    def _probs(self, c: int) -> Tensor:
-        """The baseline probabilities of chunk ``c`` (kept, or recomputed from the logits)."""
-        if self._p:
-            return self._p[c]
-        a, e = self.ranges[c]
-        return F.log_softmax(self._base[a:e].to(self.dtype), dim=-1).exp()
-
-    @torch.no_grad()
-    def compare(self, logits: Float[Tensor, "batch pos vocab"]) -> MetricSums:
-        """Sums of next-token NLL (edited and base), ``KL(base || edited)`` and top-1
-        agreement (the baseline's top-1 token has the largest edited logit) over the
-        predicted tokens."""
-        flat = logits.reshape(-1, logits.shape[-1])
-        return self._compare(lambda a, e: flat[a:e], flat.shape[0], flat.device)
-
-    @torch.no_grad()
-    def compare_hidden(self, hidden: Float[Tensor, "batch pos d_model"], unembed: Unembedding) -> MetricSums:
-        """:meth:`compare` from the unembedding's input (``hidden`` at ``unembed.hook``): each
-        chunk's logits are computed, reduced and dropped, so no ``[batch, pos, vocab]`` tensor
-        is ever formed."""
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        return self._compare(lambda a, e: unembed.logits(flat[a:e]), flat.shape[0], flat.device)
-
-    def _compare(self, chunk_logits: Callable[[int, int], Tensor], n_rows: int, device) -> MetricSums:
-        p_lq = torch.empty(n_rows, dtype=self.dtype, device=device)
-        tgt_lq = torch.empty(n_rows, dtype=self.dtype, device=device)
-        agree = torch.empty(n_rows, dtype=torch.bool, device=device)
-        for c, (a, e) in enumerate(self.ranges):
-            z = chunk_logits(a, e)
-            lq = F.log_softmax(z.to(self.dtype), dim=-1)  # the one vocabulary-sized temporary
-            p_lq[a:e] = _row_dot(self._probs(c), lq)
-            tgt_lq[a:e] = lq.gather(-1, self._tgt[a:e]).squeeze(-1)
-            # top-1 agreement: the baseline's argmax holds the largest logit (an exact tie for
-            # the largest counts as agreement); amax is one vectorised pass, argmax is not
-            agree[a:e] = z.gather(-1, self._top1[a:e, None]).squeeze(-1) == z.amax(-1)
-        w = self._weight
-        sums = torch.stack([-_weighted_sum(tgt_lq, w), _weighted_sum(self._plp_rows - p_lq, w),
-                            (w & agree).sum().to(torch.float64)]).tolist()
-        return MetricSums(self.tokens, sums[0], float(self.base_nll), sums[1], sums[2])
-
-
-def _row_dot(x: Float[Tensor, "rows vocab"], y: Float[Tensor, "rows vocab"]) -> Float[Tensor, " rows"]:
-    """``(x * y).sum(-1)`` per row without a ``[rows, vocab]`` product tensor."""
-    return torch.linalg.vecdot(x, y)
-
-
-def _weighted_sum(values: Float[Tensor, " rows"], weight) -> Tensor:
-    """Sum of ``values`` over the rows where ``weight`` is True, in float64."""
-    return torch.where(weight, values.to(torch.float64), 0.0).sum()
-
-
-def batch_metric_sums(
-    base_logits: Float[Tensor, "batch pos vocab"],
-    logits: Float[Tensor, "batch pos vocab"],
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"],
-) -> MetricSums:
-    """One-off comparison of ``logits`` with ``base_logits`` (see :class:`BaselineStats`)."""
-    return BaselineStats(base_logits, tokens, attention_mask).compare(logits)
 
 
 # ---------------------------------------------------------------------------
@@ -574,9 +400,9 @@ def sweep(
     for i, s in enumerate(settings):
         if not isinstance(s, Setting):
             raise TypeError(f"edits_grid[{i}] is a {type(s).__name__}, not a Setting; use grid(...)")
-    bad = [m for m in metrics if m not in METRICS]
+    bad = [m for m in metrics if m not in _metrics.METRIC_REGISTRY]
     if bad:
-        raise ValueError(f"metrics has unknown {bad}; choose from {METRICS}")
+        raise ValueError(f"metrics has unknown {bad}; choose from {tuple(_metrics.METRIC_REGISTRY)}")
     if not isinstance(stack, int) or stack < 1:
         raise ValueError(f"stack must be a positive int, got {stack!r}")
     sites = resolve_sites(model, warn=False)
@@ -660,7 +486,7 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
                 if kept is None or not unembedding_matches(unembed, kept, base_logits):
                     unembed = None
             base = BaselineStats(base_logits, part.tokens, part.attention_mask)
-            base_sums.add_(MetricSums(base.tokens, float(base.base_nll), float(base.base_nll), 0.0, base.tokens))
+            base_sums.add_(MetricSums.of_baseline(base))
             for group, start in zip(groups, starts, strict=True):
                 prefix = None if start is None else prefixes[start]
                 for s, m in zip(group, _eval_group(model, part, base, group, prefix, unembed), strict=True):
@@ -682,13 +508,13 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
         # the group; let the caller's destroy_process_group() free it (see tl_directional.distributed)
         release_captured_groups()
 
-    keep = {"loss": ["loss", "base_loss", "delta_loss"], "ppl": ["ppl", "base_ppl", "delta_ppl"],
-            "kl": ["kl"], "top1_agree": ["top1_agree"]}
-    cols = ["tokens"] + [c for m in metrics for c in keep[m]]
+    registry = _metrics.METRIC_REGISTRY  # looked up here: one entry there is all a new metric needs
+    cols = ["tokens"] + [c for m in metrics for c in registry[m].columns]
     rows = []
     base_row = {"space": "baseline", "s_par": 1.0, "s_perp": 1.0, "layers": "all", "label": "baseline"}
     full = base_sums.row()
-    full.update(delta_loss=0.0, delta_ppl=0.0, kl=0.0, top1_agree=1.0)
+    for m in registry.values():
+        full.update(m.baseline)
     rows.append({**base_row, **{c: full[c] for c in cols}})
     for s in settings:
         r = sums[s.label].row()
@@ -698,184 +524,6 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
     return pd.DataFrame(rows)
 
 
-def sweep_figure(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl"):
-    """Plotly figure: ``y`` against ``x`` per space (the component-scaling figure)."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    df = results[results["space"] != "baseline"]
-    for (space, layers), part in df.groupby(["space", "layers"], sort=False):
-        part = part.sort_values(x)
-        name = space if layers == "all" else f"{space} L={layers}"
-        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers", name=name))
-    fig.add_hline(y=0.0, line_dash="dot", line_color="gray")
-    fig.update_layout(xaxis_title=x, yaxis_title=y, title=f"{y} vs {x} per edit space",
-                      template="plotly_white", legend_title="space")
-    return fig
-
-
-# ---------------------------------------------------------------------------
-# safe-scale search
-# ---------------------------------------------------------------------------
-
-
-class _Evaluator:
-    """Damage of an edit on a small token set, with the baseline cached once."""
-
-    def __init__(self, model, inputs, batch_size: int, attention_mask=None):
-        self.model = model
-        batch = prepare_inputs(model, inputs, attention_mask, min_tokens=2)
-        device = device_of(model)
-        self.batches = [b.to(device) for b in iter_batches(batch, batch_size)]
-        with torch.no_grad():
-            self.base = [BaselineStats(_forward(model, b), b.tokens, b.attention_mask) for b in self.batches]
-        self.n_evals = 0
-
-    def damage(self, edits: Sequence[Edit]) -> dict:
-        total = MetricSums()
-        with torch.no_grad(), apply_edits(self.model, *edits):
-            for b, base in zip(self.batches, self.base, strict=True):
-                total.add_(base.compare(_forward(self.model, b)))
-        self.n_evals += 1
-        return total.row()
-
-
-@dataclass
-class SafeScaleResult:
-    """Outcome of :func:`find_safe_scale` for one layer group and one scale."""
-
-    which: str  # "s_par" or "s_perp"
-    layers: tuple[int, ...] | None
-    interval: tuple[float, float]
-    budget: float
-    metric: str
-    evaluations: pd.DataFrame
-    hit_bounds: tuple[bool, bool]
-    note: str = ""
-
-    def figure(self):
-        """Plotly figure of the evaluated damage with the budget and the interval."""
-        import plotly.graph_objects as go
-
-        ev = self.evaluations.sort_values("scale")
-        fig = go.Figure(go.Scatter(x=ev["scale"], y=ev["cost"], mode="markers+lines", name=self.metric))
-        fig.add_hline(y=self.budget, line_dash="dash", line_color="red", annotation_text="budget")
-        fig.add_vrect(x0=self.interval[0], x1=self.interval[1], fillcolor="green", opacity=0.12, line_width=0)
-        layers = "all" if self.layers is None else ",".join(map(str, self.layers))
-        fig.update_layout(title=f"safe {self.which} interval, layers {layers}: [{self.interval[0]:.3g}, {self.interval[1]:.3g}]",
-                          xaxis_title=self.which, yaxis_title=self.metric, template="plotly_white")
-        return fig
-
-
-def find_safe_scale(
-    model,
-    inputs,
-    edit_factory: Callable[..., Edit | Sequence[Edit]] | str,
-    budget: float = 0.05,
-    *,
-    metric: str = "delta_loss",
-    which: str = "s_par",
-    bounds: tuple[float, float] = (-1.0, 3.0),
-    grid_points: int = 9,
-    refine_steps: int = 4,
-    layer_groups: Sequence[Sequence[int] | None] | None = None,
-    batch_size: int = 8,
-) -> list[SafeScaleResult]:
-    """Widest interval ``[lo, hi]`` containing 1 for one scale whose damage stays within ``budget``.
-
-    Args:
-        edit_factory: a scaled space name from :data:`~tl_directional.edit.EDIT_SPACES` or a callable
-            ``f(s_par=..., s_perp=..., layers=...) -> Edit | [Edit]``.
-        budget: the largest allowed ``metric`` (``delta_loss`` in nats, or ``kl``).
-        which: ``"s_par"`` or ``"s_perp"`` (the other scale stays 1).
-        bounds: the search range; the interval never leaves it.
-        grid_points: coarse grid over ``bounds`` (1 is always added).
-        refine_steps: bisection steps per boundary between the last passing and the
-            first failing grid point.
-        layer_groups: search separately per group (e.g. ``[[0], [1], [2, 3]]``);
-            None searches all layers at once.
-
-    Evaluations: ``grid_points + 1 + 2 * refine_steps`` per group at most.
-
-    What it can miss: the loss need not be monotonic in the scale. The interval is
-    bounded by the first failing *evaluated* point on each side of 1; a failure
-    narrower than the grid spacing between two passing points is not seen, and a
-    second safe region beyond a failing point is not reported.
-    """
-    if metric not in ("delta_loss", "kl"):
-        raise ValueError(f"metric must be 'delta_loss' or 'kl', got {metric!r}")
-    if which not in ("s_par", "s_perp"):
-        raise ValueError(f"which must be 's_par' or 's_perp', got {which!r}")
-    lo_b, hi_b = float(bounds[0]), float(bounds[1])
-    if not (math.isfinite(lo_b) and math.isfinite(hi_b) and lo_b < 1.0 < hi_b):
-        raise ValueError(f"bounds must be finite with lo < 1 < hi, got {bounds!r}")
-    if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget >= 0):
-        raise ValueError(f"budget must be a finite non-negative number, got {budget!r}")
-    if grid_points < 2:
-        raise ValueError(f"grid_points must be >= 2, got {grid_points}")
-    if isinstance(edit_factory, str):
-        space = edit_factory
-        scaled = sorted(name for name, sp in EDIT_SPACES.items() if sp.scaled)  # hard-diag has no scale to search
-        if space not in scaled:
-            raise ValueError(f"edit_factory space must be one of {scaled}, got {space!r}")
-
-        def factory(s_par=1.0, s_perp=1.0, layers=None):
-            return Setting(space, s_par, s_perp, None if layers is None else tuple(layers)).edits()
-    elif callable(edit_factory):
-        factory = edit_factory
-    else:
-        raise TypeError("edit_factory must be a space name or a callable f(s_par=, s_perp=, layers=)")
-
-    evaluator = _Evaluator(model, inputs, batch_size)
-    groups = [None] if layer_groups is None else [None if g is None else tuple(g) for g in layer_groups]
-    return [
-        _search_group(evaluator, factory, group, budget=float(budget), metric=metric, which=which,
-                      bounds=(lo_b, hi_b), grid_points=grid_points, refine_steps=refine_steps)
-        for group in groups
-    ]
-
-
-def _search_group(evaluator: _Evaluator, factory, group, *, budget, metric, which, bounds, grid_points,
-                  refine_steps) -> SafeScaleResult:
-    """Grid over ``bounds``, walk outward from 1 while the cost stays within budget,
-    then bisect each boundary between the last passing and first failing point."""
-    evals: dict[float, float] = {}
-
-    def cost(s: float) -> float:
-        if s not in evals:
-            edits = factory(**{which: s, "layers": None if group is None else list(group)})
-            edits = [edits] if isinstance(edits, Edit) else list(edits)
-            evals[s] = evaluator.damage(edits)[metric]
-        return evals[s]
-
-    points = sorted(set(torch.linspace(bounds[0], bounds[1], grid_points).tolist()) | {1.0})
-    for p in points:
-        cost(p)
-    ones = points.index(1.0)
-    edges = []
-    for direction in (-1, 1):
-        i = ones
-        while 0 <= i + direction < len(points) and cost(points[i + direction]) <= budget:
-            i += direction
-        passing = points[i]
-        if not 0 <= i + direction < len(points):
-            edges.append((passing, True))
-            continue
-        failing = points[i + direction]
-        for _ in range(refine_steps):
-            mid = 0.5 * (passing + failing)
-            if cost(mid) <= budget:
-                passing = mid
-            else:
-                failing = mid
-        edges.append((passing, False))
-    ev = pd.DataFrame({"scale": list(evals), "cost": list(evals.values())}).sort_values("scale")
-    note = "the unedited model already exceeds the budget" if cost(1.0) > budget else ""
-    return SafeScaleResult(
-        which=which, layers=group, interval=(edges[0][0], edges[1][0]), budget=budget, metric=metric,
-        evaluations=ev.reset_index(drop=True), hit_bounds=(edges[0][1], edges[1][1]), note=note,
-    )
-
-
-__all__ = ["METRICS", "SPACES", "BaselineStats", "SafeScaleResult", "Setting", "batch_metric_sums", "find_safe_scale", "grid",
-           "prediction_mask", "sweep", "sweep_figure"]
+__all__ = ["METRICS", "METRIC_REGISTRY", "QUANTITIES", "SPACES", "BaselineStats", "Metric", "MetricSums", "Quantity",
+           "SafeScaleResult", "Setting", "batch_metric_sums", "find_safe_scale", "grid", "prediction_mask", "sweep",
+           "sweep_figure", "top1_agreement"]

@@ -5,7 +5,8 @@
   :func:`pooled_sums`; METHOD.md sec. 6);
 - :mod:`~tl_directional.compression.gate`: the label-free gate (:func:`compress_check`,
   :class:`CheckResult`);
-- :mod:`~tl_directional.compression.charts`: small self-contained SVG charts.
+- :mod:`~tl_directional.compression.charts`: small self-contained SVG charts (they live in
+  :mod:`tl_directional.views.svg`, with every other figure; re-exported).
 
 The compressors themselves live in :mod:`tl_directional.compress` (re-exported here);
 the commands ``compress`` and ``compress-check`` in :mod:`tl_directional.cli`.

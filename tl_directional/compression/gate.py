@@ -8,16 +8,14 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from ..adapter import hf_state_key
-from ..page import Report
 from ..sites import resolve_sites
-from .charts import svg_chart
+from ..views.gate import compress_check_page
 from .geometry import compression_geometry, normalize_targets
 
 GATE_METRICS = ("err_perp_energy", "err_perp_over_update", "err_perp_energy_vs_resid")
@@ -84,28 +82,7 @@ class CheckResult:
 
     def _write_report(self, out: Path) -> Path:
         self.geometry.to_csv(out / "geometry.csv", index=False)
-        series = {}
-        for unit in self.units:
-            sub = self.table[self.table.unit == unit].sort_values("layer")
-            series[unit] = list(zip(sub.layer.tolist(), sub[self.metric].tolist(), strict=True))
-        chart = svg_chart(series, title=f"{self.metric} per layer", xlabel="layer", ylabel=self.metric,
-                          hline=(self.threshold, "threshold"))
-        verdict = "PASS" if self.passed else "FAIL"
-        color = "#1a7f37" if self.passed else "#cf222e"
-        reasons = "".join(f"<li>{escape(r)}</li>" for r in self.reasons)
-        fmt = lambda x: f"{x:.4g}"  # noqa: E731 - pandas float_format
-        rep = Report(f"compress-check {verdict}")
-        rep.add_html(f'<p style="font-size:20px;font-weight:bold;color:{color}">{verdict}</p>')
-        rep.add_html(f"""<p>metric <code>{escape(self.metric)}</code> (label-free: no labels or logits, only the layer updates),
-threshold {self.threshold:g}, units {escape(", ".join(self.units))}, {escape(self.mode)} mode,
-{self.geometry.attrs.get("tokens", 0)} tokens.<br>dense: <code>{escape(self.dense_name)}</code><br>
-compressed: <code>{escape(self.compressed_name)}</code></p><ul>{reasons}</ul>""")
-        rep.add_html(chart)
-        rep.add_html(f"<h2>Worst layers</h2>{self.worst(10)[self._summary_columns()].to_html(index=False, float_format=fmt)}")
-        rep.add_html(f"<h2>All checked rows</h2>{self.table.to_html(index=False, float_format=fmt)}")
-        rep.add_html("""<p>Definitions: METHOD.md sec. 6; <code>err_perp_energy = sqrt(sum ||e_perp||^2 / sum ||u||^2)</code>
-with <code>e = u' - u</code> split against the dense update <code>u</code>.</p>""")
-        return rep.save(out / "report.html")
+        return compress_check_page(self).save(out / "report.html")
 
 
 def nonfinite_parameters(model) -> list[tuple[str, int]]:

@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from ..fileio import ArtefactError, check_replaceable
-from .checkpoint import CheckpointError
+from ..cli.errors import USER_ERRORS, UsageError, report_user_error
+from ..cli.options import _Parser
+from ..fileio import check_replaceable
 from .config import TOKENIZER_DIR, VARIANTS, TrainConfig
-from .data import TokenizerMismatchError, load_tokenizer
+from .data import load_tokenizer
 from .experiment import DEFAULT_SEEDS, EXPERIMENT_DEFAULTS, run_experiment
 from .export import export_model
 from .trainer import train
@@ -51,7 +52,7 @@ def config_from_args(args: argparse.Namespace, **override: Any) -> TrainConfig:
 
 
 def build_train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="tl-directional train",
         description="Train a GPT-2 with a directional edit active (baseline | vpara | attn-para). "
         "Resumes from the last checkpoint in --out. Use torchrun for several processes.",
@@ -81,9 +82,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
             check_replaceable(args.export, "export", force=args.export_force, force_hint="pass --export-force")
         result = train(cfg, args.out, resume=not args.no_resume, stop_after=args.stop_after,
                        progress=not args.quiet, device=args.device)
-    except (CheckpointError, TokenizerMismatchError, FileNotFoundError, ValueError) as err:
-        print(f"tl-directional train: error: {err}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as err:  # the CLI's one error path: one line 'error: ...', exit 2
+        return report_user_error(err)
     if int(os.environ.get("RANK", "0")) == 0:
         if result.final_val_loss is not None:
             print(f"{cfg.variant} seed {cfg.seed}: step {result.step}, final validation loss "
@@ -96,15 +96,14 @@ def train_main(argv: Sequence[str] | None = None) -> int:
                 export_model(result.model, tokenizer, args.export, dtype=getattr(torch, args.export_dtype),
                              extra_info={"train_config": cfg.to_dict(), "final_val_loss": result.final_val_loss},
                              force=args.export_force, force_hint="pass --export-force")
-            except ArtefactError as err:
-                print(f"tl-directional train: error: {err}", file=sys.stderr)
-                return 2
+            except USER_ERRORS as err:
+                return report_user_error(err)
             print(f"exported to {args.export}")
     return 0
 
 
 def build_experiment_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="tl-directional experiment",
         description="Train baseline / vpara / attn-para over several seeds and compare them "
         "(validation curves, paired final-loss table, pre-edit geometry).",
@@ -131,9 +130,8 @@ def experiment_main(argv: Sequence[str] | None = None) -> int:
         base = config_from_args(args)
         run_experiment(base, args.out, seeds=seeds, variants=variants, progress=not args.quiet,
                        report_only=args.report_only, profile_windows=args.profile_windows)
-    except (CheckpointError, TokenizerMismatchError, FileNotFoundError, ValueError) as err:
-        print(f"tl-directional experiment: error: {err}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as err:
+        return report_user_error(err)
     return 0
 
 
@@ -146,8 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in COMMANDS:
         got = repr(argv[0]) if argv else "nothing"
-        print(f"usage: python -m tl_directional.training {{{','.join(COMMANDS)}}} ...\n"
-              f"error: the first argument must be one of {', '.join(COMMANDS)}, got {got}; "
-              "add --help after it for its settings.", file=sys.stderr)
-        return 2
+        print(f"usage: python -m tl_directional.training {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
+        return report_user_error(UsageError(f"the first argument must be one of {', '.join(COMMANDS)}, "
+                                            f"got {got}; add --help after it for its settings."))
     return COMMANDS[argv[0]](argv[1:])

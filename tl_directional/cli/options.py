@@ -1,0 +1,214 @@
+"""What the commands share: model / text / output-directory arguments checked before any work,
+the option parsers, and the argparse parser with the CLI's one-line error format."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .errors import USER_ERRORS, UsageError
+
+
+def _check_model_arg(name, option: str) -> None:
+    """Fail at once, offline, on a ``--model`` / ``--dense`` value that cannot load: a path
+    that does not exist, or a name that is neither a catalogue entry nor a TransformerLens name."""
+    from ..models import UnknownModelError, catalogue_names, check_model_name
+    from ..models.load import _looks_like_path
+
+    text = str(name)
+    if Path(text).expanduser().exists() or text in catalogue_names():
+        return
+    if _looks_like_path(text):
+        raise UsageError(f"{option} {text} does not exist; pass an existing Hugging Face model directory, "
+                         f"or a catalogue name ({', '.join(catalogue_names())}; see `tl-directional models`)")
+    try:
+        check_model_name(text)
+    except UnknownModelError as exc:
+        raise UsageError(exc.describe(f"{option} {text}")) from None
+
+
+def _load_model_arg(name: str, option: str = "--model"):
+    """``load_model(name)`` with the option named in any error."""
+    from ..models import load_model
+
+    _check_model_arg(name, option)
+    try:
+        return load_model(name)
+    except USER_ERRORS as exc:
+        hint = ""
+        if name != "default" and not Path(name).expanduser().exists() and not any(c in name for c in "/\\.~"):
+            hint = (" (no such directory; a TransformerLens model name needs the hub or a warm HF "
+                    "cache: pass a local HF model directory, or 'default' for the bundled model)")
+        raise UsageError(f"{option} {name}: {' '.join(str(exc).split())}{hint}") from exc
+
+
+def _out_dir(path: str, option: str = "--out") -> Path:
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{option} {path} is an existing file, not a directory; pass a directory path")
+    return out
+
+
+#: The output policy of every command that writes a directory: it may write into a directory
+#: that is absent, empty, or a previous output of the same command (its manifest says so);
+#: anything else (another command's output, foreign files) is refused unless --force.
+_OUTPUT_KINDS = {"profile": "profile", "sweep": "sweep", "report": "report",
+                 "compress-check": "compress-check-report", "compress": "compressed-model"}
+#: Files an output of that kind held before outputs carried a manifest.
+_LEGACY_NAMES = {
+    "sweep": frozenset({"sweep.csv", "sweep.html", "sweep.progress.json"}),
+    "profile": frozenset({"metadata.json"} | {f"{t}.{f}" for t in ("residual", "value") for f in ("csv", "parquet")}),
+}
+
+
+def _claim_out(path: str, command: str, force: bool, option: str = "--out") -> Path:
+    """Check ``path`` against the output policy before any work is done (one message for
+    every command: what the directory holds, and ``--force`` to replace it)."""
+    from ..fileio import check_replaceable
+
+    out = _out_dir(path, option)
+    check_replaceable(out, _OUTPUT_KINDS[command], force=force, force_hint="pass --force",
+                      legacy_names=_LEGACY_NAMES.get(command, frozenset()))
+    return out
+
+
+def _float_list(text: str) -> list[float]:
+    """Parse ``"-1,0,0.5"`` (negative values included) into floats."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def load_text_sequences(model, text_file: str | None, *, max_sequences: int, seq_len: int,
+                        text_option: str = "--text"):
+    """:func:`tl_directional.inputs.load_text_sequences` (its home) with errors naming the
+    options ``--text`` (or ``text_option``) / ``--seq-len``; kept here for scripts that import
+    it from the CLI."""
+    from ..inputs import load_text_sequences as load
+
+    return load(model, text_file, max_sequences=max_sequences, seq_len=seq_len, text_argument=text_option,
+                seq_len_argument="--seq-len")
+
+def _layer_sets(text: str, n_layers: int | None = None) -> list:
+    """``"all"`` -> [None]; ``"0-3;5"`` -> [[0, 1, 2, 3], [5]] (``;`` separates sets); negative
+    layers count from the end (``-1`` is the last; a range ``0-3`` has non-negative ends).
+    With ``n_layers`` every layer is checked and normalised to ``0..n_layers-1``."""
+    from ..sites import normalize_layers
+
+    out = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part or part == "all":
+            out.append(None)
+            continue
+        layers = []
+        try:
+            for piece in part.split(","):
+                piece = piece.strip()
+                if "-" in piece and not piece.startswith("-"):  # a range "a-b"
+                    a, b = piece.split("-", 1)
+                    if int(b) < int(a):
+                        raise UsageError(f"--layers {text!r}: the range {piece!r} is empty (it ends below its "
+                                         f"start); write it low-high, e.g. '{int(b)}-{int(a)}', or 'all' for every "
+                                         "layer")
+                    layers += list(range(int(a), int(b) + 1))
+                else:  # one layer, possibly negative
+                    layers.append(int(piece))
+        except ValueError:
+            raise UsageError(f"--layers {text!r}: expected layer sets like 'all', '0-3', '0,2;-1'") from None
+        if n_layers is not None:
+            try:
+                layers = normalize_layers(layers, n_layers, "--layers")
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        out.append(layers)
+    return out
+
+
+def _check_spaces(text: str) -> list[str]:
+    from ..edit import EDIT_SPACES
+
+    spaces = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in spaces if s not in EDIT_SPACES]
+    if bad or not spaces:
+        raise UsageError(f"--space {text!r}: unknown space {bad[0] if bad else '(none)'}; choose from {', '.join(sorted(EDIT_SPACES))}")
+    return spaces
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line error format (exit status 2, as argparse's own)."""
+
+    def error(self, message):
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+class _DefaultsHelp(argparse.HelpFormatter):
+    """Shows an option's default in its help, unless it is None / False or already stated."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        default = action.default
+        if isinstance(default, list):
+            default = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in default)
+        return f"{text} (default: {default})"
+
+
+_HELP = {
+    "text": "UTF-8 text file (default: the bundled held-out KJV slice)",
+    "max_sequences": "at most this many sequences of the text",
+    "seq_len": "tokens per sequence, BOS included (at most the model's n_ctx)",
+    "batch_size": "sequences per forward pass",
+    "quiet": "no progress bars",
+    "force": "replace the output directory even when it holds another command's output or other files "
+             "(without it, only an absent, empty or same-command directory is written)",
+}
+
+
+def _model_help() -> str:
+    from ..models import catalogue_names
+
+    real = ", ".join(n for n in catalogue_names() if n != "default")
+    return (f"a catalogue name: 'default' (the bundled model) or a real model ({real}; "
+            "`tl-directional models` lists them); a local HF model directory; or a TransformerLens "
+            "model name such as gpt2 (needs the hub). Any other name fails at once")
+
+
+def _common(p, *, max_sequences: int, seq_len: int) -> None:
+    p.add_argument("--model", default="default", help=_model_help())
+    p.add_argument("--text", default=None, help=_HELP["text"])
+    p.add_argument("--max-sequences", type=_positive_int, default=max_sequences, help=_HELP["max_sequences"])
+    p.add_argument("--seq-len", type=_positive_int, default=seq_len, help=_HELP["seq_len"])
+    p.add_argument("--batch-size", type=_positive_int, default=8, help=_HELP["batch_size"])
+
+
+def _load_checked(path, argument: str):
+    """Load a model for the CLI; a missing, corrupt or truncated file is a user error
+    (exit 2) naming the argument and the file, never the gate's FAIL status."""
+    from ..fileio import ArtefactError, check_model_dir
+    from ..models import load_model
+
+    _check_model_arg(path, argument)
+    check_model_dir(path, argument)
+    try:
+        return load_model(path)
+    except (ValueError, TypeError, FileNotFoundError, NotImplementedError):
+        raise
+    except Exception as err:  # transformers / safetensors / tokenizers raise their own types
+        raise ArtefactError(f"{argument} {path} cannot be loaded ({type(err).__name__}: {err}); "
+                            "check that it is a complete Hugging Face model directory") from None
+

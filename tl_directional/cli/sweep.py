@@ -1,0 +1,95 @@
+"""``tl-directional sweep``: the component-scaling sweep, as a CSV and a figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import UsageError
+from .options import (
+    _HELP,
+    _LEGACY_NAMES,
+    _check_spaces,
+    _claim_out,
+    _common,
+    _DefaultsHelp,
+    _float_list,
+    _layer_sets,
+    _load_model_arg,
+    _positive_int,
+    load_text_sequences,
+)
+
+
+def _cmd_sweep(args) -> int:
+    import shutil
+
+    from ..fileio import atomic_path, write_manifest
+    from ..sweep import CheckpointMismatch, grid, sweep, sweep_figure
+
+    out = _claim_out(args.out, "sweep", args.force)
+    spaces = _check_spaces(args.space)
+    model = _load_model_arg(args.model)
+    layer_sets = _layer_sets(args.layers, int(model.cfg.n_layers))
+    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
+    settings = grid(spaces, s_par=args.s_par, s_perp=args.s_perp, layers=layer_sets)
+    ours = out.is_dir() and (_is_sweep_dir(out) or not any(out.iterdir()))
+    if args.force and out.exists() and not ours:
+        shutil.rmtree(out)  # --force: this directory is replaced by the sweep's output
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint = out / "sweep.progress.json"
+    if (args.restart or args.force) and checkpoint.exists():
+        checkpoint.unlink()
+    try:
+        df = sweep(model, batch, settings, batch_size=args.batch_size, stack=args.stack,
+                   checkpoint=checkpoint, progress=not args.quiet)
+    except CheckpointMismatch as exc:
+        what = f"{exc.n_settings} setting{'s' if exc.n_settings != 1 else ''}"
+        held = (f"a finished sweep of {what}" if exc.finished else
+                f"an unfinished sweep of {what} ({exc.done} of {exc.total} batches done)")
+        fix = ("pass --restart (or --force) to replace it" if exc.finished else
+               "rerun with its options to resume it, pass --restart to discard it")
+        raise UsageError(f"--out {out} holds {held}, which differs from this one in {', '.join(exc.diff)}; "
+                         f"{fix}, or use another --out") from None
+    with atomic_path(out / "sweep.csv") as tmp:
+        df.to_csv(tmp, index=False)
+    with atomic_path(out / "sweep.html") as tmp:
+        sweep_figure(df).write_html(tmp, include_plotlyjs=True)
+    write_manifest(out, "sweep", {"settings": [s.label for s in settings]})
+    cols = ["label", "tokens", "loss", "delta_loss", "delta_ppl", "kl", "top1_agree"]
+    print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(f"\nwrote {out}/sweep.csv and {out}/sweep.html")
+    return 0
+
+
+def _is_sweep_dir(out: Path) -> bool:
+    from ..fileio import ArtefactError, read_manifest
+
+    try:
+        doc = read_manifest(out)
+    except ArtefactError:
+        return False
+    if doc is not None:
+        return doc.get("kind") == "sweep"
+    return all(p.name in _LEGACY_NAMES["sweep"] for p in out.iterdir() if not p.name.startswith("."))
+
+
+def add_parser(sub) -> None:
+    from ..edit import EDIT_SPACES
+
+    p = sub.add_parser("sweep", help="component-scaling sweep over edit spaces and scales", formatter_class=_DefaultsHelp,
+                       description="Loss / perplexity / KL / top-1 agreement per edit setting.")
+    p.add_argument("--space", default="value,resid-attn,resid-mlp",
+                   help="comma-separated edit spaces: " + ", ".join(EDIT_SPACES))
+    p.add_argument("--s-par", type=_float_list, default=[-1.0, 0.0, 0.5, 1.0, 2.0],
+                   help="comma-separated parallel scales, e.g. --s-par=-1,0,0.5,2")
+    p.add_argument("--s-perp", type=_float_list, default=[1.0], help="comma-separated perpendicular scales")
+    p.add_argument("--layers", default="all",
+                   help="layer sets: 'all', '0-3', '0,2;4-5', '-1' (';' separates sets; negative = from the end)")
+    _common(p, max_sequences=32, seq_len=128)
+    p.add_argument("--stack", type=_positive_int, default=1, help="settings per forward (stacked on the batch)")
+    p.add_argument("--out", required=True, help="output directory (sweep.csv, sweep.html; resumes if interrupted)")
+    p.add_argument("--restart", action="store_true",
+                   help="discard an unfinished sweep in --out instead of resuming it")
+    p.add_argument("--force", action="store_true", help=_HELP["force"])
+    p.add_argument("--quiet", action="store_true", help=_HELP["quiet"])
+    p.set_defaults(func=_cmd_sweep)
