@@ -13,7 +13,8 @@ give the same verdict: the same sign of the mean difference and overlapping inte
     OMP_NUM_THREADS=1 python scripts/hf_toy_experiment.py --corpus /tmp/kjv --out runs/hf-toy \\
         --results docs/hf_training_results --threads 1
 
-Writes ``OUT/results.json`` (and, with ``--results DIR``, ``DIR/results.json``, ``DIR/final.csv``
+Writes ``OUT/partial.json`` after every run (the final losses so far) and, at the end,
+``OUT/results.json`` (and, with ``--results DIR``, ``DIR/results.json``, ``DIR/final.csv``
 and ``DIR/table.md``). Runs are not resumed: each invocation trains from scratch into ``OUT``.
 """
 
@@ -87,6 +88,9 @@ def main(argv=None) -> dict:
             got = train_like_own_trainer(cfg, data, out / "runs" / "hf" / name)
             seconds[f"hf/{name}"] = time.perf_counter() - t0
             final["hf"][variant][seed] = float(got["val_loss"])
+            (out / "partial.json").write_text(json.dumps(  # what an interrupted invocation leaves
+                {p: {v: {str(k): x for k, x in final[p][v].items()} for v in VARIANTS} for p in PATHS},
+                indent=2, sort_keys=True) + "\n")
             print(f"{name}: own {final['own'][variant][seed]:.4f} ({seconds[f'own/{name}']:.0f} s), "
                   f"hf Trainer + callback {final['hf'][variant][seed]:.4f} ({seconds[f'hf/{name}']:.0f} s)",
                   flush=True)
