@@ -89,7 +89,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _single_process(path, steps: int) -> dict[str, list[float]]:
+def _single_process(path, steps: int, weights: bool = False) -> dict:
+    """The one-process reference curves (``plain``: :func:`train_plain` on the global batches,
+    ``trainer``: ``Trainer`` + callback at per-device batch 4); with ``weights``, also the final
+    state dicts (``plain_weights``, ``trainer_weights``)."""
     from transformers import Trainer, TrainingArguments
 
     from tl_directional.hf.callback import DirectionalEditCallback
@@ -97,7 +100,8 @@ def _single_process(path, steps: int) -> dict[str, list[float]]:
 
     ids = token_windows(path, n_seqs=4 * steps, seq_len=16, seed=0)
     batches = [ids[i * 4:(i + 1) * 4] for i in range(steps)]
-    plain = train_plain(load_hf_model(path), batches, [ValueScale(0.0)])
+    plain_model = load_hf_model(path)
+    plain = train_plain(plain_model, batches, [ValueScale(0.0)])
     model = load_hf_model(path).train()
     args = TrainingArguments(output_dir=str(path) + "-trainer-single", max_steps=steps,
                              per_device_train_batch_size=4, learning_rate=1e-3, logging_steps=1,
@@ -106,7 +110,11 @@ def _single_process(path, steps: int) -> dict[str, list[float]]:
     tr = Trainer(model=model, args=args, train_dataset=TokenWindows(ids[:4]),
                  callbacks=[DirectionalEditCallback(ValueScale(0.0))])
     tr.train()
-    return {"plain": plain, "trainer": [h["loss"] for h in tr.state.log_history if "loss" in h]}
+    out = {"plain": plain, "trainer": [h["loss"] for h in tr.state.log_history if "loss" in h]}
+    if weights:
+        out["plain_weights"] = {k: v.detach().clone() for k, v in plain_model.state_dict().items()}
+        out["trainer_weights"] = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+    return out
 
 
 def test_plain_loop_edit_changes_training(tiny_model_dir):

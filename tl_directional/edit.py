@@ -30,138 +30,29 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .edit_math import (
+    FORWARD,
+    NonFiniteEditError,
+    Scales,
+    ScaleSpec,
+    cast_back,
+    heads_mask,
+    query_mask,
+    row_scale,
+    scale_specs,
+    scales,
+)
 from .geometry import DEFAULT_EPS, component_delta, compute_dtype, projection_coefficient
-from .inputs import _int_positions, check_positions_in_range, position_mask
 from .sites import (
     COMPONENTS,
     ModelSites,
     check_component,
-    normalize_heads,
     normalize_layers,
     resolve_sites,
 )
 
 HookList = list[tuple[str, Callable]]
-_AXES = ("batch", "layer", "head")
-
-
-class NonFiniteEditError(ValueError):
-    """An edit turned a finite activation into NaN / inf (a scale beyond the dtype's range)."""
-
-
-def _cast_back(edited: Tensor, original: Tensor, edit, layer: int) -> Tensor:
-    """``edited`` (computed in the compute dtype) in ``original``'s dtype. Raises
-    :class:`NonFiniteEditError` naming the edit, its scales and the layer when the cast
-    makes a finite input non-finite (e.g. ``s_par = 1e6`` in float16); checked only
-    when the dtype narrows, where the overflow can happen."""
-    out = edited.to(original.dtype)
-    if out.dtype != edited.dtype and not bool(torch.isfinite(out).all()) and bool(torch.isfinite(original).all()):
-        info = torch.finfo(original.dtype)
-        raise NonFiniteEditError(
-            f"{edit!r} at layer {layer}: the edited output is not finite in {original.dtype} "
-            f"(largest value {info.max:.4g}); use smaller scales or run the model in float32"
-        )
-    return out
-
-
-class Scales:
-    """A scale tensor with named axes, a subset of ``"batch layer head"`` in that order.
-
-    Example: ``scales(torch.tensor([0.0, 0.5, 1.0]), "batch")`` gives each batch row
-    its own ``s_par``, so one forward evaluates three settings.
-    """
-
-    def __init__(self, values, dims: str):
-        names = dims.split()
-        if not names or any(n not in _AXES for n in names) or names != sorted(names, key=_AXES.index) or len(set(names)) != len(names):
-            raise ValueError(
-                f"dims must name distinct axes among {_AXES}, in that order (e.g. 'batch', "
-                f"'layer head', 'batch layer'); got {dims!r}"
-            )
-        t = torch.as_tensor(values, dtype=torch.float64)
-        if t.ndim != len(names):
-            raise ValueError(f"scales with dims {dims!r} need a {len(names)}-D tensor, got shape {tuple(t.shape)}")
-        self.values = t
-        self.dims = tuple(names)
-
-    def __repr__(self) -> str:
-        return f"Scales(shape={tuple(self.values.shape)}, dims={' '.join(self.dims)!r})"
-
-
-def scales(values, dims: str) -> Scales:
-    """Name the axes of a scale tensor: ``scales(t, "batch layer head")``."""
-    return Scales(values, dims)
-
-
-class _ScaleSpec:
-    """A scale argument normalised to a ``[B|1, L|1, H|1]`` float64 tensor."""
-
-    def __init__(self, value, *, argument: str, n_layers: int, n_heads: int, allow_heads: bool):
-        if isinstance(value, Scales):
-            t, dims = value.values, value.dims
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            t, dims = torch.tensor(float(value), dtype=torch.float64), ()
-        elif isinstance(value, Tensor):
-            t = value.detach().to(torch.float64).cpu() if not value.requires_grad else value
-            if t.ndim == 0:
-                dims = ()
-            elif t.ndim == 1 and t.shape[0] == n_layers:
-                dims = ("layer",)
-            elif t.ndim == 2 and tuple(t.shape) == (n_layers, n_heads):
-                dims = ("layer", "head")
-            else:
-                hint = "a [n_layers, n_heads] tensor (value/pattern edits), " if allow_heads else ""
-                raise ValueError(
-                    f"{argument} has shape {tuple(value.shape)}; pass a float, a [n_layers]="
-                    f"[{n_layers}] tensor, {hint}or tl_directional.scales(t, 'batch layer head') "
-                    "to name the axes (per batch row: scales(t, 'batch'))"
-                )
-        else:
-            raise TypeError(f"{argument} must be a float, a tensor or tl_directional.scales(...), got {type(value).__name__}")
-        if "head" in dims and not allow_heads:
-            raise ValueError(f"{argument} has a head axis, but residual-space edits act on the whole update; drop the head axis")
-        if not bool(torch.isfinite(t.detach()).all()):
-            raise ValueError(f"{argument} has non-finite values; scales must be finite numbers")
-        shape = [1, 1, 1]
-        for i, d in enumerate(dims):
-            shape[_AXES.index(d)] = t.shape[i]
-        if "layer" in dims and shape[1] != n_layers:
-            raise ValueError(f"{argument} has {shape[1]} layers but the model has {n_layers}")
-        if "head" in dims and shape[2] != n_heads:
-            raise ValueError(f"{argument} has {shape[2]} heads but the model has {n_heads} (query heads)")
-        self.tensor = t.reshape(shape)
-        self.argument = argument
-        self.is_one = (not self.tensor.requires_grad) and bool((self.tensor == 1).all())
-
-    def at(self, layer: int, batch: int, device, dtype) -> Float[Tensor, "B_or_1 H_or_1"]:
-        s = self.tensor[:, min(layer, self.tensor.shape[1] - 1)]
-        if s.shape[0] not in (1, batch):
-            raise ValueError(
-                f"{self.argument} has {s.shape[0]} batch rows but the forward pass has batch {batch}"
-            )
-        return s.to(device=device, dtype=dtype)
-
-
-def _head_mask(heads, n_heads: int) -> Tensor | None:
-    heads = normalize_heads(heads, n_heads, "heads")
-    if heads is None:
-        return None
-    m = torch.zeros(n_heads, dtype=torch.bool)
-    m[heads] = True
-    return m
-
-
-class _ForwardState:
-    """What the edits' hooks know about the forward pass in progress: its attention mask
-    (a ``model(tokens, attention_mask=...)`` keyword, read by a forward pre-hook on the
-    model) and whether ``generate`` is running (positions beyond the prompt are then
-    reached later, so they are not out of range)."""
-
-    attention_mask: Tensor | None = None
-    generating: int = 0
-
-
-_FORWARD = _ForwardState()
+_FORWARD = FORWARD  # the name generation.py reads
 
 
 class _MaskTrackingForward:
@@ -174,12 +65,12 @@ class _MaskTrackingForward:
 
     def __call__(self, *args, **kwargs):
         m = kwargs.get("attention_mask")
-        before = _FORWARD.attention_mask
-        _FORWARD.attention_mask = m if isinstance(m, Tensor) and m.ndim == 2 else None
+        before = FORWARD.attention_mask
+        FORWARD.attention_mask = m if isinstance(m, Tensor) and m.ndim == 2 else None
         try:
             return type(self.module).forward(self.module, *args, **kwargs)
         finally:
-            _FORWARD.attention_mask = before
+            FORWARD.attention_mask = before
 
 
 def track_attention_mask(model) -> None:
@@ -205,44 +96,6 @@ class Edit:
 
     def _layers(self, sites: ModelSites) -> list[int]:
         return normalize_layers(self.layers, sites.n_layers, "layers")
-
-    def _position_mask(self, batch: int, n_q: int, offset: int, device) -> Tensor | None:
-        """The query positions this edit touches, ``[batch|1, n_q]`` (None: all).
-
-        ``positions`` is checked against the sequence length once per length (a clear
-        error for ``[500]``, ``[-500]``, ``slice(500, None)``, ``[1.5]``). Negative ints
-        count from each row's last real token where the forward pass has an attention
-        mask (right padding), else from the end of the sequence."""
-        positions = self.positions
-        if positions is None:
-            return None
-        total = offset + n_q
-        key = (total, id(positions))
-        if getattr(self, "_checked_for", None) != key:
-            if not _FORWARD.generating:  # during generate, later positions are reached later
-                check_positions_in_range(positions, total)
-            else:
-                check_positions_in_range(positions, max(total, 1 << 30))
-            self._checked_for = key
-        pm = position_mask(positions, batch=batch, n_query=n_q, offset=offset, device=device)
-        mask = _FORWARD.attention_mask
-        if (mask is None or isinstance(positions, slice) or (isinstance(positions, Tensor) and positions.dtype == torch.bool) or tuple(mask.shape) != (batch, total)):
-            return pm
-        ints = _int_positions(positions, "positions")
-        neg = [p for p in ints if p < 0]
-        if not neg:
-            return pm
-        real = mask.to(device).bool()
-        ends = total - real.flip(-1).long().argmax(-1)  # one past each row's last real token
-        if bool((ends == total).all()):
-            return pm  # no row padded at the end: the plain count from the end is right
-        keep = [p for p in ints if p >= 0]
-        pm = position_mask(keep, batch=batch, n_query=n_q, offset=offset, device=device) if keep else \
-            torch.zeros((1, n_q), dtype=torch.bool, device=device)
-        abs_pos = torch.arange(offset, total, device=device).unsqueeze(0)  # [1, n_q]
-        targets = ends.unsqueeze(-1) + torch.tensor(neg, device=device).unsqueeze(0)  # [batch, n_neg]
-        return pm | (abs_pos.unsqueeze(-1) == targets.unsqueeze(1)).any(-1)
-
 
 def _check_eps(eps) -> float:
     if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
@@ -282,8 +135,8 @@ class ResidualScale(Edit):
         if self.reference is not None and self.reference.shape[-1] != sites.d_model:
             raise ValueError(f"reference has size {self.reference.shape[-1]} but d_model is {sites.d_model}")
         kw = dict(n_layers=sites.n_layers, n_heads=sites.n_heads, allow_heads=False)
-        s_par = _ScaleSpec(self.s_par, argument="s_par", **kw)
-        s_perp = _ScaleSpec(self.s_perp, argument="s_perp", **kw)
+        s_par = ScaleSpec(self.s_par, argument="s_par", **kw)
+        s_perp = ScaleSpec(self.s_perp, argument="s_perp", **kw)
         hooks: HookList = []
         for L in self._layers(sites):
             unit = sites.unit(self.component, L)
@@ -304,12 +157,12 @@ class ResidualScale(Edit):
             sp = s_par.at(layer, batch, tensor.device, dtype)[:, :1]  # [B|1, 1]
             sq = s_perp.at(layer, batch, tensor.device, dtype)[:, :1]
             offset = state.get("k_len", n_q) - n_q
-            pm = self._position_mask(batch, n_q, offset, tensor.device)
+            pm = query_mask(self, batch, n_q, offset, tensor.device)
             if pm is not None:
                 sp = torch.where(pm, sp, torch.ones_like(sp))
                 sq = torch.where(pm, sq, torch.ones_like(sq))
             delta = component_delta(update, ref, sp, sq, self.eps)
-            return _cast_back(tensor.to(delta.dtype) + delta, tensor, self, layer)
+            return cast_back(tensor.to(delta.dtype) + delta, tensor, self, layer)
 
         return hook
 
@@ -342,22 +195,6 @@ def _query_offset(pattern_or_klen, n_query: int) -> int:
 class _HeadScoped(Edit):
     """Shared scoping for per-head edits (value space and pattern form)."""
 
-    def _specs(self, sites: ModelSites, names=("s_par", "s_perp")):
-        kw = dict(n_layers=sites.n_layers, n_heads=sites.n_heads, allow_heads=True)
-        return [_ScaleSpec(getattr(self, n), argument=n, **kw) for n in names]
-
-    def _row_scale(self, spec: _ScaleSpec, layer: int, batch: int, n_q: int, offset: int,
-                   head_mask: Tensor | None, device, dtype) -> Float[Tensor, "B_or_1 q_or_1 H_or_1"]:
-        """Scale per (batch, query, head); 1 outside the head and position scope."""
-        s = spec.at(layer, batch, device, dtype).unsqueeze(1)  # [B|1, 1, H|1]
-        one = torch.ones((), dtype=dtype, device=device)
-        if head_mask is not None:
-            s = torch.where(head_mask.to(device).view(1, 1, -1), s, one)
-        pm = self._position_mask(batch, n_q, offset, device)
-        if pm is not None:
-            s = torch.where(pm.unsqueeze(-1), s, one)
-        return s
-
 
 class ValueScale(_HeadScoped):
     """Scale a head's aggregate against each token's own value vector, at ``attn.hook_z``.
@@ -382,8 +219,8 @@ class ValueScale(_HeadScoped):
     def fwd_hooks(self, model) -> HookList:
         sites = resolve_sites(model, warn=False)
         track_attention_mask(model)
-        s_par, s_perp = self._specs(sites)
-        head_mask = _head_mask(self.heads, sites.n_heads)
+        s_par, s_perp = scale_specs(self, sites.n_layers, sites.n_heads)
+        head_mask = heads_mask(self.heads, sites.n_heads)
         hooks: HookList = []
         for L in self._layers(sites):
             vs = sites.value[L]
@@ -413,8 +250,8 @@ class ValueScale(_HeadScoped):
             batch, n_q = z.shape[:2]
             dtype = compute_dtype(z.dtype)
             offset = 0 if pattern is None else _query_offset(pattern, n_q)
-            sp = self._row_scale(s_par, layer, batch, n_q, offset, head_mask, z.device, dtype)
-            sq = self._row_scale(s_perp, layer, batch, n_q, offset, head_mask, z.device, dtype)
+            sp = row_scale(self, s_par, layer, batch, n_q, offset, head_mask, z.device, dtype)
+            sq = row_scale(self, s_perp, layer, batch, n_q, offset, head_mask, z.device, dtype)
             v_full = sites.expand_kv(v)
             if self.mode == "full":
                 y = z
@@ -423,7 +260,7 @@ class ValueScale(_HeadScoped):
                 a_tt = pattern[:, :, idx, offset + idx].transpose(1, 2)  # [batch, q, heads]
                 y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v_full.to(dtype)
             delta = component_delta(y, v_full, sp, sq, self.eps)
-            return _cast_back(z.to(delta.dtype) + delta, z, self, layer)
+            return cast_back(z.to(delta.dtype) + delta, z, self, layer)
 
         return hook
 
@@ -466,7 +303,7 @@ class DiagonalRemoval(_HeadScoped):
     def fwd_hooks(self, model) -> HookList:
         sites = resolve_sites(model, warn=False)
         track_attention_mask(model)
-        head_mask = _head_mask(self.heads, sites.n_heads)
+        head_mask = heads_mask(self.heads, sites.n_heads)
         hooks: HookList = []
         for L in self._layers(sites):
             vs = sites.value[L]
@@ -489,7 +326,7 @@ class DiagonalRemoval(_HeadScoped):
             selected = off_mass > self.eps
             if head_mask is not None:
                 selected = selected & head_mask.to(pattern.device).view(1, -1, 1)
-            pm = self._position_mask(batch, n_q, offset, pattern.device)
+            pm = query_mask(self, batch, n_q, offset, pattern.device)
             if pm is not None:
                 selected = selected & pm.unsqueeze(1)
             factor = torch.where(selected, row_sum / torch.where(selected, off_mass, torch.ones_like(off_mass)),
@@ -518,8 +355,8 @@ class EffectiveDiagonal(_HeadScoped):
     def fwd_hooks(self, model) -> HookList:
         sites = resolve_sites(model, warn=False)
         track_attention_mask(model)
-        (s_par,) = self._specs(sites, names=("s_par",))
-        head_mask = _head_mask(self.heads, sites.n_heads)
+        (s_par,) = scale_specs(self, sites.n_layers, sites.n_heads, names=("s_par",))
+        head_mask = heads_mask(self.heads, sites.n_heads)
         hooks: HookList = []
         for L in self._layers(sites):
             vs = sites.value[L]
@@ -544,9 +381,9 @@ class EffectiveDiagonal(_HeadScoped):
             v_full = sites.expand_kv(v).to(dtype)  # [batch, key, heads, e]
             o = torch.einsum("bhqk,bkhe->bqhe", pattern.to(dtype), v_full)
             beta, _, _, _ = projection_coefficient(o, v_full, self.eps)  # [batch, q, heads]
-            s = self._row_scale(s_par, layer, batch, n_q, 0, head_mask, pattern.device, dtype)
+            s = row_scale(self, s_par, layer, batch, n_q, 0, head_mask, pattern.device, dtype)
             add = ((s - 1.0) * beta).transpose(1, 2)  # [batch, heads, q]
-            return _cast_back(pattern.to(dtype) + torch.diag_embed(add), pattern, self, layer)
+            return cast_back(pattern.to(dtype) + torch.diag_embed(add), pattern, self, layer)
 
         return hook
 

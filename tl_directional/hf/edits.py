@@ -44,16 +44,21 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .. import edit as _edit
 from ..edit import (
     DiagonalRemoval,
     Edit,
     EffectiveDiagonal,
     ResidualScale,
     ValueScale,
-    _cast_back,
-    _head_mask,
-    _ScaleSpec,
+)
+from ..edit_math import (
+    FORWARD,
+    ScaleSpec,
+    cast_back,
+    heads_mask,
+    query_mask,
+    row_scale,
+    scale_specs,
 )
 from ..geometry import component_delta, compute_dtype, projection_coefficient
 from ..sites import PARALLEL, SEQUENTIAL, ModelSites, WeightProcessing, expand_kv_heads
@@ -277,12 +282,11 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
 
     ``z``: ``[batch, q, n_heads, d_head]`` (o_proj input); ``v``: ``[batch, q, n_heads, d_head]``
     (own values, KV heads expanded); ``weights``: ``[batch, n_heads, q, k]`` or None."""
-    ns = sites.model_sites()
-    head_mask = _head_mask(e.heads, sites.n_heads)
+    head_mask = heads_mask(e.heads, sites.n_heads)
     if isinstance(e, ValueScale):
-        s_par, s_perp = e._specs(ns)
+        s_par, s_perp = scale_specs(e, sites.n_layers, sites.n_heads)
     else:
-        (s_par,) = e._specs(ns, names=("s_par",)) if isinstance(e, EffectiveDiagonal) else (None,)
+        (s_par,) = scale_specs(e, sites.n_layers, sites.n_heads, names=("s_par",)) if isinstance(e, EffectiveDiagonal) else (None,)
         s_perp = None
 
     key = f"{edit_label(e)}/L{layer}"
@@ -295,8 +299,8 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
             batch, n_q = z.shape[:2]
             dtype = compute_dtype(z.dtype)
             off = offset_of(z, weights)
-            sp = e._row_scale(s_par, layer, batch, n_q, off, head_mask, z.device, dtype)
-            sq = e._row_scale(s_perp, layer, batch, n_q, off, head_mask, z.device, dtype)
+            sp = row_scale(e, s_par, layer, batch, n_q, off, head_mask, z.device, dtype)
+            sq = row_scale(e, s_perp, layer, batch, n_q, off, head_mask, z.device, dtype)
             if e.mode == "full":
                 y = z
             else:
@@ -305,16 +309,16 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
                 y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v.to(dtype)
             run.record(key, y, v, e.eps)
             delta = component_delta(y, v, sp, sq, e.eps)
-            return _cast_back(z.to(delta.dtype) + delta, z, e, layer)
+            return cast_back(z.to(delta.dtype) + delta, z, e, layer)
     elif isinstance(e, EffectiveDiagonal):
         def fn(z, v, weights):
             batch, n_q = z.shape[:2]
             dtype = compute_dtype(z.dtype)
-            s = e._row_scale(s_par, layer, batch, n_q, offset_of(z, weights), head_mask, z.device, dtype)
+            s = row_scale(e, s_par, layer, batch, n_q, offset_of(z, weights), head_mask, z.device, dtype)
             run.record(key, z, v, e.eps)
             beta, _, _, _ = projection_coefficient(z, v, e.eps)  # [batch, q, heads]
             add = ((s - 1.0) * beta).unsqueeze(-1) * v.to(dtype)
-            return _cast_back(z.to(dtype) + add, z, e, layer)
+            return cast_back(z.to(dtype) + add, z, e, layer)
     else:  # DiagonalRemoval: A_tt := 0, row renormalised over s != t, written as an edit of z
         def fn(z, v, weights):
             batch, n_q = z.shape[:2]
@@ -329,7 +333,7 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
             selected = off_mass > e.eps
             if head_mask is not None:
                 selected = selected & head_mask.to(z.device).view(1, 1, -1)
-            pm = e._position_mask(batch, n_q, off, z.device)
+            pm = query_mask(e, batch, n_q, off, z.device)
             if pm is not None:
                 selected = selected & pm.unsqueeze(-1)
             factor = row_sum / torch.where(selected, off_mass, torch.ones_like(off_mass))
@@ -341,10 +345,10 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
                 w_new = w * torch.where(sel, factor.transpose(1, 2), torch.ones_like(factor.transpose(1, 2))).unsqueeze(-1)
                 w_new = torch.where(sel.unsqueeze(-1) & is_diag, torch.zeros_like(w_new), w_new)
                 z_new = torch.matmul(w_new, v.to(dtype).transpose(1, 2)).transpose(1, 2)
-                return _cast_back(z_new, z, e, layer)
+                return cast_back(z_new, z, e, layer)
             z32 = z.to(dtype)
             edited = factor.unsqueeze(-1) * (z32 - diag.unsqueeze(-1) * v.to(dtype))
-            return _cast_back(torch.where(selected.unsqueeze(-1), edited, z32), z, e, layer)
+            return cast_back(torch.where(selected.unsqueeze(-1), edited, z32), z, e, layer)
     return fn
 
 
@@ -520,17 +524,17 @@ def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSite
             mask = args[1]
         # a cache object (even an empty one, at generate's prefill) means later positions come later
         generating = any(kwargs.get(k) is not None for k in ("past_key_values", "cache"))
-        run.saved.append((_edit._FORWARD.attention_mask, generating))
-        _edit._FORWARD.attention_mask = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
-        _edit._FORWARD.generating += int(generating)
+        run.saved.append((FORWARD.attention_mask, generating))
+        FORWARD.attention_mask = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
+        FORWARD.generating += int(generating)
         run.offset = _past_length(kwargs)
         run.on = True if run.when is None else bool(run.when())
 
     def top_post(module, args, output):  # noqa: ARG001
         if run.saved:
             mask, generating = run.saved.pop()
-            _edit._FORWARD.attention_mask = mask
-            _edit._FORWARD.generating -= int(generating)
+            FORWARD.attention_mask = mask
+            FORWARD.generating -= int(generating)
 
     add(model.register_forward_pre_hook(top_pre, with_kwargs=True))
     add(model.register_forward_hook(top_post, always_call=True))
@@ -619,8 +623,8 @@ def _install_residual(handle: HFEditHandle, sites: HFSites, e: ResidualScale, ru
     if e.reference is not None and e.reference.shape[-1] != sites.d_model:
         raise ValueError(f"reference has size {e.reference.shape[-1]} but d_model is {sites.d_model}")
     kw = dict(n_layers=sites.n_layers, n_heads=sites.n_heads, allow_heads=False)
-    s_par = _ScaleSpec(e.s_par, argument="s_par", **kw)
-    s_perp = _ScaleSpec(e.s_perp, argument="s_perp", **kw)
+    s_par = ScaleSpec(e.s_par, argument="s_par", **kw)
+    s_perp = ScaleSpec(e.s_perp, argument="s_perp", **kw)
 
     label = edit_label(e)
 
@@ -632,12 +636,12 @@ def _install_residual(handle: HFEditHandle, sites: HFSites, e: ResidualScale, ru
         dtype = compute_dtype(tensor.dtype)
         sp = s_par.at(layer, batch, tensor.device, dtype)[:, :1]
         sq = s_perp.at(layer, batch, tensor.device, dtype)[:, :1]
-        pm = e._position_mask(batch, n_q, run.offset, tensor.device)
+        pm = query_mask(e, batch, n_q, run.offset, tensor.device)
         if pm is not None:
             sp = torch.where(pm, sp, torch.ones_like(sp))
             sq = torch.where(pm, sq, torch.ones_like(sq))
         delta = component_delta(update, ref, sp, sq, e.eps)
-        return _cast_back(tensor.to(delta.dtype) + delta, tensor, e, layer)
+        return cast_back(tensor.to(delta.dtype) + delta, tensor, e, layer)
 
     for L in e._layers(ns):
         _install_residual_layer(add, sites, e, L, edited, run)

@@ -5,6 +5,13 @@ into seeded token windows for ``transformers.Trainer``; :func:`train_plain` is t
 loop of docs/hf_training.md (edits installed once, differentiable, AdamW, fixed data order),
 which also runs under ``torchrun`` with DDP or FSDP: every rank takes its slice of each global
 batch and the loss is the global-batch mean, so the curve equals one process's to round-off.
+
+:func:`train_like_own_trainer` reruns one run of the project's own trainer
+(:mod:`tl_directional.training`, ``tl-directional train``) through ``transformers.Trainer`` and
+:class:`~tl_directional.hf.callback.DirectionalEditCallback`: the same seeded initial GPT-2
+(``build_init_dir``), the same global batches in the same order (``batch_indices``), the same
+AdamW parameter groups, learning-rate schedule (``lr_at``) and gradient clipping, the variant's
+edit active in training and in the final validation (``scripts/hf_toy_experiment.py``).
 """
 
 from __future__ import annotations
@@ -107,4 +114,127 @@ def train_plain(model, batches: Sequence[Tensor], edits: Sequence[Edit] = (), *,
     return losses
 
 
-__all__ = ["TokenWindows", "next_token_loss_sum", "token_dataset", "token_windows", "train_plain"]
+class _Rows(torch.utils.data.Dataset):
+    """Rows of ``[n, n_ctx]`` token windows as causal-LM examples (labels = inputs)."""
+
+    def __init__(self, ids: Tensor):
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        x = self.ids[i]
+        return {"input_ids": x, "labels": x.clone()}
+
+
+def own_trainer_optimizer(model: torch.nn.Module, cfg) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """The own trainer's AdamW (weight decay on matrices only, its betas and eps) and its
+    learning rate per optimiser step (:func:`tl_directional.training.config.lr_at`) as a
+    ``LambdaLR``, for ``Trainer(optimizers=...)``."""
+    from ..training.config import lr_at
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(
+        [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_at(step, cfg) / cfg.lr)
+    return opt, sched
+
+
+@torch.no_grad()
+def validation_loss(model, windows: Tensor, batch_size: int) -> float:
+    """Mean next-token loss over ``windows`` in chunks of ``batch_size`` (the own trainer's
+    ``evaluate``: chunk means weighted by chunk size), with whatever edits are installed."""
+    was_training = model.training
+    model.eval()
+    total, n = 0.0, 0
+    for i in range(0, len(windows), batch_size):
+        chunk = windows[i:i + batch_size]
+        total += float(model(input_ids=chunk, labels=chunk).loss) * len(chunk)
+        n += len(chunk)
+    model.train(was_training)
+    return total / n
+
+
+def train_like_own_trainer(cfg, data, run_dir: str | os.PathLike[str], *, edits: Sequence[Edit] | None = None,
+                           max_steps: int | None = None, evaluate: bool = True) -> dict:
+    """One run of the own trainer's recipe through ``transformers.Trainer`` + the callback.
+
+    Args:
+        cfg: a :class:`tl_directional.training.config.TrainConfig` (model shape, batch, schedule,
+            seed, variant).
+        data: its :class:`tl_directional.training.data.Data` (tokenizer, train / validation windows).
+        run_dir: where the seeded initial model (``run_dir/init``) and the Trainer's output go.
+        edits: the edits to train with (default: the variant's, ``variant_edits(cfg.variant)``);
+            none: a plain ``Trainer`` run.
+        max_steps: stop after this many steps (default ``cfg.max_steps``; the schedule is still
+            ``cfg``'s).
+        evaluate: compute the final validation loss (edits active).
+
+    Returns:
+        ``{"train_losses": [...], "val_loss": float | None, "seconds": float, "tokens": int}``
+        (``tokens``: training tokens seen, ``steps x batch x n_ctx``).
+    """
+    import time
+
+    from transformers import Trainer, TrainingArguments
+
+    from ..training.config import variant_edits
+    from ..training.data import batch_indices
+    from ..training.model import build_init_dir
+    from .callback import DirectionalEditCallback
+    from .edits import apply_edits
+
+    steps = cfg.max_steps if max_steps is None else int(max_steps)
+    edits = variant_edits(cfg.variant) if edits is None else list(edits)
+    run_dir = Path(run_dir)
+    init = build_init_dir(cfg, data.tokenizer, run_dir / "init")
+    from ..models import load_hf_model
+
+    model = load_hf_model(init).train()  # eager attention, float32
+    # the global batches of the own trainer, in its order; read sequentially below
+    rows = torch.cat([data.train[batch_indices(cfg.seed, k, cfg.batch_size, len(data.train))] for k in range(steps)])
+
+    class _InOrder(Trainer):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            # The model's own mean over its B x (T - 1) predicted tokens, as the own trainer: with
+            # loss kwargs the Trainer divides the loss sum by the labels it counts, which on these
+            # versions includes position 0 (B x T), a loss (T - 1) / T too small.
+            self.model_accepts_loss_kwargs = False
+
+        def _get_train_sampler(self, *args, **kwargs):  # noqa: ARG002 - signature differs by version
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+        def compute_loss(self, *args, **kwargs):
+            # each step's loss unrounded (transformers 4 rounds the logged loss to 4 decimals)
+            out = super().compute_loss(*args, **kwargs)
+            losses.append(float((out[0] if isinstance(out, tuple) else out).detach()))
+            return out
+
+    args = TrainingArguments(
+        output_dir=str(run_dir / "trainer"), max_steps=steps, per_device_train_batch_size=cfg.batch_size,
+        max_grad_norm=cfg.grad_clip if cfg.grad_clip > 0 else 0.0, logging_steps=1, save_strategy="no",
+        report_to=[], use_cpu=True, seed=cfg.seed, dataloader_num_workers=0, disable_tqdm=True)
+    callbacks = [DirectionalEditCallback(edits)] if edits else []
+    losses: list[float] = []
+    trainer = _InOrder(model=model, args=args, train_dataset=_Rows(rows), callbacks=callbacks,
+                       optimizers=own_trainer_optimizer(model, cfg))
+    t0 = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - t0
+    val = None
+    if evaluate:
+        if edits:
+            with apply_edits(model, *edits):
+                val = validation_loss(model, data.validation, cfg.batch_size)
+        else:
+            val = validation_loss(model, data.validation, cfg.batch_size)
+    return {"train_losses": losses, "val_loss": val, "seconds": seconds,
+            "tokens": steps * cfg.batch_size * cfg.n_ctx}
+
+
+__all__ = ["TokenWindows", "next_token_loss_sum", "own_trainer_optimizer", "token_dataset", "token_windows",
+           "train_like_own_trainer", "train_plain", "validation_loss"]
