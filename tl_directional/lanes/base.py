@@ -107,6 +107,10 @@ class Lane(str):
     def __reduce__(self):  # pickles as the singleton, not as a new instance
         return (_lane_by_name, (self.name,))
 
+    def family_refusal(self, family) -> str:
+        """Why this lane refuses a model family (an ``architectures.Family``), "" if it loads."""
+        raise NotImplementedError
+
     # -- the model's own structure -------------------------------------------------------------
 
     def claims(self, model) -> bool:

@@ -164,6 +164,9 @@ class BridgeLane(Lane):
     resolves_encoders = True
     requirement = "transformer-lens>=4"
 
+    def family_refusal(self, family) -> str:
+        return family.bridge_refusal
+
     def claims(self, model) -> bool:
         names = {cls.__name__ for cls in type(model).__mro__}
         return "TransformerBridge" in names or "BridgeCore" in names

@@ -75,6 +75,10 @@ class LegacyLane(Lane):
     resolves_encoders = False
     requirement = "transformer-lens<4"
 
+    def family_refusal(self, family) -> str:
+        # a family loads here iff its file gives a legacy config (built from the local HF config)
+        return family.legacy_refusal if family.legacy_config is None else ""
+
     def claims(self, model) -> bool:
         return True  # the fallback: anything with TL's hook API that is not a bridge
 
