@@ -92,9 +92,6 @@ def pair(family_dir):
     def get(family: str):
         if family not in cache:
             d = family_dir(family)
-            if family == "qwen3" and tld.models.tl_lane() == "legacy":
-                pytest.skip("Qwen3 directories load on the TL 4 bridge only (legacy config conversion "
-                            "has no Qwen3)")
             cache[family] = (load_model(d).eval(), load_hf_model(d))
         return cache[family]
 
