@@ -86,7 +86,8 @@ def collect(args) -> int:
         "corpus": {split: _sha256(corpus / f"{split}.txt") for split in ("train", "validation")},
         "config": {k: v for k, v in cfg.items() if k not in ("variant", "seed", "corpus", "tokenizer")},
         "complete": len(finals) == len(SEEDS) * len(VARIANTS),
-        "seconds": round(sum(results.get("timings_s", {}).values()), 1),
+        "notes": launch.get("notes", ""),
+        "finished": launch.get("finished", ""),
         "files": {},
     }
     DATA.mkdir(parents=True, exist_ok=True)
@@ -171,8 +172,9 @@ def build_page(stem: str, data: Path = DATA) -> str:
         "Do not edit by hand.",
         "",
         f"- Run: `{manifest['command']}` at commit `{manifest['commit']}` (clean tree), started "
-        f"{manifest['started']}; {manifest['machine']}; {manifest['seconds']:.0f} s of training in all"
+        f"{manifest['started']}, last run finished {manifest['finished'] or '(not recorded)'}; {manifest['machine']}"
         + ("." if manifest["complete"] else " so far (**incomplete**: the table shows the finished runs)."),
+        *([f"- How it ran: {manifest['notes']}"] if manifest.get("notes") else []),
         f"- Corpus: KJV from `scripts/fetch_corpus.py` (Debian `bible-kjv`, split by books); train sha256 "
         f"`{manifest['corpus']['train'][:16]}...`, validation `{manifest['corpus']['validation'][:16]}...`.",
         f"- Model (**toy scale**): GPT-2, {cfg['n_layers']} layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads, "
@@ -234,7 +236,7 @@ def build_page(stem: str, data: Path = DATA) -> str:
         "## What this does and does not say",
         "",
         f"- It is a toy: {cfg['n_layers']} layers, about {12 * cfg['n_layers'] * cfg['d_model'] ** 2 / 1e6:.1f}M "
-        "parameters outside the embeddings, about four passes over one corpus (the KJV train split). "
+        "parameters outside the embeddings, about four passes over one corpus (the KJV train split)."
         " The paper's claim is at 1.4B parameters; a verdict here says what the edit does at this "
         "scale, not at that one.",
         "- The learned variant of the paper (a trainable gate on the parallel part) is not run.",

@@ -128,3 +128,44 @@ def test_depth_data_from_another_model_is_refused(claims, depth_sandbox, capsys)
     mpath.write_text(json.dumps(m))
     assert claims.build(check=True) == 2
     assert "another model" in capsys.readouterr().err
+
+
+@pytest.fixture
+def training_sandbox(claims, tmp_path, monkeypatch):
+    """A copy of one claims run and the training run (claim 4), with the script pointed at it."""
+    training = sorted(p.name[: -len(".manifest.json")] for p in claims.DATA.glob("training_*.manifest.json"))
+    assert training, "no training data committed under docs/results/data/"
+    data, pages = tmp_path / "docs" / "results" / "data", tmp_path / "docs" / "results"
+    data.mkdir(parents=True)
+    stem = _stems(claims)[0]
+    for s in (stem, training[0]):
+        for p in claims.DATA.glob(f"{s}.*"):
+            shutil.copy(p, data / p.name)
+    shutil.copy(claims.PAGES / f"{stem}.md", pages / f"{stem}.md")
+    shutil.copy(claims.PAGES / f"claims_{training[0]}.md", pages / f"claims_{training[0]}.md")
+    monkeypatch.setattr(claims, "DATA", data)
+    monkeypatch.setattr(claims, "PAGES", pages)
+    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    return training[0], data, pages
+
+
+def test_training_page_rebuilds_and_a_corrupt_file_is_named(claims, training_sandbox, capsys):
+    stem, data, pages = training_sandbox
+    assert claims.build(check=True) == 0, capsys.readouterr().err
+    final = data / f"{stem}.final.csv"
+    final.write_bytes(final.read_bytes().replace(b"\n", b"\n0", 1))
+    before = (pages / f"claims_{stem}.md").read_bytes()
+    assert claims.build(check=False) == 2
+    err = capsys.readouterr().err
+    assert f"{stem}.final.csv" in err and "sha256" in err
+    assert (pages / f"claims_{stem}.md").read_bytes() == before
+
+
+def test_training_verdict_follows_the_protocol_rule():
+    spec = importlib.util.spec_from_file_location("training_claims_script", ROOT / "scripts" / "training_claims.py")
+    tc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tc)
+    assert tc.verdict({"ci95_low": -0.03, "ci95_high": -0.01}) == "**held**"
+    assert tc.verdict({"ci95_low": 0.01, "ci95_high": 0.03}) == "**failed**"
+    assert tc.verdict({"ci95_low": -0.01, "ci95_high": 0.03}) == "**not decided**"
+    assert tc.verdict(None).startswith("not decided")
