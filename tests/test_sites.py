@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import tl_directional as tld
+from tl_directional.architectures import REGISTRY
 from tl_directional.sites import PARALLEL, POST_LN, SEQUENTIAL
 
 from ._families import ALL, CAUSAL
@@ -134,3 +135,31 @@ def test_verification_is_kept_per_model_until_a_hook_changes(tiny_model, monkeyp
         assert tld.verify_sites(model, sites, tokens) == first and len(forwards) == 2  # as verified
     finally:
         model.reset_hooks(including_permanent=True)
+
+
+def test_no_value_bias_fold_is_read_into_gpt_neo(tiny_model):
+    """GPT-Neo's attention has an output bias but no value bias (``Layout.value_bias=False``):
+    unprocessed weights give no WeightProcessingWarning (the legacy lane used to read the
+    zero ``b_V`` plus a non-zero ``b_O`` as "value biases were folded")."""
+    model = tiny_model("gpt_neo", fresh=True)
+    assert not REGISTRY["gpt_neo"].layout.value_bias
+    with _no_processing_warning():
+        sites = tld.resolve_sites(model)
+    assert not sites.weights.folded_value_biases
+    assert not sites.weights.any
+
+
+def test_folded_value_biases_still_warn_unlike_gpt_neo(tiny_model, lane):
+    """A family with a value bias (GPT-2) whose ``b_V`` is all zero while ``b_O`` is not still
+    reads as folded and warns."""
+    if not hasattr(tiny_model("gpt2").blocks[0].attn, "b_V"):
+        pytest.skip(f"no b_V attribute to zero on the {lane} lane")
+    model = tiny_model("gpt2", fresh=True)
+    assert REGISTRY["gpt2"].layout.value_bias
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.b_V.zero_()
+            block.attn.b_O.add_(0.01)
+    with pytest.warns(tld.WeightProcessingWarning, match="processed"):
+        sites = tld.resolve_sites(model)
+    assert sites.weights.folded_value_biases

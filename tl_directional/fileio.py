@@ -123,9 +123,21 @@ def write_manifest(directory: str | os.PathLike, kind: str, extra: dict | None =
     return path
 
 
-def read_manifest(directory: str | os.PathLike) -> dict | None:
-    """The manifest of ``directory`` (None when it has none); a corrupt manifest raises."""
-    path = Path(directory) / MANIFEST_FILE
+def read_manifest(directory: str | os.PathLike, *, name: str = MANIFEST_FILE,
+                  strict: bool = True) -> dict | None:
+    """The manifest of ``directory`` (None when it has none); a corrupt manifest raises.
+
+    ``name`` is the manifest's file name. With ``strict=False`` (the model cache's
+    ``tl_directional_manifest.json``, see :mod:`tl_directional.models.catalog`) any JSON
+    object is accepted and an unreadable or corrupt file reads as None instead of raising.
+    """
+    path = Path(directory) / name
+    if not strict:
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        return doc
     if not path.is_file():
         return None
     try:
@@ -391,15 +403,20 @@ def check_safetensors_file(path: str | os.PathLike) -> None:
                             f"{8 + n + end}); {fix}")
 
 
-def check_model_dir(path: str | os.PathLike, argument: str) -> None:
+def check_model_dir(path: str | os.PathLike, argument: str, *, must_exist: bool = False) -> None:
     """Check a Hugging Face model directory before loading it: its manifest (when it
     has one), ``config.json``, complete safetensors weights and a tokenizer file.
-    Names that are not existing paths (``"default"``, a TransformerLens name) pass.
+    Names that are not existing paths (``"default"``, a TransformerLens name) pass,
+    unless ``must_exist`` (:func:`tl_directional.models.load_model` with a path).
 
     Raises :class:`ArtefactError` naming ``argument``, the file and the fix.
     """
     p = Path(path)
     if not p.exists():
+        if must_exist:
+            raise ArtefactError(
+                f"{argument}={str(p)!r} does not exist. Pass a directory written by "
+                "build_tiny_hf_model() or save_pretrained(), or a TransformerLens model name.")
         return
     if not p.is_dir():
         raise ArtefactError(f"{argument} {p} is a file; pass a Hugging Face model directory")

@@ -319,12 +319,16 @@ def detect_weight_processing(model) -> WeightProcessing:
                 any_b_v_nonzero = True
             if b_o is not None and bool((b_o != 0).any()):
                 any_b_o_nonzero = True
+    from .architectures import BY_ARCH
+
+    family = BY_ARCH.get(architecture_name(model))
+    has_value_bias = family is None or family.layout.value_bias  # GPT-Neo: b_O but no b_V
     norm = str(_cfg(model, "normalization_type", default="") or "")
     folded_ln = norm.endswith("Pre") or bool(getattr(model.cfg, "layer_norm_folding", False))
     return WeightProcessing(
         centered_writing_weights=centered,
         # value biases folded: none left in b_V while b_O carries them
-        folded_value_biases=(not any_b_v_nonzero) and any_b_o_nonzero,
+        folded_value_biases=has_value_bias and (not any_b_v_nonzero) and any_b_o_nonzero,
         folded_layer_norm=folded_ln,
         flagged_processed=lane_of(model).weights_processed_flag(model),
     )

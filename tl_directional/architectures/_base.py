@@ -37,6 +37,10 @@ class Layout:
             or ``"alibi"``.
         qk_norm: a norm on queries and keys.
         local_attn: sliding-window / local attention in some layers.
+        value_bias: the attention has a value bias ``b_V``. ``False`` where it has none but may
+            still have an output bias ``b_O`` (GPT-Neo), so that an all-zero ``b_V`` with a
+            non-zero ``b_O`` is not read as "value biases were folded into ``b_O``"
+            (:func:`tl_directional.sites.detect_weight_processing`).
     """
 
     norm: str = "pre-LN"
@@ -48,6 +52,7 @@ class Layout:
     positions: str = "rotary"
     qk_norm: bool = False
     local_attn: bool = False
+    value_bias: bool = True
 
     def facts(self) -> list[str]:
         """The layout as short phrases, for docs and error messages."""

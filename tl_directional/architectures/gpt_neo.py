@@ -42,7 +42,7 @@ FAMILY = Family(
                       tie_word_embeddings=True),
     config_extra=config_extra,
     bridge_pattern_after_z=True,  # pattern edits refused on the bridge (see Family)
-    layout=Layout(norm_gain="LN", positions="learned", local_attn=True),
+    layout=Layout(norm_gain="LN", positions="learned", local_attn=True, value_bias=False),
     legacy_config=legacy_config,
     legacy_converter="convert_neo_weights",
 )

@@ -34,7 +34,7 @@ FAMILY = Family(
     config_fixed=dict(rotary_dim=4, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                       attn_pdrop=0.0, layer_norm_epsilon=1e-5, tie_word_embeddings=False),
     bridge_pattern_after_z=True,  # pattern edits refused on the bridge (see Family)
-    layout=Layout(parallel=True, norm_gain="LN", positions="rotary (adjacent pairs)"),
+    layout=Layout(parallel=True, norm_gain="LN", positions="rotary (adjacent pairs)", value_bias=False),
     legacy_config=legacy_config,
     legacy_converter="convert_gptj_weights",
 )

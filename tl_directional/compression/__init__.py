@@ -3,6 +3,11 @@
 - :mod:`~tl_directional.compression.geometry`: the error geometry of a compressed model
   against its dense original (:func:`compression_geometry`, :func:`summarize`,
   :func:`pooled_sums`; METHOD.md sec. 6);
+- :mod:`~tl_directional.compression.accumulate`: the per-token sums and the hooked
+  forwards behind :func:`compression_geometry` (re-exported by ``geometry``);
+- :mod:`~tl_directional.compression.methods`: the compressors' math on one ``[out, in]``
+  matrix (RTN, the AWQ search, magnitude / Wanda / N:M masks, truncated SVD; re-exported
+  by :mod:`tl_directional.compress`);
 - :mod:`~tl_directional.compression.gate`: the label-free gate (:func:`compress_check`,
   :class:`CheckResult`);
 - :mod:`~tl_directional.compression.charts`: small self-contained SVG charts (they live in

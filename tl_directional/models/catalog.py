@@ -29,7 +29,6 @@ has no dependencies) for its ``assemble(path)``, which rebuilds the file and che
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import importlib.util
 import json
@@ -42,7 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..fileio import fault_point
+from ..fileio import fault_point, sha256_file  # sha256_file: the one, re-exported
+from ..fileio import read_manifest as _read_manifest
 
 #: Written last into every converted directory: source + per-file sha256.
 MANIFEST_FILE = "tl_directional_manifest.json"
@@ -185,15 +185,6 @@ def entry_dir(name: str) -> Path:
     return cache_dir() / "models" / f"{check_name(name).name}-v{FORMAT_VERSION}"
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file, read in 4 MB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def manifest_files(path: Path) -> dict[str, dict[str, Any]]:
     """``{relative path: {"sha256", "size"}}`` of every file under ``path`` (the manifest's
     ``files`` entry)."""
@@ -233,11 +224,9 @@ def verify_entry(path: Path) -> tuple[bool, str]:
 
 
 def read_manifest(path: Path) -> dict | None:
-    """The manifest of a converted directory, or None."""
-    try:
-        return json.loads((path / MANIFEST_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    """The manifest (:data:`MANIFEST_FILE`) of a converted directory, or None when it is
+    missing or unreadable (:func:`tl_directional.fileio.read_manifest`, not strict)."""
+    return _read_manifest(path, name=MANIFEST_FILE, strict=False)
 
 
 def _check_writable(root: Path) -> None:

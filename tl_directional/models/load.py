@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..adapter import Lane, installed_lane, quiet_transformers
+from ..fileio import check_model_dir  # the one home; re-exported here
 from ..lanes import lane_named
 from .hf import from_pretrained_kwargs, hf_architecture
 from .legacy_config import check_rope_scaling, legacy_config_dict, legacy_family
@@ -83,22 +84,6 @@ def _looks_like_path(name: str) -> bool:
         or name.endswith("/")
         or os.path.isabs(name)
     )
-
-
-def check_model_dir(path: Path, arg: str) -> None:
-    if not path.exists():
-        raise ValueError(
-            f"{arg}={str(path)!r} does not exist. Pass a directory written by "
-            "build_tiny_hf_model() or save_pretrained(), or a TransformerLens model name."
-        )
-    if not path.is_dir():
-        raise ValueError(f"{arg}={str(path)!r} is a file; pass the model directory instead.")
-    if not (path / "config.json").is_file():
-        raise ValueError(
-            f"{arg}={str(path)!r} has no config.json, so it is not a Hugging Face model "
-            "directory. Build one with build_tiny_hf_model(family, path) or save a model there "
-            "with model.save_pretrained(path) and tokenizer.save_pretrained(path)."
-        )
 
 
 def load_model(
@@ -179,7 +164,7 @@ def load_model(
     if path is None:
         check_model_name(name_or_path)  # offline: an unknown name fails here, not on the hub
         return fix_generate(_load_by_name(str(name_or_path), resolved, device=device, dtype=dtype))
-    check_model_dir(path, "name_or_path")
+    check_model_dir(path, "name_or_path", must_exist=True)
     model = resolved.load_dir(path, device=device, dtype=dtype)  # legacy: _load_legacy_dir
     if real_name is not None:
         model.cfg.model_name = real_name
@@ -302,7 +287,7 @@ def load_hf_model(
     import transformers
 
     path = Path(path)
-    check_model_dir(path, "path")
+    check_model_dir(path, "path", must_exist=True)
     hf_config = transformers.AutoConfig.from_pretrained(str(path))
     cls = getattr(transformers, hf_architecture(hf_config), None)
     if cls is None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..fileio import sha256_file
 from .config import BUILTIN_CORPUS, TOKENIZER_DIR, TrainConfig
 
 
@@ -89,7 +90,7 @@ def tokenizer_sha256(tokenizer_dir: str | os.PathLike[str]) -> str:
     """sha256 of a tokenizer directory's ``tokenizer.json`` (its identity for checkpoints)."""
     path = Path(tokenizer_dir) / "tokenizer.json"
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_file(path)
     except FileNotFoundError:
         raise TokenizerMismatchError(
             f"tokenizer directory {Path(tokenizer_dir)} has no tokenizer.json; pass a directory "
