@@ -90,22 +90,27 @@ def test_hand_edited_page_fails_the_check(claims, sandbox, capsys):
     assert f"{stem}.md" in capsys.readouterr().err
 
 
-@pytest.fixture
-def depth_sandbox(claims, tmp_path, monkeypatch):
-    """A copy of one claims run and one depth run (claim D), with the script pointed at it."""
-    stems = _stems(claims)
-    depth = sorted(p.name[: -len(".manifest.json")] for p in claims.DATA.glob("depth_*.manifest.json"))
-    assert depth, "no depth data committed under docs/results/data/"
+def _run_sandbox(claims, tmp_path, monkeypatch, kind: str, page_prefix: str = ""):
+    """A copy of one claims run and the first ``kind_*`` run, with the script pointed at it."""
+    runs = sorted(p.name[: -len(".manifest.json")] for p in claims.DATA.glob(f"{kind}_*.manifest.json"))
+    assert runs, f"no {kind} data committed under docs/results/data/"
     data, pages = tmp_path / "docs" / "results" / "data", tmp_path / "docs" / "results"
     data.mkdir(parents=True)
-    for stem in (stems[0], depth[0]):
-        for p in claims.DATA.glob(f"{stem}.*"):
+    stem = _stems(claims)[0]
+    for s, page in ((stem, stem), (runs[0], page_prefix + runs[0])):
+        for p in claims.DATA.glob(f"{s}.*"):
             shutil.copy(p, data / p.name)
-        shutil.copy(claims.PAGES / f"{stem}.md", pages / f"{stem}.md")
+        shutil.copy(claims.PAGES / f"{page}.md", pages / f"{page}.md")
     monkeypatch.setattr(claims, "DATA", data)
     monkeypatch.setattr(claims, "PAGES", pages)
     monkeypatch.setattr(claims, "ROOT", tmp_path)
-    return depth[0], data, pages
+    return runs[0], data, pages
+
+
+@pytest.fixture
+def depth_sandbox(claims, tmp_path, monkeypatch):
+    """A claims run and one depth run (claim D)."""
+    return _run_sandbox(claims, tmp_path, monkeypatch, "depth")
 
 
 def test_depth_pages_rebuild_and_a_corrupt_file_is_named(claims, depth_sandbox, capsys):
@@ -132,21 +137,8 @@ def test_depth_data_from_another_model_is_refused(claims, depth_sandbox, capsys)
 
 @pytest.fixture
 def training_sandbox(claims, tmp_path, monkeypatch):
-    """A copy of one claims run and the training run (claim 4), with the script pointed at it."""
-    training = sorted(p.name[: -len(".manifest.json")] for p in claims.DATA.glob("training_*.manifest.json"))
-    assert training, "no training data committed under docs/results/data/"
-    data, pages = tmp_path / "docs" / "results" / "data", tmp_path / "docs" / "results"
-    data.mkdir(parents=True)
-    stem = _stems(claims)[0]
-    for s in (stem, training[0]):
-        for p in claims.DATA.glob(f"{s}.*"):
-            shutil.copy(p, data / p.name)
-    shutil.copy(claims.PAGES / f"{stem}.md", pages / f"{stem}.md")
-    shutil.copy(claims.PAGES / f"claims_{training[0]}.md", pages / f"claims_{training[0]}.md")
-    monkeypatch.setattr(claims, "DATA", data)
-    monkeypatch.setattr(claims, "PAGES", pages)
-    monkeypatch.setattr(claims, "ROOT", tmp_path)
-    return training[0], data, pages
+    """A claims run and the training run (claim 4)."""
+    return _run_sandbox(claims, tmp_path, monkeypatch, "training", page_prefix="claims_")
 
 
 def test_training_page_rebuilds_and_a_corrupt_file_is_named(claims, training_sandbox, capsys):

@@ -14,8 +14,8 @@ from ._base import (
 )
 
 
-def legacy_config(c):
-    require_default_rope(c, "mistral")
+def legacy_config(c, family: str = "mistral"):
+    require_default_rope(c, family)
     d_head = head_dim(c)
     window = getattr(c, "sliding_window", None)
     d = {

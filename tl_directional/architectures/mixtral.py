@@ -5,36 +5,14 @@ MoE: the MLP unit's update is the MoE block's output (the router-weighted sum of
 experts), split against the MLP's reference like any MLP; there is no single MLP value space,
 so nothing per expert is measured or compressed."""
 
-from ._base import (
-    HF_SHAPE_GQA,
-    Family,
-    Layout,
-    head_dim,
-    kv_heads_field,
-    require_default_rope,
-    rope_theta,
-    rotary_fields,
-    shape_fields,
-)
+from . import mistral
+from ._base import HF_SHAPE_GQA, Family, Layout
 
 
 def legacy_config(c):
-    require_default_rope(c, "mixtral")
-    d_head = head_dim(c)
-    window = getattr(c, "sliding_window", None)
-    d = {
-        **shape_fields(c, d_head=d_head, eps=c.rms_norm_eps, act_fn=c.hidden_act),
-        **kv_heads_field(c),
-        "normalization_type": "RMS",
-        **rotary_fields(d_head, rope_theta(c)),
-        "final_rms": True,
-        "gated_mlp": True,
-        "num_experts": c.num_local_experts,
-        "experts_per_token": c.num_experts_per_tok,
-    }
-    if window:
-        d.update(use_local_attn=True, window_size=int(window), attn_types=["local"] * c.num_hidden_layers)
-    return d
+    # Mistral's attention and norms; only the experts are added
+    return {**mistral.legacy_config(c, family="mixtral"), "num_experts": c.num_local_experts,
+            "experts_per_token": c.num_experts_per_tok}
 
 
 FAMILY = Family(
