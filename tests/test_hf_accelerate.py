@@ -164,10 +164,14 @@ def test_accelerate_launch_two_cpu_processes_equal_single_process(tiny_model_dir
 @pytest.mark.slow
 def test_accelerate_launch_cpu_flag_starts_one_process(tiny_model_dir, tmp_path):
     """``--num_processes 2 --cpu`` without an MPI hostfile trains at world 1 (docs/hf_training.md
-    says so); it still runs the callback and gives the one-process curve exactly."""
+    says so); it still runs the callback and gives the one-process curve. To float tolerance, not
+    bit for bit: the launched process picks its own intra-op thread count (2 on a 2-core machine
+    without OMP_NUM_THREADS), which changes the reduction order (measured 1.2e-7 in CI)."""
     path = tiny_model_dir("gpt2")
     got = _accelerate_launch(tmp_path, path, "MULTI_CPU", ["--cpu"])
     assert got["world"] == 1 and got["trainer_world"] == 1, got
     ref = _single_process(path, STEPS, weights=True)
-    assert got["trainer"] == ref["trainer"] and got["plain"] == ref["plain"]
-    assert _worst(got["weights"]["trainer"], ref["trainer_weights"]) == 0.0
+    for engine in ("trainer", "plain"):
+        assert len(got[engine]) == len(ref[engine]) == STEPS, engine
+        assert max(abs(x - y) for x, y in zip(got[engine], ref[engine], strict=True)) <= TOL, engine
+    assert _worst(got["weights"]["trainer"], ref["trainer_weights"]) <= TOL
