@@ -1,7 +1,7 @@
 """Run the ```python blocks of a docs page, in order, in one namespace, and print their output.
 
 This is how the example output shown on the docs pages is produced, and how
-``tests/test_docs.py`` checks that the pages' code runs::
+``tests/integration/test_docs.py`` checks that the pages' code runs::
 
     python docs/run_snippets.py docs/quickstart.md                  # the default model
     python docs/run_snippets.py docs/quickstart.md --model DIR      # any model directory

@@ -21,7 +21,7 @@ _beartype = beartype(conf=BeartypeConf(is_pep484_tower=True))
 UNCHECKABLE: list = []
 """Functions left unchecked because this beartype cannot check one of their hints (the legacy
 lane's beartype 0.14, which TransformerLens 2.18 requires, rejects ``os.PathLike[str]``);
-tests/test_shapecheck.py requires it empty from beartype 0.15 on."""
+tests/unit/test_shapecheck.py requires it empty from beartype 0.15 on."""
 
 
 def typechecker(func):

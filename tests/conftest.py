@@ -28,7 +28,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # function and dataclass of the package with beartype (tests/_shapecheck.py), so each annotation,
 # e.g. ``Float[Tensor, "batch pos d_model"]``, is checked on every call (shapes bound per call).
 # It must be installed before anything imports tl_directional (the imports below do);
-# tests/test_shapecheck.py fails if it is not in force.
+# tests/unit/test_shapecheck.py fails if it is not in force.
 import tests._shapecheck  # noqa: E402
 
 if tests._shapecheck.ENABLED:
@@ -49,12 +49,39 @@ from tl_directional.models import (  # noqa: E402
     tl_lane,
 )
 
+# The suite's folders, each also a marker (pyproject.toml) put on every test in it, so a run can
+# pick by need: ``pytest -m unit`` (seconds), ``-m "not real and not browser"``, ...
+TIERS = {
+    "unit": "pure math and plumbing: builds no TransformerLens model",
+    "integration": "tiny seeded models (the bulk of the suite)",
+    "real": "the real pretrained models SmolLM2-135M / Gemma-3-270M (make models); skipped without them",
+    "browser": "headless Chromium (skipped without it)",
+}
+TESTS = Path(__file__).resolve().parent
+
+
+def _tier(path: Path) -> str:
+    """The folder under tests/ that holds ``path``; a test file anywhere else is a usage error."""
+    try:
+        rel = path.resolve().relative_to(TESTS)
+    except ValueError:  # a test collected from outside tests/ (a file passed by path)
+        raise pytest.UsageError(f"test file {path} is outside tests/; the suite's tests live in "
+                                + ", ".join(f"tests/{t}/" for t in TIERS)) from None
+    if len(rel.parts) < 2 or rel.parts[0] not in TIERS:
+        raise pytest.UsageError(
+            f"test file tests/{rel.as_posix()} is outside the suite's folders; move it into one of "
+            + ", ".join(f"tests/{t}/ ({why})" for t, why in TIERS.items()))
+    return rel.parts[0]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Lanes as markers: a test marked ``bridge`` (or ``legacy``) is skipped, with the reason,
-    on the other TransformerLens lane, so no test body asks which lane it is on to skip itself."""
+    """Folders as markers: every test gets the marker of its folder (``unit``, ``integration``,
+    ``real``, ``browser``). Lanes as markers: a test marked ``bridge`` (or ``legacy``) is
+    skipped, with the reason, on the other TransformerLens lane, so no test body asks which lane
+    it is on to skip itself."""
     installed = tl_lane()
     for item in items:
+        item.add_marker(getattr(pytest.mark, _tier(Path(str(item.path)))))
         for name in ("bridge", "legacy"):
             if name != installed and item.get_closest_marker(name) is not None:
                 item.add_marker(pytest.mark.skip(reason=f"needs the {name} lane; {installed!r} is installed"))
@@ -126,27 +153,3 @@ def tiny_hf_model(tiny_model_dir: Callable[[str], Path]) -> Callable[[str], Any]
         return loaded[family]
 
     return _get
-
-
-# -- the tiny training run (test_train, test_faults; its config is tests/_training.py) --------
-
-
-@pytest.fixture(scope="session")
-def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One 512-token BPE tokenizer, trained on the bundled held-out text, for every training
-    test (training it is the slow part of their setup)."""
-    from tl_directional.corpus import heldout_text
-    from tl_directional.models import train_tokenizer
-
-    out = tmp_path_factory.mktemp("tok")
-    train_tokenizer(heldout_text(), 512, model_max_length=32).save_pretrained(str(out))
-    return out
-
-
-@pytest.fixture(scope="session")
-def data(tok_dir: Path) -> Any:
-    """The tiny training run's data (``training.Data``) with the shared tokenizer."""
-    from tests._training import cfg
-    from tl_directional import training as T
-
-    return T.prepare_data(cfg(tok_dir))

@@ -459,7 +459,7 @@ def fault_point(name: str) -> None:
     """Crash-test hook: with ``TL_DIRECTIONAL_FAULT=name[:n[:sigint]]`` in the environment
     this process kills itself with ``SIGKILL`` (or, with ``:sigint``, sends itself the
     ``SIGINT`` a Ctrl-C sends) the ``n``-th time (default 1) it passes ``name``. A no-op
-    otherwise (tests/test_faults.py and tests/test_cli_rough_edges.py use it)."""
+    otherwise (tests/integration/test_faults.py and tests/integration/test_cli_rough_edges.py use it)."""
     spec = os.environ.get("TL_DIRECTIONAL_FAULT")
     if not spec or spec.split(":")[0] != name:
         return

@@ -11,7 +11,7 @@ plus the CSV behind every figure.
 fetch from elsewhere (``src``/``href`` with a scheme or ``//``, CSS ``url(...)`` and
 ``@import``); the browser test asserts it is empty and, independently, that
 Chromium's network log of the page shows no request (the headless-Chromium
-harness lives with the tests, ``tests/_browser.py``).
+harness lives with the tests, ``tests/browser/_browser.py``).
 """
 
 from __future__ import annotations

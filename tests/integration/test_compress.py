@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from tests._families import CAUSAL
+from tests.integration._families import CAUSAL
 from tl_directional.adapter import hf_module
 from tl_directional.compress import (
     clone_model,

@@ -63,7 +63,7 @@ def test_profile_and_compression_geometry_equal_one_process_at_world_size_2(tiny
                                                                             tmp_path):
     texts = tmp_path / "texts.json"
     texts.write_text(json.dumps(TEXTS))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = tmp_path / "ddp_profile.py"
     script.write_text(SCRIPT.format(root=root, path=str(tiny_model_dir("gpt2")), texts=str(texts),
                                     out=str(tmp_path)))

@@ -1,11 +1,11 @@
 """Every registered model family (``tl_directional.architectures``, one file each) through the
 checks the original families pass across the suite, on the installed lane.
 
-``EXTRA`` (tests/_families.py) is every causal family that loads on this lane beyond GPT-2,
+``EXTRA`` (tests/integration/_families.py) is every causal family that loads on this lane beyond GPT-2,
 Llama and GPT-NeoX (which test_sites / test_measure / test_edit / test_habits cover): gemma3,
 qwen2, qwen3, qwen3_moe (bridge), mistral, mixtral, gemma, gemma2, olmo2 (bridge), phi3, phi,
 gptj, gpt_neo, opt, bloom. Logits against plain ``transformers`` (with and without padding) are
-checked for every family in tests/test_models.py. ``REFUSED`` families must fail to load with
+checked for every family in tests/integration/test_models.py. ``REFUSED`` families must fail to load with
 an error naming what is missing.
 """
 
@@ -212,7 +212,7 @@ def test_refused_families_name_what_is_missing(tiny_model_dir, family, lane):
 def test_docs_models_lists_every_family_lane_by_lane():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "models.md").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text(encoding="utf-8")
     rows = {line.split("|")[1].strip(" `"): [c.strip() for c in line.split("|")[1:-1]]
             for line in text.splitlines() if line.startswith("| `")}
     for name, fam in REGISTRY.items():

@@ -36,7 +36,7 @@ from tl_directional.training.cli import train_main
 from ._training import TINY
 from ._training import cfg as _cfg
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = "In the beginning God created the heaven and the earth. And the earth was without form. " * 12
 
 

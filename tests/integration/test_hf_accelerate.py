@@ -2,7 +2,7 @@
 callback and the plain-loop recipe give the single-process loss curve and final weights.
 
 The run: a tiny GPT-2, ``ValueScale(0.0)`` (V-Para removal in every layer), 4 AdamW steps on
-fixed global batches of 4 sequences (the setting of tests/test_hf_distributed.py, whose
+fixed global batches of 4 sequences (the setting of tests/integration/test_hf_distributed.py, whose
 one-process reference this reuses), launched by ``accelerate launch`` from a config file the
 test writes (no network, no ``accelerate config`` prompt). Two engines in the launched script:
 
@@ -105,7 +105,7 @@ def _free_port() -> int:
 
 
 def _accelerate_launch(tmp_path: Path, path: Path, kind: str, extra: list[str]) -> dict:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     (tmp_path / "out").mkdir()
     cfg = tmp_path / "accelerate.yaml"
     cfg.write_text(CONFIG.format(kind=kind, port=_free_port()))

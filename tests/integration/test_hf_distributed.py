@@ -132,7 +132,7 @@ def test_plain_loop_edit_changes_training(tiny_model_dir):
 @pytest.mark.slow
 def test_ddp_fsdp_and_trainer_world_2_equal_single_process(tiny_model_dir, tmp_path):
     path = tiny_model_dir("gpt2")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = tmp_path / "hf_ddp.py"
     script.write_text(SCRIPT.format(root=root, path=str(path), n=4 * STEPS, steps=STEPS, out=str(tmp_path)))
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

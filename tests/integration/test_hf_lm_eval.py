@@ -63,7 +63,7 @@ def test_bad_task_dirs_are_named(tmp_path):
 
 
 def test_task_data_is_rebuilt_identically(tmp_path):
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, str(root / "scripts" / "make_lm_eval_task.py"), "--n", "80",
                            "--seed", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

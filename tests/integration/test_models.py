@@ -287,7 +287,7 @@ def test_unknown_architecture_is_rejected(tmp_path, lane):
 
 
 def test_default_model_is_built_once_and_cached(tmp_path, monkeypatch, capfd):
-    # The stand-in is the fallback for a missing bundled model (tests/test_default_model.py
+    # The stand-in is the fallback for a missing bundled model (tests/integration/test_default_model.py
     # covers the bundled one).
     import tl_directional.models.load as models_mod
 

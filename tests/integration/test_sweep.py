@@ -187,7 +187,7 @@ def test_sweep_shards_across_torchrun_ranks(tiny_model, tiny_model_dir, tmp_path
     texts.write_text(json.dumps(TEXTS[:4]))
     out = tmp_path / "ddp.csv"
     script = tmp_path / "ddp_sweep.py"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script.write_text(DDP_SCRIPT.format(root=root, path=str(tiny_model_dir("gpt2")), texts=str(texts), out=str(out)))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # --standalone picks a free local port (a fixed port collides with any other torchrun on the machine)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import tl_directional.sweep_metrics as M
 from tl_directional.sweep import BaselineStats, MetricSums, _Progress, grid, sweep
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def _realrun():

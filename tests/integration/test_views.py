@@ -5,7 +5,7 @@ triptych's effective diagonal against METHOD sec. 4 computed from a cache), that
 displays and saved pages are offline by construction (no socket is opened while
 rendering, no external reference in the HTML, each library inlined once per page),
 and the column contracts of the table-driven views. Rendering in a real browser is
-tests/test_report_browser.py.
+tests/browser/test_report_browser.py.
 """
 
 from __future__ import annotations
@@ -417,7 +417,7 @@ def test_docs_views_page_runs_on_a_tiny_model(tiny_model_dir, tmp_path, monkeypa
     import importlib.util
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("tld_docs_run_snippets_views", root / "docs" / "run_snippets.py")
     snippets = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(snippets)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_cli_rough_edges import _one_error_line
-from tests.test_habits import _cli  # the real entry point: (exit status, stderr)
+from tests.integration.test_cli_rough_edges import _one_error_line
+from tests.integration.test_habits import _cli  # the real entry point: (exit status, stderr)
 
 
 def test_models_convert_of_a_missing_package_is_one_error_line_exit_2(monkeypatch):

@@ -23,7 +23,7 @@ from tl_directional.corpus import (
     sha256_file,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "fetch_corpus.py"
 
 

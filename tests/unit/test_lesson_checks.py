@@ -9,7 +9,7 @@ import pytest
 import torch
 
 _spec = importlib.util.spec_from_file_location(
-    "_lesson", Path(__file__).resolve().parent.parent / "notebooks" / "_lesson.py")
+    "_lesson", Path(__file__).resolve().parents[2] / "notebooks" / "_lesson.py")
 _lesson = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_lesson)
 check_answer = _lesson.check_answer

@@ -1,40 +1,25 @@
-"""The notebooks in notebooks/: committed without outputs, and each runs top to bottom offline.
-
-Execution uses nbclient with a kernel of the interpreter running the tests (a temporary
-kernelspec whose ``argv`` is ``sys.executable -m ipykernel_launcher``, found first through
-``JUPYTER_PATH``, so a ``python3`` kernelspec installed elsewhere cannot substitute another
-Python; ipykernel must be installed: the ``dev`` extra has it), in a scratch directory, with the
-test process's environment (so offline flags and ``PYTHONPATH`` carry over). The notebooks run on
-the TransformerLens 4 bridge lane only; the legacy lane skips them (same code, twice the CI time).
-
-Every notebook is a lesson (learning goals, exercises with check cells, worked solutions in
-``notebooks/solutions/``). CI sets ``TLD_LESSON_SOLVE=1``, so each exercise takes its worked
-solution and its check cell must pass. Lessons 05 and 06 switch model with
-``TLD_NOTEBOOK_MODEL``; CI removes it, so they run on the bundled default model. Their real-model runs are
-rendered to ``docs/notebooks/`` by ``notebooks/_render.py``; the checks below bound those pages.
+"""The notebooks in notebooks/ as files: committed without outputs, each a lesson (learning goals,
+exercises with check cells, worked solutions in ``notebooks/solutions/``), and the rendered
+real-model pages of lessons 05 and 06 (``docs/notebooks/``, by ``notebooks/_render.py``) bounded.
+Running each notebook top to bottom offline: tests/integration/test_notebooks_run.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 REQUIRED = ("01_tour", "02_editing_and_sweeps", "03_compression_diagnostics", "04_training_suppression",
             "05_directional_patching", "06_head_analysis")
 LESSONS = REQUIRED  # every notebook is a lesson: goals, exercises with checks, what to try next
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # rendered real-model pages of the lessons (docs/notebooks/), each with its <stem>_files/ figures
 RENDERED = ("05_directional_patching", "06_head_analysis_smollm2-135m", "06_head_analysis_gemma-3-270m")
 PAGE_LIMIT_BYTES = 2_000_000
-CELL_TIMEOUT_S = 600
-KERNEL_NAME = "tl-directional-tests"
 
 
 def test_required_notebooks_exist():
@@ -50,51 +35,6 @@ def test_notebook_is_stripped(path):
             assert cell.get("outputs") == [], f"{path.name} cell {i} has outputs; strip them before committing"
             assert cell.get("execution_count") is None, f"{path.name} cell {i} has an execution count"
     assert book["metadata"].get("kernelspec", {}).get("name") == "python3"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-@pytest.mark.bridge  # executed on the TL 4 bridge lane only (same code, twice the CI time)
-def test_notebook_runs(path, tmp_path, monkeypatch):
-    nbformat = pytest.importorskip("nbformat", reason="install the dev extra (nbformat, nbclient, ipykernel)")
-    nbclient = pytest.importorskip("nbclient", reason="install the dev extra (nbformat, nbclient, ipykernel)")
-    pytest.importorskip("ipykernel", reason="install the dev extra (ipykernel provides the python3 kernel)")
-    book = nbformat.read(path, as_version=4)
-    env_path = os.pathsep.join(p for p in (str(path.parent.parent), os.environ.get("PYTHONPATH", "")) if p)
-    monkeypatch.setenv("PYTHONPATH", env_path)  # the kernel inherits the environment
-    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-        monkeypatch.setenv(key, "1")
-    monkeypatch.delenv("TLD_NOTEBOOK_MODEL", raising=False)  # lessons: the bundled default model
-    monkeypatch.setenv("TLD_LESSON_SOLVE", "1")  # unanswered exercises take their worked solutions
-    spec_dir = tmp_path / "jupyter" / "kernels" / KERNEL_NAME
-    spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": f"tl-directional tests ({sys.executable})", "language": "python"}))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    work = tmp_path / "work"
-    work.mkdir()
-    client = nbclient.NotebookClient(book, timeout=CELL_TIMEOUT_S, kernel_name=KERNEL_NAME,
-                                     resources={"metadata": {"path": str(work)}})
-    t0 = time.perf_counter()
-    client.execute()
-    seconds = time.perf_counter() - t0
-    errors = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
-    assert not errors
-    html_outputs = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])
-                    if "text/html" in o.get("data", {})]
-    assert html_outputs, "no rich output: the views did not display"
-    for o in html_outputs:  # offline by construction: nothing in a displayed view points off the machine
-        from tl_directional.report import external_references
-
-        assert external_references(o["data"]["text/html"]) == []
-    if path.stem in LESSONS:  # every exercise's check cell ran and passed
-        printed = "".join(o.get("text", "") for c in book.cells if c.cell_type == "code"
-                          for o in c.get("outputs", []) if o.get("output_type") == "stream")
-        n = _exercise_count(path)
-        assert all(f"exercise {i}: correct" in printed for i in range(1, n + 1)), printed[-2000:]
-    print(f"{path.name}: {seconds:.1f} s")
 
 
 def _exercise_count(path: Path) -> int:

@@ -1,5 +1,6 @@
 """Issue 23 item 5: quantiles are numpy's (linear) while the sample is small, and the histogram's,
-within its stated resolution, beyond :data:`~tl_directional.stats.EXACT_QUANTILE_LIMIT`."""
+within its stated resolution, beyond :data:`~tl_directional.stats.EXACT_QUANTILE_LIMIT` (the same
+on a profile of a tiny model: tests/integration/test_quantiles_profile.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-import tl_directional as tld
 from tl_directional.stats import BIN_SCALES, EXACT_QUANTILE_LIMIT, QUANTILES, StreamingSummary
 
 NAMES = {0.05: "q05", 0.25: "q25", 0.5: "median", 0.75: "q75", 0.95: "q95"}
@@ -16,24 +16,6 @@ SAMPLERS = {
     "positive": lambda g, n: torch.exp(torch.randn(n, generator=g, dtype=torch.float64) * 2),
     "signed": lambda g, n: torch.randn(n, generator=g, dtype=torch.float64) * 3,
 }
-
-
-def test_profile_of_one_sentence_gives_numpys_quantiles(tiny_model):
-    model = tiny_model("gpt2")
-    text = "In the beginning God created the heaven and the earth, and the earth was without form."
-    prof = tld.profile(model, [text], progress=False, exclude_first_token=False)
-    batch = tld.prepare_inputs(model, [text])
-    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
-    mask = batch.attention_mask.bool()
-    u = cache["blocks.1.hook_mlp_out"][mask].double()
-    r = cache["blocks.1.hook_resid_mid"][mask].double()
-    cos = ((u * r).sum(-1) / (u.norm(dim=-1) * r.norm(dim=-1))).abs().numpy()
-    assert 10 <= len(cos) <= 40
-    row = prof.residual.query("layer == 1 and component == 'mlp'").iloc[0]
-    assert row["par_frac_median"] == pytest.approx(np.median(cos), abs=1e-6)
-    for q, name in NAMES.items():
-        assert row[f"par_frac_{name}"] == pytest.approx(np.quantile(cos, q), abs=1e-6), name
-    assert prof.metadata["quantiles"].startswith("exact")
 
 
 @pytest.mark.parametrize("kind", sorted(SAMPLERS))
