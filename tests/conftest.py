@@ -50,12 +50,12 @@ from tl_directional.models import (  # noqa: E402
 )
 
 # The suite's folders, each also a marker (pyproject.toml) put on every test in it, so a run can
-# pick by need: ``pytest -m unit`` (seconds), ``-m "not real and not browser"``, ...
+# pick by need: ``pytest tests/unit`` (or ``-m unit``; about 30 s), ``-m "not real and not browser"``.
 TIERS = {
     "unit": "pure math and plumbing: builds no TransformerLens model",
-    "integration": "tiny seeded models (the bulk of the suite)",
-    "real": "the real pretrained models SmolLM2-135M / Gemma-3-270M (make models); skipped without them",
-    "browser": "headless Chromium (skipped without it)",
+    "integration": "tiny seeded models, the bulk of the suite",
+    "real": "the real pretrained models SmolLM2-135M / Gemma-3-270M, after make models; skipped without them",
+    "browser": "headless Chromium; skipped without it",
 }
 TESTS = Path(__file__).resolve().parent
 
