@@ -35,13 +35,14 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
+
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "scripts"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+ROOT = _common.ROOT
 
 import claims as C  # noqa: E402  (shared data layout, hashing, bootstrap formatting, Holm)
 
@@ -205,9 +206,9 @@ def run(args) -> int:
                   "source_sha256": _expected_source_sha(args.model), "n_layers": sites.n_layers,
                   "d_model": sites.d_model, "lane": sites.lane}
     if args.model != "default":
-        from tl_directional.models.catalog import REAL_MODELS, entry_dir, read_manifest
+        from tl_directional.models.catalog import REAL_MODELS
 
-        man = read_manifest(entry_dir(args.model)) or {}
+        man = _common.model_manifest(args.model)
         model_info["architecture"] = REAL_MODELS[args.model].architecture
         model_info["safetensors_sha256"] = man.get("files", {}).get("model.safetensors", {}).get("sha256")
     else:
@@ -713,4 +714,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)

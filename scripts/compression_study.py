@@ -50,13 +50,13 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-if str(ROOT / "scripts") not in sys.path:  # _realrun, for the real-model options
-    sys.path.insert(1, str(ROOT / "scripts"))
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
+ROOT = _common.ROOT
 
-import _realrun as R  # noqa: E402  (scripts/ is on the path, above)
+import _realrun as R  # noqa: E402  (scripts/ is on the path: _common)
 
 from tl_directional.compress import collect_input_stats, compress  # noqa: E402
 from tl_directional.compression import compression_geometry, svg_chart  # noqa: E402
@@ -720,4 +720,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)

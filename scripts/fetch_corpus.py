@@ -28,7 +28,6 @@ The script needs only the Python standard library and the ``bible`` command
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -38,6 +37,11 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
 
 # (abbreviation printed by `bible`, full name, testament, genre), in canonical order.
 BOOKS: tuple[tuple[str, str, str, str], ...] = (
@@ -249,8 +253,7 @@ def heldout_slice(text: str, max_bytes: int) -> str:
     return "".join(out)
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+sha256_bytes = _common.sha256_bytes
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -400,4 +403,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)
