@@ -88,23 +88,11 @@ def load_data(stem: str):
     import pandas as pd
 
     mpath = DATA / f"{stem}.manifest.json"
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{mpath.relative_to(ROOT)}: cannot read the manifest ({e})") from None
+    manifest = _common.read_data_manifest(mpath, str(mpath.relative_to(ROOT)), DataError)
     frames = {}
     for name, want in manifest.get("files", {}).items():
         p = DATA / name
-        if not p.is_file():
-            raise DataError(
-                f"{p.relative_to(ROOT)}: missing (named by {mpath.name}); restore it from git"
-            )
-        b = p.read_bytes()
-        if sha256_bytes(b) != want:
-            raise DataError(
-                f"{p.relative_to(ROOT)}: sha256 {sha256_bytes(b)[:12]} does not match the manifest's "
-                f"{want[:12]}: the file is corrupt or was edited; restore it from git or rerun"
-            )
+        b = _common.checked_bytes(p, want, str(p.relative_to(ROOT)), mpath.name, DataError)
         frames[name.split(".")[-2]] = pd.read_csv(io.BytesIO(b))
     m = manifest["model"]
     from tl_directional.models.catalog import REAL_MODELS

@@ -15,7 +15,6 @@ Protocol: ``docs/results/protocol.md`` sec. 7 (written before these runs). Data 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -43,7 +42,7 @@ def run(args) -> int:
     from tl_directional.models import load_model
     from tl_directional.sites import resolve_sites
 
-    commit, dirty = C.git_state()
+    commit, dirty = _common.git_state()
     if dirty and not args.allow_dirty:
         print("error: tl_directional/ or scripts/ has uncommitted changes; commit them first", file=sys.stderr)
         return 2
@@ -117,13 +116,7 @@ def run(args) -> int:
 
 
 def _write(stem, rec, manifest):
-    from tl_directional.fileio import atomic_write_bytes
-
-    C.DATA.mkdir(parents=True, exist_ok=True)
-    b = C._csv(rec)
-    atomic_write_bytes(C.DATA / f"{stem}.records.csv", b)
-    manifest["files"][f"{stem}.records.csv"] = C.sha256_bytes(b)
-    atomic_write_bytes(C.DATA / f"{stem}.manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+    _common.write_data(C.DATA, {f"{stem}.records.csv": C._csv(rec)}, manifest, f"{stem}.manifest.json")
     print(f"wrote {C.DATA / stem}.* ({len(rec)} records)", flush=True)
 
 
@@ -139,10 +132,7 @@ def load(stem: str, data: Path | None = None):
 
     data = C.DATA if data is None else data
     mpath = data / f"{stem}.manifest.json"
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError) as e:
-        raise C.DataError(f"{mpath.relative_to(data.parent.parent.parent)}: cannot read the manifest ({e})") from None
+    manifest = _common.read_data_manifest(mpath, str(mpath.relative_to(data.parent.parent.parent)), C.DataError)
     name = f"{stem}.records.csv"
     p = data / name
     if not p.is_file():

@@ -19,7 +19,6 @@ protocol sec. 8: committed data and a page built from it alone.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import shutil
@@ -46,12 +45,7 @@ class DataError(ValueError):
     """A committed training data file is missing, corrupt or does not match its manifest."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+_sha256 = _common.sha256_file  # the one (tl_directional.fileio)
 
 
 def collect(args) -> int:
@@ -112,10 +106,7 @@ def load(stem: str, data: Path = DATA):
     import pandas as pd
 
     mpath = data / f"{stem}.manifest.json"
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{_rel(mpath)}: unreadable manifest ({e})") from None
+    manifest = _common.read_data_manifest(mpath, _rel(mpath), DataError, wording="unreadable manifest")
     tables = {}
     for name in TABLES:
         path = data / f"{stem}.{name}.csv"
