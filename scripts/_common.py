@@ -6,8 +6,8 @@ error exit.
 * Git: :func:`git_head`, :func:`git_state` (head, dirty code tree) and :func:`git_commit`
   (``head[+dirty]``, ``unknown`` outside a checkout). Only ``tl_directional/`` and ``scripts/``
   count as dirty: the result pages a run rewrites do not make the code that wrote them dirty.
-* Hashing: :func:`sha256_bytes` here, :func:`tl_directional.fileio.sha256_file` for files
-  (re-exported; the one).
+* Hashing and atomic writes: :func:`sha256_bytes` here; ``sha256_file``, ``atomic_write_bytes``
+  and ``atomic_write_text`` are :mod:`tl_directional.fileio`'s (re-exported, loaded on first use).
 * Data manifests (``docs/results/data/<stem>.manifest.json``): :func:`write_data` writes the data
   files and the manifest naming their sha256 (atomically, the manifest last);
   :func:`read_data_manifest` and :func:`checked_bytes` read them back, raising the caller's error
@@ -45,10 +45,10 @@ CODE_DIRS = ("tl_directional", "scripts")
 
 def __getattr__(name: str):
     # tl_directional (and torch) load on first use: the fetch scripts need neither
-    if name == "sha256_file":
-        from tl_directional.fileio import sha256_file
+    if name in ("atomic_write_bytes", "atomic_write_text", "sha256_file"):
+        from tl_directional import fileio
 
-        return sha256_file
+        return getattr(fileio, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -46,8 +46,6 @@ from claims_run import (  # noqa: E402, F401
     SOURCES,
     TEXTS,
     _concat_hooks,
-    _csv,
-    _write_data,
     run,
     run_header,
     settings,
@@ -82,6 +80,18 @@ class DataError(RuntimeError):
 # ---------------------------------------------------------------------------
 # build (pure function of the data)
 # ---------------------------------------------------------------------------
+
+
+def _csv(df) -> bytes:
+    buf = io.StringIO()
+    df.to_csv(buf, index=False, float_format="%.10g", lineterminator="\n")
+    return buf.getvalue().encode()
+
+
+def _write_data(stem, rec, prof, manifest):
+    files = {f"{stem}.records.csv": _csv(rec), f"{stem}.profile.csv": _csv(prof)}
+    _common.write_data(DATA, files, manifest, f"{stem}.manifest.json")
+    print(f"wrote {DATA / stem}.* ({len(rec)} records)", flush=True)
 
 
 def load_data(stem: str):

@@ -3,12 +3,11 @@ all-layer edit of protocol sec. 3), one run's manifest header, and the per-windo
 profiles written to ``docs/results/data/claims_<model>.*``.
 
 Imported by :mod:`claims` (the entry point, which re-exports these names); the data layout
-(``DATA``) and the reader used by ``--resume`` stay there.
+(``DATA``), its writer and the reader used by ``--resume`` stay there.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import sys
 import time
@@ -298,7 +297,7 @@ def run_header(study: str, script: str, args, sites, commit: str, dirty: bool) -
 
 
 def run(args) -> int:
-    import claims as C  # the data layout (DATA) and reader; imported here: claims imports this module
+    import claims as C  # the data layout, writer and reader; imported here: claims imports this module
     import pandas as pd
     import torch
     from _realrun import (
@@ -477,19 +476,5 @@ def run(args) -> int:
         commits = list(dict.fromkeys(v.get("commit", manifest["commit"]) for v in manifest["texts"].values()))
         if len(commits) > 1:
             manifest["commits"] = commits
-        _write_data(stem, pd.DataFrame(records), pd.concat(profiles, ignore_index=True), manifest)
+        C._write_data(stem, pd.DataFrame(records), pd.concat(profiles, ignore_index=True), manifest)
     return 0
-
-
-def _csv(df) -> bytes:
-    buf = io.StringIO()
-    df.to_csv(buf, index=False, float_format="%.10g", lineterminator="\n")
-    return buf.getvalue().encode()
-
-
-def _write_data(stem, rec, prof, manifest):
-    import claims as C
-
-    files = {f"{stem}.records.csv": _csv(rec), f"{stem}.profile.csv": _csv(prof)}
-    _common.write_data(C.DATA, files, manifest, f"{stem}.manifest.json")
-    print(f"wrote {C.DATA / stem}.* ({len(rec)} records)", flush=True)

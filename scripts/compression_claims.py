@@ -123,7 +123,7 @@ _holm = C._holm
 
 # The study's parts, one module per job (re-exported): measuring (compression_claims_run) and
 # statistics (compression_claims_stats); this module reads the data and renders the pages.
-from compression_claims_run import _nll, _write_data, run  # noqa: E402, F401
+from compression_claims_run import _nll, run  # noqa: E402, F401
 from compression_claims_stats import (  # noqa: E402, F401
     COMPARATORS,
     DIAG,
@@ -158,6 +158,12 @@ def _expected_source_sha(name: str) -> str | None:
 # ---------------------------------------------------------------------------
 # build (pure function of the data)
 # ---------------------------------------------------------------------------
+
+
+def _write_data(stem, rec, lay, manifest):
+    manifest["files"] = {}
+    files = {f"{stem}.records.csv": _csv(rec), f"{stem}.layers.csv": _csv(lay)}
+    _common.write_data(DATA, files, manifest, f"{stem}.manifest.json")
 
 
 def load_data(stem: str):

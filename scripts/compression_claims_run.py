@@ -3,7 +3,7 @@ setting of the protocol's grid on the held-out windows, written after each setti
 ``docs/results/data/compression_<model>.*``.
 
 Imported by :mod:`compression_claims` (the entry point, which re-exports these names and holds
-the data layout and protocol constants).
+the data layout, its writer and the protocol constants).
 """
 
 from __future__ import annotations
@@ -42,14 +42,6 @@ def _nll(model, batch, batch_size):
     return torch.cat(nll), torch.cat(cnt)
 
 
-def _write_data(stem, rec, lay, manifest):
-    from compression_claims import DATA, _csv
-
-    manifest["files"] = {}
-    files = {f"{stem}.records.csv": _csv(rec), f"{stem}.layers.csv": _csv(lay)}
-    _common.write_data(DATA, files, manifest, f"{stem}.manifest.json")
-
-
 def run(args) -> int:
     import gc
 
@@ -69,6 +61,7 @@ def run(args) -> int:
         TEXTS,
         UNITS,
         _expected_source_sha,
+        _write_data,
         git_state,
         sha256_bytes,
     )
