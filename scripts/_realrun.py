@@ -20,20 +20,20 @@ import json
 import math
 import os
 import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing from a model hub, ever
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
+ROOT, git_commit, sha256_file = _common.ROOT, _common.git_commit, _common.sha256_file
 
 import tl_directional.sweep_metrics as M  # noqa: E402  (the sweep's metric registries)
-from tl_directional.fileio import atomic_write_bytes, atomic_write_text, sha256_file  # noqa: E402
+from tl_directional.fileio import atomic_write_bytes, atomic_write_text  # noqa: E402
 from tl_directional.sweep import Setting, prediction_mask  # noqa: E402
 
 TEXTS = {
@@ -107,18 +107,6 @@ def sha256_cached(path: Path, cache: Path) -> str:
     return data[key]
 
 
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=ROOT).stdout.strip()
-        # code only: the result pages these runs rewrite do not make the code that wrote them dirty
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "tl_directional",
-                                "scripts"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-        return out + ("+dirty" if dirty else "")
-    except Exception:
-        return "unknown"
-
-
 def provenance(model, model_arg: str, resolved: str, cache_dir: Path) -> dict:
     """Model identity and machine, for the meta JSON."""
     from tl_directional.adapter import device_of, lane_of
@@ -128,12 +116,12 @@ def provenance(model, model_arg: str, resolved: str, cache_dir: Path) -> dict:
             "n_heads": int(model.cfg.n_heads), "d_head": int(model.cfg.d_head)}
     path = Path(resolved)
     if not path.is_dir():  # a catalogue name: its converted directory in the cache
-        from tl_directional.models.catalog import REAL_MODELS, entry_dir, read_manifest
+        from tl_directional.models.catalog import REAL_MODELS, entry_dir
 
         if resolved in REAL_MODELS and entry_dir(resolved).is_dir():
             path = entry_dir(resolved)
             info["model_path"] = str(path)
-            want = (read_manifest(path) or {}).get("files", {}).get("model.safetensors", {}).get("sha256")
+            want = _common.model_manifest(resolved).get("files", {}).get("model.safetensors", {}).get("sha256")
             if want:  # load_model verified the file against its manifest
                 info["model_safetensors_sha256"] = want
     st = path / "model.safetensors"

@@ -31,17 +31,16 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import sys
-import time
-from pathlib import Path
+
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (ROOT, ROOT / "scripts"):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+ROOT = _common.ROOT
 
 import claims as C  # noqa: E402  (shared data layout, hashing, bootstrap formatting, Holm)
 
@@ -112,18 +111,33 @@ UNITS = ("attn", "mlp", "block")
 #: sums kept per unit (names of tl_directional.compression.geometry.STAT_NAMES)
 KEEP = ("n", "t_err_par", "t_err_perp", "t_cos", "t_rel_mse", "u_sq", "e_sq", "e_par_sq", "e_perp_sq")
 LAYER_KEEP = ("n", "t_err_par", "t_err_perp", "t_cos", "t_rel_mse")
-MIN_SETTINGS = 20  # protocol sec. 6: fewer finished settings -> not decided
-B = 2000
-SEED = 0
 
 
 DataError = C.DataError
-sha256_bytes = C.sha256_bytes
-git_state = C.git_state
+sha256_bytes = _common.sha256_bytes
+git_state = _common.git_state
 _csv = C._csv
 _ci = C._ci
 _fmt = C._fmt
 _holm = C._holm
+
+# The study's parts, one module per job (re-exported): measuring (compression_claims_run) and
+# statistics (compression_claims_stats); this module reads the data and renders the pages.
+from compression_claims_run import _nll, run  # noqa: E402, F401
+from compression_claims_stats import (  # noqa: E402, F401
+    COMPARATORS,
+    DIAG,
+    FORMS,
+    MIN_SETTINGS,
+    SEED,
+    B,
+    Study,
+    _diag_parts,
+    _label_form,
+    _rank_rows,
+    _spearman_rows,
+    _verdict,
+)
 
 
 def _default_sha256() -> str | None:
@@ -142,185 +156,28 @@ def _expected_source_sha(name: str) -> str | None:
 
 
 # ---------------------------------------------------------------------------
-# run
+# build (pure function of the data)
 # ---------------------------------------------------------------------------
-
-
-def _nll(model, batch, batch_size):
-    """Per-window sums of next-token NLL (float64) and predicted-token counts."""
-    import torch
-
-    from tl_directional.sweep import prediction_mask
-
-    nll, cnt = [], []
-    for i in range(0, len(batch), batch_size):
-        part = batch.slice(i, i + batch_size)
-        logits = model(part.tokens, attention_mask=part.attention_mask)
-        lp = torch.log_softmax(logits[:, :-1].float(), -1)
-        del logits
-        m = prediction_mask(part.attention_mask)
-        tok = -lp.gather(-1, part.tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
-        nll.append((tok.double() * m).sum(-1))
-        cnt.append(m.sum(-1).double())
-    return torch.cat(nll), torch.cat(cnt)
 
 
 def _write_data(stem, rec, lay, manifest):
-    from tl_directional.fileio import atomic_write_bytes
-
-    DATA.mkdir(parents=True, exist_ok=True)
     manifest["files"] = {}
-    for name, b in ((f"{stem}.records.csv", _csv(rec)), (f"{stem}.layers.csv", _csv(lay))):
-        atomic_write_bytes(DATA / name, b)
-        manifest["files"][name] = sha256_bytes(b)
-    atomic_write_bytes(DATA / f"{stem}.manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
-
-
-def run(args) -> int:
-    import gc
-
-    import pandas as pd
-    import torch
-
-    from tl_directional.compress import collect_input_stats, compress
-    from tl_directional.compression import compression_geometry
-    from tl_directional.compression.geometry import STAT_INDEX
-    from tl_directional.inputs import TokenBatch, load_text_sequences
-    from tl_directional.models import load_model
-    from tl_directional.sites import resolve_sites
-
-    commit, dirty = git_state()
-    if dirty and not args.allow_dirty:
-        print("error: tl_directional/ or scripts/ has uncommitted changes; commit them first (data must name "
-              "the code that made it)", file=sys.stderr)
-        return 2
-    torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
-    t0 = time.time()
-    model = load_model(args.model)
-    sites = resolve_sites(model, warn=False)
-    src, quant, deq = SOURCES[args.model]
-    stem = f"compression_{args.model}" + (f"_{args.tag}" if args.tag else "")
-    model_info = {"name": args.model, "source_file": src, "quantisation": quant, "dequantised": deq,
-                  "source_sha256": _expected_source_sha(args.model), "n_layers": sites.n_layers,
-                  "d_model": sites.d_model, "lane": sites.lane}
-    if args.model != "default":
-        from tl_directional.models.catalog import REAL_MODELS, entry_dir, read_manifest
-
-        man = read_manifest(entry_dir(args.model)) or {}
-        model_info["architecture"] = REAL_MODELS[args.model].architecture
-        model_info["safetensors_sha256"] = man.get("files", {}).get("model.safetensors", {}).get("sha256")
-    else:
-        model_info["architecture"] = "GPT2LMHeadModel (4 layers, trained on KJV)"
-    if args.windows > CALIB_START:
-        print(f"error: --windows must be <= {CALIB_START} (calibration windows start there)", file=sys.stderr)
-        return 2
-    evals, calibs, texts_info, wtext, wwin = [], [], {}, [], []
-    for text in args.texts:
-        desc, rel = TEXTS[text]
-        b = load_text_sequences(model, str(ROOT / rel), max_sequences=CALIB_START + CALIB_PER_TEXT,
-                                seq_len=args.seq_len)
-        if len(b) < CALIB_START + CALIB_PER_TEXT:
-            print(f"error: text {text} gives only {len(b)} windows of {args.seq_len}", file=sys.stderr)
-            return 2
-        evals.append(b.slice(0, args.windows))
-        calibs.append(b.slice(CALIB_START, CALIB_START + CALIB_PER_TEXT))
-        wtext += [text] * args.windows
-        wwin += list(range(args.windows))
-        texts_info[text] = {"description": desc, "file": rel, "sha256": sha256_bytes((ROOT / rel).read_bytes()),
-                            "windows": args.windows}
-    evalb = TokenBatch(torch.cat([b.tokens for b in evals]), torch.cat([b.attention_mask for b in evals]))
-    calib = TokenBatch(torch.cat([b.tokens for b in calibs]), torch.cat([b.attention_mask for b in calibs]))
-    base_nll, counts = _nll(model, evalb, args.batch_size)
-    print(f"{args.model}: {len(evalb)} evaluation windows ({int(counts.sum())} predicted tokens), dense loss "
-          f"{float(base_nll.sum() / counts.sum()):.4f}; calibration {len(calib)} windows", flush=True)
-    stats = collect_input_stats(model, calib, batch_size=args.batch_size, n_samples=512, seed=SEED)
-    order = [s for s in RUN_ORDER if s in set(args.grid or GRID)]
-    manifest = {
-        "study": "compression_claims",
-        "command": "python scripts/compression_claims.py " + " ".join(sys.argv[1:] if args.cli else []),
-        "commit": commit + ("+dirty" if dirty else ""),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"CPU, {os.cpu_count()} cores shared, {args.threads} torch thread(s), torch {torch.__version__}",
-        "model": model_info,
-        "windows": args.windows,
-        "seq_len": args.seq_len,
-        "calibration": {"windows_per_text": CALIB_PER_TEXT, "first_window": CALIB_START,
-                        "texts": list(args.texts), "tokens": int(calib.attention_mask.sum())},
-        "geometry": "local mode, split against the dense update, BOS position excluded",
-        "texts": texts_info,
-        "grid": list(GRID),
-        "run_order": order,
-        "settings": [],
-        "complete": False,
-        "files": {},
-    }
-    records, layers = [], []
-    for spec in order:
-        t1 = time.time()
-        res = compress(model, spec, calibration=calib, stats=stats)
-        t_comp = time.time() - t1
-        nll, _ = _nll(res.model, evalb, args.batch_size)
-        df = compression_geometry(model, res, evalb, mode="local", batch_size=args.batch_size, per_sequence=True,
-                                  verify=False, exclude_first_token=True)
-        per = next(iter(df.attrs["per_sequence"].values())).numpy()  # [n, rows, K]
-        rows = df.attrs["rows"]
-        label = res.record.label
-        for i in range(len(evalb)):
-            r = {"setting": label, "text": wtext[i], "window": wwin[i], "tokens": float(counts[i]),
-                 "nll": float(nll[i]), "base_nll": float(base_nll[i])}
-            for unit in UNITS:
-                idx = [j for j, (_, u) in enumerate(rows) if u == unit]
-                tot = per[i, idx].sum(0)
-                for k in KEEP:
-                    r[f"{unit}_{k}"] = float(tot[STAT_INDEX[k]])
-            records.append(r)
-            for j, (L, u) in enumerate(rows):
-                if u == "attn":
-                    layers.append({"setting": label, "text": wtext[i], "window": wwin[i], "layer": L,
-                                   **{k: float(per[i, j, STAT_INDEX[k]]) for k in LAYER_KEEP}})
-        manifest["settings"].append({
-            "spec": spec, "label": label, "method": res.record.method,
-            "weight_rel_error": res.record.stats.get("weight_rel_error_mean"),
-            "zero_fraction": res.record.stats.get("zero_fraction"),
-            "seconds": round(time.time() - t1, 1), "compress_seconds": round(t_comp, 1)})
-        manifest["complete"] = len(manifest["settings"]) == len(order) and set(order) == set(GRID)
-        manifest["seconds"] = round(time.time() - t0, 1)
-        _write_data(stem, pd.DataFrame(records), pd.DataFrame(layers), manifest)
-        inc = float((nll.sum() - base_nll.sum()) / counts.sum())
-        print(f"  [{len(manifest['settings'])}/{len(order)}] {label:24s} loss increase {inc:+.4f} "
-              f"({time.time() - t1:.0f} s, compress {t_comp:.0f} s; total {time.time() - t0:.0f} s)", flush=True)
-        del res, df, per
-        gc.collect()
-    print(f"wrote {DATA / stem}.* ({len(records)} records, {time.time() - t0:.0f} s)", flush=True)
-    return 0
-
-
-# ---------------------------------------------------------------------------
-# build (pure function of the data)
-# ---------------------------------------------------------------------------
+    files = {f"{stem}.records.csv": _csv(rec), f"{stem}.layers.csv": _csv(lay)}
+    _common.write_data(DATA, files, manifest, f"{stem}.manifest.json")
 
 
 def load_data(stem: str):
     import pandas as pd
 
     mpath = DATA / f"{stem}.manifest.json"
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{mpath.relative_to(ROOT)}: cannot read the manifest ({e})") from None
+    manifest = _common.read_data_manifest(mpath, str(mpath.relative_to(ROOT)), DataError)
     frames = {}
     for name in (f"{stem}.records.csv", f"{stem}.layers.csv"):
         p = DATA / name
         want = manifest.get("files", {}).get(name)
         if want is None:
             raise DataError(f"{mpath.relative_to(ROOT)}: does not name {name}; rerun")
-        if not p.is_file():
-            raise DataError(f"{p.relative_to(ROOT)}: missing (named by {mpath.name}); restore it from git")
-        b = p.read_bytes()
-        if sha256_bytes(b) != want:
-            raise DataError(f"{p.relative_to(ROOT)}: sha256 {sha256_bytes(b)[:12]} does not match the manifest's "
-                            f"{want[:12]}: the file is corrupt or was edited; restore it from git or rerun")
+        b = _common.checked_bytes(p, want, str(p.relative_to(ROOT)), mpath.name, DataError)
         try:
             frames[name.split(".")[-2]] = pd.read_csv(io.BytesIO(b))
         except ValueError as e:
@@ -339,130 +196,6 @@ def load_data(stem: str):
         raise DataError(f"{(DATA / f'{stem}.records.csv').relative_to(ROOT)}: columns missing: "
                         + ", ".join(sorted(need - set(rec.columns))))
     return manifest, rec, frames["layers"]
-
-
-#: (key, unit, form, label): the diagnostic families; form "mean" is the paper's per-token mean
-FORMS = (("attn", "mean"), ("attn", "energy"), ("mlp", "mean"), ("mlp", "energy"), ("block", "mean"),
-         ("block", "energy"))
-DIAG = ("perp", "par", "1-cos", "MSE")
-COMPARATORS = ("par", "1-cos", "MSE")
-
-
-def _diag_parts(unit: str, form: str):
-    """``{diagnostic: (numerator column, denominator column, transform)}``: the diagnostic of a
-    setting is ``transform(sum num / sum den)`` over its (resampled) windows."""
-    u = unit + "_"
-    if form == "mean":
-        return {"perp": (u + "t_err_perp", u + "n", None), "par": (u + "t_err_par", u + "n", None),
-                "1-cos": (u + "t_cos", u + "n", "one_minus"), "MSE": (u + "t_rel_mse", u + "n", None),
-                "raw MSE": (u + "e_sq", u + "n", None)}
-    return {"perp": (u + "e_perp_sq", u + "u_sq", "sqrt"), "par": (u + "e_par_sq", u + "u_sq", "sqrt"),
-            "1-cos": (u + "t_cos", u + "n", "one_minus"), "MSE": (u + "e_sq", u + "u_sq", None)}
-
-
-def _rank_rows(x):
-    """Average ranks along axis 1 (ties share their mean rank)."""
-    import pandas as pd
-
-    return pd.DataFrame(x).rank(axis=1, method="average").to_numpy()
-
-
-def _spearman_rows(x, y):
-    import numpy as np
-
-    rx, ry = _rank_rows(x), _rank_rows(y)
-    rx = rx - rx.mean(1, keepdims=True)
-    ry = ry - ry.mean(1, keepdims=True)
-    den = np.sqrt((rx * rx).sum(1) * (ry * ry).sum(1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = (rx * ry).sum(1) / den
-    return np.where(den > 0, r, 0.0)
-
-
-class Study:
-    """Arrays of one run: per setting x window, and the bootstrap draws (seeded)."""
-
-    def __init__(self, manifest, rec, lay):
-        import numpy as np
-
-        self.manifest = manifest
-        order = [s["label"] for s in manifest["settings"]]
-        label_spec = {s["label"]: s["spec"] for s in manifest["settings"]}
-        # settings in the grid's order (the protocol's), windows by text then window
-        grid_pos = {s: i for i, s in enumerate(manifest["grid"])}
-        self.labels = sorted(order, key=lambda lab: grid_pos[label_spec[lab]])
-        self.specs = [label_spec[x] for x in self.labels]
-        self.methods = {s["label"]: s["method"] for s in manifest["settings"]}
-        self.texts = [t for t in manifest["texts"] if t in set(rec.text)]
-        rec = rec.copy()
-        rec["_t"] = rec.text.map({t: i for i, t in enumerate(self.texts)})
-        rec["_s"] = rec.setting.map({s: i for i, s in enumerate(self.labels)})
-        rec = rec.sort_values(["_s", "_t", "window"], kind="stable")
-        S = len(self.labels)
-        self.S = S
-        keys = rec[rec._s == 0][["_t", "window"]].to_numpy()
-        self.W = len(keys)
-        if len(rec) != S * self.W:
-            raise DataError(f"records: {len(rec)} rows, expected {S} settings x {self.W} windows")
-        self.wtext = keys[:, 0]
-        self.cols = {c: rec[c].to_numpy(dtype=float).reshape(S, self.W) for c in rec.columns
-                     if c not in ("setting", "text", "window", "_t", "_s")}
-        self.lay = lay
-        rng = np.random.default_rng(SEED)
-        w = np.ones((B + 1, self.W))
-        for b in range(1, B + 1):
-            for t in range(len(self.texts)):
-                pos = np.flatnonzero(self.wtext == t)
-                w[b, pos] = np.bincount(rng.integers(0, len(pos), len(pos)), minlength=len(pos))
-        self.w = w
-        idx = np.tile(np.arange(S), (B + 1, 1))
-        for b in range(1, B + 1):
-            idx[b] = rng.integers(0, S, S)
-        self.idx = idx
-        self.idx_fixed = np.tile(np.arange(S), (B + 1, 1))
-
-    def pooled(self, num, den, transform=None, w=None):
-        """``[B+1, S]``: ``transform(sum_w num / sum_w den)`` per setting and window resample."""
-        import numpy as np
-
-        w = self.w if w is None else w
-        v = (w @ self.cols[num].T) / (w @ self.cols[den].T)
-        if transform == "sqrt":
-            v = np.sqrt(v)
-        elif transform == "one_minus":
-            v = 1.0 - v
-        return v
-
-    def loss_increase(self, w=None):
-        w = self.w if w is None else w
-        return (w @ (self.cols["nll"] - self.cols["base_nll"]).T) / (w @ self.cols["tokens"].T)
-
-    def rhos(self, unit, form, fixed_settings=False, w=None):
-        """``{diagnostic: [B+1] rho}`` with the settings (and windows) resampled."""
-        import numpy as np
-
-        idx = self.idx_fixed if fixed_settings else self.idx
-        y = np.take_along_axis(self.loss_increase(w), idx, 1)
-        out = {}
-        for d, (num, den, tr) in _diag_parts(unit, form).items():
-            x = np.take_along_axis(self.pooled(num, den, tr, w), idx, 1)
-            out[d] = _spearman_rows(x, y)
-        return out
-
-    def text_weights(self, t):
-        """Full-sample weights of one text's windows only (a [1, W] row)."""
-        return (self.wtext == t).astype(float)[None, :]
-
-
-def _verdict(stat, n_settings):
-    v, lo, hi = _ci(stat)
-    if n_settings < MIN_SETTINGS:
-        return f"**not decided** (only {n_settings} settings finished; the protocol needs {MIN_SETTINGS})"
-    return "**held**" if lo > 0 else "**failed**" if hi < 0 else "**not decided**"
-
-
-def _label_form(unit, form):
-    return f"{unit}, {'per-token mean' if form == 'mean' else 'energy form'}"
 
 
 def build_page(stem: str) -> str:
@@ -713,4 +446,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)

@@ -15,18 +15,19 @@ Protocol: ``docs/results/protocol.md`` sec. 7 (written before these runs). Data 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
 
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "scripts"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+ROOT = _common.ROOT
 
 import claims as C  # noqa: E402  (the claims study's data layout, hashing and bootstrap)
 
@@ -41,7 +42,7 @@ def run(args) -> int:
     from tl_directional.models import load_model
     from tl_directional.sites import resolve_sites
 
-    commit, dirty = C.git_state()
+    commit, dirty = _common.git_state()
     if dirty and not args.allow_dirty:
         print("error: tl_directional/ or scripts/ has uncommitted changes; commit them first", file=sys.stderr)
         return 2
@@ -115,13 +116,7 @@ def run(args) -> int:
 
 
 def _write(stem, rec, manifest):
-    from tl_directional.fileio import atomic_write_bytes
-
-    C.DATA.mkdir(parents=True, exist_ok=True)
-    b = C._csv(rec)
-    atomic_write_bytes(C.DATA / f"{stem}.records.csv", b)
-    manifest["files"][f"{stem}.records.csv"] = C.sha256_bytes(b)
-    atomic_write_bytes(C.DATA / f"{stem}.manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
+    _common.write_data(C.DATA, {f"{stem}.records.csv": C._csv(rec)}, manifest, f"{stem}.manifest.json")
     print(f"wrote {C.DATA / stem}.* ({len(rec)} records)", flush=True)
 
 
@@ -137,10 +132,7 @@ def load(stem: str, data: Path | None = None):
 
     data = C.DATA if data is None else data
     mpath = data / f"{stem}.manifest.json"
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError) as e:
-        raise C.DataError(f"{mpath.relative_to(data.parent.parent.parent)}: cannot read the manifest ({e})") from None
+    manifest = _common.read_data_manifest(mpath, str(mpath.relative_to(data.parent.parent.parent)), C.DataError)
     name = f"{stem}.records.csv"
     p = data / name
     if not p.is_file():
@@ -303,4 +295,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)

@@ -10,12 +10,15 @@ prose slices (code, identifiers, indentation).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
+
+ROOT = _common.ROOT
 FILES = ("difflib.py", "fractions.py", "textwrap.py")
 OUT = ROOT / "tl_directional" / "data" / "code_heldout.txt"
 PINNED = ROOT / "tl_directional" / "data" / "code_heldout.json"
@@ -37,7 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args(argv)
     text = build(Path(args.libdir))
-    sha = hashlib.sha256(text.encode()).hexdigest()
+    sha = _common.sha256_bytes(text.encode())
     if args.check:
         want = json.loads(PINNED.read_text())["sha256"]
         print("ok" if sha == want else f"mismatch: {sha} != {want}")
@@ -52,4 +55,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)

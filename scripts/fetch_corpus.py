@@ -28,16 +28,19 @@ The script needs only the Python standard library and the ``bible`` command
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
 
 # (abbreviation printed by `bible`, full name, testament, genre), in canonical order.
 BOOKS: tuple[tuple[str, str, str, str], ...] = (
@@ -249,28 +252,12 @@ def heldout_slice(text: str, max_bytes: int) -> str:
     return "".join(out)
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+sha256_bytes = _common.sha256_bytes
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp creates 0600; give the file the usual umask-based mode instead.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write ``data`` to ``path`` atomically (:func:`tl_directional.fileio.atomic_write_bytes`)."""
+    _common.atomic_write_bytes(path, data)
 
 
 def _json_bytes(obj: object) -> bytes:
@@ -400,4 +387,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)

@@ -25,13 +25,17 @@ JSON carries verbatim (``copyright_notice``).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import html.parser
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
 
 SRC = Path("/usr/share/debian-reference")
 COPYRIGHT = Path("/usr/share/doc/debian-reference-en/copyright")
@@ -127,7 +131,7 @@ def build(chapter_bytes: int) -> tuple[str, str, dict]:
             "files": [f"{SRC}/{c}.en.html" for c in CHAPTERS],
             "extraction": "scripts/fetch_prose.py: <p> text outside table/pre/toc, whitespace collapsed, "
                           "one paragraph a line, blank line between chapters",
-            "full_extraction_sha256": hashlib.sha256(full.encode("utf-8")).hexdigest(),
+            "full_extraction_sha256": _common.sha256_bytes(full.encode("utf-8")),
             "full_extraction_bytes": len(full.encode("utf-8")),
         },
         "license": "GPL-2+ (see copyright_notice; full text /usr/share/common-licenses/GPL-2 or "
@@ -137,7 +141,7 @@ def build(chapter_bytes: int) -> tuple[str, str, dict]:
         "chapter_bytes": chapter_bytes,
         "bytes": len(sl.encode("utf-8")),
         "n_lines": sl.count("\n"),
-        "sha256": hashlib.sha256(sl.encode("utf-8")).hexdigest(),
+        "sha256": _common.sha256_bytes(sl.encode("utf-8")),
         "file": "prose_heldout.txt",
         "regenerate": "apt-get install -y debian-reference-en && python scripts/fetch_prose.py --out tl_directional/data",
         "note": "Public documentation: it may well be in either model's pretraining data (as the KJV is).",
@@ -171,4 +175,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)

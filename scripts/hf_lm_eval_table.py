@@ -9,6 +9,11 @@ from __future__ import annotations
 import torch
 from transformers import AutoTokenizer
 
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
+
 from tl_directional.edit import DiagonalRemoval, ResidualScale, ValueScale
 from tl_directional.hf.lm_eval_task import TASK_NAME, evaluate_edited
 from tl_directional.models import default_model_dir, load_hf_model
@@ -35,4 +40,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _common.run_main(main)

@@ -24,12 +24,14 @@ import argparse
 import csv
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
+ROOT = _common.ROOT
 
 PATHS = ("own", "hf")
 VARIANTS = ("baseline", "vpara")
@@ -157,4 +159,4 @@ def _table(r: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    _common.run_main(main)

@@ -21,8 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _realrun as R  # noqa: E402
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
+import _realrun as R  # noqa: E402  (scripts/ is on the path: _common)
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
@@ -336,4 +339,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)

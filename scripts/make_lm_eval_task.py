@@ -17,12 +17,15 @@ YAML and its loader (``tld_kjv_cloze.yaml``, ``_loader.py``) live next to them i
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import re
-import sys
 from pathlib import Path
+
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
 
 WORD = re.compile(r"[A-Za-z]+")
 CONTEXT_CHARS = 160
@@ -70,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error(f"--n must be >= 1, got {args.n}")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tl_directional.corpus import heldout_paths, heldout_text
 
     text = heldout_text()
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             f.write(json.dumps(item, sort_keys=True) + "\n")
     text_path = heldout_paths()[0]
     info = {"script": "scripts/make_lm_eval_task.py", "n": args.n, "seed": args.seed,
-            "source": text_path.name, "source_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "source": text_path.name, "source_sha256": _common.sha256_bytes(text.encode()),
             "context_chars": CONTEXT_CHARS, "choices": 4, "distractor_rank_window": NEIGHBOURS}
     (args.out / "build.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     print(f"wrote {len(items)} items to {args.out / 'kjv_cloze.jsonl'}")
@@ -89,4 +91,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _common.run_main(main)

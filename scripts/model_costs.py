@@ -27,6 +27,11 @@ import sys
 import tempfile
 import time
 
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
+
 PHASES = ("forward", "profile", "dla", "patch")
 
 
@@ -107,7 +112,6 @@ def main(argv=None) -> int:
         return 0
 
     import tl_directional
-    from tl_directional.models.catalog import entry_dir, read_manifest
 
     rows = []
     for name in args.models.split(","):
@@ -132,7 +136,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
         if not args.convert:
-            man = read_manifest(entry_dir(name)) or {}
+            man = _common.model_manifest(name)
             rows.append({"model": name, "phase": "convert (manifest)", "seconds": man.get("convert_seconds"),
                          "tokens": "-", "peak_rss_gb": None})
     print(f"tl-directional {tl_directional.__version__}, torch threads {os.environ.get('OMP_NUM_THREADS', '2')}, "
@@ -150,4 +154,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)

@@ -16,10 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
 
 import pandas as pd
 import torch
@@ -41,14 +45,6 @@ def settings() -> list[Setting]:
     out += grid(SPACES, s_par=[1.0], s_perp=[0.0, 0.5, 2.0])  # perpendicular scaling
     out += grid("hard-diag")
     return out
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:
-        return "unknown"
 
 
 def render_page(df: pd.DataFrame, meta: dict) -> str:
@@ -143,7 +139,7 @@ def main(argv=None) -> int:
     sweep_figure(df[df["s_perp"] == 1.0]).write_html(out / "ordering.html", include_plotlyjs=True)
     meta = {
         "command": "python scripts/paper_ordering.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "commit": _git_commit(),
+        "commit": _common.git_head() or "unknown",
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
         "seconds": time.time() - t0,
@@ -166,4 +162,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)

@@ -19,17 +19,18 @@ protocol sec. 8: committed data and a page built from it alone.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "scripts"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+try:
+    import _common  # scripts/ is sys.path[0] when a script runs
+except ImportError:  # loaded by file path (the tests): through the package
+    from scripts import _common
+
+ROOT = _common.ROOT
 
 DATA = ROOT / "docs" / "results" / "data"
 TABLES = ("final", "curves", "geometry")
@@ -44,12 +45,7 @@ class DataError(ValueError):
     """A committed training data file is missing, corrupt or does not match its manifest."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+_sha256 = _common.sha256_file  # the one (tl_directional.fileio)
 
 
 def collect(args) -> int:
@@ -110,10 +106,7 @@ def load(stem: str, data: Path = DATA):
     import pandas as pd
 
     mpath = data / f"{stem}.manifest.json"
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{_rel(mpath)}: unreadable manifest ({e})") from None
+    manifest = _common.read_data_manifest(mpath, _rel(mpath), DataError, wording="unreadable manifest")
     tables = {}
     for name in TABLES:
         path = data / f"{stem}.{name}.csv"
@@ -256,4 +249,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _common.run_main(main)

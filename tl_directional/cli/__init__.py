@@ -27,13 +27,15 @@ import os
 import sys
 from pathlib import Path
 
+# the one (tl_directional.inputs), re-exported; the commands pass text_argument="--text"
+from ..inputs import load_text_sequences
 from . import compress as _compress_cmd
 from . import models as _models_cmd
 from . import profile as _profile_cmd
 from . import report as _report_cmd
 from . import sweep as _sweep_cmd
 from .errors import USER_ERRORS, UsageError, report_user_error
-from .options import _Parser, load_text_sequences
+from .options import _Parser
 
 __all__ = ["USER_ERRORS", "UsageError", "build_parser", "load_text_sequences", "main", "report_user_error"]
 

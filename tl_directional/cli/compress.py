@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..inputs import load_text_sequences
 from .options import (
     _HELP,
     _claim_out,
     _load_checked,
     _model_help,
     _positive_int,
-    load_text_sequences,
 )
 
 
@@ -23,7 +23,8 @@ def _cmd_compress_check(args) -> int:
         _claim_out(args.report, "compress-check", args.force, "--report")
     dense = _load_checked(args.dense, "--dense")
     compressed = _load_checked(args.compressed, "--compressed")
-    batch = load_text_sequences(dense, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
+    batch = load_text_sequences(dense, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len,
+                                text_argument="--text", seq_len_argument="--seq-len")
     result = compress_check(dense, compressed, batch, max_perp_error=args.max_perp_error, component=args.component,
                             mode=args.mode, metric=args.metric, batch_size=args.batch_size,
                             fail_on_removed_update=not args.allow_removed_updates,
@@ -43,7 +44,8 @@ def _cmd_compress(args) -> int:
     calibration = None
     if args.spec.split(":")[0].strip().lower() in ("wanda", "awq"):
         calibration = load_text_sequences(model, args.calib_text, max_sequences=args.calib_sequences,
-                                          seq_len=args.seq_len, text_option="--calib-text")
+                                          seq_len=args.seq_len, text_argument="--calib-text",
+                                          seq_len_argument="--seq-len")
     result = compress(model, args.spec, calibration=calibration)
     path = save_compressed(result.model, args.out, result.record, force=args.force,
                            force_hint="pass --force")

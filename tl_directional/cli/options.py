@@ -91,16 +91,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def load_text_sequences(model, text_file: str | None, *, max_sequences: int, seq_len: int,
-                        text_option: str = "--text"):
-    """:func:`tl_directional.inputs.load_text_sequences` (its home) with errors naming the
-    options ``--text`` (or ``text_option``) / ``--seq-len``; kept here for scripts that import
-    it from the CLI."""
-    from ..inputs import load_text_sequences as load
-
-    return load(model, text_file, max_sequences=max_sequences, seq_len=seq_len, text_argument=text_option,
-                seq_len_argument="--seq-len")
-
 def _layer_sets(text: str, n_layers: int | None = None) -> list:
     """``"all"`` -> [None]; ``"0-3;5"`` -> [[0, 1, 2, 3], [5]] (``;`` separates sets); negative
     layers count from the end (``-1`` is the last; a range ``0-3`` has non-negative ends).

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .options import _HELP, _claim_out, _common, _DefaultsHelp, _load_model_arg, load_text_sequences
+from ..inputs import load_text_sequences
+from .options import _HELP, _claim_out, _common, _DefaultsHelp, _load_model_arg
 
 
 def _cmd_profile(args) -> int:
@@ -12,7 +13,8 @@ def _cmd_profile(args) -> int:
 
     _claim_out(args.out, "profile", args.force)
     model = _load_model_arg(args.model)
-    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
+    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len,
+                                text_argument="--text", seq_len_argument="--seq-len")
     prof = profile(model, batch, batch_size=args.batch_size, exclude_first_token=not args.include_first_token,
                    progress=not args.quiet)
     out = prof.save(args.out, format=args.format, overwrite=args.force)

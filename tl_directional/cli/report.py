@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..inputs import load_text_sequences
 from .errors import UsageError
 from .options import (
     _HELP,
@@ -11,7 +12,6 @@ from .options import (
     _DefaultsHelp,
     _float_list,
     _load_model_arg,
-    load_text_sequences,
 )
 
 
@@ -29,7 +29,8 @@ def _cmd_report(args) -> int:
             normalize_index(args.head, int(model.cfg.n_heads), "--head", "head")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
+    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len,
+                                text_argument="--text", seq_len_argument="--seq-len")
     page = build_report(model, batch, args.out, spaces=spaces,
                         s_par=args.s_par, layer=args.layer, head=args.head, batch_size=args.batch_size,
                         model_label=args.model, progress=not args.quiet, overwrite=args.force)

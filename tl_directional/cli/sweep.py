@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..inputs import load_text_sequences
 from .errors import UsageError
 from .options import (
     _HELP,
@@ -16,7 +17,6 @@ from .options import (
     _layer_sets,
     _load_model_arg,
     _positive_int,
-    load_text_sequences,
 )
 
 
@@ -30,7 +30,8 @@ def _cmd_sweep(args) -> int:
     spaces = _check_spaces(args.space)
     model = _load_model_arg(args.model)
     layer_sets = _layer_sets(args.layers, int(model.cfg.n_layers))
-    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len)
+    batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len,
+                                text_argument="--text", seq_len_argument="--seq-len")
     settings = grid(spaces, s_par=args.s_par, s_perp=args.s_perp, layers=layer_sets)
     ours = out.is_dir() and (_is_sweep_dir(out) or not any(out.iterdir()))
     if args.force and out.exists() and not ours:

@@ -31,13 +31,16 @@ Where each space lives on an HF decoder layer (METHOD.md sec. 2-4):
 Composition follows the TransformerLens lane: value edits of a layer apply in the order given,
 before the residual edits of that layer; residual edits at one site apply in the order given,
 each splitting against the live (already edited) stream.
+
+The parts: :mod:`tl_directional.hf.layout` (the families' module layouts and the resolved
+sites), :mod:`tl_directional.hf.value_chain` (the value-space and pattern edits as functions of
+``z``, ``v`` and the weights); this module installs them as hooks and owns the handle.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -55,215 +58,25 @@ from ..edit_math import (
     FORWARD,
     ScaleSpec,
     cast_back,
-    heads_mask,
     query_mask,
-    row_scale,
-    scale_specs,
 )
-from ..geometry import component_delta, compute_dtype, projection_coefficient
-from ..sites import PARALLEL, SEQUENTIAL, ModelSites, WeightProcessing, expand_kv_heads
-
-
-class UnsupportedModelError(TypeError):
-    """The HF edit path does not know this model's architecture."""
+from ..geometry import component_delta, compute_dtype
+from ..sites import expand_kv_heads
+from .layout import (  # noqa: F401  (the public names are re-exported)
+    MODEL_TYPES,
+    AttentionPatternUnavailableError,
+    HFSites,
+    UnsupportedModelError,
+    _check_pattern_available,
+    _needs_pattern,
+    attention_implementation,
+    resolve_hf_sites,
+)
+from .value_chain import _Run, _value_chain_fn, edit_label
 
 
 class EditsAlreadyInstalledError(RuntimeError):
     """The model already carries tl_directional HF edits."""
-
-
-class AttentionPatternUnavailableError(RuntimeError):
-    """An edit needs the attention pattern, which this attention implementation does not return."""
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Module names of one decoder layer of a family (relative to the layer / its attention)."""
-
-    layers: tuple[str, ...]  # dotted paths to the ModuleList of decoder layers (first found)
-    attn: str  # attention module, a child of the layer
-    o_proj: str  # output projection, a child of the attention module
-    v_source: str  # module whose output holds the values, a child of the attention module
-    v_kind: str  # "separate" | "gpt2_fused" | "neox_fused"
-    attn_norm: str  # pre-attention norm (its input is resid_pre)
-    mlp_norm: str | None  # pre-MLP norm (its input is resid_mid); None: parallel block
-    attn_out: str  # module whose output is the attention update added to the stream
-    mlp_out: str  # module whose output is the MLP update added to the stream
-    after_o: tuple[str, ...] = ()  # modules the attention applies after o_proj (GPT-2 dropout)
-    sandwich: bool = False
-
-
-_LLAMA = _Layout(("model.layers",), "self_attn", "o_proj", "v_proj", "separate", "input_layernorm",
-                 "post_attention_layernorm", "self_attn", "mlp")
-_GEMMA3 = _Layout(("model.layers",), "self_attn", "o_proj", "v_proj", "separate", "input_layernorm",
-                  "pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm",
-                  sandwich=True)
-_GPT2 = _Layout(("transformer.h",), "attn", "c_proj", "c_attn", "gpt2_fused", "ln_1", "ln_2", "attn", "mlp",
-                after_o=("resid_dropout",))
-_NEOX = _Layout(("gpt_neox.layers",), "attention", "dense", "query_key_value", "neox_fused", "input_layernorm",
-                None, "attention", "mlp")
-
-#: ``config.model_type`` -> layout. Llama-style decoders share one layout.
-MODEL_TYPES: dict[str, _Layout] = {
-    "gpt2": _GPT2,
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
-    "qwen3": _LLAMA,
-    "gemma3_text": _GEMMA3,
-    "gpt_neox": _NEOX,
-}
-SUPPORTED = ("GPT-2 (gpt2)", "Llama / Mistral / Qwen2 / Qwen3 (llama, mistral, qwen2, qwen3)",
-             "Gemma-3 text (gemma3_text)", "GPT-NeoX / Pythia (gpt_neox)")
-
-
-@dataclass
-class HFSites:
-    """What the HF edit path resolved on one model: shapes and, per layer, the modules."""
-
-    model_type: str
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    d_model: int
-    parallel: bool
-    sandwich: bool
-    layout: _Layout
-    layers: list[torch.nn.Module] = field(default_factory=list)
-
-    def model_sites(self) -> ModelSites:
-        """The shapes as a :class:`~tl_directional.sites.ModelSites` (no hook names), which the
-        edit objects' scale and scope helpers take."""
-        return ModelSites(
-            model_name=self.model_type, lane="hf", arch=PARALLEL if self.parallel else SEQUENTIAL,
-            n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, d_model=self.d_model,
-            d_head=self.d_head, causal=True, factorization_applicable=not self.sandwich,
-            weights=WeightProcessing(False, False, False))
-
-    def module(self, layer: int, name: str | None, under_attn: bool = False) -> torch.nn.Module | None:
-        if name is None:
-            return None
-        root = self.layers[layer]
-        if under_attn:
-            root = _child(root, self.layout.attn)
-        return _child(root, name)
-
-
-def _child(module: torch.nn.Module, dotted: str) -> torch.nn.Module:
-    for part in dotted.split("."):
-        module = getattr(module, part)
-    return module
-
-
-def _supported_text() -> str:
-    return "; ".join(SUPPORTED)
-
-
-def resolve_hf_sites(model: Any) -> HFSites:
-    """Resolve the edit sites of a plain ``transformers`` causal LM.
-
-    Raises:
-        UnsupportedModelError: ``model`` is not a ``torch.nn.Module`` with a ``config``, or its
-            ``config.model_type`` is not one of :data:`MODEL_TYPES` (the message names the class,
-            its model type and the supported families).
-    """
-    if hasattr(model, "run_with_hooks") and hasattr(model, "hook_dict"):
-        raise UnsupportedModelError(
-            f"model is a TransformerLens {type(model).__name__}; use tl_directional.apply_edits for "
-            "it, and tl_directional.hf.apply_edits for plain transformers models")
-    config = getattr(model, "config", None)
-    if not isinstance(model, torch.nn.Module) or config is None:
-        raise UnsupportedModelError(
-            f"model must be a transformers PreTrainedModel (an nn.Module with a .config), got "
-            f"{type(model).__name__}")
-    model_type = getattr(config, "model_type", None)
-    layout = MODEL_TYPES.get(model_type)
-    if layout is None:
-        raise UnsupportedModelError(
-            f"{type(model).__name__} (config.model_type={model_type!r}) is not supported by the "
-            f"tl_directional HF edit path; supported families: {_supported_text()}. Load the model "
-            "with tl_directional.load_model and use tl_directional.apply_edits, or open an issue")
-    layers = None
-    for path in layout.layers:
-        try:
-            layers = _child(model, path)
-            break
-        except AttributeError:
-            continue
-    if layers is None:
-        raise UnsupportedModelError(
-            f"{type(model).__name__} (model_type {model_type!r}) has none of {layout.layers}: pass the "
-            "causal-LM model (e.g. AutoModelForCausalLM), not a bare backbone or a wrapper")
-    n_heads = int(getattr(config, "num_attention_heads", None) or config.n_head)
-    n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
-    d_model = int(getattr(config, "hidden_size", None) or config.n_embd)
-    attn0 = _child(layers[0], layout.attn)
-    d_head = int(getattr(attn0, "head_dim", None) or getattr(attn0, "head_size", None) or d_model // n_heads)
-    parallel = layout.mlp_norm is None and bool(getattr(config, "use_parallel_residual", True))
-    if layout is _NEOX and not parallel:
-        layout = _Layout(**{**layout.__dict__, "mlp_norm": "post_attention_layernorm"})
-    return HFSites(model_type=model_type, n_layers=len(layers), n_heads=n_heads, n_kv_heads=n_kv,
-                   d_head=d_head, d_model=d_model, parallel=parallel, sandwich=layout.sandwich,
-                   layout=layout, layers=list(layers))
-
-
-def _needs_pattern(e: Edit) -> bool:
-    return isinstance(e, DiagonalRemoval) or (isinstance(e, ValueScale) and e.mode == "exclusive")
-
-
-def attention_implementation(model: Any) -> str:
-    """``model.config._attn_implementation`` (``"eager"``, ``"sdpa"``, ...; ``"eager"`` if unset)."""
-    return str(getattr(model.config, "_attn_implementation", None) or "eager")
-
-
-def _check_pattern_available(model: Any, edit: Edit) -> None:
-    impl = attention_implementation(model)
-    if impl != "eager":
-        raise AttentionPatternUnavailableError(
-            f"{edit!r} needs the attention pattern (A_tt), but {type(model).__name__} runs "
-            f"attn_implementation={impl!r}, which does not return attention weights. Load it with "
-            "from_pretrained(..., attn_implementation='eager') (or call "
-            "model.set_attn_implementation('eager')), or use ValueScale(mode='full') / "
-            "EffectiveDiagonal, which need no pattern")
-
-
-class _Run:
-    """Per-forward facts for the hooks: the KV-cache offset, whether the edits are on for this
-    call (``when``), and the parallel-share meter (energy sums per edit and layer)."""
-
-    def __init__(self, when: Callable[[], bool] | None = None) -> None:
-        self.offset = 0
-        self.saved: list[Any] = []
-        self.when = when
-        self.on = True
-        self.measure = False
-        self.meter: dict[str, list[float]] = {}
-
-    def record(self, key: str, y: Tensor, ref: Tensor, eps: float) -> None:
-        """Add ``sum ||y_par||^2`` and ``sum ||y||^2`` over tokens (and heads) to ``key``; the
-        first absolute position (the attention sink / BOS) is left out."""
-        if not self.measure:
-            return
-        with torch.no_grad():
-            a, degenerate, u_sq, r_sq = projection_coefficient(y.detach(), ref.detach(), eps)
-            par_sq = a * a * r_sq
-            keep = ~degenerate
-            if self.offset == 0 and keep.shape[1] > 1:
-                keep[:, 0] = False
-            sums = self.meter.setdefault(key, [0.0, 0.0])
-            sums[0] += float(par_sq[keep].sum())
-            sums[1] += float(u_sq[keep].sum())
-
-
-def edit_label(e: Edit) -> str:
-    """The edit-space name of ``e`` (as in :data:`tl_directional.edit.EDIT_SPACES`): ``value``,
-    ``value-exclusive``, ``resid-attn``, ``resid-mlp``, ``block``, ``hard-diag``, ``eff-diag``."""
-    if isinstance(e, ValueScale):
-        return "value" if e.mode == "full" else "value-exclusive"
-    if isinstance(e, ResidualScale):
-        return "block" if e.component == "block" else f"resid-{e.component}"
-    return "hard-diag" if isinstance(e, DiagonalRemoval) else "eff-diag"
 
 
 def _past_length(kwargs: dict) -> int:
@@ -275,81 +88,6 @@ def _past_length(kwargs: dict) -> int:
         if past is not None and hasattr(past, "get_seq_length"):
             return int(past.get_seq_length())
     return 0
-
-
-def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
-    """``(z, v, weights) -> z'`` for one value-space / pattern edit at ``layer``.
-
-    ``z``: ``[batch, q, n_heads, d_head]`` (o_proj input); ``v``: ``[batch, q, n_heads, d_head]``
-    (own values, KV heads expanded); ``weights``: ``[batch, n_heads, q, k]`` or None."""
-    head_mask = heads_mask(e.heads, sites.n_heads)
-    if isinstance(e, ValueScale):
-        s_par, s_perp = scale_specs(e, sites.n_layers, sites.n_heads)
-    else:
-        (s_par,) = scale_specs(e, sites.n_layers, sites.n_heads, names=("s_par",)) if isinstance(e, EffectiveDiagonal) else (None,)
-        s_perp = None
-
-    key = f"{edit_label(e)}/L{layer}"
-
-    def offset_of(z: Tensor, weights: Tensor | None) -> int:
-        return run.offset if weights is None else weights.shape[-1] - z.shape[1]
-
-    if isinstance(e, ValueScale):
-        def fn(z, v, weights):
-            batch, n_q = z.shape[:2]
-            dtype = compute_dtype(z.dtype)
-            off = offset_of(z, weights)
-            sp = row_scale(e, s_par, layer, batch, n_q, off, head_mask, z.device, dtype)
-            sq = row_scale(e, s_perp, layer, batch, n_q, off, head_mask, z.device, dtype)
-            if e.mode == "full":
-                y = z
-            else:
-                idx = torch.arange(n_q, device=z.device)
-                a_tt = weights[:, :, idx, off + idx].transpose(1, 2)  # [batch, q, heads]
-                y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v.to(dtype)
-            run.record(key, y, v, e.eps)
-            delta = component_delta(y, v, sp, sq, e.eps)
-            return cast_back(z.to(delta.dtype) + delta, z, e, layer)
-    elif isinstance(e, EffectiveDiagonal):
-        def fn(z, v, weights):
-            batch, n_q = z.shape[:2]
-            dtype = compute_dtype(z.dtype)
-            s = row_scale(e, s_par, layer, batch, n_q, offset_of(z, weights), head_mask, z.device, dtype)
-            run.record(key, z, v, e.eps)
-            beta, _, _, _ = projection_coefficient(z, v, e.eps)  # [batch, q, heads]
-            add = ((s - 1.0) * beta).unsqueeze(-1) * v.to(dtype)
-            return cast_back(z.to(dtype) + add, z, e, layer)
-    else:  # DiagonalRemoval: A_tt := 0, row renormalised over s != t, written as an edit of z
-        def fn(z, v, weights):
-            batch, n_q = z.shape[:2]
-            dtype = compute_dtype(z.dtype)
-            off = offset_of(z, weights)
-            idx = torch.arange(n_q, device=z.device)
-            w = weights.to(dtype)
-            run.record(key, z, v, 1e-12)
-            diag = w[:, :, idx, off + idx].transpose(1, 2)  # [batch, q, heads]
-            row_sum = w.sum(-1).transpose(1, 2)
-            off_mass = row_sum - diag
-            selected = off_mass > e.eps
-            if head_mask is not None:
-                selected = selected & head_mask.to(z.device).view(1, 1, -1)
-            pm = query_mask(e, batch, n_q, off, z.device)
-            if pm is not None:
-                selected = selected & pm.unsqueeze(-1)
-            factor = row_sum / torch.where(selected, off_mass, torch.ones_like(off_mass))
-            if off == 0 and w.shape[-1] == n_q:
-                # every key's value is here (no KV cache): edit the pattern and aggregate again,
-                # the TransformerLens lane's order of operations (A' v as eager attention does it)
-                sel = selected.transpose(1, 2)  # [batch, heads, q]
-                is_diag = torch.eye(n_q, dtype=torch.bool, device=z.device)
-                w_new = w * torch.where(sel, factor.transpose(1, 2), torch.ones_like(factor.transpose(1, 2))).unsqueeze(-1)
-                w_new = torch.where(sel.unsqueeze(-1) & is_diag, torch.zeros_like(w_new), w_new)
-                z_new = torch.matmul(w_new, v.to(dtype).transpose(1, 2)).transpose(1, 2)
-                return cast_back(z_new, z, e, layer)
-            z32 = z.to(dtype)
-            edited = factor.unsqueeze(-1) * (z32 - diag.unsqueeze(-1) * v.to(dtype))
-            return cast_back(torch.where(selected.unsqueeze(-1), edited, z32), z, e, layer)
-    return fn
 
 
 def _values(kind: str, out: Tensor, sites: HFSites) -> Float[Tensor, "batch pos n_heads d_head"]:

@@ -41,8 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..fileio import fault_point, sha256_file  # sha256_file: the one, re-exported
-from ..fileio import read_manifest as _read_manifest
+from ..fileio import fault_point, read_manifest, sha256_file  # sha256_file: the one, re-exported
 
 #: Written last into every converted directory: source + per-file sha256.
 MANIFEST_FILE = "tl_directional_manifest.json"
@@ -221,12 +220,6 @@ def verify_entry(path: Path) -> tuple[bool, str]:
         if got != want["sha256"]:
             return False, f"{f} has sha256 {got[:12]}..., manifest says {want['sha256'][:12]}..."
     return True, ""
-
-
-def read_manifest(path: Path) -> dict | None:
-    """The manifest (:data:`MANIFEST_FILE`) of a converted directory, or None when it is
-    missing or unreadable (:func:`tl_directional.fileio.read_manifest`, not strict)."""
-    return _read_manifest(path, name=MANIFEST_FILE, strict=False)
 
 
 def _check_writable(root: Path) -> None:
@@ -544,7 +537,7 @@ def listing() -> list[dict[str, Any]]:
     })
     for m in REAL_MODELS.values():
         entry = entry_dir(m.name)
-        man = read_manifest(entry)
+        man = read_manifest(entry, name=MANIFEST_FILE, strict=False)
         cached = man is not None and all(
             (entry / rel).is_file() and (entry / rel).stat().st_size == f["size"]
             for rel, f in man.get("files", {}).items()
