@@ -88,8 +88,18 @@ def _call(fn, *args, **kwargs):
     return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
 
 
+def _check_slice(batch):
+    """The first 2 sequences x 32 tokens of ``batch``: where the shared-prefix sweeps are checked
+    against full forwards (the same code path as the whole batch at a fraction of its cost;
+    on a real model the full-forward sweep of the whole batch is minutes)."""
+    from tl_directional.inputs import TokenBatch
+
+    n = min(32, batch.tokens.shape[1])
+    return TokenBatch(batch.tokens[:2, :n].contiguous(), batch.attention_mask[:2, :n].contiguous())
+
+
 @register(
-    "sweep_cost", target=1.05, op="<=", precision=0.05,
+    "sweep_cost", target=1.05, op="<=", precision=0.05, floor_pairs=3,
     baseline=f"{SWEEP_K + 1} plain forwards of the batch (baseline + {SWEEP_K} settings)",
     candidate=f"sweep(model, batch, grid('value', s_par=<{SWEEP_K} values>), "
               "batch_size=len(batch), progress=False)",
@@ -108,20 +118,24 @@ def sweep_cost(bench: Bench):
     def cand():
         return _call(mod.sweep, model, batch, settings, batch_size=len(batch), progress=False)
 
-    result = cand()
-    bench.extra["k_settings"] = len(settings)
-    bench.extra["s_par"] = list(SWEEP_S_PAR)
-    bench.extra["check_result_rows"] = len(result) if hasattr(result, "__len__") else None
+    if bench.check:  # on a slice: the same code path, without a minutes-long extra sweep
+        part = _check_slice(batch)
+        result = _call(mod.sweep, model, part, settings, batch_size=len(part), progress=False)
+        bench.extra["k_settings"] = len(settings)
+        bench.extra["s_par"] = list(SWEEP_S_PAR)
+        bench.extra["check_result_rows"] = len(result) if hasattr(result, "__len__") else None
+        bench.extra["check_on"] = f"{part.tokens.shape[0]} sequences x {part.tokens.shape[1]} tokens"
+        del result
 
     def base():
         for _ in range(SWEEP_K + 1):
             forward(model, batch, "logits")
 
-    return bench.measure(base, cand)
+    return bench.measure(base, cand, one=lambda: forward(model, batch, "logits"), repeat=SWEEP_K + 1)
 
 
 @register(
-    "sweep_shared_prefix", target=0.80, op="<=", precision=0.05,
+    "sweep_shared_prefix", target=0.80, op="<=", precision=0.05, floor_pairs=3,
     baseline=f"{SWEEP_K + 1} plain forwards of the batch (baseline + {SWEEP_K} settings)",
     candidate=f"sweep(model, batch, grid('value', s_par=<{SWEEP_K} values>, layers=[middle..last]), "
               "shared_prefix=True): the unedited prefix runs once per batch",
@@ -142,23 +156,26 @@ def sweep_shared_prefix(bench: Bench):
         return mod.sweep(model, batch, settings, batch_size=len(batch), progress=False,
                          shared_prefix=True)
 
-    shared = cand()
-    full = mod.sweep(model, batch, settings, batch_size=len(batch), progress=False)
     bench.extra["first_edited_layer"] = start
     bench.extra["n_layers"] = n_layers
-    bench.extra["check_max_abs_delta_loss_diff"] = float(
-        (shared["delta_loss"] - full["delta_loss"]).abs().max())
-    bench.extra["check_result_rows"] = len(shared)
+    if bench.check:  # on a slice: the same code path, without minutes-long extra sweeps
+        part = _check_slice(batch)
+        shared = mod.sweep(model, part, settings, batch_size=len(part), progress=False, shared_prefix=True)
+        bench.extra["check_result_rows"] = len(shared)
+        full = mod.sweep(model, part, settings, batch_size=len(part), progress=False)
+        bench.extra["check_max_abs_delta_loss_diff"] = float(
+            (shared["delta_loss"] - full["delta_loss"]).abs().max())
+        bench.extra["check_on"] = f"{part.tokens.shape[0]} sequences x {part.tokens.shape[1]} tokens"
 
     def base():
         for _ in range(SWEEP_K + 1):
             forward(model, batch, "logits")
 
-    return bench.measure(base, cand)
+    return bench.measure(base, cand, one=lambda: forward(model, batch, "logits"), repeat=SWEEP_K + 1)
 
 
 @register(
-    "layer_sweep_shared_prefix", target=0.60, op="<=", precision=0.05,
+    "layer_sweep_shared_prefix", target=0.60, op="<=", precision=0.05, floor_pairs=3,
     baseline="n_layers + 1 plain forwards of the batch (baseline + one setting per layer)",
     candidate="sweep(model, batch, grid('value', s_par=0.0, layers=[[0], [1], ..., [n_layers - 1]]), "
               "shared_prefix=True): each layer's setting starts at its block",
@@ -178,17 +195,20 @@ def layer_sweep_shared_prefix(bench: Bench):
     def cand():
         return mod.sweep(model, batch, settings, batch_size=len(batch), progress=False, shared_prefix=True)
 
-    shared = cand()
-    full = mod.sweep(model, batch, settings, batch_size=len(batch), progress=False)
     bench.extra["n_layers"] = n_layers
-    bench.extra["check_result_rows"] = len(shared)
-    bench.extra["check_max_abs_delta_loss_diff"] = float((shared["delta_loss"] - full["delta_loss"]).abs().max())
+    if bench.check:  # on a slice: the same code path, without minutes-long extra sweeps
+        part = _check_slice(batch)
+        shared = mod.sweep(model, part, settings, batch_size=len(part), progress=False, shared_prefix=True)
+        bench.extra["check_result_rows"] = len(shared)
+        full = mod.sweep(model, part, settings, batch_size=len(part), progress=False)
+        bench.extra["check_max_abs_delta_loss_diff"] = float((shared["delta_loss"] - full["delta_loss"]).abs().max())
+        bench.extra["check_on"] = f"{part.tokens.shape[0]} sequences x {part.tokens.shape[1]} tokens"
 
     def base():
         for _ in range(n_layers + 1):
             forward(model, batch, "logits")
 
-    return bench.measure(base, cand)
+    return bench.measure(base, cand, one=lambda: forward(model, batch, "logits"), repeat=SWEEP_K + 1)
 
 
 def _tokenizer_dir(source: str) -> str | None:
@@ -211,6 +231,12 @@ def train_step_overhead(bench: Bench):
     """A training step (forward + backward + AdamW step) with V-Para removal active on every
     layer / the same step of the same trainer without edits."""
     mod = _require("tl_directional.training", "Trainer", "TrainConfig")
+    real = bench.harness.config.catalogue_model
+    if real:
+        raise NotAvailable(
+            f"train_step_overhead times the Trainer's own seeded GPT-2 of the main model's shape "
+            f"(TrainConfig builds a GPT-2), not {real} (another architecture); run it on the "
+            "default model")
     cfg_m = bench.model.cfg
     run_dir = tempfile.mkdtemp(prefix="tl_directional_bench_train_")
     try:
@@ -259,8 +285,10 @@ def compression_local_cost(bench: Bench):
         return _call(geo.compression_geometry, dense, compressed, batch, mode="local",
                      batch_size=len(batch), verify=False, progress=False)
 
-    table = cand()
-    bench.extra["check_rows"] = len(table) if hasattr(table, "__len__") else None
+    if bench.check:
+        table = cand()
+        bench.extra["check_rows"] = len(table) if hasattr(table, "__len__") else None
+        del table
     return bench.measure(lambda: forward(dense, batch, None), cand)
 
 

@@ -52,6 +52,7 @@ def _attach_memory(bench: Bench, **kwargs) -> None:
 
 @register(
     "profile_overhead", target=1.00, op="<=", precision=0.05, models=("main", "wide"),
+    model_targets={"smollm2-135m": 0.90, "gemma-3-270m": 1.00},  # issue 22, at 8 x 128
     baseline="plain forward of the batch (return_type=None, as profile runs it)",
     candidate="profile(model, batch, batch_size=len(batch), components=all, verify=False, "
               "progress=False)",
@@ -69,10 +70,11 @@ def profile_overhead(bench: Bench):
     model, batch = bench.model, bench.inputs
     comps = all_components(model)
     call = _profile_call(bench, comps)
-    prof = call()
-    bench.extra["components"] = list(comps)
-    bench.extra["tokens_per_call"] = int(prof.metadata["tokens_seen"])
-    bench.extra["check_tokens_seen_equals_batch_tokens"] = prof.metadata["tokens_seen"] == batch.n_tokens
+    if bench.check:
+        prof = call()
+        bench.extra["components"] = list(comps)
+        bench.extra["tokens_per_call"] = int(prof.metadata["tokens_seen"])
+        bench.extra["check_tokens_seen_equals_batch_tokens"] = prof.metadata["tokens_seen"] == batch.n_tokens
 
     def base():
         forward(model, batch, return_type=None)
@@ -82,16 +84,43 @@ def profile_overhead(bench: Bench):
     sites = resolve_sites(model, warn=False)
     first = TokenBatch(batch.tokens[:2, :64], batch.attention_mask[:2, :64])
     n = 2 if bench.harness.config.mode == "quick" else 5
-    v = paired_timing(base, lambda: verify_sites(model, sites, first.tokens, first.attention_mask),
-                      warmup=1, min_pairs=n, max_pairs=n, max_seconds=60, sync=bench.sync)
-    ratio, ci = median_ci(v.ratios, seed=bench.seed)
-    bench.extra["verify_over_forward"] = {"ratio": ratio, "ci95": list(ci), "n_pairs": v.n_pairs,
-                                          "note": "one-off per profile() call, not in the ratio"}
-    bench.extra["tokenize_over_forward"] = _tokenize_cost(bench, base, n)
+    forward_s = None
+    if min(timing.baseline_s) > 1.0:
+        # A forward of seconds (a real model): pairing each one-off call with another forward
+        # would double the record's time for context beside the ratio, so the one-offs are
+        # timed alone (3 calls) and divided by the median plain forward of the pairs above.
+        import statistics
+
+        forward_s, n = statistics.median(timing.baseline_s), 3
+    bench.extra["verify_over_forward"] = {
+        **_one_off(bench, base, lambda: verify_sites(model, sites, first.tokens, first.attention_mask),
+                   n, forward_s),
+        "note": "one-off per profile() call, not in the ratio"}
+    bench.extra["tokenize_over_forward"] = _tokenize_cost(bench, base, n, forward_s)
     return timing
 
 
-def _tokenize_cost(bench: Bench, base, n: int) -> dict:
+def _one_off(bench: Bench, base, fn, n: int, forward_s: float | None) -> dict:
+    """``fn``'s time over a plain forward's: paired with ``base`` (``forward_s`` None), or ``fn``
+    timed alone ``n`` times over the given median forward time (``paired: false``)."""
+    if forward_s is None:
+        t = paired_timing(base, fn, warmup=1, min_pairs=n, max_pairs=n, max_seconds=60, sync=bench.sync)
+        ratio, ci = median_ci(t.ratios, seed=bench.seed)
+        return {"ratio": ratio, "ci95": list(ci), "n_pairs": t.n_pairs, "paired": True}
+    import time
+
+    fn()  # warm-up
+    ratios = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ratios.append((time.perf_counter() - t0) / forward_s)
+    ratio, ci = median_ci(ratios, seed=bench.seed)
+    return {"ratio": ratio, "ci95": list(ci), "n_calls": n, "paired": False,
+            "forward_median_s": forward_s}
+
+
+def _tokenize_cost(bench: Bench, base, n: int, forward_s: float | None = None) -> dict:
     """What a user calling ``profile`` with strings also pays: ``prepare_inputs`` on the
     batch's text (decoded from its tokens), as a ratio to the plain forward."""
     from tl_directional.inputs import prepare_inputs
@@ -100,10 +129,7 @@ def _tokenize_cost(bench: Bench, base, n: int) -> dict:
     if tok is None:
         return {"status": "skipped", "reason": "the model has no tokenizer"}
     texts = tok.batch_decode(bench.inputs.tokens.cpu().tolist(), skip_special_tokens=True)
-    t = paired_timing(base, lambda: prepare_inputs(bench.model, texts), warmup=1, min_pairs=n,
-                      max_pairs=n, max_seconds=60, sync=bench.sync)
-    ratio, ci = median_ci(t.ratios, seed=bench.seed)
-    return {"ratio": ratio, "ci95": list(ci), "n_pairs": t.n_pairs,
+    return {**_one_off(bench, base, lambda: prepare_inputs(bench.model, texts), n, forward_s),
             "note": "tokenising the batch's strings; paid once per call with strings, beside the ratio"}
 
 
@@ -124,11 +150,12 @@ def profile_vs_cache(bench: Bench):
     comps = all_components(model)
     names = needed_hooks(model, comps)
     call = _profile_call(bench, comps)
-    a, b = call(), naive_profile(model, batch, comps, names)
-    cols = ["energy_ratio", "par_frac_median", "alpha_mean"]
-    diff = (a.residual[cols] - b.residual[cols]).abs().max().max()
-    bench.extra["cached_hooks"] = len(names)
-    bench.extra["check_max_abs_diff_streaming_vs_cache"] = float(diff)
+    if bench.check:
+        a, b = call(), naive_profile(model, batch, comps, names)
+        cols = ["energy_ratio", "par_frac_median", "alpha_mean"]
+        diff = (a.residual[cols] - b.residual[cols]).abs().max().max()
+        bench.extra["cached_hooks"] = len(names)
+        bench.extra["check_max_abs_diff_streaming_vs_cache"] = float(diff)
 
     timing = bench.measure(lambda: naive_profile(model, batch, comps, names), call)
 
@@ -154,18 +181,19 @@ def profile_vs_handwritten(bench: Bench):
     comps = all_components(model)
     names = needed_hooks(model, comps)
     call = _profile_call(bench, comps)
-    prof, hand = call(), handwritten_profile(model, batch, names, comps)
-    row = prof.residual.query("layer == 0 and component == 'attn'").iloc[0]
-    bench.extra["check_par_frac_mean_diff_vs_hand"] = abs(
-        float(row["par_frac_mean"]) - float(hand[(0, "attn")]["par_frac"]["mean"]))
-    bench.extra["cached_hooks"] = len(names)
+    if bench.check:
+        prof, hand = call(), handwritten_profile(model, batch, names, comps)
+        row = prof.residual.query("layer == 0 and component == 'attn'").iloc[0]
+        bench.extra["check_par_frac_mean_diff_vs_hand"] = abs(
+            float(row["par_frac_mean"]) - float(hand[(0, "attn")]["par_frac"]["mean"]))
+        bench.extra["cached_hooks"] = len(names)
     timing = bench.measure(lambda: handwritten_profile(model, batch, names, comps), call)
     _attach_memory(bench, other="handwritten")
     return timing
 
 
 @register(
-    "edit_overhead", target=1.05, op="<=", precision=0.05, models=("main", "wide"),
+    "edit_overhead", target=1.03, op="<=", precision=0.05, models=("main", "wide"),
     baseline="plain forward of the batch (logits)",
     candidate="with apply_edits(model, ValueScale(s_par=0.0)): forward (logits), every layer "
               "and head",
@@ -184,10 +212,11 @@ def edit_overhead(bench: Bench):
         with apply_edits(model, edit):
             return forward(model, batch, "logits")
 
-    plain = forward(model, batch, "logits")
-    edited = cand()
-    bench.extra["check_edit_changes_logits_max_abs"] = float((edited - plain).abs().max())
-    del plain, edited
+    if bench.check:
+        plain = forward(model, batch, "logits")
+        edited = cand()
+        bench.extra["check_edit_changes_logits_max_abs"] = float((edited - plain).abs().max())
+        del plain, edited
     if bench.harness.device.type == "cuda":
         torch.cuda.empty_cache()
     return bench.measure(base, cand)

@@ -36,6 +36,15 @@ class Skipped(Exception):  # noqa: N818 - a status, not an error
     """The record cannot run here (e.g. an optional peer library is not installed)."""
 
 
+class ProbeDone(Exception):  # noqa: N818 - control flow of the peak-memory probe
+    """Raised by :meth:`Bench.measure` in a peak-memory probe once the side is measured, so the
+    record function stops there (what it does after timing is not part of either side)."""
+
+    def __init__(self, result: dict):
+        super().__init__("probe done")
+        self.result = result
+
+
 #: How far above the target the upper end of the ci95 may lie for a "met" verdict.
 CI_SLACK = 0.05
 
@@ -77,6 +86,27 @@ class RecordSpec:
     description: str
     models: tuple[str, ...]
     primary_only: bool = False  # run on the primary setting only (a slow record)
+    #: Catalogue model name -> target at the primary setting on that model (issue 22 gives some
+    #: records a model-dependent target); every other (model, setting) uses ``target``.
+    model_targets: dict[str, float] = field(default_factory=dict)
+    #: Fewest recorded pairs before the hard time budget may stop a slow record.
+    floor_pairs: int = 5
+
+    def for_target(self, target: float) -> RecordSpec:
+        """This spec with another target (the one a (model, setting) uses)."""
+        if target == self.target:
+            return self
+        import dataclasses
+
+        return dataclasses.replace(self, target=float(target))
+
+    def target_for(self, model_name: str | None, setting: Setting | None) -> tuple[float, str]:
+        """``(target, where it comes from)`` for ``setting`` on the catalogue model
+        ``model_name`` (``None``: not a catalogue model)."""
+        if (model_name in self.model_targets and setting is not None and setting.primary
+                and setting.model == "main"):
+            return self.model_targets[model_name], f"{model_name} at the primary setting"
+        return self.target, "default"
 
     def meets(self, ratio: float) -> bool:
         """Whether ``ratio`` satisfies the target."""
@@ -101,7 +131,8 @@ REGISTRY: dict[str, RecordSpec] = {}
 
 def register(name: str, *, target: float, op: str = "<=", precision: float = 0.10,
              baseline: str, candidate: str, models: tuple[str, ...] = ("main",),
-             primary_only: bool = False):
+             primary_only: bool = False, model_targets: dict[str, float] | None = None,
+             floor_pairs: int = 5):
     """Decorator registering a record function under ``name`` (a JSON contract name).
 
     Args:
@@ -113,6 +144,10 @@ def register(name: str, *, target: float, op: str = "<=", precision: float = 0.1
         baseline, candidate: one-line descriptions of the two timed calls.
         models: which models the record runs on (``"main"``, ``"wide"``).
         primary_only: run on the primary setting only (a record whose one call is minutes).
+        model_targets: catalogue model name -> the target at the primary setting on that model
+            (e.g. ``{"smollm2-135m": 0.90}``); the JSON's ``target`` is the one used.
+        floor_pairs: fewest pairs before the hard time budget stops a record whose pairs are
+            minutes long (the ci95 of so few pairs then decides the verdict honestly).
     """
     if op not in ("<=", "<"):
         raise ValueError(f"op must be '<=' or '<', got {op!r}")
@@ -122,7 +157,9 @@ def register(name: str, *, target: float, op: str = "<=", precision: float = 0.1
             raise ValueError(f"record {name!r} is registered twice")
         doc = (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         REGISTRY[name] = RecordSpec(name, fn, float(target), op, float(precision), baseline,
-                                    candidate, doc, tuple(models), bool(primary_only))
+                                    candidate, doc, tuple(models), bool(primary_only),
+                                    {k: float(v) for k, v in (model_targets or {}).items()},
+                                    int(floor_pairs))
         return fn
 
     return deco
@@ -143,6 +180,10 @@ class Bench:
             ``setting.seq`` tokens, on the model's device.
         harness: the running harness (config, device, dtype, model loader).
         extra: record-specific numbers to store under ``"extra"`` in the JSON.
+        probe: ``None`` when timing; ``"baseline"`` or ``"candidate"`` in a peak-memory probe
+            (:mod:`benchmarks.peak_memory`): :meth:`measure` then runs that side once under the
+            peak-memory meter and raises :class:`ProbeDone`.
+        started: ``time.perf_counter()`` when the harness started this record and setting.
     """
 
     spec: RecordSpec
@@ -153,6 +194,14 @@ class Bench:
     harness: Any
     seed: int
     extra: dict = field(default_factory=dict)
+    probe: str | None = None
+    started: float | None = None
+
+    @property
+    def check(self) -> bool:
+        """Whether the record should run its sanity checks (not in a peak-memory probe, whose
+        subprocess only measures one side)."""
+        return self.probe is None
 
     @property
     def device(self):
@@ -166,25 +215,78 @@ class Bench:
         """A private copy of this setting's model (for records that train or mutate it)."""
         return self.harness.load(self.setting.model)
 
-    def measure(self, baseline: Callable[[], object], candidate: Callable[[], object]) -> PairedTiming:
+    def measure(self, baseline: Callable[[], object], candidate: Callable[[], object], *,
+                one: Callable[[], object] | None = None, repeat: int = 1) -> PairedTiming:
         """Paired, interleaved timing of ``candidate`` against ``baseline`` (see
-        :mod:`benchmarks.timing`), with this record's stopping rule."""
+        :mod:`benchmarks.timing`), with this record's stopping rule.
+
+        The warm-up pairs are skipped when the record's own checks before this call took longer
+        than ``max_seconds`` (a record whose calls are minutes long: those checks have already
+        run the candidate, and the baseline's work, once); ``extra.warmup_note`` says so.
+
+        ``one`` and ``repeat``: the baseline is ``repeat`` identical sequential calls of ``one``
+        (k plain forwards of the same batch). Where the harness runs with
+        ``config.scaled_baselines`` (catalogue real models, whose forward is seconds), each pair
+        times ``one`` once and counts it ``repeat`` times (``extra.baseline_scaled``); the peak
+        memory probe of the baseline runs ``one`` (each call's output is freed before the next,
+        so the peak is the same).
+
+        In a peak-memory probe (``self.probe`` set) nothing is timed: the probed side runs once
+        under the meter and :class:`ProbeDone` is raised.
+        """
+        import time
+
+        if self.probe is not None:
+            from .peak_memory import peak_of
+
+            side = self.probe
+            fn = candidate if side == "candidate" else (one or baseline)
+            result = peak_of(fn, self.device)
+            if side == "baseline" and one is not None:
+                result["note"] = (f"one of the baseline's {repeat} identical sequential calls (each "
+                                  "one's output is freed before the next: the same peak)")
+            raise ProbeDone(result)
         cfg = self.harness.config
+        scale = 1.0
+        if one is not None and repeat > 1 and getattr(cfg, "scaled_baselines", False):
+            baseline, scale = one, float(repeat)
+            self.extra["baseline_scaled"] = (
+                f"each pair times one of the baseline's {repeat} identical plain forwards and counts "
+                f"it {repeat} times (catalogue real model: a forward is seconds)")
         spec = self.spec
 
         def done(ratios: list[float]) -> bool:
             _, (lo, hi) = median_ci(ratios, seed=self.seed)
             return spec.decisive(lo, hi) or (hi - lo) <= spec.precision
 
-        return paired_timing(baseline, candidate, warmup=cfg.warmup, min_pairs=cfg.min_pairs,
+        warmup = cfg.warmup
+        if warmup and self.started is not None:
+            checks_s = time.perf_counter() - self.started
+            if checks_s > cfg.max_seconds:
+                warmup = 0
+                self.extra["warmup_note"] = (
+                    f"no warm-up pair: the record's checks before timing took {checks_s:.0f} s "
+                    f"(> max_seconds={cfg.max_seconds:g}) and already ran its calls once")
+        return paired_timing(baseline, candidate, warmup=warmup, min_pairs=cfg.min_pairs,
                              max_pairs=cfg.max_pairs, max_seconds=cfg.max_seconds, done=done,
-                             sync=self.sync)
+                             sync=self.sync, floor_pairs=min(self.floor_pairs, cfg.min_pairs),
+                             baseline_scale=scale)
+
+    @property
+    def floor_pairs(self) -> int:
+        """The record's floor, lowered to 3 on catalogue real models (``config.real_floor_pairs``)."""
+        real = getattr(self.harness.config, "real_floor_pairs", None)
+        return min(self.spec.floor_pairs, real) if real else self.spec.floor_pairs
 
 
 def make_record(spec: RecordSpec, setting: Setting | None, *, status: str,
                 timing: PairedTiming | None = None, extra: dict | None = None,
-                reason: str | None = None, seed: int = 0) -> dict:
-    """The JSON record of one measurement (or of a record that could not be measured)."""
+                reason: str | None = None, seed: int = 0, target_source: str = "default") -> dict:
+    """The JSON record of one measurement (or of a record that could not be measured).
+
+    ``spec`` carries the target used (see :meth:`RecordSpec.for_target`); ``target_source``
+    says where it comes from (``"default"`` or e.g. ``"smollm2-135m at the primary setting"``).
+    """
     rec: dict[str, Any] = {
         "name": spec.name,
         "setting": setting.label if setting is not None else "all",
@@ -197,6 +299,7 @@ def make_record(spec: RecordSpec, setting: Setting | None, *, status: str,
         "target": spec.target,
         "target_op": spec.op,
         "target_text": spec.target_text,
+        "target_source": target_source,
         "precision": spec.precision,
         "met": None,
         "met_ratio": None,
@@ -258,5 +361,5 @@ def _median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
-__all__ = ["CI_SLACK", "REGISTRY", "STATUSES", "Bench", "NotAvailable", "RecordSpec", "Setting",
-           "Skipped", "make_record", "register", "verdict"]
+__all__ = ["CI_SLACK", "REGISTRY", "STATUSES", "Bench", "NotAvailable", "ProbeDone", "RecordSpec",
+           "Setting", "Skipped", "make_record", "register", "verdict"]

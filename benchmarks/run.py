@@ -99,15 +99,26 @@ CONTRACT_NAMES = ("profile_overhead", "profile_vs_handwritten", "peer_nnsight", 
                   "compression_local_cost", "layer_sweep_shared_prefix",
                   "patching_vs_transformer_lens")
 
+#: On a catalogue real model a record stops after this many pairs once its hard time budget
+#: (2 x max_seconds) is spent: a forward there is seconds (a layer-sweep pair is minutes), and
+#: the ci95 of 3 pairs still decides the verdict honestly ("too noisy" when it is wide).
+REAL_FLOOR_PAIRS = 3
+
 #: Width and heads of the "wide" model (a seeded GPT-2 with the main model's depth, context and
 #: vocabulary), used to show how the cost ratios change with d_model.
 WIDE_D_MODEL = 768
 WIDE_N_HEADS = 12
 
 
-def default_settings(wide: bool) -> list[Setting]:
+def default_settings(wide: bool, real: bool = False) -> list[Setting]:
     """Default mode: the primary setting (seq 128, batch 8), two other sequence lengths (32,
-    256), another batch size (2), and the primary workload on a wider model."""
+    256), another batch size (2), and the primary workload on a wider model.
+
+    On a catalogue real model (``real``): the primary setting and the two 256-token workloads
+    (seq 32 x batch 8, seq 128 x batch 2), no seq 256 and no wide model: a forward there is
+    seconds, and the run must stay within about 40 minutes (docs/performance.md)."""
+    if real:
+        return [Setting(128, 8, primary=True), Setting(32, 8), Setting(128, 2)]
     out = [
         Setting(128, 8, primary=True),
         Setting(32, 8),
@@ -141,6 +152,18 @@ class Config:
     threads: int
     settings: list[Setting] = field(default_factory=list)
     records: list[str] = field(default_factory=list)
+    #: Peak memory of each record's baseline and candidate (one subprocess per side) on the
+    #: primary setting (default: on for catalogue real models, see benchmarks.peak_memory).
+    peak_memory: bool = False
+    #: The catalogue name of the model under test ("smollm2-135m", ...) or None (the default
+    #: model, a directory or another name); picks model-dependent targets.
+    catalogue_model: str | None = None
+    #: Why there is no wide setting (None when there is one or it was not asked for).
+    wide_note: str | None = None
+    #: k-forward baselines timed as one forward x k (catalogue real models; Bench.measure).
+    scaled_baselines: bool = False
+    #: Fewest pairs before the hard time budget stops a record (catalogue real models: 3).
+    real_floor_pairs: int | None = None
 
 
 class Harness:
@@ -216,34 +239,40 @@ class Harness:
             settings = [s for s in settings if s.primary] or settings[:1]
         for setting in settings:
             seed = self.config.seed * 1_000_003 + zlib.crc32(f"{spec.name}|{setting.label}".encode())
+            target, target_source = spec.target_for(self.config.catalogue_model, setting)
+            tspec = spec.for_target(target)
             t0 = time.perf_counter()
             try:
                 model = self.model(setting.model)
                 n_ctx = int(getattr(model.cfg, "n_ctx", setting.seq) or setting.seq)
                 if setting.seq > n_ctx:
-                    out.append(make_record(spec, setting, status="skipped",
+                    out.append(make_record(tspec, setting, status="skipped", target_source=target_source,
                                            reason=f"seq={setting.seq} > the model's n_ctx={n_ctx}"))
                     continue
-                bench = Bench(spec, setting, model, self.source(setting.model),
-                              self.inputs(setting), self, seed)
+                bench = Bench(tspec, setting, model, self.source(setting.model),
+                              self.inputs(setting), self, seed, started=t0)
                 timing = spec.fn(bench)
-                rec = make_record(spec, setting, status="ok", timing=timing, extra=bench.extra,
-                                  seed=seed)
+                if self.config.peak_memory and setting.primary and setting.model == "main":
+                    bench.extra["peak_memory"] = self._peak_memory(spec, setting)
+                rec = make_record(tspec, setting, status="ok", timing=timing, extra=bench.extra,
+                                  seed=seed, target_source=target_source)
             except NotAvailable as exc:
                 primary = next((s for s in settings if s.primary), settings[0])
-                rec = make_record(spec, primary, status="not_available", reason=str(exc))
+                rec = make_record(tspec, primary, status="not_available", reason=str(exc),
+                                  target_source=target_source)
                 out.append(rec)
                 self.log(f"{spec.name:24s} not available: {exc}")
                 return out
             except Skipped as exc:
                 primary = next((s for s in settings if s.primary), settings[0])
-                rec = make_record(spec, primary, status="skipped", reason=str(exc))
+                rec = make_record(tspec, primary, status="skipped", reason=str(exc),
+                                  target_source=target_source)
                 out.append(rec)
                 self.log(f"{spec.name:24s} skipped: {exc}")
                 return out
             except Exception as exc:  # noqa: BLE001 - one broken record must not hide the rest
                 traceback.print_exc(file=sys.stderr)
-                rec = make_record(spec, setting, status="error",
+                rec = make_record(tspec, setting, status="error", target_source=target_source,
                                   reason=f"{type(exc).__name__}: {exc}")
             rec["wall_s"] = time.perf_counter() - t0
             out.append(rec)
@@ -252,6 +281,18 @@ class Harness:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         return out
+
+
+    def _peak_memory(self, spec: RecordSpec, setting: Setting) -> dict:
+        """``extra.peak_memory``: both sides' peak in fresh subprocesses (or why not)."""
+        from .peak_memory import peak_memory
+
+        try:
+            return peak_memory(spec, self.source(setting.model), setting.seq, setting.batch,
+                               device=self.config.device, dtype=self.dtype_name,
+                               threads=self.config.threads, log=self.log)
+        except Exception as exc:  # noqa: BLE001 - reported in the record, never hidden
+            return {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
 
 
 def _progress_line(rec: dict) -> str:
@@ -323,7 +364,7 @@ def machine_info(device: str, dtype: str) -> dict:
 
 def model_info(harness: Harness) -> dict:
     """Shape of the main model (from its config), and its source."""
-    info: dict = {"source": harness.config.model}
+    info: dict = {"source": harness.config.model, "catalogue_name": harness.config.catalogue_model}
     try:
         cfg = harness.model("main").cfg
     except Exception as exc:  # noqa: BLE001
@@ -426,7 +467,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", metavar="OUT", help="write the records as JSON to OUT")
     p.add_argument("--markdown", metavar="OUT", help="also write the table as Markdown to OUT")
     p.add_argument("--model", default="default",
-                   help="model directory or 'default' (load_model('default'))")
+                   help="'default' (the bundled GPT-2), a catalogue real model ('smollm2-135m', "
+                        "'gemma-3-270m') or a model directory: anything load_model takes")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--dtype", default=None,
                    help="float32 (CPU default) or bfloat16 (CUDA default), float16")
@@ -442,6 +484,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="measure memory scaling also with --quick")
     mem.add_argument("--no-memory", dest="memory", action="store_false")
     p.add_argument("--no-wide", action="store_true", help="skip the wider-model setting")
+    peak = p.add_mutually_exclusive_group()
+    peak.add_argument("--peak-memory", dest="peak_memory", action="store_true", default=None,
+                      help="peak memory of each record's baseline and candidate (one subprocess "
+                           "per side, primary setting); default: on for catalogue real models")
+    peak.add_argument("--no-peak-memory", dest="peak_memory", action="store_false")
     p.add_argument("--primary-only", action="store_true",
                    help="only the primary setting (no scaling settings)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -469,7 +516,15 @@ def make_config(a: argparse.Namespace) -> Config:
         _usage_error(f"--records has unknown name(s) {unknown}; known: {list(REGISTRY)}")
     if a.threads < 0:
         _usage_error(f"--threads must be >= 0, got {a.threads}")
-    wide = not a.no_wide and not quick
+    catalogue = _check_model_arg(a.model)
+    real = catalogue not in (None, "default")
+    wide = not a.no_wide and not quick and not real
+    wide_note = None
+    if real and not a.no_wide and not quick:
+        wide_note = (f"no wide setting on {catalogue}: the wide setting is a seeded GPT-2 of the main "
+                     "model's depth and vocabulary at d_model 768, which shows width scaling on the "
+                     "small default model; on a real model it would time a random model of another "
+                     "architecture, not the one under test")
     return Config(
         mode="quick" if quick else "default",
         model=a.model,
@@ -479,13 +534,34 @@ def make_config(a: argparse.Namespace) -> Config:
         min_pairs=a.min_pairs if a.min_pairs is not None else (2 if quick else 10),
         max_pairs=a.max_pairs if a.max_pairs is not None else (2 if quick else 60),
         max_seconds=a.max_seconds if a.max_seconds is not None else (10.0 if quick else 20.0),
-        memory=a.memory if a.memory is not None else not quick,
+        memory=a.memory if a.memory is not None else not quick and not real,
         seed=a.seed,
         threads=a.threads if a.device == "cpu" else 0,
-        settings=[s for s in (quick_settings() if quick else default_settings(wide))
+        settings=[s for s in (quick_settings() if quick else default_settings(wide, real))
                   if s.primary or not a.primary_only],
         records=names,
+        peak_memory=a.peak_memory if a.peak_memory is not None else real and not quick,
+        catalogue_model=catalogue if real else None,
+        wide_note=wide_note,
+        scaled_baselines=real,
+        real_floor_pairs=REAL_FLOOR_PAIRS if real else None,
     )
+
+
+def _check_model_arg(model: str) -> str | None:
+    """The catalogue name ``--model`` is (``"default"``, ``"smollm2-135m"``, ...), None for a
+    directory or another TransformerLens name; a usage error (exit 2) for a name nothing knows."""
+    from tl_directional.models import UnknownModelError, catalogue_names, check_model_name
+
+    if model in catalogue_names():
+        return model
+    if Path(model).expanduser().exists():
+        return None
+    try:
+        check_model_name(model)
+    except UnknownModelError as exc:
+        _usage_error(exc.describe(f"--model {model!r}"))
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,6 +85,7 @@ def paired_timing(
     done: Callable[[list[float]], bool] | None = None,
     sync: Callable[[], None] | None = None,
     floor_pairs: int = 5,
+    baseline_scale: float = 1.0,
 ) -> PairedTiming:
     """Time ``baseline`` and ``candidate`` in interleaved pairs.
 
@@ -101,6 +102,9 @@ def paired_timing(
         max_seconds: time budget for the recorded pairs (checked between pairs).
         done: stopping rule on the ratios so far.
         sync: device synchronisation (``torch.cuda.synchronize``) or None on CPU.
+        floor_pairs: fewest pairs before the hard budget (``2 x max_seconds``) may stop.
+        baseline_scale: each baseline time is multiplied by this (``k`` when ``baseline`` is
+            one of ``k`` identical sequential calls that make up the real baseline).
     """
     result = PairedTiming(warmup_pairs=warmup)
     for i in range(warmup):
@@ -111,11 +115,11 @@ def paired_timing(
     start = time.perf_counter()
     while result.n_pairs < max_pairs:
         if result.n_pairs % 2 == 0:
-            b = _timed(baseline, sync)
+            b = _timed(baseline, sync) * baseline_scale
             c = _timed(candidate, sync)
         else:
             c = _timed(candidate, sync)
-            b = _timed(baseline, sync)
+            b = _timed(baseline, sync) * baseline_scale
         result.baseline_s.append(b)
         result.candidate_s.append(c)
         elapsed = time.perf_counter() - start

@@ -3,11 +3,21 @@ per way, on a seeded 2-layer GPT-2 with ``vocab_size=262144`` built offline::
 
     python -m benchmarks.vocab_memory --batch 8 --seq 128
 
-Reports the peak RSS increment of ``BaselineStats(base).compare(logits)`` (the current,
-position-chunked code) and of the unchunked formula it replaced (log-softmax of every
-predicted position at once, probabilities kept), in units of one ``[batch, pos, vocab]``
-float32 tensor. The model's own logits (two of them: baseline and edited) exist before the
-measurement starts and are not counted.
+Reports the peak RSS increment, in units of one ``[batch, pos, vocab]`` float32 tensor, of
+three ways to get one edited setting's metrics once the baseline's logits exist:
+
+* ``hidden`` (what ``sweep`` runs now for an edited setting): the edited forward stops at the
+  unembedding's input (``tl_directional.adapter.unembedding``) and
+  ``BaselineStats.compare_hidden`` forms the logits a chunk of positions at a time, so no
+  edited ``[batch, pos, vocab]`` tensor exists; the edited forward is inside the measurement;
+* ``chunked``: ``BaselineStats(base).compare(logits)`` on edited logits that already exist
+  (the path where the unembedding is not one linear map of a hook point, e.g. softcapped
+  logits); the edited forward is outside the measurement;
+* ``unchunked``: the formula chunking replaced (log-softmax of every predicted position at
+  once, probabilities kept), on the same existing logits.
+
+The baseline's logits (and, for the last two, the edited logits) exist before the
+measurement starts and are not counted; ``BaselineStats`` is built inside it.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ def worker(way: str, model_dir: str, batch: int, seq: int) -> dict:
     import torch
 
     from tl_directional import ValueScale, apply_edits
+    from tl_directional.adapter import StopForward, unembedding
     from tl_directional.models import load_model
     from tl_directional.sweep import BaselineStats
 
@@ -57,14 +68,33 @@ def worker(way: str, model_dir: str, batch: int, seq: int) -> dict:
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, VOCAB, (batch, seq), generator=g)
     mask = torch.ones_like(tokens)
+    unembed = unembedding(model)
+    if way == "hidden" and unembed is None:
+        raise RuntimeError("the model's logits are not one unembedding of a hook point")
     with torch.no_grad():
         base = model(tokens, attention_mask=mask)
-        with apply_edits(model, ValueScale(s_par=0.0)):
-            edited = model(tokens, attention_mask=mask)
+        edited = None
+        if way != "hidden":
+            with apply_edits(model, ValueScale(s_par=0.0)):
+                edited = model(tokens, attention_mask=mask)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
         before = _status_kb("VmRSS")
-        if way == "chunked":
+        if way == "hidden":  # as sweep's _edited_forward + compare_hidden
+            got: dict = {}
+
+            def grab(t, hook):  # noqa: ARG001 - TL hook signature
+                got["hidden"] = t
+                raise StopForward
+
+            stats = BaselineStats(base, tokens, mask)
+            with apply_edits(model, ValueScale(s_par=0.0)), model.hooks(fwd_hooks=[(unembed.hook, grab)]):
+                try:
+                    model(tokens, attention_mask=mask)
+                except StopForward:
+                    pass
+            stats.compare_hidden(got.pop("hidden"), unembed)
+        elif way == "chunked":
             BaselineStats(base, tokens, mask).compare(edited)
         else:
             _unchunked(base, edited, tokens, mask)
@@ -79,9 +109,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.vocab_memory")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--worker", choices=("chunked", "unchunked"))
+    p.add_argument("--worker", choices=("hidden", "chunked", "unchunked"))
     p.add_argument("--model-dir")
-    p.add_argument("--ways", default="chunked,unchunked")
+    p.add_argument("--ways", default="hidden,chunked,unchunked")
+    p.add_argument("--json", metavar="OUT", help="also write the results (and the command) as JSON")
     a = p.parse_args(argv)
     if a.worker:
         print(MARKER + json.dumps(worker(a.worker, a.model_dir, a.batch, a.seq)), flush=True)
@@ -96,6 +127,7 @@ def main(argv=None) -> int:
         import os
 
         env = dict(os.environ, **env)
+        results = []
         for way in a.ways.split(","):
             out = subprocess.run([sys.executable, "-m", "benchmarks.vocab_memory", "--worker", way,
                                   "--model-dir", str(d), "--batch", str(a.batch), "--seq", str(a.seq)],
@@ -105,9 +137,22 @@ def main(argv=None) -> int:
                 print(out.stderr[-2000:], file=sys.stderr)
                 return 1
             r = json.loads(line[-1][len(MARKER):])
+            results.append(r)
             print(f"{way:10s} batch {a.batch} x seq {a.seq}, vocab {VOCAB}: peak +{r['peak_increment_mb']:.0f} MB"
                   f" = {r['in_bpv_tensors']:.2f} x one [batch, pos, vocab] float32 tensor "
                   f"({r['bpv_tensor_mb']:.0f} MB)")
+    if a.json:
+        import platform
+        import subprocess as sp
+
+        commit = sp.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+        doc = {"command": "python -m benchmarks.vocab_memory " + " ".join(sys.argv[1:] if argv is None else argv),
+               "git_commit": commit or None, "python": platform.python_version(),
+               "model": "seeded GPT-2, 2 layers, d_model 64, 4 heads, vocab 262144",
+               "method": "fresh subprocess per way: VmHWM after - VmRSS before (VmHWM reset via "
+                         "/proc/self/clear_refs); glibc MALLOC_MMAP_THRESHOLD_=65536",
+               "results": results}
+        Path(a.json).write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
 

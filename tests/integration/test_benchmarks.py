@@ -26,9 +26,9 @@ from benchmarks.timing import median_ci, paired_timing  # noqa: E402
 CONTRACT = {
     "profile_overhead": 1.00,
     "profile_vs_handwritten": 0.90,
-    "peer_nnsight": 0.85,
+    "peer_nnsight": 0.80,
     "profile_vs_cache": 1.0,
-    "edit_overhead": 1.05,
+    "edit_overhead": 1.03,
     "sweep_cost": 1.05,
     "sweep_shared_prefix": 0.80,
     "train_step_overhead": 1.10,
@@ -178,3 +178,106 @@ def test_timing_statistics():
     assert t.n_pairs == 3 and t.warmup_pairs == 1
     # warm-up b,c; then pairs alternate: b,c / c,b / b,c
     assert calls == ["b", "c", "b", "c", "c", "b", "b", "c"]
+
+
+def test_catalogue_names_configure_a_real_model_run():
+    """``--model smollm2-135m`` / ``gemma-3-270m``: the catalogue name is kept (model-dependent
+    targets), there is no wide setting (the JSON says why), peak memory is on, memory scaling off."""
+    for name in ("smollm2-135m", "gemma-3-270m"):
+        cfg = bench_run.make_config(bench_run.parse_args(["--model", name]))
+        assert cfg.catalogue_model == name and cfg.model == name
+        assert [s.label for s in cfg.settings] == ["seq=128,batch=8", "seq=32,batch=8", "seq=128,batch=2"]
+        assert all(s.model == "main" for s in cfg.settings) and cfg.wide_note and "wide" in cfg.wide_note
+        assert cfg.peak_memory and not cfg.memory and cfg.scaled_baselines
+        assert cfg.real_floor_pairs == bench_run.REAL_FLOOR_PAIRS
+    cfg = bench_run.make_config(bench_run.parse_args([]))
+    assert cfg.catalogue_model is None and not cfg.peak_memory and not cfg.scaled_baselines
+    assert any(s.model == "wide" for s in cfg.settings)
+
+
+def test_unknown_model_name_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_run.make_config(bench_run.parse_args(["--model", "smollm2"]))
+    assert exc.value.code == 2
+    assert "smollm2-135m" in capsys.readouterr().err  # the closest catalogue name is suggested
+
+
+def test_model_dependent_targets_are_the_ones_used():
+    from benchmarks.registry import REGISTRY, Setting, make_record
+
+    spec = REGISTRY["profile_overhead"]
+    primary, other = Setting(128, 8, primary=True), Setting(32, 8)
+    assert spec.target_for("smollm2-135m", primary) == (0.90, "smollm2-135m at the primary setting")
+    assert spec.target_for("gemma-3-270m", primary)[0] == 1.00
+    assert spec.target_for("smollm2-135m", other) == (1.00, "default")
+    assert spec.target_for(None, primary) == (1.00, "default")
+    rec = make_record(spec.for_target(0.90), primary, status="not_available", reason="x",
+                      target_source="smollm2-135m at the primary setting")
+    assert rec["target"] == 0.90 and rec["target_source"].startswith("smollm2-135m")
+    assert REGISTRY["profile_overhead"].target == 1.00  # the registered spec is unchanged
+
+
+def test_a_record_a_model_cannot_run_is_not_available(tiny_model_dir):
+    """A record asked for on a model it cannot run gives ``not_available`` with the reason (and
+    the target), never an error hiding the other records."""
+    from benchmarks.registry import REGISTRY
+
+    cfg = bench_run.make_config(bench_run.parse_args(
+        ["--quick", "--model", str(tiny_model_dir("gpt2")), "--records", "train_step_overhead"]))
+    cfg.catalogue_model = "smollm2-135m"  # as a --model smollm2-135m run sets it
+    harness = bench_run.Harness(cfg, log=lambda msg: None)
+    try:
+        (rec,) = harness.run_spec(REGISTRY["train_step_overhead"])
+    finally:
+        harness.close()
+    assert rec["status"] == "not_available" and "smollm2-135m" in rec["reason"]
+    assert rec["target"] == 1.10 and rec["ratio"] is None
+
+
+@pytest.mark.parametrize(("family", "layout"), [("gpt2", "gpt2"), ("llama", "llama"),
+                                                ("gemma3", "gemma3"), ("neox", None)])
+def test_peer_layout_of_each_family(tiny_model_dir, family, layout):
+    """The nnsight peer knows GPT-2, Llama-style (pre-norm) and Gemma-3 (sandwich norms)
+    modules; any other layout is reported (``not_available``), never guessed."""
+    from benchmarks.peers import PeerLayoutError, layout_of_dir
+
+    if layout is None:
+        with pytest.raises(PeerLayoutError, match="GPTNeoXForCausalLM"):
+            layout_of_dir(tiny_model_dir(family))
+    else:
+        assert layout_of_dir(tiny_model_dir(family)) == layout
+
+
+def test_peer_model_directory_of_catalogue_names():
+    """The peer resolves a catalogue name through the library's own catalogue (the converted
+    cache entry), not a hard-coded path."""
+    from benchmarks.peers import _hf_dir
+    from tl_directional.models import catalog, default_model_dir
+
+    assert _hf_dir("default") == default_model_dir()
+    for name in catalog.REAL_MODELS:
+        if not catalog.verify_entry(catalog.entry_dir(name))[0]:
+            continue  # not converted here: resolving would convert it (minutes)
+        assert _hf_dir(name) == catalog.entry_dir(name)
+
+
+def test_peak_memory_probe_of_both_sides(tiny_model_dir):
+    """Peak memory beside a record: one fresh subprocess per side, each measured once."""
+    from benchmarks.peak_memory import peak_memory
+    from benchmarks.registry import REGISTRY
+
+    out = peak_memory(REGISTRY["sweep_cost"], str(tiny_model_dir("gpt2")), 16, 2, device="cpu",
+                      dtype="float32", threads=1)
+    assert out["status"] == "ok" and "subprocess" in out["method"]
+    for side in ("baseline", "candidate"):
+        r = out[side]
+        assert r["side"] == side and r["peak_mb"] >= r["before_mb"] > 0 and r["increment_mb"] >= 0
+    assert "identical sequential" in out["baseline"]["note"]  # one of the 9 forwards
+
+
+def test_scaled_baseline_counts_one_call_k_times():
+    import time
+
+    t = paired_timing(lambda: time.sleep(0.01), lambda: None, warmup=0, min_pairs=2, max_pairs=2,
+                      max_seconds=60, baseline_scale=9.0)
+    assert t.n_pairs == 2 and all(b >= 0.09 for b in t.baseline_s)

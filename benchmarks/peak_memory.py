@@ -1,0 +1,177 @@
+"""Peak memory of one record's baseline and of its candidate, one fresh subprocess per
+(record, side), beside the record's ratio (``extra.peak_memory``).
+
+On CPU a process's peak RSS (``VmHWM``) only grows, so the timing process cannot say what one
+call peaked at after the model loads, the checks and every earlier record. The harness
+therefore starts, for each record on the primary setting, two subprocesses::
+
+    python -m benchmarks.peak_memory --record edit_overhead --model smollm2-135m \\
+        --seq 128 --batch 8 --side candidate
+
+Each loads the model, builds the same inputs, runs one plain forward of 8 tokens (torch's and
+TransformerLens's one-off lazy set-up), then runs the record function with
+``Bench.probe = side``: the record skips its sanity checks, does its set-up (edits, grids,
+prompt pairs) and, at :meth:`benchmarks.registry.Bench.measure`, this module's :func:`peak_of`
+runs the side **once**:
+
+* CPU: ``gc.collect()``, reset ``VmHWM`` to the current RSS (``echo 5 > /proc/self/clear_refs``),
+  read ``VmRSS`` (``before_mb``), call, read ``VmHWM`` (``peak_mb``); ``increment_mb`` is the
+  difference: what the call itself needed on top of the model and inputs;
+* CUDA: ``torch.cuda.reset_peak_memory_stats()``, ``memory_allocated`` before, ``max_memory_allocated``.
+
+The subprocess runs with glibc's ``MALLOC_MMAP_THRESHOLD_=65536`` (as :mod:`benchmarks.memory`:
+large buffers are mmapped and returned on free, so RSS follows what is alive rather than the
+heap's history). The worker prints one JSON line prefixed by ``BENCH_PEAK_JSON``.
+``peer_nnsight`` runs its probe in the nnsight worker (:mod:`benchmarks.peers`), which loads its
+own models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MARKER = "BENCH_PEAK_JSON "
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SIDES = ("baseline", "candidate")
+METHOD_CPU = ("fresh subprocess per (record, side): VmHWM after one call - VmRSS before it "
+              "(VmHWM reset via /proc/self/clear_refs); glibc MALLOC_MMAP_THRESHOLD_=65536")
+METHOD_CUDA = ("fresh subprocess per (record, side): torch.cuda.max_memory_allocated after one "
+               "call - memory_allocated before it")
+
+
+def peak_of(fn, device) -> dict:
+    """Run ``fn()`` once and return its peak memory (MB): ``before_mb``, ``peak_mb``,
+    ``increment_mb`` (``peak - before``) and the ``method``."""
+    import torch
+
+    from .memory import _reset_peak_rss, _status_kb
+
+    gc.collect()
+    cuda = str(device).startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        if not _reset_peak_rss():
+            raise RuntimeError("cannot reset the peak-RSS mark (/proc/self/clear_refs): peak memory "
+                               "of one call cannot be measured on this system")
+        before = _status_kb("VmRSS") * 1024
+    t0 = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - t0
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = _status_kb("VmHWM") * 1024
+    mb = 2.0 ** 20
+    return {"before_mb": before / mb, "peak_mb": peak / mb, "increment_mb": (peak - before) / mb,
+            "call_s": seconds}
+
+
+def probe(record: str, model_source: str, seq: int, batch: int, side: str, *, device: str = "cpu",
+          dtype: str = "float32", threads: int = 1) -> dict:
+    """In this process: peak memory of one call of ``side`` of ``record`` on its primary setting."""
+    import torch
+
+    if threads and device == "cpu":
+        torch.set_num_threads(threads)
+    from . import run as bench_run
+    from .registry import REGISTRY, Bench, ProbeDone, Setting
+    from .workloads import forward
+
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {SIDES}, got {side!r}")
+    spec = REGISTRY[record]
+    setting = Setting(seq, batch, primary=True)
+    config = bench_run.Config(mode="probe", model=model_source, device=device, dtype=dtype, warmup=0,
+                              min_pairs=1, max_pairs=1, max_seconds=0.0, memory=False, seed=0,
+                              threads=threads, settings=[setting], records=[record])
+    harness = bench_run.Harness(config, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        model = harness.model("main")
+        inputs = harness.inputs(setting)
+        from tl_directional.inputs import TokenBatch
+
+        forward(model, TokenBatch(inputs.tokens[:1, :8], inputs.attention_mask[:1, :8]), None)
+        bench = Bench(spec, setting, model, harness.source("main"), inputs, harness, seed=0,
+                      probe=side)
+        try:
+            spec.fn(bench)
+        except ProbeDone as done:
+            return {**done.result, "side": side}
+        raise RuntimeError(f"record {record!r} returned without calling Bench.measure")
+    finally:
+        harness.close()
+
+
+def run_probe(record: str, model_source: str, seq: int, batch: int, side: str, *, device: str,
+              dtype: str, threads: int, command: list[str] | None = None,
+              timeout: float = 3600) -> dict:
+    """Run one probe in a fresh subprocess (``command``: another worker command line that prints
+    the same marker, e.g. the nnsight peer's) and return its JSON."""
+    env = dict(os.environ)
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    cmd = command or [sys.executable, "-m", "benchmarks.peak_memory", "--record", record,
+                      "--model", model_source, "--seq", str(seq), "--batch", str(batch),
+                      "--side", side, "--device", device, "--dtype", dtype,
+                      "--threads", str(threads)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(MARKER):
+            return json.loads(line[len(MARKER):])
+    raise RuntimeError(f"peak-memory probe failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+                       f"{(proc.stderr or proc.stdout)[-2000:]}")
+
+
+def peak_memory(spec, model_source: str, seq: int, batch: int, *, device: str, dtype: str,
+                threads: int, log=None) -> dict:
+    """``extra.peak_memory`` of one record: both sides, each in its own subprocess."""
+    command_for = getattr(spec.fn, "probe_command", None)
+    out: dict = {"status": "ok", "method": METHOD_CUDA if device.startswith("cuda") else METHOD_CPU,
+                 "setting": f"seq={seq},batch={batch}"}
+    t0 = time.perf_counter()
+    for side in SIDES:
+        cmd = command_for(model_source, seq, batch, side, threads) if command_for else None
+        if command_for and cmd is None:
+            return {"status": "skipped", "reason": "the peer's worker is not available here"}
+        out[side] = run_probe(spec.name, model_source, seq, batch, side, device=device, dtype=dtype,
+                              threads=threads, command=cmd)
+        if log:
+            log(f"  peak memory {spec.name} {side}: {out[side]['peak_mb']:.0f} MB "
+                f"(+{out[side]['increment_mb']:.0f} MB during the call)")
+    b, c = out["baseline"]["increment_mb"], out["candidate"]["increment_mb"]
+    out["candidate_over_baseline_increment"] = c / b if b > 0 else None
+    out["probe_wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.peak_memory", description=__doc__.split("\n")[0])
+    p.add_argument("--record", required=True)
+    p.add_argument("--model", default="default")
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--side", choices=SIDES, required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    res = probe(a.record, a.model, a.seq, a.batch, a.side, device=a.device, dtype=a.dtype,
+                threads=a.threads)
+    print(MARKER + json.dumps(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
