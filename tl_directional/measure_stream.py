@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .adapter import StopForward
 from .geometry import projection_coefficient
-from .kernels import split_stats, value_stats
+from .kernels import Scratch, split_stats, squared_norm, value_stats
 from .sites import (
     ModelSites,
     UnitSite,
@@ -78,6 +78,11 @@ class _Accumulator:
         self._mask = None
         self._index = None  # flat indices of the counted tokens; None when all count
         self._weights: dict[int, tuple] = {}  # layer -> (W_O, b_O), read once per call
+        # Reused [n, d] temporaries of the kernels (same values, no fresh activation-sized
+        # tensor per product), and the squared norms of the last two references selected
+        # (a layer's resid_pre is the reference of attn, block and the value-space x_t).
+        self.scratch = Scratch()
+        self._ref_sq: list[tuple[Tensor, Tensor]] = []
 
     def _select(self, t: Tensor, mask: Tensor) -> Tensor:
         """``t[mask]`` as ``[n, ...]``: a reshape when every token counts, else one gather
@@ -85,8 +90,23 @@ class _Accumulator:
         if mask is not self._mask:
             self._mask = mask
             self._index = None if bool(mask.all()) else mask.reshape(-1).nonzero().squeeze(-1)
+            self._ref_sq.clear()
         flat = t.reshape(-1, *t.shape[2:])
         return flat if self._index is None else flat.index_select(0, self._index.to(flat.device))
+
+    def _reference_sq(self, reference: Tensor, selected: Tensor) -> Tensor:
+        """:func:`~tl_directional.kernels.squared_norm` of ``selected`` (``reference`` after
+        :meth:`_select` with the current mask), computed once for a reference tensor that
+        several units share; the last two are kept (the entry holds the tensor, so its
+        identity cannot be reused)."""
+        for t, sq in self._ref_sq:
+            if t is reference:
+                return sq
+        sq = squared_norm(selected, self.scratch)
+        self._ref_sq.append((reference, sq))
+        if len(self._ref_sq) > 2:
+            self._ref_sq.pop(0)
+        return sq
 
     def _token_positions(self, mask: Tensor, seq_offset: int):
         b_idx, p_idx = mask.nonzero(as_tuple=True)
@@ -109,7 +129,9 @@ class _Accumulator:
     ) -> Float[Tensor, " n"]:
         """Split the masked tokens of one unit (:func:`~tl_directional.kernels.split_stats`);
         returns their ``alpha`` (for the factorization check)."""
-        d = split_stats(self._select(update, mask), self._select(reference, mask), self.eps)
+        ref = self._select(reference, mask)
+        d = split_stats(self._select(update, mask), ref, self.eps,
+                        reference_sq=self._reference_sq(reference, ref), scratch=self.scratch)
         row = self.row_of[(layer, component)]
         group = torch.full(d.alpha.shape, row, dtype=torch.long, device=d.alpha.device)
         self.residual.update(
@@ -150,12 +172,20 @@ class _Accumulator:
         per masked token (NaN where the factorization does not apply).
         """
         sites = self.sites
-        vt = expand_kv_heads(self._select(v, mask), sites.n_heads)
+        vt = self._select(v, mask)
+        group = sites.n_heads // vt.shape[-2]
+        if group > 1:  # expand_kv_heads, written into a reused buffer (a copy: same values)
+            n, n_kv, d_head = vt.shape
+            out = self.scratch.get("kv", (n, n_kv, group, d_head), vt.dtype, vt.device)
+            vt = out.copy_(vt.unsqueeze(-2).expand(n, n_kv, group, d_head)).view(n, n_kv * group, d_head)
+        else:
+            vt = expand_kv_heads(vt, sites.n_heads)
         if layer not in self._weights:
             self._weights[layer] = attention_output_weights(model, layer)
         W_O, b_O = self._weights[layer]
+        xs = self._select(x, mask)
         s = value_stats(self._select(z, mask), vt, self._select(diag, mask),
-                        self._select(x, mask), W_O, b_O, self.eps)
+                        xs, W_O, b_O, self.eps, x_sq=self._reference_sq(x, xs), scratch=self.scratch)
         full, excl = s.full, s.exclusive
         recon = s.recon
         if not sites.factorization_applicable:
@@ -210,7 +240,7 @@ def _with_stop(hooks: list, stop_at: str, state: dict, n_actions: int) -> list:
 
     def then_stop(fn):
         def hook(tensor, hook):
-            out = tensor if fn is None else fn(tensor, hook)
+            out = None if fn is None else fn(tensor, hook)
             if state["done"] >= n_actions:
                 raise StopForward
             return out
@@ -278,7 +308,7 @@ def _streaming_hooks(acc: _Accumulator, sites: ModelSites, model, state: dict) -
         def hook(tensor, hook):  # noqa: ARG001 - TL hook signature
             for f in funcs:
                 f(tensor)
-            return tensor
+            # None: the activation is unchanged (and the bridge skips converting it back)
         return hook
 
     n_actions = sum(len(f) for f in actions.values())
@@ -288,7 +318,12 @@ def _streaming_hooks(acc: _Accumulator, sites: ModelSites, model, state: dict) -
 def _residual_action(acc: _Accumulator, u: UnitSite, state: dict):
     def act(t):
         ref = state[("ref", u.reference_hook)]
-        update = t - ref if u.update_is_difference else t
+        if not u.update_is_difference:
+            update = t
+        elif t.is_contiguous() and ref.is_contiguous() and t.shape == ref.shape and t.dtype == ref.dtype:
+            update = torch.sub(t, ref, out=acc.scratch.get("diff", tuple(t.shape), t.dtype, t.device))
+        else:
+            update = t - ref
         alpha = acc.add_residual(u.layer, u.component, update, ref, state["mask"], state["seq_offset"])
         if u.component == "attn":
             _factorization_meet(acc, u.layer, state, alpha=alpha)

@@ -146,11 +146,12 @@ class StreamingSummary:
             self._offsets[m] = total
             total += n_groups * (BIN_SCALES[s].n_bins + 2)
         self._spare = total
-        self._hist = torch.zeros(total + 1, dtype=torch.int64, device=self.device)
-        self.hist = {
-            m: self._hist[off:off + n_groups * (BIN_SCALES[s].n_bins + 2)].view(n_groups, -1)
-            for (m, s), off in zip(self.metrics.items(), self._offsets.values(), strict=True)
-        }
+        # The histograms are built only when needed (_materialize): while the values themselves
+        # are kept (small samples) they are what the quantiles come from, and the histograms
+        # are replayed from them on first use, so a small profile never allocates or fills
+        # them (groups x metrics x ~4000 bins of int64: 60 MB on a 30-layer model).
+        self._hist: Tensor | None = None
+        self._hist_views: dict[str, Tensor] | None = None
         # metrics sharing a grid are binned together: scale -> (metric columns, offsets)
         self._by_scale: dict[str, tuple[list[int], Tensor]] = {}
         for s in dict.fromkeys(self.metrics.values()):
@@ -165,6 +166,59 @@ class StreamingSummary:
         # most exact_limit) the values themselves as (group [n], x [n_metrics, n], use [n_metrics, n]).
         self._kept = torch.zeros(n_groups, n_m, dtype=torch.int64, device=self.device)
         self._exact: list[tuple[Tensor, Tensor, Tensor]] | None = [] if exact_limit > 0 else None
+        if self._exact is None:
+            self._materialize()
+
+    @property
+    def hist(self) -> dict[str, Tensor]:
+        """Metric -> ``[n_groups, n_bins + 2]`` int64 histogram (a view of one flat tensor;
+        built on first access, see :meth:`_materialize`)."""
+        self._materialize()
+        return self._hist_views
+
+    def _materialize(self) -> None:
+        """Allocate the histograms and count into them every value accumulated so far (the
+        kept values: before this, every accumulated value is kept). Later accumulations bin
+        their values as they come. Counts are integers, so the result is the same as binning
+        every update as it came."""
+        if self._hist is not None:
+            return
+        self._hist = torch.zeros(self._spare + 1, dtype=torch.int64, device=self.device)
+        self._hist_views = {
+            m: self._hist[off:off + self.n_groups * (BIN_SCALES[s].n_bins + 2)].view(self.n_groups, -1)
+            for (m, s), off in zip(self.metrics.items(), self._offsets.values(), strict=True)
+        }
+        for group, x, use in self._exact or ():
+            self._bin(group, x.double(), use)
+        self._count_pending()
+
+    def _bin(self, group: Tensor, x: Tensor, use: Tensor) -> None:
+        """Queue the histogram bin of every value of ``x`` (``[n_metrics, n]`` float64) where
+        ``use`` (NaN and left-out tokens go to the spare bin); counted by :meth:`_count_pending`."""
+        for scale_name, (cols, offs) in self._by_scale.items():
+            scale = BIN_SCALES[scale_name]
+            xs = x[cols]  # [k, n]
+            lo, hi = scale.edges
+            pos = (scale.transform(xs) - lo) / (hi - lo) * scale.n_bins
+            # inf -> overflow, -inf -> underflow; NaN (and tokens left out) -> the spare bin
+            idx = torch.where(
+                xs == float("inf"), torch.full_like(pos, scale.n_bins + 1),
+                torch.where(xs == float("-inf"), torch.zeros_like(pos),
+                            torch.nan_to_num(pos, nan=0.0).floor() + 1),
+            ).clamp(0, scale.n_bins + 1).long()
+            flat = offs + group * (scale.n_bins + 2) + idx
+            self._pending.append(torch.where(use[cols], flat, self._spare).reshape(-1))
+
+    def _count_pending(self) -> None:
+        """Count the queued bin indices into the histograms (one kernel for all of them)."""
+        if not self._pending:
+            return
+        idx = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending.clear()
+        if self.device.type == "cpu":
+            self._hist += torch.bincount(idx, minlength=self._hist.numel())
+        else:  # bincount on CUDA reads its size back to the host; index_add_ does not
+            self._hist.index_add_(0, idx, torch.ones_like(idx))
 
     def update(
         self,
@@ -224,20 +278,8 @@ class StreamingSummary:
         self._sums.index_add_(0, group, xf.T)
         self._sumsq.index_add_(0, group, (xf * xf).T)
         self._finite.index_add_(0, group, fin.double().T)
-        for scale_name, (cols, offs) in self._by_scale.items():
-            scale = BIN_SCALES[scale_name]
-            xs = x[cols]  # [k, n]
-            lo, hi = scale.edges
-            pos = (scale.transform(xs) - lo) / (hi - lo) * scale.n_bins
-            # inf -> overflow, -inf -> underflow; NaN (and tokens left out) -> the spare bin
-            idx = torch.where(
-                xs == float("inf"), torch.full_like(pos, scale.n_bins + 1),
-                torch.where(xs == float("-inf"), torch.zeros_like(pos),
-                            torch.nan_to_num(pos, nan=0.0).floor() + 1),
-            ).clamp(0, scale.n_bins + 1).long()
-            flat = offs + group * (scale.n_bins + 2) + idx
-            use = ok & ~torch.isnan(xs)
-            self._pending.append(torch.where(use, flat, self._spare).reshape(-1))
+        if self._hist is not None:  # else the kept values are binned if ever needed
+            self._bin(group, x, use_all)
 
     def flush(self) -> None:
         """Sum the staged tokens and count their bin indices into the histograms (one
@@ -253,26 +295,24 @@ class StreamingSummary:
                                  *(torch.cat([s[k] for s in staged]) for k in range(2, 6)))
         self._pending_n = 0
         self._check_exact_limit()
-        if not self._pending:
-            return
-        idx = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
-        self._pending.clear()
-        if self.device.type == "cpu":
-            self._hist += torch.bincount(idx, minlength=self._hist.numel())
-        else:  # bincount on CUDA reads its size back to the host; index_add_ does not
-            self._hist.index_add_(0, idx, torch.ones_like(idx))
+        if self._hist is not None:
+            self._count_pending()
 
     def _check_exact_limit(self) -> None:
         """Drop the kept values once a group holds more than ``exact_limit`` of a metric (one
-        read of the counts per flush, only while values are kept)."""
+        read of the counts per flush, only while values are kept), binning them first."""
         if self._exact is not None and self._exact and int(self._kept.max()) > self.exact_limit:
+            self._materialize()
             self._exact = None
 
     def _exact_valid(self) -> bool:
         """Whether the kept values are exactly what the histograms count (so exact quantiles
-        can replace the histogram's)."""
+        can replace the histogram's). True by construction while the histograms are not built
+        (they would be binned from exactly the kept values)."""
         if self._exact is None:
             return False
+        if self._hist is None:
+            return True
         totals = torch.stack([self.hist[m].sum(-1) for m in self.metrics], -1)
         return bool(torch.equal(totals.cpu(), self._kept.cpu()))
 
@@ -280,8 +320,12 @@ class StreamingSummary:
         """Add another summary's sums in place (e.g. from another process)."""
         self.flush()
         other.flush()
-        for attr in ("count", "degenerate", "par_sq", "perp_sq", "_sums", "_sumsq", "_finite",
-                     "_hist", "_kept"):
+        attrs = ["count", "degenerate", "par_sq", "perp_sq", "_sums", "_sumsq", "_finite", "_kept"]
+        if not (self._hist is None and other._hist is None and other._exact is not None):
+            self._materialize()
+            other._materialize()
+            attrs.append("_hist")
+        for attr in attrs:
             getattr(self, attr).add_(getattr(other, attr).to(self.device))
         if self._exact is not None and other._exact is not None:
             self._exact += [tuple(t.to(self.device) for t in e) for e in other._exact]
@@ -299,6 +343,7 @@ class StreamingSummary:
         if not (dist.is_available() and dist.is_initialized()):
             return self
         self.flush()
+        self._materialize()  # every rank takes part in the histograms' all_reduce
         floats = torch.cat([self.count, self.degenerate, self.par_sq, self.perp_sq,
                             self._sums.reshape(-1), self._sumsq.reshape(-1),
                             self._finite.reshape(-1)])
@@ -335,36 +380,56 @@ class StreamingSummary:
         with the group's ``n`` values sorted, ``q`` reads position ``h = (n - 1) q`` and
         interpolates linearly between its two neighbours; an infinite neighbour gives that
         infinity (numpy's arithmetic can give NaN there)."""
+        return self._exact_quantile_table(qs, (metric,))[metric]
+
+    def _exact_quantile_table(self, qs, metrics=None) -> dict[str, list[Tensor]]:
+        """:meth:`_exact_quantiles` of several metrics (default: all) at once.
+
+        The kept values are put in group order once (a stable sort of the group ids, shared
+        by every metric); each metric's values then fill a ``[n_groups, max count]`` matrix
+        (NaN-padded: NaN sorts last, and kept values are never NaN) whose rows are sorted
+        stably. That is the order ``np.lexsort((x, group))`` gives, so the same two
+        neighbours are read for every quantile, without one large sort per metric."""
         import numpy as np
 
-        j = list(self.metrics).index(metric)
+        names = list(self.metrics)
+        metrics = names if metrics is None else list(metrics)
+        if not self._exact:  # nothing accumulated: every group is empty
+            return {m: [torch.full((self.n_groups,), float("nan"), dtype=torch.float64) for _ in qs]
+                    for m in metrics}
         group = torch.cat([e[0] for e in self._exact]).cpu().numpy()
-        x = torch.cat([e[1][j] for e in self._exact]).double().cpu().numpy()
-        use = torch.cat([e[2][j] for e in self._exact]).cpu().numpy()
-        group, x = group[use], x[use]
-        order = np.lexsort((x, group))
-        values = x[order]
-        counts = np.bincount(group, minlength=self.n_groups)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        n = np.maximum(counts, 1)
-        out = []
-        for q in qs:
-            h = (n - 1) * float(q)
-            lo = np.floor(h).astype(np.int64)
-            hi = np.minimum(lo + 1, n - 1)
-            frac = h - lo
-            if values.size:
-                a, b = values[np.minimum(starts + lo, values.size - 1)], values[np.minimum(starts + hi, values.size - 1)]
-            else:
-                a = b = np.zeros(self.n_groups)
-            with np.errstate(invalid="ignore"):
-                v = a + frac * (b - a)
-            # an infinite neighbour wins the interpolation (nan only between -inf and +inf)
-            v = np.where(np.isinf(b) & np.isfinite(a), b, v)
-            v = np.where(np.isinf(a) & np.isfinite(b), a, v)
-            v = np.where((a == b) | (frac == 0), a, v)
-            v = np.where(counts > 0, v, np.nan)
-            out.append(torch.from_numpy(v.astype(np.float64)))
+        cols = [names.index(m) for m in metrics]
+        x = torch.cat([e[1][cols] for e in self._exact], dim=1).double().cpu().numpy()
+        use = torch.cat([e[2][cols] for e in self._exact], dim=1).cpu().numpy()
+        by_group = np.argsort(group, kind="stable")
+        group, x, use = group[by_group], x[:, by_group], use[:, by_group]
+        rows = np.arange(self.n_groups)
+        out: dict[str, list[Tensor]] = {}
+        for i, m in enumerate(metrics):
+            g, values = group[use[i]], x[i][use[i]]
+            counts = np.bincount(g, minlength=self.n_groups)
+            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            width = max(int(counts.max()) if counts.size else 0, 1)
+            sorted_rows = np.full((self.n_groups, width), np.nan)
+            sorted_rows[g, np.arange(g.size) - starts[g]] = values  # in original order per group
+            sorted_rows.sort(axis=1, kind="stable")
+            n = np.maximum(counts, 1)
+            res = []
+            for q in qs:
+                h = (n - 1) * float(q)
+                lo = np.floor(h).astype(np.int64)
+                hi = np.minimum(lo + 1, n - 1)
+                frac = h - lo
+                a, b = sorted_rows[rows, lo], sorted_rows[rows, hi]
+                with np.errstate(invalid="ignore"):
+                    v = a + frac * (b - a)
+                # an infinite neighbour wins the interpolation (nan only between -inf and +inf)
+                v = np.where(np.isinf(b) & np.isfinite(a), b, v)
+                v = np.where(np.isinf(a) & np.isfinite(b), a, v)
+                v = np.where((a == b) | (frac == 0), a, v)
+                v = np.where(counts > 0, v, np.nan)
+                res.append(torch.from_numpy(v.astype(np.float64)))
+            out[m] = res
         return out
 
     def quantile(self, metric: str, q: float) -> Float[Tensor, " n_groups"]:
@@ -423,8 +488,11 @@ class StreamingSummary:
         nan = torch.tensor(float("nan"), dtype=torch.float64)
         cols["energy_ratio"] = energy_ratio(par, perp)
         sums, sumsq, finite = self._sums.cpu(), self._sumsq.cpu(), self._finite.cpu()
-        hist = self._hist.cpu().double()
         exact = self._exact_valid()
+        if exact:
+            exact_qs = self._exact_quantile_table(QUANTILES)
+        else:
+            hist = self._hist.cpu().double()
         names = [("median" if q == 0.5 else f"q{int(round(q * 100)):02d}") for q in QUANTILES]
         for j, m in enumerate(self.metrics):
             fin, s, ss = finite[:, j], sums[:, j], sumsq[:, j]
@@ -433,9 +501,12 @@ class StreamingSummary:
             var = torch.where(fin > 1, (ss - s * s / safe) / (fin - 1).clamp_min(1), nan)
             cols[f"{m}_mean"] = mean
             cols[f"{m}_std"] = var.clamp_min(0).sqrt()
-            off = self._offsets[m]
-            h = hist[off:off + self.hist[m].numel()].view(self.n_groups, -1)
-            qs = self._exact_quantiles(m, QUANTILES) if exact else self._quantiles(m, QUANTILES, h)
+            if exact:
+                qs = exact_qs[m]
+            else:
+                off = self._offsets[m]
+                h = hist[off:off + self.hist[m].numel()].view(self.n_groups, -1)
+                qs = self._quantiles(m, QUANTILES, h)
             for name, v in zip(names, qs, strict=True):
                 cols[f"{m}_{name}"] = v
         return cols
