@@ -39,8 +39,10 @@ from .edit_math import (
     heads_mask,
     query_mask,
     row_scale,
+    scale_minus_one,
     scale_specs,
     scales,
+    value_split_scaled,
 )
 from .geometry import DEFAULT_EPS, component_delta, compute_dtype, projection_coefficient
 from .sites import (
@@ -250,19 +252,55 @@ class ValueScale(_HeadScoped):
             batch, n_q = z.shape[:2]
             dtype = compute_dtype(z.dtype)
             offset = 0 if pattern is None else _query_offset(pattern, n_q)
+            if self.mode == "full":
+                # V-Para in fewer passes (edit_math.value_split_scaled): the same numbers as the
+                # general form below, which it was
+                spm1, sqm1 = factors(batch, n_q, offset, z.device, dtype, compute_dtype(torch.promote_types(z.dtype, v.dtype)))
+                return cast_back(value_split_scaled(z, v, spm1, sqm1, self.eps), z, self, layer)
             sp = row_scale(self, s_par, layer, batch, n_q, offset, head_mask, z.device, dtype)
             sq = row_scale(self, s_perp, layer, batch, n_q, offset, head_mask, z.device, dtype)
             v_full = sites.expand_kv(v)
-            if self.mode == "full":
-                y = z
-            else:
-                idx = torch.arange(n_q, device=z.device)
-                a_tt = pattern[:, :, idx, offset + idx].transpose(1, 2)  # [batch, q, heads]
-                y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v_full.to(dtype)
+            idx = torch.arange(n_q, device=z.device)
+            a_tt = pattern[:, :, idx, offset + idx].transpose(1, 2)  # [batch, q, heads]
+            y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v_full.to(dtype)
             delta = component_delta(y, v_full, sp, sq, self.eps)
             return cast_back(z.to(delta.dtype) + delta, z, self, layer)
 
+        factors = _ScaleFactors(self, layer, s_par, s_perp, head_mask)
         return hook
+
+
+class _ScaleFactors:
+    """``(s_par - 1, s_perp - 1)`` of a head-scoped edit at one layer as
+    :func:`~tl_directional.edit_math.value_split_scaled` takes them (None where exactly -1 /
+    exactly 0), from :func:`~tl_directional.edit_math.row_scale`. Without a position scope or a
+    scale that needs gradients they do not change from one forward pass to the next, so they
+    are kept per ``(batch, device, dtype)`` (and the scale tensors' in-place versions)."""
+
+    def __init__(self, edit, layer: int, s_par: ScaleSpec, s_perp: ScaleSpec, head_mask):
+        self.edit, self.layer, self.s_par, self.s_perp, self.head_mask = edit, layer, s_par, s_perp, head_mask
+        self.keep = edit.positions is None and not (s_par.tensor.requires_grad or s_perp.tensor.requires_grad)
+        self.kept: dict = {}
+
+    def __call__(self, batch: int, n_q: int, offset: int, device, dtype, split_dtype):
+        """The factors for a forward pass of ``batch`` rows and ``n_q`` query positions after
+        ``offset`` cached ones: the scales formed in ``dtype`` (the head output's compute
+        dtype), then ``s - 1`` in ``split_dtype`` (the split's), as ``component_delta`` forms them."""
+        key = (batch, device, dtype, split_dtype, self.s_par.tensor._version, self.s_perp.tensor._version)
+        got = self.kept.get(key) if self.keep else None
+        if got is None:
+            e, L, hm = self.edit, self.layer, self.head_mask
+            sp = row_scale(e, self.s_par, L, batch, n_q, offset, hm, device, dtype)
+            sq = row_scale(e, self.s_perp, L, batch, n_q, offset, hm, device, dtype)
+            spm1, sqm1 = scale_minus_one(sp.to(split_dtype)), scale_minus_one(sq.to(split_dtype))
+            exact = not (spm1.requires_grad or sqm1.requires_grad)
+            got = (None if exact and bool((spm1 == -1).all()) else spm1,
+                   None if exact and bool((sqm1 == 0).all()) else sqm1)
+            if self.keep:
+                if len(self.kept) > 8:
+                    self.kept.clear()
+                self.kept[key] = got
+        return got
 
 
 def _store_pattern(state: dict):
