@@ -108,32 +108,22 @@ def nnsight_stats(nn_model, tokens, attention_mask, layout: str | None = None) -
     out: list = []
     mask = attention_mask.bool()
     with torch.no_grad(), nn_model.trace(tokens, attention_mask=attention_mask):
+        # Where each layout's residual updates leave the block (see the docstring).
         if layout == "gpt2":
-            for block in nn_model.transformer.h:
-                resid_pre = block.input
-                attn_out = block.attn.output[0]
-                mlp_out = block.mlp.output
-                resid_mid = resid_pre + attn_out
-                out.append({"attn": split_by_hand(attn_out[mask], resid_pre[mask]),
-                            "mlp": split_by_hand(mlp_out[mask], resid_mid[mask])})
+            blocks, attn_of, mlp_of = nn_model.transformer.h, (lambda b: b.attn.output[0]), (lambda b: b.mlp.output)
         elif layout == "llama":
-            for block in nn_model.model.layers:
-                resid_pre = block.input
-                attn_out = block.self_attn.output[0]
-                mlp_out = block.mlp.output
-                resid_mid = resid_pre + attn_out
-                out.append({"attn": split_by_hand(attn_out[mask], resid_pre[mask]),
-                            "mlp": split_by_hand(mlp_out[mask], resid_mid[mask])})
+            blocks, attn_of, mlp_of = nn_model.model.layers, (lambda b: b.self_attn.output[0]), (lambda b: b.mlp.output)
         elif layout == "gemma3":
-            for block in nn_model.model.layers:
-                resid_pre = block.input
-                attn_out = block.post_attention_layernorm.output
-                mlp_out = block.post_feedforward_layernorm.output
-                resid_mid = resid_pre + attn_out
-                out.append({"attn": split_by_hand(attn_out[mask], resid_pre[mask]),
-                            "mlp": split_by_hand(mlp_out[mask], resid_mid[mask])})
+            blocks = nn_model.model.layers
+            attn_of, mlp_of = (lambda b: b.post_attention_layernorm.output), (lambda b: b.post_feedforward_layernorm.output)
         else:
             raise PeerLayoutError(f"layout={layout!r}; known: 'gpt2', 'llama', 'gemma3'")
+        for block in blocks:
+            resid_pre = block.input
+            attn_out, mlp_out = attn_of(block), mlp_of(block)
+            resid_mid = resid_pre + attn_out
+            out.append({"attn": split_by_hand(attn_out[mask], resid_pre[mask]),
+                        "mlp": split_by_hand(mlp_out[mask], resid_mid[mask])})
     return out
 
 
