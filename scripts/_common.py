@@ -71,6 +71,17 @@ def git_state(untracked: bool = True) -> tuple[str, bool]:
     return git_head(), bool(dirty)
 
 
+def refuse_dirty(dirty: bool, allow_dirty: bool) -> int | None:
+    """Exit status 2 (after one ``error:`` line) when a measuring run would write data from a
+    dirty tree without ``--allow-dirty``; ``None`` when it may go on. Data must name the commit
+    of the code that made it."""
+    if dirty and not allow_dirty:
+        print("error: tl_directional/ or scripts/ has uncommitted changes; commit them first (data must name "
+              "the code that made it)", file=sys.stderr)
+        return 2
+    return None
+
+
 def git_commit() -> str:
     """``HEAD[+dirty]`` for a result's meta JSON (tracked files only), ``unknown`` without git."""
     try:

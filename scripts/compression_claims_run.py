@@ -74,10 +74,8 @@ def run(args) -> int:
     from tl_directional.sites import resolve_sites
 
     commit, dirty = git_state()
-    if dirty and not args.allow_dirty:
-        print("error: tl_directional/ or scripts/ has uncommitted changes; commit them first (data must name "
-              "the code that made it)", file=sys.stderr)
-        return 2
+    if (refused := _common.refuse_dirty(dirty, args.allow_dirty)) is not None:
+        return refused
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     t0 = time.time()

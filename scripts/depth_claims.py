@@ -43,9 +43,8 @@ def run(args) -> int:
     from tl_directional.sites import resolve_sites
 
     commit, dirty = _common.git_state()
-    if dirty and not args.allow_dirty:
-        print("error: tl_directional/ or scripts/ has uncommitted changes; commit them first", file=sys.stderr)
-        return 2
+    if (refused := _common.refuse_dirty(dirty, args.allow_dirty)) is not None:
+        return refused
     if args.batch_size < 2:
         print("error: --batch-size must be >= 2 (the control pairs windows of one batch)", file=sys.stderr)
         return 2
