@@ -196,21 +196,28 @@ class BaselineStats:
     the dot product of its result with the baseline probabilities (``KL(base || edited) =
     sum p log p - p . log q``) and the largest logit (``amax``: top-1 agreement is
     ``z[top1_base] == max z``, so an exact tie for the largest counts as agreement).
-    Vocabulary-sized work runs over chunks of positions of at most :data:`CHUNK_ELEMENTS`
-    logits, small enough that a chunk stays in the CPU's cache between those passes and that
-    a 262k-vocabulary model never holds a second ``[batch, pos, vocab]`` tensor beside the
-    logits; :meth:`compare_hidden` forms the logits themselves a chunk at a time. The baseline probabilities are kept
-    when they have at most :data:`KEEP_PROBS_ELEMENTS` elements, else recomputed per chunk.
-    Per-position values are formed in the logits' precision (float32, or float64 for a
-    float64 model); the sums over positions are float64.
+
+    Vocabulary-sized passes run over chunks of positions (``ranges``) of at most
+    :data:`CHUNK_ELEMENTS` logits, small enough that a chunk's log-probs are still in the
+    CPU's cache when the next pass reads them; the log-probs go into one scratch buffer
+    reused across chunks. :meth:`compare_hidden` forms the logits themselves in ``blocks`` of
+    whole chunks of at most :data:`BLOCK_ELEMENTS` logits, one unembedding matmul each (a
+    matmul of a few rows reads the whole ``[d_model, vocab]`` matrix for little work), so no
+    ``[batch, pos, vocab]`` tensor is formed beside the baseline's. The baseline
+    probabilities are kept when they have at most :data:`KEEP_PROBS_ELEMENTS` elements, else
+    recomputed per chunk. Per-position values are formed in the logits' precision (float32,
+    or float64 for a float64 model); the sums over positions are float64.
     """
 
-    #: logits per chunk of vocabulary-sized work (4 MiB in float32: 128 positions of an
-    #: 8192-token vocabulary, 4 of Gemma-3's 262k), so that the chunk's log-probs are still
-    #: in cache when they are read again
-    CHUNK_ELEMENTS = 1 << 20
-    #: keep the baseline probabilities when they have at most this many elements
-    KEEP_PROBS_ELEMENTS = 1 << 25
+    #: logits per chunk of metric passes (1 MiB in float32, a core's share of the L2 cache:
+    #: 32 positions of an 8192-token vocabulary, 5 of SmolLM2's 49k, 1 of Gemma-3's 262k)
+    CHUNK_ELEMENTS = 1 << 18
+    #: logits per unembedding call in :meth:`compare_hidden` (256 MiB in float32: 256
+    #: positions of a 262k vocabulary, so its unembedding matrix is read 4 times at 8 x 128)
+    BLOCK_ELEMENTS = 1 << 26
+    #: keep the baseline probabilities when they have at most this many elements (8 x 128
+    #: positions of SmolLM2's 49k vocabulary: 200 MiB in float32)
+    KEEP_PROBS_ELEMENTS = 1 << 26
 
     @torch.no_grad()
     def __init__(self, base_logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "batch pos"],
@@ -230,9 +237,12 @@ class BaselineStats:
         tgt[:, :-1] = tokens[:, 1:].to(dev)
         self._tgt = tgt.reshape(-1, 1)
         self._base = base_logits.reshape(-1, vocab)
-        step = max(1, self.CHUNK_ELEMENTS // vocab)
         n_rows = batch * pos
+        step = max(1, self.CHUNK_ELEMENTS // vocab)
+        self._scratch_shape = (min(step, n_rows), vocab)
         self.ranges = [(a, min(a + step, n_rows)) for a in range(0, n_rows, step)]
+        per_block = max(1, self.BLOCK_ELEMENTS // (step * vocab))  # whole chunks per block
+        self.blocks = [range(c, min(c + per_block, len(self.ranges))) for c in range(0, len(self.ranges), per_block)]
         keep = n_rows * vocab <= self.KEEP_PROBS_ELEMENTS
         self._p: list[Tensor] = []
         plp = torch.empty(n_rows, dtype=self.dtype, device=dev)
@@ -253,41 +263,51 @@ class BaselineStats:
         self.tokens = float(self.mask.sum())
 
     def _probs(self, c: int) -> Tensor:
-        """The baseline probabilities of chunk ``c`` (kept, or recomputed from the logits)."""
+        """The baseline probabilities of chunk ``c`` (kept, or recomputed from the logits by
+        the operations that formed ``sum p log p``, so a setting equal to the baseline has a
+        KL of exactly 0)."""
         if self._p:
             return self._p[c]
         a, e = self.ranges[c]
-        return F.log_softmax(self._base[a:e].to(self.dtype), dim=-1).exp()
+        return F.log_softmax(self._base[a:e].to(self.dtype), dim=-1).exp_()
 
     @torch.no_grad()
     def compare(self, logits: Float[Tensor, "batch pos vocab"]) -> MetricSums:
         """The :data:`QUANTITIES` sums (edited and base NLL, ``KL(base || edited)``, top-1
         agreement by :func:`top1_agreement`, ...) over the predicted tokens."""
         flat = logits.reshape(-1, logits.shape[-1])
-        return self._compare(lambda a, e: flat[a:e], flat.shape[0], flat.device)
+        return self._compare(lambda a, e: flat[a:e], flat.device)
 
     @torch.no_grad()
     def compare_hidden(self, hidden: Float[Tensor, "batch pos d_model"], unembed: Unembedding) -> MetricSums:
-        """:meth:`compare` from the unembedding's input (``hidden`` at ``unembed.hook``): each
-        chunk's logits are computed, reduced and dropped, so no ``[batch, pos, vocab]`` tensor
-        is ever formed."""
+        """:meth:`compare` from the unembedding's input (``hidden`` at ``unembed.hook``): the
+        logits are formed a block of chunks at a time (:data:`BLOCK_ELEMENTS`), reduced and
+        dropped, so no ``[batch, pos, vocab]`` tensor is ever formed."""
         flat = hidden.reshape(-1, hidden.shape[-1])
-        return self._compare(lambda a, e: unembed.logits(flat[a:e]), flat.shape[0], flat.device)
+        return self._compare(lambda a, e: unembed.logits(flat[a:e]), flat.device)
 
-    def _compare(self, chunk_logits: Callable[[int, int], Tensor], n_rows: int, device) -> MetricSums:
+    def _compare(self, block_logits: Callable[[int, int], Tensor], device) -> MetricSums:
         edited = {k: q.per_position for k, q in QUANTITIES.items() if not q.own}
+        n_rows = self._base.shape[0]
         rows: dict[str, Tensor] = {}
-        for c, (a, e) in enumerate(self.ranges):
-            z = chunk_logits(a, e)
-            lq = F.log_softmax(z.to(self.dtype), dim=-1)  # the one vocabulary-sized temporary
-            chunk = Chunk(logits=z, log_probs=lq, target=self._tgt[a:e], base_top1=self._top1[a:e],
-                          base_p_log_p=self._plp_rows[a:e], base_probs=lambda c=c: self._probs(c),
-                          base_log_probs=lambda a=a, e=e: F.log_softmax(self._base[a:e].to(self.dtype), dim=-1))
-            for k, formula in edited.items():
-                v = formula(chunk)
-                if k not in rows:
-                    rows[k] = torch.empty(n_rows, dtype=v.dtype, device=device)
-                rows[k][a:e] = v
+        scratch = torch.empty(self._scratch_shape, dtype=self.dtype, device=device)
+        for block in self.blocks:
+            start, stop = self.ranges[block[0]][0], self.ranges[block[-1]][1]
+            zb = block_logits(start, stop)
+            for c in block:
+                a, e = self.ranges[c]
+                z = zb[a - start:e - start]
+                # the one vocabulary-sized temporary, in the reused scratch buffer
+                lq = torch.log_softmax(z.to(self.dtype), dim=-1, out=scratch[: e - a])
+                chunk = Chunk(logits=z, log_probs=lq, target=self._tgt[a:e], base_top1=self._top1[a:e],
+                              base_p_log_p=self._plp_rows[a:e], base_probs=lambda c=c: self._probs(c),
+                              base_log_probs=lambda a=a, e=e: F.log_softmax(self._base[a:e].to(self.dtype), dim=-1))
+                for k, formula in edited.items():
+                    v = formula(chunk)
+                    if k not in rows:
+                        rows[k] = torch.empty(n_rows, dtype=v.dtype, device=device)
+                    rows[k][a:e] = v
+            del zb
         w = self._weight
         sums = dict(zip(edited, torch.stack([_weighted_sum(rows[k], w) for k in edited]).tolist(), strict=True))
         return MetricSums(**{k: sums[k] if k in sums else q.of_baseline(self) for k, q in QUANTITIES.items()})

@@ -75,3 +75,49 @@ def test_float32_logits_agree_with_the_float64_definitions(float64_logits):
     want = _reference(base.float(), edited.float(), batch.tokens, batch.attention_mask)
     for k, v in want.items():
         assert getattr(got, k) == pytest.approx(v, rel=1e-5, abs=1e-5), k
+
+
+@pytest.mark.parametrize("chunk_rows, block_chunks, keep_probs", [(None, None, True), (2, 3, False), (1, 1, True),
+                                                                   (4, 2, False)])
+def test_compare_hidden_forms_the_logits_in_blocks_and_equals_compare(tiny_model_dir, monkeypatch, chunk_rows,
+                                                                      block_chunks, keep_probs):
+    # the sweep's edited forwards stop at the unembedding's input; the blocks of chunks that
+    # compare_hidden unembeds must give the sums compare gives on the model's own logits
+    from tl_directional.adapter import unembedding
+
+    model = load_model(tiny_model_dir("gpt2"), dtype=torch.float64).eval()
+    batch = tld.prepare_inputs(model, TEXTS)
+    unembed = unembedding(model)
+    assert unembed is not None
+    got: dict = {}
+    with torch.no_grad():
+        base = model(batch.tokens, attention_mask=batch.attention_mask)
+        with tld.apply_edits(model, tld.ValueScale(s_par=0.0)), model.hooks(
+                fwd_hooks=[(unembed.hook, lambda t, hook: got.setdefault("hidden", t.clone()))]):
+            edited = model(batch.tokens, attention_mask=batch.attention_mask)
+    vocab = base.shape[-1]
+    if chunk_rows is not None:
+        monkeypatch.setattr(BaselineStats, "CHUNK_ELEMENTS", chunk_rows * vocab)
+        monkeypatch.setattr(BaselineStats, "BLOCK_ELEMENTS", block_chunks * chunk_rows * vocab)
+    if not keep_probs:
+        monkeypatch.setattr(BaselineStats, "KEEP_PROBS_ELEMENTS", 0)
+    calls = []
+    real_logits = type(unembed).logits
+
+    def counting(self, hidden):
+        calls.append(hidden.shape[0])
+        return real_logits(self, hidden)
+
+    monkeypatch.setattr(type(unembed), "logits", counting)
+    stats = BaselineStats(base, batch.tokens, batch.attention_mask)
+    from_hidden = stats.compare_hidden(got["hidden"], unembed)
+    from_logits = stats.compare(edited)
+    n_rows = base.shape[0] * base.shape[1]
+    assert sum(calls) == n_rows and len(calls) == len(stats.blocks)
+    if chunk_rows is not None:
+        assert len(stats.blocks) > 1 and max(calls) <= block_chunks * chunk_rows
+    want = _reference(base, edited, batch.tokens, batch.attention_mask)
+    for k, v in want.items():
+        assert getattr(from_hidden, k) == pytest.approx(v, rel=1e-10, abs=1e-10), k
+        assert getattr(from_hidden, k) == pytest.approx(getattr(from_logits, k), rel=1e-12, abs=1e-12), k
+
