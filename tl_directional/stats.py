@@ -386,10 +386,10 @@ class StreamingSummary:
         """:meth:`_exact_quantiles` of several metrics (default: all) at once.
 
         The kept values are put in group order once (a stable sort of the group ids, shared
-        by every metric); each metric's values then fill a ``[n_groups, max count]`` matrix
-        (NaN-padded: NaN sorts last, and kept values are never NaN) whose rows are sorted
-        stably. That is the order ``np.lexsort((x, group))`` gives, so the same two
-        neighbours are read for every quantile, without one large sort per metric."""
+        by every metric); the metrics' values then fill one ``[n_metrics, n_groups, max
+        count]`` array (NaN-padded: NaN sorts last, and kept values are never NaN) whose rows
+        are sorted stably in one call. That is the order ``np.lexsort((x, group))`` gives, so
+        the same two neighbours are read for every quantile; all quantiles are read at once."""
         import numpy as np
 
         names = list(self.metrics)
@@ -403,34 +403,48 @@ class StreamingSummary:
         use = torch.cat([e[2][cols] for e in self._exact], dim=1).cpu().numpy()
         by_group = np.argsort(group, kind="stable")
         group, x, use = group[by_group], x[:, by_group], use[:, by_group]
-        rows = np.arange(self.n_groups)
+        # the metrics' values in [n_metrics, n_groups, width] arrays, one sort each, as many
+        # metrics at a time as fit in 2^22 float64s (32 MiB)
+        n_g = self.n_groups
+        counts = np.stack([np.bincount(group[use[i]], minlength=n_g) for i in range(len(metrics))])
+        width = max(int(counts.max()) if counts.size else 0, 1)
+        per = max(1, (1 << 22) // (n_g * width))
         out: dict[str, list[Tensor]] = {}
-        for i, m in enumerate(metrics):
-            g, values = group[use[i]], x[i][use[i]]
-            counts = np.bincount(g, minlength=self.n_groups)
-            starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-            width = max(int(counts.max()) if counts.size else 0, 1)
-            sorted_rows = np.full((self.n_groups, width), np.nan)
-            sorted_rows[g, np.arange(g.size) - starts[g]] = values  # in original order per group
-            sorted_rows.sort(axis=1, kind="stable")
-            n = np.maximum(counts, 1)
-            res = []
-            for q in qs:
-                h = (n - 1) * float(q)
-                lo = np.floor(h).astype(np.int64)
-                hi = np.minimum(lo + 1, n - 1)
-                frac = h - lo
-                a, b = sorted_rows[rows, lo], sorted_rows[rows, hi]
-                with np.errstate(invalid="ignore"):
-                    v = a + frac * (b - a)
-                # an infinite neighbour wins the interpolation (nan only between -inf and +inf)
-                v = np.where(np.isinf(b) & np.isfinite(a), b, v)
-                v = np.where(np.isinf(a) & np.isfinite(b), a, v)
-                v = np.where((a == b) | (frac == 0), a, v)
-                v = np.where(counts > 0, v, np.nan)
-                res.append(torch.from_numpy(v.astype(np.float64)))
-            out[m] = res
+        for first in range(0, len(metrics), per):
+            idx = range(first, min(first + per, len(metrics)))
+            v = self._interpolated(group, x, use, counts, idx, width, qs)
+            out.update({metrics[i]: [torch.from_numpy(np.ascontiguousarray(v[k, j])) for k in range(len(qs))]
+                        for j, i in enumerate(idx)})
         return out
+
+    def _interpolated(self, group, x, use, counts, idx, width: int, qs):
+        """``[n_q, len(idx), n_groups]`` linear quantiles of the metrics ``idx`` (see
+        :meth:`_exact_quantile_table`): their values sorted per group in one call, every
+        quantile read at once."""
+        import numpy as np
+
+        n_m, n_g = len(idx), self.n_groups
+        counts = counts[list(idx)]
+        sorted_rows = np.full((n_m, n_g, width), np.nan)
+        for j, i in enumerate(idx):
+            g, values = group[use[i]], x[i][use[i]]
+            starts = np.concatenate([[0], np.cumsum(counts[j])[:-1]])
+            sorted_rows[j, g, np.arange(g.size) - starts[g]] = values  # in original order per group
+        sorted_rows.sort(axis=2, kind="stable")
+        n = np.maximum(counts, 1)[None]
+        h = (n - 1) * np.asarray([float(q) for q in qs], dtype=np.float64)[:, None, None]
+        lo = np.floor(h).astype(np.int64)
+        hi = np.minimum(lo + 1, n - 1)
+        frac = h - lo
+        mi, gi = np.arange(n_m)[None, :, None], np.arange(n_g)[None, None, :]
+        a, b = sorted_rows[mi, gi, lo], sorted_rows[mi, gi, hi]
+        with np.errstate(invalid="ignore"):
+            v = a + frac * (b - a)
+        # an infinite neighbour wins the interpolation (nan only between -inf and +inf)
+        v = np.where(np.isinf(b) & np.isfinite(a), b, v)
+        v = np.where(np.isinf(a) & np.isfinite(b), a, v)
+        v = np.where((a == b) | (frac == 0), a, v)
+        return np.where(counts[None] > 0, v, np.nan).astype(np.float64)
 
     def quantile(self, metric: str, q: float) -> Float[Tensor, " n_groups"]:
         """``q``-quantile per group (NaN for empty groups).
