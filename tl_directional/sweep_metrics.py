@@ -286,28 +286,33 @@ class BaselineStats:
         flat = hidden.reshape(-1, hidden.shape[-1])
         return self._compare(lambda a, e: unembed.logits(flat[a:e]), flat.device)
 
+    def _reduce_block(self, zb: Tensor, start: int, block: range, edited: Mapping, rows: dict[str, Tensor],
+                      scratch: Tensor) -> None:
+        """The per-position values of the chunks ``block`` from their logits ``zb`` (rows from
+        ``start``), into ``rows``."""
+        for c in block:
+            a, e = self.ranges[c]
+            z = zb[a - start:e - start]
+            # the one vocabulary-sized temporary, in the reused scratch buffer
+            lq = torch.log_softmax(z.to(self.dtype), dim=-1, out=scratch[: e - a])
+            chunk = Chunk(logits=z, log_probs=lq, target=self._tgt[a:e], base_top1=self._top1[a:e],
+                          base_p_log_p=self._plp_rows[a:e], base_probs=lambda c=c: self._probs(c),
+                          base_log_probs=lambda a=a, e=e: F.log_softmax(self._base[a:e].to(self.dtype), dim=-1))
+            for k, formula in edited.items():
+                v = formula(chunk)
+                if k not in rows:
+                    rows[k] = torch.empty(self._base.shape[0], dtype=v.dtype, device=scratch.device)
+                rows[k][a:e] = v
+
     def _compare(self, block_logits: Callable[[int, int], Tensor], device) -> MetricSums:
         edited = {k: q.per_position for k, q in QUANTITIES.items() if not q.own}
-        n_rows = self._base.shape[0]
         rows: dict[str, Tensor] = {}
         scratch = torch.empty(self._scratch_shape, dtype=self.dtype, device=device)
         for block in self.blocks:
             start, stop = self.ranges[block[0]][0], self.ranges[block[-1]][1]
-            zb = block_logits(start, stop)
-            for c in block:
-                a, e = self.ranges[c]
-                z = zb[a - start:e - start]
-                # the one vocabulary-sized temporary, in the reused scratch buffer
-                lq = torch.log_softmax(z.to(self.dtype), dim=-1, out=scratch[: e - a])
-                chunk = Chunk(logits=z, log_probs=lq, target=self._tgt[a:e], base_top1=self._top1[a:e],
-                              base_p_log_p=self._plp_rows[a:e], base_probs=lambda c=c: self._probs(c),
-                              base_log_probs=lambda a=a, e=e: F.log_softmax(self._base[a:e].to(self.dtype), dim=-1))
-                for k, formula in edited.items():
-                    v = formula(chunk)
-                    if k not in rows:
-                        rows[k] = torch.empty(n_rows, dtype=v.dtype, device=device)
-                    rows[k][a:e] = v
-            del zb
+            # one function call per block, so no view of the block's logits outlives it and the
+            # next block's logits reuse its memory (one block alive at a time)
+            self._reduce_block(block_logits(start, stop), start, block, edited, rows, scratch)
         w = self._weight
         sums = dict(zip(edited, torch.stack([_weighted_sum(rows[k], w) for k in edited]).tolist(), strict=True))
         return MetricSums(**{k: sums[k] if k in sums else q.of_baseline(self) for k, q in QUANTITIES.items()})
