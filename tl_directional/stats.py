@@ -386,7 +386,7 @@ class StreamingSummary:
         """:meth:`_exact_quantiles` of several metrics (default: all) at once.
 
         The kept values are put in group order once (a stable sort of the group ids, shared
-        by every metric); the metrics' values then fill one ``[n_metrics, n_groups, max
+        by every metric); a batch of metrics' values then fill one ``[n_metrics, n_groups, max
         count]`` array (NaN-padded: NaN sorts last, and kept values are never NaN) whose rows
         are sorted stably in one call. That is the order ``np.lexsort((x, group))`` gives, so
         the same two neighbours are read for every quantile; all quantiles are read at once."""
@@ -398,36 +398,38 @@ class StreamingSummary:
             return {m: [torch.full((self.n_groups,), float("nan"), dtype=torch.float64) for _ in qs]
                     for m in metrics}
         group = torch.cat([e[0] for e in self._exact]).cpu().numpy()
-        cols = [names.index(m) for m in metrics]
-        x = torch.cat([e[1][cols] for e in self._exact], dim=1).double().cpu().numpy()
-        use = torch.cat([e[2][cols] for e in self._exact], dim=1).cpu().numpy()
         by_group = np.argsort(group, kind="stable")
-        group, x, use = group[by_group], x[:, by_group], use[:, by_group]
-        # the metrics' values in [n_metrics, n_groups, width] arrays, one sort each, as many
-        # metrics at a time as fit in 2^22 float64s (32 MiB)
+        group = group[by_group]
+        # as many metrics at a time as keep every array of the batch within 2^19 float64s
+        # (4 MiB: all metrics on small inputs, one near the exact limit), so the peak memory
+        # does not grow with the number of metrics; the widest group bounds every row width
         n_g = self.n_groups
-        counts = np.stack([np.bincount(group[use[i]], minlength=n_g) for i in range(len(metrics))])
-        width = max(int(counts.max()) if counts.size else 0, 1)
-        per = max(1, (1 << 22) // (n_g * width))
+        widest = max(int(np.bincount(group, minlength=n_g).max()), 1)
+        per = max(1, (1 << 19) // max(n_g * widest, group.size))
         out: dict[str, list[Tensor]] = {}
         for first in range(0, len(metrics), per):
-            idx = range(first, min(first + per, len(metrics)))
-            v = self._interpolated(group, x, use, counts, idx, width, qs)
-            out.update({metrics[i]: [torch.from_numpy(np.ascontiguousarray(v[k, j])) for k in range(len(qs))]
-                        for j, i in enumerate(idx)})
+            batch = metrics[first:first + per]
+            cols = [names.index(m) for m in batch]
+            x = torch.cat([e[1][cols] for e in self._exact], dim=1).double().cpu().numpy()[:, by_group]
+            use = torch.cat([e[2][cols] for e in self._exact], dim=1).cpu().numpy()[:, by_group]
+            counts = np.stack([np.bincount(group[use[j]], minlength=n_g) for j in range(len(batch))])
+            width = max(int(counts.max()), 1)
+            v = self._interpolated(group, x, use, counts, width, qs)
+            out.update({m: [torch.from_numpy(np.ascontiguousarray(v[k, j])) for k in range(len(qs))]
+                        for j, m in enumerate(batch)})
+            del x, use, v
         return out
 
-    def _interpolated(self, group, x, use, counts, idx, width: int, qs):
-        """``[n_q, len(idx), n_groups]`` linear quantiles of the metrics ``idx`` (see
+    def _interpolated(self, group, x, use, counts, width: int, qs):
+        """``[n_q, n_metrics, n_groups]`` linear quantiles of the metrics in ``x`` (see
         :meth:`_exact_quantile_table`): their values sorted per group in one call, every
         quantile read at once."""
         import numpy as np
 
-        n_m, n_g = len(idx), self.n_groups
-        counts = counts[list(idx)]
+        n_m, n_g = len(x), self.n_groups
         sorted_rows = np.full((n_m, n_g, width), np.nan)
-        for j, i in enumerate(idx):
-            g, values = group[use[i]], x[i][use[i]]
+        for j in range(n_m):
+            g, values = group[use[j]], x[j][use[j]]
             starts = np.concatenate([[0], np.cumsum(counts[j])[:-1]])
             sorted_rows[j, g, np.arange(g.size) - starts[g]] = values  # in original order per group
         sorted_rows.sort(axis=2, kind="stable")
