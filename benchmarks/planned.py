@@ -208,7 +208,8 @@ def layer_sweep_shared_prefix(bench: Bench):
         for _ in range(n_layers + 1):
             forward(model, batch, "logits")
 
-    return bench.measure(base, cand, one=lambda: forward(model, batch, "logits"), repeat=SWEEP_K + 1)
+    # the scaled baseline (real models) counts one forward n_layers + 1 times, as base() runs
+    return bench.measure(base, cand, one=lambda: forward(model, batch, "logits"), repeat=n_layers + 1)
 
 
 def _tokenizer_dir(source: str) -> str | None:

@@ -281,3 +281,25 @@ def test_scaled_baseline_counts_one_call_k_times():
     t = paired_timing(lambda: time.sleep(0.01), lambda: None, warmup=0, min_pairs=2, max_pairs=2,
                       max_seconds=60, baseline_scale=9.0)
     assert t.n_pairs == 2 and all(b >= 0.09 for b in t.baseline_s)
+
+
+def test_scaled_baselines_count_as_many_forwards_as_the_baseline_runs():
+    # on a real model a k-forward baseline is timed once and counted `repeat` times: `repeat`
+    # must be the k of the record's own base() (layer_sweep_shared_prefix once counted 9 of 31)
+    import ast
+    import inspect
+
+    import benchmarks.planned as planned
+
+    tree = ast.parse(inspect.getsource(planned))
+    checked = []
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        base = next((n for n in fn.body if isinstance(n, ast.FunctionDef) and n.name == "base"), None)
+        calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "measure"]
+        repeat = [k.value for c in calls for k in c.keywords if k.arg == "repeat"]
+        if base is None or not repeat:
+            continue
+        loop = next(n for n in base.body if isinstance(n, ast.For))
+        assert ast.dump(loop.iter.args[0]) == ast.dump(repeat[0]), fn.name
+        checked.append(fn.name)
+    assert {"sweep_cost", "sweep_shared_prefix", "layer_sweep_shared_prefix"} <= set(checked)
