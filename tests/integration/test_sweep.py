@@ -173,8 +173,16 @@ DDP_SCRIPT = textwrap.dedent("""
     dist.destroy_process_group()
     # the plain torch call, as a user's script makes it, must free the group and join its threads
     # (left running, they can abort the process at interpreter exit: issue 16)
+    import time
+
     from tl_directional.distributed import group_threads_alive
-    open({out!r} + f".threads{{rank}}", "w").write(json.dumps(group_threads_alive()))
+    # gloo's loop thread can take a moment to end after destroy on a busy machine: what matters
+    # is that it ends before the interpreter exits, so wait up to 5 s for it
+    deadline, left = time.monotonic() + 5.0, group_threads_alive()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = group_threads_alive()
+    open({out!r} + f".threads{{rank}}", "w").write(json.dumps(left))
 """)
 
 
