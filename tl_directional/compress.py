@@ -543,11 +543,21 @@ def save_compressed(model, path, record: CompressionRecord | None = None, *, for
     from .fileio import replace_dir
 
     path = Path(path)
+    from .fileio import ArtefactError
+
     with replace_dir(path, "compressed-model", force=force, force_hint=force_hint,
                      command="tl-directional compress") as tmp:
-        save_hf_directory(model, tmp, tokenizer=getattr(model, "tokenizer", None))
-        if record is not None:
-            (tmp / RECORD_FILE).write_text(json.dumps(record.as_dict(), indent=2) + "\n")
+        try:
+            save_hf_directory(model, tmp, tokenizer=getattr(model, "tokenizer", None))
+            if record is not None:
+                (tmp / RECORD_FILE).write_text(json.dumps(record.as_dict(), indent=2) + "\n")
+        except (ValueError, TypeError, NotImplementedError):
+            raise
+        except Exception as err:  # a full disk: safetensors raises its own SafetensorError
+            raise ArtefactError(
+                f"writing {path} failed ({type(err).__name__}: {' '.join(str(err).split())[:400]}); "
+                "nothing was written to it (the previous output, if any, is kept): free disk space "
+                "or choose another output directory, then rerun") from None
     return path
 
 

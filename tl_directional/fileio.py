@@ -6,10 +6,15 @@
 - Manifests: an artefact directory lists the sha256 and size of each of its files
   in ``manifest.json``, written last; loaders verify it and name the failing file.
 - Sealed JSON records: a record carries the sha256 of its own content.
-- Exclusive locks on outputs (a ``flock`` on a lock file naming the owner), so two
-  processes never write one output; a dead owner's lock is taken over.
-- Whole-directory outputs built in a temporary sibling and swapped in, refusing
-  to replace a directory that is not a previous output of the same command.
+- Exclusive locks on outputs (a cross-platform :mod:`filelock` lock, with an owner
+  record), held for a command's whole run, so two processes never write one output; a
+  dead owner's lock is taken over; lock files are removed however the run ends.
+- Output paths checked before any work: never an empty path, the current or home
+  directory, a root or an ancestor of the current directory, a read-only directory, or a
+  directory holding files the library did not write (``--force`` or not).
+- Whole-directory outputs built in a temporary sibling and swapped in, recoverable at
+  every step (the next reader or writer completes an interrupted swap), refusing to
+  replace a directory that is not a previous output of the same command.
 
 All user-facing failures raise :class:`ArtefactError` (a ``ValueError``).
 See docs/reliability.md for the guarantees and the tests that hold them.
@@ -25,7 +30,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 
@@ -158,6 +163,7 @@ def verify_manifest(directory: str | os.PathLike, *, kind: str | None = None, re
     changed (and a directory without a manifest when ``required``). Returns the manifest.
     """
     directory = Path(directory)
+    recover_interrupted_swap(directory)
     doc = read_manifest(directory)
     if doc is None:
         if required:
@@ -224,6 +230,14 @@ def lock_path_for(target: str | os.PathLike) -> Path:
     return target.parent / f".{target.name}.lock"
 
 
+def owner_path_for(target: str | os.PathLike) -> Path:
+    """The owner record of an output's lock: a hidden sibling ``.NAME.owner`` (JSON: pid,
+    host, command, since). Kept apart from the lock file, which some platforms do not let
+    other processes read while it is locked."""
+    target = Path(target)
+    return target.parent / f".{target.name}.owner"
+
+
 def _describe_owner(text: str) -> str:
     try:
         owner = json.loads(text)
@@ -233,40 +247,82 @@ def _describe_owner(text: str) -> str:
         return "another process"
 
 
+#: Lock files of the outputs this process claimed for a whole run (:func:`claim_output`):
+#: the writers it calls re-enter them instead of being refused by their own process.
+_CLAIMED: dict[str, int] = {}
+
+
+def _still_locked_path(held, lock: Path) -> bool:
+    """Whether the file ``held`` locked is still the one named ``lock``. A previous owner
+    removes the lock file while releasing it, so a process that opened the file just before
+    holds a lock on a removed file; it must lock the new one instead."""
+    try:
+        now = os.stat(lock)
+    except FileNotFoundError:
+        return False
+    fd = getattr(getattr(held, "_context", None), "lock_file_fd", None)
+    if isinstance(fd, int):
+        try:
+            return os.path.samestat(os.fstat(fd), now)
+        except OSError:
+            return True
+    return True
+
+
 @contextmanager
 def exclusive_lock(target: str | os.PathLike, command: str = "") -> Iterator[Path]:
     """Hold an exclusive lock on the output ``target`` for the duration of the block.
 
-    The lock file (:func:`lock_path_for`) records the owner's pid, host and command.
-    The lock itself is a ``flock`` on that file, which the kernel drops when its
-    owner dies (even by ``SIGKILL``): a lock left by a dead process is taken over,
-    while a live owner makes this raise :class:`ArtefactLockedError` naming it.
+    Cross-platform (:class:`filelock.FileLock`: ``flock`` on POSIX, ``msvcrt`` locking on
+    Windows); the operating system drops the lock when its owner dies, even by ``SIGKILL``,
+    so a lock left by a dead process is taken over, while a live owner makes this raise
+    :class:`ArtefactLockedError` naming its pid, host and command (from the owner record,
+    :func:`owner_path_for`). The lock file (:func:`lock_path_for`) and the owner record are
+    removed when the block ends, however it ends. Within one process a second lock on the
+    same output is refused too, unless the output was claimed for the whole run
+    (:func:`claim_output`), which the writers it calls then re-enter.
     """
-    import fcntl
+    from filelock import FileLock, Timeout
 
-    lock = lock_path_for(Path(target).resolve())
+    resolved = Path(target).resolve()
+    lock = lock_path_for(resolved)
+    if str(lock) in _CLAIMED:
+        yield lock
+        return
+    owner = owner_path_for(resolved)
     lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    held = None
+    for _ in range(16):
+        held = FileLock(str(lock), timeout=0)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = _describe_owner(os.pread(fd, 4096, 0).decode("utf-8", "replace"))
+            held.acquire()
+        except Timeout:
+            try:
+                text = owner.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                text = ""
             raise ArtefactLockedError(
-                f"{target} is in use by {owner}: two writers on one output would mix or lose "
-                f"results. Wait for it to finish or choose another output (lock file {lock})"
-            ) from None
+                f"{target} is in use by {_describe_owner(text)}: two writers on one output would mix "
+                "or lose results. Wait for it to finish or choose another output") from None
+        if _still_locked_path(held, lock):
+            break
+        held.release()
+        held = None
+    if held is None:
+        raise ArtefactLockedError(f"{target} is being locked and released by other processes too often "
+                                  "to take its lock; retry")
+    try:
         info = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
                 "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
-        try:
-            yield lock
-        finally:
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        owner.write_text(json.dumps(info), encoding="utf-8")
+        yield lock
     finally:
-        os.close(fd)
+        # removed while still held: a process that opened the lock file meanwhile finds it
+        # gone once it gets the lock (_still_locked_path) and locks a new one
+        for path in (owner, lock):
+            with suppress(OSError):
+                path.unlink()
+        held.release()
 
 
 # ---------------------------------------------------------------------------
@@ -278,13 +334,75 @@ def _is_empty_dir(path: Path) -> bool:
     return path.is_dir() and not any(path.iterdir())
 
 
+def _read_only(path: Path) -> bool:
+    """No write permission on ``path`` for this process, or none in its mode at all (the
+    owner protected it; root's access checks alone would not say so)."""
+    return not os.access(path, os.W_OK | os.X_OK) or not path.stat().st_mode & 0o222
+
+
+def _home() -> Path | None:
+    try:
+        return Path.home().resolve()
+    except (RuntimeError, KeyError, OSError):  # no HOME and no password entry
+        return None
+
+
+def check_output_path(path: str | os.PathLike, argument: str = "path") -> Path:
+    """Refuse an output path no command may ever replace, before any work; returns it resolved.
+
+    Refused, whatever ``force``: an empty path (an unset shell variable), the current
+    directory, the home directory, a file system root, any ancestor of the current
+    directory, an existing file, a read-only directory, a path below a file, and a path
+    whose nearest existing directory this process cannot write. The message names
+    ``argument``, the path as given and why.
+    """
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise ArtefactError(f"{argument} is empty ({str(text)!r}; an unset shell variable?): an empty path "
+                            "would name the current directory, whose files would be replaced. Pass a new "
+                            "directory path")
+    given = f"{argument} {text}"
+    resolved = Path(text).expanduser().resolve()
+    cwd = Path.cwd().resolve()
+    why = None
+    if resolved == Path(resolved.anchor):
+        why = "is the root of the file system"
+    elif resolved == cwd:
+        why = "is the current directory"
+    elif resolved == _home():
+        why = "is your home directory"
+    elif resolved in cwd.parents:
+        why = f"is an ancestor of the current directory ({cwd})"
+    if why is not None:
+        raise ArtefactError(f"{given} {why}: an output directory is replaced as a whole, so its files would "
+                            "be lost. Pass a new directory path (e.g. ./out)")
+    if resolved.exists() and not resolved.is_dir():
+        raise ArtefactError(f"{given} is an existing file, not a directory; pass a directory path")
+    if resolved.is_dir() and _read_only(resolved):
+        raise ArtefactError(f"{given} is read-only (mode {resolved.stat().st_mode & 0o777:o}): a protected "
+                            "directory is never replaced; choose another output directory (or make it "
+                            "writable yourself)")
+    existing = resolved.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ArtefactError(f"{given}: {existing} is a file, not a directory, so nothing can be created "
+                            "below it; pass another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ArtefactError(f"{given}: cannot write in {existing} (permission denied); choose a directory "
+                            "you can write")
+    return resolved
+
+
 def check_replaceable(target: str | os.PathLike, kind: str, *, force: bool = False,
                       force_hint: str = "pass force=True", legacy_names: frozenset[str] = frozenset()) -> None:
-    """Refuse to replace ``target`` unless it is absent, an empty directory, or a
-    previous ``kind`` output: its manifest says so, or (written before manifests
-    existed) it holds only files named in ``legacy_names``. ``force`` overrides."""
+    """Refuse to replace ``target`` unless it is absent, an empty directory, or a previous
+    ``kind`` output: its manifest says so, or (written before manifests existed) it holds
+    only entries named in ``legacy_names``. ``force`` also lets it replace a previous output
+    of another tl-directional command (a directory with a valid manifest), never a directory
+    holding files the library did not write."""
     target = Path(target)
-    if not target.exists() or force:
+    if not target.exists():
         return
     if not target.is_dir():
         raise ArtefactError(f"{target} exists and is not a directory; choose another output "
@@ -296,45 +414,171 @@ def check_replaceable(target: str | os.PathLike, kind: str, *, force: bool = Fal
     except ArtefactError:
         doc = None
     if doc is None and legacy_names and all(
-            p.is_file() and p.name in legacy_names for p in target.iterdir() if not p.name.startswith(".")):
+            p.name in legacy_names for p in target.iterdir() if not p.name.startswith(".")) and any(
+            not p.name.startswith(".") for p in target.iterdir()):
         return
-    if doc is None or doc.get("kind") != kind:
+    if doc is not None and (doc.get("kind") == kind or force):
+        return
+    if doc is not None:
         raise ArtefactError(
-            f"refusing to replace {target}: it is not empty and is not a previous {kind} output "
-            f"(no {MANIFEST_FILE} of kind {kind!r}), so its files would be lost. Choose a new or empty "
-            f"directory, or {force_hint} to replace it"
-        )
+            f"refusing to replace {target}: it is not empty and is not a previous {kind} output (it holds a "
+            f"{doc.get('kind')} output), so its files would be lost. Choose a new or empty directory, or "
+            f"{force_hint} to replace it")
+    raise ArtefactError(
+        f"refusing to replace {target}: it is not empty and is not a previous {kind} output (no "
+        f"{MANIFEST_FILE} of a tl-directional command), so its files would be lost; no option replaces "
+        "files the library did not write. Choose a new or empty directory")
+
+
+def _by_age(paths) -> list[Path]:
+    out = []
+    for p in paths:
+        with suppress(OSError):
+            out.append((p.lstat().st_mtime, p))
+    return [p for _, p in sorted(out)]
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with suppress(OSError):
+            path.unlink()
 
 
 def _restore_interrupted_swap(target: Path) -> None:
-    """A crash between the two renames of :func:`_swap_in` leaves the old output
-    under ``.NAME.old-PID``; put it back so that nothing is lost."""
-    if target.exists():
-        for stale in target.parent.glob(f".{target.name}.old-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+    """Under ``target``'s lock: finish or undo a swap (:func:`_swap_in`) a crash cut short.
+
+    A swap renames the complete new output to ``.NAME.new-PID``, the old one to
+    ``.NAME.old-PID``, then the new one to ``NAME``. With ``NAME`` missing, the new output
+    is put in place when it exists (the crash came after the old one was set aside), else
+    the old one; every other leftover is removed."""
+    news = _by_age(target.parent.glob(f".{target.name}.new-*"))
+    olds = _by_age(target.parent.glob(f".{target.name}.old-*"))
+    if not target.exists() and not target.is_symlink():
+        if news:
+            os.rename(news.pop(), target)
+        elif olds:
+            os.rename(olds.pop(), target)
+    for stale in news + olds:
+        _remove(stale)
+
+
+def recover_interrupted_swap(target: str | os.PathLike) -> None:
+    """For readers: when ``target`` is missing because a writer was killed in the middle of
+    swapping it, put the complete new output (or the old one) back under ``target``.
+
+    A no-op when ``target`` exists or no swap was cut short. Takes ``target``'s lock, so a
+    swap still in progress raises :class:`ArtefactLockedError` naming its writer (retry
+    once it has finished); a directory this process cannot write is left as it is."""
+    target = Path(target).resolve()
+    if target.exists() or target.is_symlink():
         return
-    olds = sorted(target.parent.glob(f".{target.name}.old-*"), key=lambda p: p.stat().st_mtime)
-    if olds:
-        os.rename(olds[-1], target)
+    if not any(target.parent.glob(f".{target.name}.new-*")) and not any(
+            target.parent.glob(f".{target.name}.old-*")):
+        return
+    try:
+        with exclusive_lock(target, "recover an interrupted write"):
+            _restore_interrupted_swap(target)
+    except ArtefactLockedError as err:
+        raise ArtefactLockedError(f"{target} is being replaced right now ({err}); retry when it has "
+                                  "finished") from None
+    except OSError:
+        return
+
+
+def _remove_stale_temporaries(target: Path) -> None:
+    """Under ``target``'s lock (their writers are dead): the build folders beside ``target``
+    and the temporary files an atomic write left inside it (``.NAME.XXXXXXXX.tmp``)."""
+    for orphan in target.parent.glob(f".{target.name}.*.partial"):
+        _remove(orphan)
+    for orphan in target.parent.glob(f".{target.name}.*.tmp"):
+        _remove(orphan)
+    if target.is_dir():
+        for orphan in target.glob(".*.tmp"):
+            if orphan.is_file() and len(orphan.name.rsplit(".", 2)[-2]) == 8:  # mkstemp's 8 characters
+                _remove(orphan)
+
+
+@contextmanager
+def claim_output(target: str | os.PathLike, kind: str, *, force: bool = False,
+                 force_hint: str = "pass force=True", command: str = "",
+                 legacy_names: frozenset[str] = frozenset(), argument: str = "path") -> Iterator[Path]:
+    """Check the output ``target`` and hold its lock for the whole block; yields it resolved.
+
+    Before any work: :func:`check_output_path` (paths never replaced, writability), then
+    :func:`exclusive_lock` (a second writer is refused at once, naming this one), then an
+    interrupted swap is recovered, :func:`check_replaceable` applied and stale temporaries
+    removed. Writers called inside the block (:func:`replace_dir`, :func:`exclusive_lock`)
+    on the same target re-enter the claim. When the block ends, however it ends, the lock
+    files are removed, and so are the parent directories the claim created if ``target``
+    was not written.
+    """
+    resolved = check_output_path(target, argument)
+    key = str(lock_path_for(resolved))
+    if key in _CLAIMED:  # re-entered by a writer inside the run that claimed it
+        check_replaceable(resolved, kind, force=force, force_hint=force_hint, legacy_names=legacy_names)
+        yield resolved
+        return
+    created = []
+    parent = resolved.parent
+    while not parent.exists():
+        created.append(parent)
+        parent = parent.parent
+    try:
+        with ExitStack() as held:
+            try:
+                resolved.parent.mkdir(parents=True, exist_ok=True)
+                held.enter_context(exclusive_lock(resolved, command or kind))
+            except ArtefactLockedError as err:
+                raise ArtefactLockedError(f"{argument} {err}") from None
+            except OSError as err:
+                raise ArtefactError(f"{argument} {os.fspath(target)}: cannot write there ({err.strerror or err}"
+                                    f" in {resolved.parent}); choose a directory you can write") from None
+            _restore_interrupted_swap(resolved)
+            check_replaceable(resolved, kind, force=force, force_hint=force_hint, legacy_names=legacy_names)
+            _remove_stale_temporaries(resolved)
+            _CLAIMED[key] = _CLAIMED.get(key, 0) + 1
+            try:
+                yield resolved
+            finally:
+                _CLAIMED[key] -= 1
+                if not _CLAIMED[key]:
+                    del _CLAIMED[key]
+    finally:
+        if not resolved.exists():
+            for d in created:  # deepest first
+                with suppress(OSError):
+                    d.rmdir()
 
 
 def _swap_in(tmp: Path, target: Path) -> None:
-    """Move the finished ``tmp`` directory to ``target``, replacing what is there."""
+    """Move the finished ``tmp`` directory to ``target``, replacing what is there.
+
+    Every step leaves a state :func:`_restore_interrupted_swap` completes: ``tmp`` is first
+    named ``.NAME.new-PID`` (complete, manifest written), the old output then set aside as
+    ``.NAME.old-PID``, the new one renamed to ``NAME``, the old one removed."""
+    ready = target.with_name(f".{target.name}.new-{os.getpid()}")
+    _remove(ready)
+    os.rename(tmp, ready)
+    fault_point("replace_dir.ready")
     if _is_empty_dir(target):
         target.rmdir()
-    if not target.exists():
-        os.rename(tmp, target)
-        return
-    aside = target.with_name(f".{target.name}.old-{os.getpid()}")
-    if aside.exists():
-        shutil.rmtree(aside)
-    os.rename(target, aside)
-    fault_point("replace_dir.mid_swap")
-    os.rename(tmp, target)
-    if aside.is_dir() and not aside.is_symlink():
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        aside.unlink(missing_ok=True)
+    aside = None
+    if target.exists() or target.is_symlink():
+        aside = target.with_name(f".{target.name}.old-{os.getpid()}")
+        _remove(aside)
+        os.rename(target, aside)
+        fault_point("replace_dir.mid_swap")
+    try:
+        os.rename(ready, target)
+    except OSError:
+        if aside is not None and not target.exists():
+            os.rename(aside, target)  # keep the previous output in place
+        raise
+    fault_point("replace_dir.after_swap")
+    if aside is not None:
+        _remove(aside)
 
 
 @contextmanager
@@ -344,18 +588,15 @@ def replace_dir(target: str | os.PathLike, kind: str, *, force: bool = False,
     """Yield a fresh temporary sibling of ``target`` to fill; on success write its
     manifest (kind ``kind``) and swap it in place of ``target``.
 
-    Under :func:`exclusive_lock` of ``target``. A crash at any point leaves either the
-    previous output or the complete new one under ``target`` (never a mixture), and
-    the temporaries of earlier crashes are removed. ``target`` must be absent, empty,
-    or a previous ``kind`` output (see :func:`check_replaceable`), unless ``force``.
+    Under :func:`claim_output` of ``target`` (re-entered when the caller claimed it for its
+    whole run). A crash at any point leaves the previous output or the complete new one
+    (an interrupted swap is completed by the next reader or writer, never a mixture), and
+    the temporaries of earlier crashes are removed. ``target`` must be absent, empty, or a
+    previous ``kind`` output (see :func:`check_replaceable`; ``force`` also replaces
+    another command's output), and never one :func:`check_output_path` refuses.
     """
-    target = Path(target).resolve()  # "." or "out/.." name the real directory
-    with exclusive_lock(target, command or kind):
-        _restore_interrupted_swap(target)
-        check_replaceable(target, kind, force=force, force_hint=force_hint, legacy_names=legacy_names)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        for orphan in target.parent.glob(f".{target.name}.*.partial"):
-            shutil.rmtree(orphan, ignore_errors=True)  # we hold the lock: their writer is dead
+    with claim_output(target, kind, force=force, force_hint=force_hint, command=command,
+                      legacy_names=legacy_names) as target:
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
         umask = os.umask(0)
         os.umask(umask)
@@ -370,7 +611,8 @@ def replace_dir(target: str | os.PathLike, kind: str, *, force: bool = False,
             write_manifest(tmp, kind, manifest_extra)
             _swap_in(tmp, target)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove(tmp)
+            _remove(target.with_name(f".{target.name}.new-{os.getpid()}"))
 
 
 # ---------------------------------------------------------------------------
@@ -412,6 +654,7 @@ def check_model_dir(path: str | os.PathLike, argument: str, *, must_exist: bool 
     Raises :class:`ArtefactError` naming ``argument``, the file and the fix.
     """
     p = Path(path)
+    recover_interrupted_swap(p)
     if not p.exists():
         if must_exist:
             raise ArtefactError(

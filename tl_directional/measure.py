@@ -25,7 +25,7 @@ from torch import Tensor
 from .adapter import StopForward, device_of
 from .components import ALL_COMPONENTS, check_components
 from .distributed import rank_and_world
-from .fileio import ArtefactError, replace_dir, verify_manifest
+from .fileio import ArtefactError, recover_interrupted_swap, replace_dir, verify_manifest
 from .geometry import DEFAULT_EPS, check_eps, compute_dtype
 from .inputs import (
     TokenBatch,
@@ -152,6 +152,7 @@ class Profile:
         """Read a directory written by :meth:`save`, after verifying every file against
         its manifest (a changed, truncated or missing file raises naming it)."""
         src = Path(path)
+        recover_interrupted_swap(src)  # a writer killed in the middle of its swap
         meta_file = src / "metadata.json"
         if not meta_file.is_file():
             raise ArtefactError(f"{src} has no metadata.json; is it a directory written by Profile.save?")

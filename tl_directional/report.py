@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .fileio import check_replaceable, replace_dir
+from .fileio import check_output_path, check_replaceable, replace_dir
 from .inputs import prepare_inputs
 from .measure import profile
 from .page import Report
@@ -145,7 +145,8 @@ def build_report(
     """
     t0 = time.time()
     out = Path(out_dir)
-    check_replaceable(out, "report", force=overwrite, force_hint="pass overwrite=True")  # before any work
+    check_output_path(out_dir, "out_dir")  # before any work
+    check_replaceable(out, "report", force=overwrite, force_hint="pass overwrite=True")
     sites = resolve_sites(model, warn=False)
     # checked before any work; negative indices count from the end
     layer = None if layer is None else normalize_index(layer, sites.n_layers, "layer")

@@ -17,10 +17,17 @@ from .options import (
 
 def _cmd_compress_check(args) -> int:
     """A user's mistake raises (``main`` prints it: one line, exit 2); a failed gate returns 1."""
+    from contextlib import nullcontext
+
+    claim = _claim_out(args.report, "compress-check", args.force, "--report") if args.report is not None \
+        else nullcontext()
+    with claim:  # checked and locked before any model work
+        return _compress_check_locked(args)
+
+
+def _compress_check_locked(args) -> int:
     from ..compression.gate import compress_check
 
-    if args.report:
-        _claim_out(args.report, "compress-check", args.force, "--report")
     dense = _load_checked(args.dense, "--dense")
     compressed = _load_checked(args.compressed, "--compressed")
     batch = load_text_sequences(dense, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len,
@@ -30,16 +37,20 @@ def _cmd_compress_check(args) -> int:
                             fail_on_removed_update=not args.allow_removed_updates,
                             dense_name=str(args.dense), compressed_name=str(args.compressed))
     print(result.summary(args.top))
-    if args.report:
+    if args.report is not None:
         page = result.write_report(args.report, overwrite=args.force)
         print(f"wrote {page} and {Path(args.report) / 'geometry.csv'}")
     return result.exit_code
 
 
 def _cmd_compress(args) -> int:
+    with _claim_out(args.out, "compress", args.force):  # checked and locked before any model work
+        return _compress_locked(args)
+
+
+def _compress_locked(args) -> int:
     from ..compress import compress, save_compressed
 
-    _claim_out(args.out, "compress", args.force)
     model = _load_checked(args.model, "--model")
     calibration = None
     if args.spec.split(":")[0].strip().lower() in ("wanda", "awq"):

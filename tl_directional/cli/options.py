@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import USER_ERRORS, UsageError
@@ -13,10 +15,13 @@ from .errors import USER_ERRORS, UsageError
 def _check_model_arg(name, option: str) -> None:
     """Fail at once, offline, on a ``--model`` / ``--dense`` value that cannot load: a path
     that does not exist, or a name that is neither a catalogue entry nor a TransformerLens name."""
+    from ..fileio import recover_interrupted_swap
     from ..models import UnknownModelError, catalogue_names, check_model_name
     from ..models.load import _looks_like_path
 
     text = str(name)
+    if text not in catalogue_names():
+        recover_interrupted_swap(Path(text).expanduser())  # a compress --out killed mid-swap
     if Path(text).expanduser().exists() or text in catalogue_names():
         return
     if _looks_like_path(text):
@@ -41,18 +46,18 @@ def _load_model_arg(name: str, option: str = "--model"):
             hint = (" (no such directory; a TransformerLens model name needs the hub or a warm HF "
                     "cache: pass a local HF model directory, or 'default' for the bundled model)")
         raise UsageError(f"{option} {name}: {' '.join(str(exc).split())}{hint}") from exc
-
-
-def _out_dir(path: str, option: str = "--out") -> Path:
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{option} {path} is an existing file, not a directory; pass a directory path")
-    return out
+    except Exception as exc:  # transformers / safetensors / torch raise their own types (a
+        # wrong-shaped tensor, a pickled .bin that is refused): still the CLI's one error line
+        raise UsageError(f"{option} {name} cannot be loaded ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:600]}); check that it is a complete, undamaged "
+                         "Hugging Face model directory") from exc
 
 
 #: The output policy of every command that writes a directory: it may write into a directory
 #: that is absent, empty, or a previous output of the same command (its manifest says so);
-#: anything else (another command's output, foreign files) is refused unless --force.
+#: --force also replaces another tl-directional command's output; a directory holding files
+#: the library did not write, the current / home directory, a root or an ancestor of the
+#: current directory are always refused (tl_directional.fileio.check_output_path).
 _OUTPUT_KINDS = {"profile": "profile", "sweep": "sweep", "report": "report",
                  "compress-check": "compress-check-report", "compress": "compressed-model"}
 #: Files an output of that kind held before outputs carried a manifest.
@@ -62,15 +67,17 @@ _LEGACY_NAMES = {
 }
 
 
-def _claim_out(path: str, command: str, force: bool, option: str = "--out") -> Path:
-    """Check ``path`` against the output policy before any work is done (one message for
-    every command: what the directory holds, and ``--force`` to replace it)."""
-    from ..fileio import check_replaceable
+@contextmanager
+def _claim_out(path: str, command: str, force: bool, option: str = "--out") -> Iterator[Path]:
+    """Check ``path`` against the output policy before any work is done and hold its lock
+    for the whole run (:func:`tl_directional.fileio.claim_output`): a second writer is
+    refused at start, never overwritten at the end. Yields the path as the user gave it."""
+    from ..fileio import claim_output
 
-    out = _out_dir(path, option)
-    check_replaceable(out, _OUTPUT_KINDS[command], force=force, force_hint="pass --force",
-                      legacy_names=_LEGACY_NAMES.get(command, frozenset()))
-    return out
+    with claim_output(path, _OUTPUT_KINDS[command], force=force, force_hint="pass --force",
+                      command=f"tl-directional {command}", legacy_names=_LEGACY_NAMES.get(command, frozenset()),
+                      argument=option):
+        yield Path(path)
 
 
 def _float_list(text: str) -> list[float]:

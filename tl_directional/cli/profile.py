@@ -7,11 +7,15 @@ from .options import _HELP, _claim_out, _common, _DefaultsHelp, _load_model_arg
 
 
 def _cmd_profile(args) -> int:
+    with _claim_out(args.out, "profile", args.force):  # checked and locked before any model work
+        return _profile_locked(args)
+
+
+def _profile_locked(args) -> int:
     import pandas as pd
 
     from ..measure import profile
 
-    _claim_out(args.out, "profile", args.force)
     model = _load_model_arg(args.model)
     batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len,
                                 text_argument="--text", seq_len_argument="--seq-len")

@@ -16,10 +16,14 @@ from .options import (
 
 
 def _cmd_report(args) -> int:
+    with _claim_out(args.out, "report", args.force):  # checked and locked before any model work
+        return _report_locked(args)
+
+
+def _report_locked(args) -> int:
     from ..report import build_report
     from ..sites import normalize_index
 
-    _claim_out(args.out, "report", args.force)
     spaces = _check_spaces(args.space)
     model = _load_model_arg(args.model)
     try:  # checked before the (slow) profile; negative indices count from the end

@@ -21,12 +21,16 @@ from .options import (
 
 
 def _cmd_sweep(args) -> int:
+    with _claim_out(args.out, "sweep", args.force) as out:  # checked and locked before any model work
+        return _sweep_locked(args, out)
+
+
+def _sweep_locked(args, out: Path) -> int:
     import shutil
 
     from ..fileio import atomic_path, write_manifest
     from ..sweep import CheckpointMismatch, grid, sweep, sweep_figure
 
-    out = _claim_out(args.out, "sweep", args.force)
     spaces = _check_spaces(args.space)
     model = _load_model_arg(args.model)
     layer_sets = _layer_sets(args.layers, int(model.cfg.n_layers))
@@ -35,7 +39,7 @@ def _cmd_sweep(args) -> int:
     settings = grid(spaces, s_par=args.s_par, s_perp=args.s_perp, layers=layer_sets)
     ours = out.is_dir() and (_is_sweep_dir(out) or not any(out.iterdir()))
     if args.force and out.exists() and not ours:
-        shutil.rmtree(out)  # --force: this directory is replaced by the sweep's output
+        shutil.rmtree(out)  # --force: another command's output (checked by _claim_out), replaced
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = out / "sweep.progress.json"
     if (args.restart or args.force) and checkpoint.exists():

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,17 @@ import torch
 
 from ..cli.errors import USER_ERRORS, UsageError, report_user_error
 from ..cli.options import _Parser
-from ..fileio import check_replaceable
-from .config import TOKENIZER_DIR, VARIANTS, TrainConfig
+from ..fileio import check_output_path, claim_output
+from .checkpoint import checkpoint_paths
+from .config import (
+    CHECKPOINT_DIR,
+    INIT_DIR,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    TOKENIZER_DIR,
+    VARIANTS,
+    TrainConfig,
+)
 from .data import load_tokenizer
 from .experiment import DEFAULT_SEEDS, EXPERIMENT_DEFAULTS, run_experiment
 from .export import export_model
@@ -72,18 +83,70 @@ def build_train_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: What a training run directory and an experiment directory hold. They carry no manifest
+#: (they grow checkpoint by checkpoint and resume), so a rerun recognises its own output by
+#: these names; a directory holding anything else is refused.
+_RUN_NAMES = frozenset({TOKENIZER_DIR, INIT_DIR, CHECKPOINT_DIR, METRICS_FILE, SUMMARY_FILE})
+_EXPERIMENT_NAMES = frozenset({TOKENIZER_DIR, "runs", "profiles", "curves.csv", "final.csv", "geometry.csv",
+                               "curves.html", "table.md", "results.json"})
+
+
+def _has_checkpoint(out: Path) -> bool:
+    """A run directory, or an experiment's ``runs/*``, holding a checkpoint to resume."""
+    runs = out / "runs"
+    return bool(checkpoint_paths(out)) or (runs.is_dir() and any(
+        checkpoint_paths(d) for d in runs.iterdir() if d.is_dir()))
+
+
+@contextmanager
+def _claim_run(out: str, kind: str, names: frozenset[str]) -> Iterator[Path]:
+    """Check ``--out`` before any work and hold its lock for the whole run (on rank 0 of a
+    ``torchrun`` job; the other ranks only check it). A run that fails (or is interrupted)
+    before its first checkpoint leaves ``--out`` as it found it: absent or empty."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        check_output_path(out, "--out")
+        yield Path(out)
+        return
+    with claim_output(out, kind, command=f"tl-directional {kind}", legacy_names=names,
+                      argument="--out") as path:
+        existed = path.exists()
+        fresh = not existed or not any(path.iterdir())
+        try:
+            yield Path(out)
+        except BaseException:
+            if fresh and path.is_dir() and not _has_checkpoint(path):
+                for child in list(path.iterdir()):  # all written by this run: nothing to resume
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child, ignore_errors=True)
+                    else:
+                        child.unlink(missing_ok=True)
+                if not existed:
+                    path.rmdir()
+            raise
+
+
 def train_main(argv: Sequence[str] | None = None) -> int:
     args = build_train_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        cfg = config_from_args(args)
-        if args.export:  # refuse a bad --export before training, not after
-            check_replaceable(args.export, "export", force=args.export_force, force_hint="pass --export-force")
-        result = train(cfg, args.out, resume=not args.no_resume, stop_after=args.stop_after,
-                       progress=not args.quiet, device=args.device)
+        with ExitStack() as held:  # the outputs stay locked until the run (and its export) ends
+            cfg = config_from_args(args)
+            held.enter_context(_claim_run(args.out, "train", _RUN_NAMES))
+            if args.export is not None and int(os.environ.get("RANK", "0")) != 0:
+                check_output_path(args.export, "--export")  # rank 0 writes it
+            elif args.export is not None:  # refuse a bad --export before training, not after
+                held.enter_context(claim_output(args.export, "export", force=args.export_force,
+                                                force_hint="pass --export-force", argument="--export",
+                                                command="tl-directional train --export"))
+            result = train(cfg, args.out, resume=not args.no_resume, stop_after=args.stop_after,
+                           progress=not args.quiet, device=args.device)
+            return _after_training(args, cfg, result)
     except USER_ERRORS as err:  # the CLI's one error path: one line 'error: ...', exit 2
         return report_user_error(err)
+
+
+def _after_training(args, cfg: TrainConfig, result) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         if result.final_val_loss is not None:
             print(f"{cfg.variant} seed {cfg.seed}: step {result.step}, final validation loss "
@@ -128,8 +191,9 @@ def experiment_main(argv: Sequence[str] | None = None) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         variants = [v.strip() for v in args.variants.split(",") if v.strip()]
         base = config_from_args(args)
-        run_experiment(base, args.out, seeds=seeds, variants=variants, progress=not args.quiet,
-                       report_only=args.report_only, profile_windows=args.profile_windows)
+        with _claim_run(args.out, "experiment", _EXPERIMENT_NAMES):  # locked for the whole experiment
+            run_experiment(base, args.out, seeds=seeds, variants=variants, progress=not args.quiet,
+                           report_only=args.report_only, profile_windows=args.profile_windows)
     except USER_ERRORS as err:
         return report_user_error(err)
     return 0
