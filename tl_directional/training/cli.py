@@ -35,7 +35,7 @@ from .config import (
 )
 from .data import load_tokenizer
 from .experiment import DEFAULT_SEEDS, EXPERIMENT_DEFAULTS, run_experiment
-from .export import export_model
+from .export import _EXPORT_NAMES, export_model
 from .trainer import train
 
 
@@ -138,6 +138,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
             elif args.export is not None:  # refuse a bad --export before training, not after
                 held.enter_context(claim_output(args.export, "export", force=args.export_force,
                                                 force_hint="pass --export-force", argument="--export",
+                                                legacy_names=_EXPORT_NAMES,
                                                 command="tl-directional train --export"))
             result = train(cfg, args.out, resume=not args.no_resume, stop_after=args.stop_after,
                            progress=not args.quiet, device=args.device)

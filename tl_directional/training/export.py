@@ -57,7 +57,8 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
     fresh.load_state_dict(state, strict=True)
     fresh = fresh.to(dtype)
     out = Path(path)
-    with replace_dir(out, "export", force=force, force_hint=force_hint, command="tl-directional train --export") as tmp:
+    with replace_dir(out, "export", force=force, force_hint=force_hint, command="tl-directional train --export",
+                     legacy_names=_EXPORT_NAMES) as tmp:
         with quiet_transformers():
             fresh.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
@@ -68,6 +69,14 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
         for f in tmp.iterdir():
             os.chmod(f, 0o644)
     return out
+
+
+#: The files of an export written before exports carried a manifest (the bundled default model,
+#: with the files scripts/train_default_model.py adds beside it): recognised as a previous export.
+_EXPORT_NAMES = frozenset({"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                           "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                           "tl_directional_build.json", "training_curve.csv", "reference_logits.json",
+                           "report.json"})
 
 
 def _portable_tokenizer_config(path: Path) -> None:
