@@ -424,10 +424,11 @@ def check_replaceable(target: str | os.PathLike, kind: str, *, force: bool = Fal
             f"refusing to replace {target}: it is not empty and is not a previous {kind} output (it holds a "
             f"{doc.get('kind')} output), so its files would be lost. Choose a new or empty directory, or "
             f"{force_hint} to replace it")
+    option = force_hint.removeprefix("pass ").split(" (")[0]
     raise ArtefactError(
         f"refusing to replace {target}: it is not empty and is not a previous {kind} output (no "
-        f"{MANIFEST_FILE} of a tl-directional command), so its files would be lost; no option replaces "
-        "files the library did not write. Choose a new or empty directory")
+        f"{MANIFEST_FILE} of a tl-directional command), so its files would be lost; {option} never "
+        "replaces files the library did not write. Choose a new or empty directory")
 
 
 def _by_age(paths) -> list[Path]:

@@ -171,9 +171,12 @@ def test_no_command_writes_into_another_commands_directory(tiny_model_dir, tmp_p
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    rc, err = _cli("report", *_small(model, text_file), "--space", "value", "--s-par=0", "--out", foreign)
-    _one_error_line(rc, err, f"refusing to replace {foreign.resolve()}", "pass --force")
-    assert (foreign / "notes.txt").read_text() == "keep me"
+    for force in ([], ["--force"]):  # --force replaces only another tl-directional command's output
+        rc, err = _cli("report", *_small(model, text_file), "--space", "value", "--s-par=0", "--out", foreign,
+                       *force)
+        _one_error_line(rc, err, f"refusing to replace {foreign.resolve()}", "--force never replaces files")
+        assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+        assert (foreign / "notes.txt").read_text() == "keep me"
     # the same command may write into its own output again; --force replaces another's
     rc, err = _cli("report", *_small(model, text_file), "--space", "value", "--s-par=0", "--out", rep)
     assert rc == 0, err
@@ -192,9 +195,10 @@ def test_library_writers_follow_the_same_policy(tiny_model, tmp_path):
     out = tmp_path / "o"
     out.mkdir()
     (out / "sweep.csv").write_text("someone else's table\n")
-    with pytest.raises(ArtefactError, match="pass overwrite=True"):
-        build_report(model, ["a b c d e f g"], out, spaces=("value",), s_par=(0.0,))
-    assert (out / "sweep.csv").read_text() == "someone else's table\n"
+    for overwrite in (False, True):  # overwrite=True replaces only a tl-directional output
+        with pytest.raises(ArtefactError, match="overwrite=True never replaces files the library did not write"):
+            build_report(model, ["a b c d e f g"], out, spaces=("value",), s_par=(0.0,), overwrite=overwrite)
+        assert (out / "sweep.csv").read_text() == "someone else's table\n"
 
 
 # -- item 9: Ctrl-C is one line and exit 130; a resumed sweep says so --------------------------------

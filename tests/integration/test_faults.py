@@ -210,10 +210,11 @@ def test_compress_out_refuses_a_foreign_directory(tiny_model_dir, tmp_path, caps
     err = capsys.readouterr().err
     assert rc == 2 and (out / "notes.txt").read_text() == "my notes"
     if lane == "bridge":
-        assert "refusing to replace" in err and "--force" in err
+        assert "refusing to replace" in err and "--force never replaces files" in err
+        # --force replaces only a previous tl-directional output, never the user's own files
         assert main(["compress", "--model", str(tiny_model_dir("gpt2")), "--spec", "rtn:bits=8",
-                     "--out", str(out), "--force"]) == 0
-        verify_manifest(out, kind="compressed-model")
+                     "--out", str(out), "--force"]) == 2
+        assert (out / "notes.txt").read_text() == "my notes" and sorted(os.listdir(out)) == ["notes.txt"]
 
 
 def _cli_args(tok_dir, out: Path, **kw) -> list[str]:
