@@ -297,6 +297,11 @@ def exclusive_lock(target: str | os.PathLike, command: str = "") -> Iterator[Pat
         try:
             held.acquire()
         except Timeout:
+            if not lock.exists():  # not held by anyone: the lock file cannot be created; say why
+                os.close(os.open(lock, os.O_RDWR | os.O_CREAT, 0o644))
+                lock.unlink()
+                held = None
+                continue
             try:
                 text = owner.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
@@ -425,10 +430,11 @@ def check_replaceable(target: str | os.PathLike, kind: str, *, force: bool = Fal
             f"{doc.get('kind')} output), so its files would be lost. Choose a new or empty directory, or "
             f"{force_hint} to replace it")
     option = force_hint.removeprefix("pass ").split(" (")[0]
+    never = f"; {option} never replaces files the library did not write" if option else ""
     raise ArtefactError(
         f"refusing to replace {target}: it is not empty and is not a previous {kind} output (no "
-        f"{MANIFEST_FILE} of a tl-directional command), so its files would be lost; {option} never "
-        "replaces files the library did not write. Choose a new or empty directory")
+        f"{MANIFEST_FILE} of a tl-directional command), so its files would be lost{never}. Choose a new "
+        "or empty directory")
 
 
 def _by_age(paths) -> list[Path]:

@@ -48,9 +48,23 @@ def _load_model_arg(name: str, option: str = "--model"):
         raise UsageError(f"{option} {name}: {' '.join(str(exc).split())}{hint}") from exc
     except Exception as exc:  # transformers / safetensors / torch raise their own types (a
         # wrong-shaped tensor, a pickled .bin that is refused): still the CLI's one error line
-        raise UsageError(f"{option} {name} cannot be loaded ({type(exc).__name__}: "
-                         f"{' '.join(str(exc).split())[:600]}); check that it is a complete, undamaged "
-                         "Hugging Face model directory") from exc
+        raise UsageError(f"{option} {name} cannot be loaded: {_loading_failure(exc)}") from exc
+
+
+def _loading_failure(exc: Exception) -> str:
+    """What a loader's own exception means for the user, in one line."""
+    import pickle
+
+    text = " ".join(str(exc).split())
+    if isinstance(exc, pickle.UnpicklingError):
+        return ("its pickled weight file (pytorch_model.bin) is refused by torch's safe loader and was not "
+                f"executed ({text[:160]}...); load it only from a trusted source and save it as "
+                "model.safetensors")
+    if "mismatched_sizes" in text or "size mismatch" in text:
+        return ("a weight tensor's shape does not match the model's config.json (transformers: "
+                f"{text[:300]}); the weights are damaged or belong to another model: copy or write it again")
+    return (f"{type(exc).__name__}: {text[:600]}; check that it is a complete, undamaged Hugging Face "
+            "model directory")
 
 
 #: The output policy of every command that writes a directory: it may write into a directory

@@ -28,7 +28,7 @@ def _cmd_sweep(args) -> int:
 def _sweep_locked(args, out: Path) -> int:
     import shutil
 
-    from ..fileio import atomic_path, write_manifest
+    from ..fileio import atomic_path, fault_point, write_manifest
     from ..sweep import CheckpointMismatch, grid, sweep, sweep_figure
 
     spaces = _check_spaces(args.space)
@@ -59,6 +59,7 @@ def _sweep_locked(args, out: Path) -> int:
         df.to_csv(tmp, index=False)
     with atomic_path(out / "sweep.html") as tmp:
         sweep_figure(df).write_html(tmp, include_plotlyjs=True)
+        fault_point("sweep.html_written")  # crash tests: a kill leaves .sweep.html.XXXXXXXX.tmp
     write_manifest(out, "sweep", {"settings": [s.label for s in settings]})
     cols = ["label", "tokens", "loss", "delta_loss", "delta_ppl", "kl", "top1_agree"]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))

@@ -107,7 +107,7 @@ def _claim_run(out: str, kind: str, names: frozenset[str]) -> Iterator[Path]:
         check_output_path(out, "--out")
         yield Path(out)
         return
-    with claim_output(out, kind, command=f"tl-directional {kind}", legacy_names=names,
+    with claim_output(out, kind, command=f"tl-directional {kind}", legacy_names=names, force_hint="",
                       argument="--out") as path:
         existed = path.exists()
         fresh = not existed or not any(path.iterdir())
