@@ -540,11 +540,9 @@ def save_compressed(model, path, record: CompressionRecord | None = None, *, for
             "save_compressed writes Hugging Face directories from a TransformerLens 4 bridge model; "
             "on the legacy HookedTransformer lane keep the model in memory (compression_geometry "
             "takes model objects) or compress with TransformerLens >= 4")
-    from .fileio import replace_dir
+    from .fileio import ArtefactError, replace_dir
 
     path = Path(path)
-    from .fileio import ArtefactError
-
     with replace_dir(path, "compressed-model", force=force, force_hint=force_hint,
                      command="tl-directional compress") as tmp:
         try:

@@ -540,8 +540,8 @@ def claim_output(target: str | os.PathLike, kind: str, *, force: bool = False,
             except ArtefactLockedError as err:
                 raise ArtefactLockedError(f"{argument} {err}") from None
             except OSError as err:
-                raise ArtefactError(f"{argument} {os.fspath(target)}: cannot write there ({err.strerror or err}"
-                                    f" in {resolved.parent}); choose a directory you can write") from None
+                raise ArtefactError(f"{argument} {os.fspath(target)}: cannot create files in {resolved.parent} "
+                                    f"({err.strerror or err}); choose a directory you can write") from None
             _restore_interrupted_swap(resolved)
             check_replaceable(resolved, kind, force=force, force_hint=force_hint, legacy_names=legacy_names)
             _remove_stale_temporaries(resolved)

@@ -117,7 +117,7 @@ def _case(name: str, tmp: Path, home: Path, work: Path) -> tuple[str, list[str]]
     if name == "parent-is-a-file":
         return str(tmp / "afile" / "out"), [str(tmp / "afile"), "is a file, not a directory"]
     if name == "unwritable":
-        return "/proc/tl-directional-out", ["/proc/tl-directional-out", "cannot write"]
+        return "/proc/tl-directional-out", ["/proc/tl-directional-out", "cannot create files in /proc"]
     raise AssertionError(name)
 
 
@@ -382,3 +382,24 @@ def test_compress_on_a_full_disk_is_one_error_line_and_keeps_the_previous_model(
                     "the previous output, if any, is kept")
     assert _tree(tmp_path) == before  # the previous model intact, no partial folder, no lock file
     tld.models.load_model(out)
+
+
+@pytest.mark.bridge  # compress --out writes HF directories from the bridge lane only
+def test_a_model_directory_cut_between_its_renames_is_recovered_by_the_next_reader(tiny_model_dir, tmp_path,
+                                                                                    text_file):
+    dense = tiny_model_dir("gpt2")
+    out = tmp_path / "c"
+    rc, err = _cli("compress", "--model", dense, "--spec", "rtn:bits=8", "--out", out)
+    assert rc == 0, err
+    r = _subprocess_cli(["compress", "--model", dense, "--spec", "rtn:bits=4", "--out", out],
+                        fault="replace_dir.mid_swap")
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert not out.exists()
+    rc, err = _cli("profile", *_small(out, text_file), "--out", tmp_path / "p")  # a reader, not a writer
+    assert rc == 0, err
+    record = json.loads((out / "tl_directional_compression.json").read_text())
+    assert record["params"]["bits"] == 4  # the complete new model, verified against its manifest
+    from tl_directional.fileio import verify_manifest
+
+    verify_manifest(out, kind="compressed-model")
+    assert _hidden_leftovers(tmp_path) == []
