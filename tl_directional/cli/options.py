@@ -41,6 +41,9 @@ def _load_model_arg(name: str, option: str = "--model"):
     try:
         return load_model(name)
     except USER_ERRORS as exc:
+        refused = _refused_pickle(exc)
+        if refused is not None:  # transformers 4 wraps it in an OSError about TF checkpoints
+            raise UsageError(f"{option} {name} cannot be loaded: {_loading_failure(refused)}") from exc
         hint = ""
         if name != "default" and not Path(name).expanduser().exists() and not any(c in name for c in "/\\.~"):
             hint = (" (no such directory; a TransformerLens model name needs the hub or a warm HF "
@@ -51,7 +54,20 @@ def _load_model_arg(name: str, option: str = "--model"):
         raise UsageError(f"{option} {name} cannot be loaded: {_loading_failure(exc)}") from exc
 
 
-def _loading_failure(exc: Exception) -> str:
+def _refused_pickle(exc: BaseException) -> BaseException | None:
+    """The ``pickle.UnpicklingError`` behind ``exc`` (its causes and contexts), if any."""
+    import pickle
+
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, pickle.UnpicklingError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def _loading_failure(exc: BaseException) -> str:
     """What a loader's own exception means for the user, in one line."""
     import pickle
 
