@@ -542,8 +542,8 @@ def save_compressed(model, path, record: CompressionRecord | None = None, *, for
             "takes model objects) or compress with TransformerLens >= 4")
     from .fileio import ArtefactError, replace_dir
 
-    path = Path(path)
-    with replace_dir(path, "compressed-model", force=force, force_hint=force_hint,
+    given, path = path, Path(path)
+    with replace_dir(given, "compressed-model", force=force, force_hint=force_hint,
                      command="tl-directional compress") as tmp:
         try:
             save_hf_directory(model, tmp, tokenizer=getattr(model, "tokenizer", None))

@@ -126,7 +126,7 @@ class Profile:
         out = Path(path)
         meta = dict(self.metadata, format=format)
         legacy = frozenset({"metadata.json"} | {f"{t}.{f}" for t in self._TABLES for f in ("parquet", "csv")})
-        with replace_dir(out, "profile", force=overwrite, force_hint="pass overwrite=True (or remove it)",
+        with replace_dir(path, "profile", force=overwrite, force_hint="pass overwrite=True (or remove it)",
                          command="Profile.save", legacy_names=legacy) as tmp:
             for name in self._TABLES:
                 df = getattr(self, name)

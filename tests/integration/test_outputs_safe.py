@@ -403,3 +403,20 @@ def test_a_model_directory_cut_between_its_renames_is_recovered_by_the_next_read
 
     verify_manifest(out, kind="compressed-model")
     assert _hidden_leftovers(tmp_path) == []
+
+
+def test_library_writers_refuse_the_same_paths(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from tl_directional.fileio import ArtefactError
+
+    work = tmp_path / "s"
+    work.mkdir()
+    (work / "keep").write_text("keep")
+    monkeypatch.chdir(work)
+    prof = tld.Profile(pd.DataFrame({"layer": [0]}), pd.DataFrame({"layer": [0]}), {})
+    for path, why in (("", "is empty"), (".", "is the current directory"), ("..", "is an ancestor"),
+                      (str(work), "is the current directory")):
+        with pytest.raises(ArtefactError, match=why):
+            prof.save(path, format="csv", overwrite=True)
+    assert sorted(os.listdir(work)) == ["keep"] and _hidden_leftovers(tmp_path) == []

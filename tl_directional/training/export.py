@@ -57,7 +57,7 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
     fresh.load_state_dict(state, strict=True)
     fresh = fresh.to(dtype)
     out = Path(path)
-    with replace_dir(out, "export", force=force, force_hint=force_hint, command="tl-directional train --export",
+    with replace_dir(path, "export", force=force, force_hint=force_hint, command="tl-directional train --export",
                      legacy_names=_EXPORT_NAMES) as tmp:
         with quiet_transformers():
             fresh.save_pretrained(str(tmp))
