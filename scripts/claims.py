@@ -381,7 +381,12 @@ def main(argv=None) -> int:
     r.add_argument("--seq-len", type=int, default=128)
     r.add_argument("--batch-size", type=int, default=8)
     r.add_argument("--threads", type=int, default=1)
-    r.add_argument("--settings", choices=("all", "headline"), default="all")
+    r.add_argument(
+        "--settings",
+        choices=("all", "headline", "amend", "atlas"),
+        default="all",
+        help="amend / atlas: protocol sec. 9's grids, written as amend_<model>.* / atlas_<model>.*",
+    )
     r.add_argument(
         "--tag",
         default="",
