@@ -297,12 +297,17 @@ def _d_model(manifest) -> int:
 SUMMARY_START, SUMMARY_END = "<!-- claims-summary -->", "<!-- /claims-summary -->"
 
 
-def summary_block(stems, depth=(), training=()) -> str:
+def summary_block(stems, depth=(), training=(), amend=()) -> str:
     """The verdict table of every run, for docs/results.md (between the two markers)."""
+    import amend_claims
     import depth_claims
     import training_claims
 
     L = [SUMMARY_START, "", "| run | claim | statistic [95% CI] | verdict |", "|---|---|---|---|"]
+    for stem in amend:
+        done = "" if json.loads((DATA / f"{stem}.manifest.json").read_text())["complete"] else " (incomplete)"
+        for claim, stat, verdict in amend_claims.verdict_rows(stem, DATA):
+            L.append(f"| [{stem}](results/{stem}.md){done} | {claim} | {stat} | {verdict} |")
     for stem in training:
         for claim, stat, verdict in training_claims.verdict_rows(stem, DATA):
             L.append(f"| [claims_{stem}](results/claims_{stem}.md) | {claim} | {stat} | {verdict} |")
@@ -341,9 +346,13 @@ def summary_block(stems, depth=(), training=()) -> str:
 
 
 def build(check: bool) -> int:
+    import amend_claims
     import compression_claims
     import depth_claims
     import training_claims
+
+    amend = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("amend_*.manifest.json"))
+    atlas = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("atlas_*.manifest.json"))
 
     stems = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("claims_*.manifest.json"))
     depth = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("depth_*.manifest.json"))
@@ -359,12 +368,16 @@ def build(check: bool) -> int:
             pages[PAGES / f"{stem}.md"] = depth_claims.build_page(stem, DATA) + "\n"
         for stem in training:
             pages[PAGES / f"claims_{stem}.md"] = training_claims.build_page(stem, DATA) + "\n"
+        for stem in amend:
+            pages[PAGES / f"{stem}.md"] = amend_claims.build_amend_page(stem, DATA) + "\n"
+        for stem in atlas:
+            pages[PAGES / f"{stem}.md"] = amend_claims.build_atlas_page(stem, DATA) + "\n"
         index = PAGES.parent / "results.md"
         if index.is_file():
             text = index.read_text()
             if SUMMARY_START in text and SUMMARY_END in text:
                 head, rest = text.split(SUMMARY_START, 1)
-                pages[index] = head + summary_block(stems, depth, training) + rest.split(SUMMARY_END, 1)[1]
+                pages[index] = head + summary_block(stems, depth, training, amend) + rest.split(SUMMARY_END, 1)[1]
     except (DataError, depth_claims.C.DataError, compression_claims.DataError, training_claims.DataError) as e:  # each script's own class
         print(f"error: {e}", file=sys.stderr)
         return 2
