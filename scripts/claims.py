@@ -327,6 +327,15 @@ def summary_block(stems, depth=(), training=(), amend=()) -> str:
                 f"| [claims_{stem}](results/claims_{stem}.md) | 3: perpendicular error ranks compression damage "
                 f"better than parallel error, 1-cos and MSE ({cells[0].split(' (')[0]}) | T = {cells[1]} | {cells[-1]} |"
             )
+            amended = [ln for ln in page.split("## Amended reading", 1)[-1].splitlines()
+                       if ln.startswith("| attn, per-token mean |")]
+            if amended:
+                cells = [c.strip() for c in amended[0].strip("|").split(" | ")]
+                L.append(
+                    f"| [claims_{stem}](results/claims_{stem}.md) | 3 (amended reading, sec. 9.5): perpendicular "
+                    f"error ranks compression damage better than parallel error | rho_perp - rho_par = {cells[1]} | "
+                    f"{cells[2]} |"
+                )
     for stem in stems:
         manifest = json.loads((DATA / f"{stem}.manifest.json").read_text())
         page = build_page(stem)
