@@ -169,8 +169,10 @@ def build_page(stem: str) -> str:
         + ".",
         f"- Every edit on all layers and heads, no BOS exemption. Intervals: 95% percentile bootstrap over windows, "
         f"stratified by text ({B} resamples, seed {SEED}), the same resamples for every setting (paired). "
-        "`delta` is nats per predicted token (token-weighted); `ppl` is the paper's statistic, the per-window "
-        "perplexity averaged over the windows of a text, as a relative change; `spread` is the range over texts.",
+        "`delta` is nats per predicted token (token-weighted); `ppl` is the per-window perplexity averaged over "
+        "the windows of a text, as a relative change (not the paper's statistic: lm-eval's is corpus-level); "
+        "`corpus ppl` is the relative change of `exp` of the token-weighted mean NLL, pooled over the texts "
+        "(protocol sec. 9.5); `spread` is the range over texts.",
         "",
     ]
 
@@ -181,15 +183,15 @@ def build_page(stem: str) -> str:
             f"| {label} | {_fmt(d['pooled'])} | "
             + " | ".join(f"{float(d[t][0]):+.3f}" for t in texts)
             + f" | {min(per):+.3f} .. {max(per):+.3f} | {_fmt(d['pooled:ppl_rel'] * 100, _pct_format(d['pooled:ppl_rel']))}% | "
-            f"{float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |"
+            f"{_corpus_ppl_pct(d['pooled'][0])} | {float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |"
         )
 
     head = (
         "| setting | delta pooled [95% CI] | "
         + " | ".join(f"delta `{t}`" for t in texts)
-        + " | spread | ppl change [95% CI] | KL | top-1 agree |"
+        + " | spread | ppl change [95% CI] | corpus ppl change | KL | top-1 agree |"
     )
-    sep = "|---|---|" + "---:|" * len(texts) + "---|---|---:|---:|"
+    sep = "|---|---|" + "---:|" * len(texts) + "---|---|---:|---:|---:|"
     verdicts, e_rows = claim_verdicts(st, prof, texts)
     ex = [f"value-exclusive s_par={s:g}" for s in EXCL_GRID]
     L += [
@@ -248,8 +250,9 @@ def build_page(stem: str) -> str:
         L += [
             "",
             "Sandwich norms: the post-attention RMSNorm removes a common scale of the attention output and there "
-            "is no `o_proj` bias, so in value space `s_par = 2` is the same edit as `s_perp = 0.5` (see "
-            "[method](../method.md)); such pairs are not counted as parallel-versus-perpendicular evidence.",
+            "is no `o_proj` bias, so for the **full-aggregate** value edit `s_par = 2` is the same edit as "
+            "`s_perp = 0.5` (see [method](../method.md)); such pairs are not counted as parallel-versus-perpendicular "
+            "evidence. The twin does not hold for exclude-self: its self message is not scaled (protocol sec. 9.5).",
         ]
     L += [
         "",
@@ -288,6 +291,12 @@ def build_page(stem: str) -> str:
         "",
     ]
     return "\n".join(L)
+
+
+def _corpus_ppl_pct(delta_nats: float) -> str:
+    """Corpus-level perplexity change from the pooled token-weighted NLL change, in percent."""
+    v = math.expm1(float(delta_nats)) * 100
+    return f"{v:+.1f}%" if abs(v) < 1000 else f"{v:+.3g}%"
 
 
 def _d_model(manifest) -> int:
