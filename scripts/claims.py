@@ -367,6 +367,7 @@ def build(check: bool) -> int:
     import amend_claims
     import compression_claims
     import depth_claims
+    import paper_vs_ours
     import training_claims
 
     amend = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("amend_*.manifest.json"))
@@ -395,7 +396,14 @@ def build(check: bool) -> int:
             text = index.read_text()
             if SUMMARY_START in text and SUMMARY_END in text:
                 head, rest = text.split(SUMMARY_START, 1)
-                pages[index] = head + summary_block(stems, depth, training, amend) + rest.split(SUMMARY_END, 1)[1]
+                text = head + summary_block(stems, depth, training, amend) + rest.split(SUMMARY_END, 1)[1]
+            pages[index] = text
+        lead = paper_vs_ours.block(DATA)
+        for path in (index, ROOT / "README.md"):
+            text = pages.get(path) or (path.read_text() if path.is_file() else "")
+            if paper_vs_ours.START in text and paper_vs_ours.END in text:
+                head, rest = text.split(paper_vs_ours.START, 1)
+                pages[path] = head + lead + rest.split(paper_vs_ours.END, 1)[1]
     except (DataError, depth_claims.C.DataError, compression_claims.DataError, training_claims.DataError) as e:  # each script's own class
         print(f"error: {e}", file=sys.stderr)
         return 2
