@@ -21,7 +21,11 @@ START, END = "<!-- paper-vs-ours -->", "<!-- /paper-vs-ours -->"
 
 
 def _delta(st, label):
-    return C._fmt(st[label]["pooled"]) if label in st else "not measured"
+    if label not in st:
+        return "not measured"
+    texts = sorted(k for k in st[label] if ":" not in k and k != "pooled")
+    partial = "" if len(texts) == 3 else f" ({', '.join(texts)} only)"
+    return C._fmt(st[label]["pooled"]) + partial
 
 
 def _claims_stats(model: str, data: Path, prefix: str = "claims"):
