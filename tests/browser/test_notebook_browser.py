@@ -6,6 +6,8 @@ outputs lazily): it waits for the library. Without Chromium these tests skip and
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import tl_directional as tld
@@ -70,7 +72,7 @@ def test_every_figure_is_drawn(outputs, order, tmp_path):
         assert any(t == "svg" and "main-svg" in c for t, c in desc), f"{rid}: plotly drew no svg"
     for rid, desc in cvs.items():
         assert len(desc) >= 3, f"{rid}: circuitsvis root left empty"
-    assert "tld-missing" not in got["dom"]
+    assert '<p class="tld-missing"' not in got["dom"]  # no "library not loaded" note
     errors = [ln for ln in got["stderr"].splitlines() if "CONSOLE" in ln and ("Uncaught" in ln or "Error" in ln)]
     assert not errors, errors
 
@@ -80,4 +82,8 @@ def test_an_output_whose_carrier_is_gone_says_so(outputs, tmp_path):
     page = tmp_path / "cleared.html"
     page.write_text(_page([outputs[2]]), encoding="utf-8")  # a later plotly output alone
     got = run_chromium(page, tmp_path / "chromium", mode="dom", height=1200)
-    assert "tld-missing" in got["dom"] and "set_notebook_libraries" in got["dom"]
+    note = re.search(r'<p class="tld-missing"[^>]*>([^<]*)</p>', got["dom"])
+    assert note is not None, "no note in the output whose library never arrived"
+    assert "needs plotly.js" in note.group(1) and 'set_notebook_libraries("inline")' in note.group(1)
+    plots, _ = _drawn(got["dom"])
+    assert plots and not any(t == "svg" for desc in plots.values() for t, _ in desc)
