@@ -146,3 +146,16 @@ def test_mode_from_the_environment_and_bad_values(fresh, monkeypatch):
         nbo.notebook_libraries()
     with pytest.raises(ValueError, match=r"mode='all': choose one of once, inline"):
         nbo.set_notebook_libraries("all")
+
+
+def test_reports_and_views_share_the_carried_library(fresh):
+    import pandas as pd
+
+    from tl_directional import views
+    from tl_directional.page import Report
+
+    curves = pd.DataFrame({"variant": ["baseline"] * 3, "seed": 0, "step": [0, 10, 20], "val_loss": [6.0, 5.1, 4.8]})
+    rep = Report("r").add(views.training_curves(curves))
+    first, view_out = rep._repr_html_(), views.training_curves(curves)._repr_html_()
+    assert _lib_count(first, "plotly") == 1 and _lib_count(view_out, "plotly") == 0
+    assert "Plotly.newPlot(" in view_out and external_references(view_out) == []
