@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from ..stats import energy_ratio
+from ..student_t import t975
 from .checkpoint import checkpoint_paths, read_checkpoint
 from .config import INIT_DIR, TOKENIZER_DIR, VARIANTS, TrainConfig, variant_edits
 from .data import prepare_data
@@ -57,17 +58,6 @@ EXPERIMENT_DEFAULTS = TrainConfig(
 )
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 
-# Two-sided 95 % quantiles of Student's t, df = 1..30 (no scipy dependency).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t975(df: int) -> float:
-    """Two-sided 95 % Student-t quantile (1.96 beyond df 30)."""
-    if df < 1:
-        return float("nan")
-    return _T975[df - 1] if df <= len(_T975) else 1.96
 
 
 def paired_comparison(variant: Sequence[float], baseline: Sequence[float]) -> dict[str, float]:
