@@ -4,6 +4,7 @@ failed (accepted, or gave numbers) before the fix."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import warnings
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tl_directional as tld
+from tl_directional.edit import NonFiniteEditError
 from tests.integration.test_cli_rough_edges import _one_error_line
 from tests.integration.test_habits import _cli
 from tl_directional.models import (
@@ -98,3 +100,82 @@ def test_compress_check_on_damaged_weights_exits_2_not_a_gate_result(gpt2_3l, tm
     rc, err = _cli("compress-check", "--dense", pair["--dense"], "--compressed", pair["--compressed"],
                    "--text", text, "--max-sequences", "2", "--seq-len", "32", "--max-perp-error", "0.5")
     _one_error_line(rc, err, role, "missing tensor(s) transformer.h.2.attn.c_proj.weight")
+
+
+# -- non-finite results raise ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("edit", [tld.ValueScale(1e39), tld.ValueScale(1e39, mode="exclusive"),
+                                  tld.EffectiveDiagonal(1e39), tld.ResidualScale("mlp", s_par=1e30),
+                                  tld.ResidualScale("attn", s_perp=1e25)], ids=repr)
+def test_overflowing_edit_raises_in_float32_naming_edit_layer_and_scale(tiny_model, edit):
+    """float32, not only half precision: 1e39 is inf in float32; 1e30 on a residual update is
+    finite, but the next norm squares it (its scale was inf and the logits looked plausible)."""
+    model = tiny_model("gpt2")
+    tokens = model.to_tokens(["In the beginning was the word"])
+    with torch.no_grad(), pytest.raises(NonFiniteEditError) as info, tld.apply_edits(model, edit):
+        model(tokens)
+    message = str(info.value)
+    assert repr(edit) in message and "at layer 0" in message and "smaller scales" in message
+    with torch.no_grad():  # the hooks are gone and the model is intact
+        assert bool(torch.isfinite(model(tokens)).all())
+
+
+def test_edits_at_ordinary_scales_do_not_raise(tiny_model):
+    model = tiny_model("llama")
+    tokens = model.to_tokens(["In the beginning was the word"])
+    with torch.no_grad():
+        for edit in (tld.ValueScale(-1.0), tld.ResidualScale("block", 1e3, 0.0), tld.EffectiveDiagonal(5.0)):
+            with tld.apply_edits(model, edit):
+                assert bool(torch.isfinite(model(tokens)).all())
+
+
+def test_sweep_records_an_overflowing_setting_with_its_reason(tiny_model):
+    from tl_directional.sweep import grid, sweep
+
+    model = tiny_model("gpt2")
+    texts = [TEXT[:200], TEXT[200:400], TEXT[400:600]]
+    for stack in (1, 3):
+        df = sweep(model, texts, grid("value,resid-mlp", s_par=[0.0, 1e30, 1e39]), batch_size=2, stack=stack,
+                   progress=False).set_index("label")
+        assert set(df["status"]) == {"ok", "failed"}
+        for label in ("value[s_par=0,s_perp=1,L=all]", "resid-mlp[s_par=0,s_perp=1,L=all]", "baseline"):
+            assert df.loc[label, "status"] == "ok" and df.loc[label, "reason"] == ""
+            assert math.isfinite(df.loc[label, "delta_loss"])
+        for label in ("value[s_par=1e+39,s_perp=1,L=all]", "resid-mlp[s_par=1e+30,s_perp=1,L=all]",
+                      "resid-mlp[s_par=1e+39,s_perp=1,L=all]", "value[s_par=1e+30,s_perp=1,L=all]"):
+            row = df.loc[label]
+            assert row["status"] == "failed", label
+            assert "NonFinite" not in row["reason"] and "at layer 0" in row["reason"] and "s_par=1e+" in row["reason"]
+            assert math.isnan(row["delta_loss"]) and math.isnan(row["kl"])
+
+
+def test_cli_sweep_with_an_overflowing_scale_exits_1_with_the_reason(tiny_model_dir, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    rc, err = _cli("sweep", "--model", tiny_model_dir("gpt2"), "--text", text, "--space", "value",
+                   "--s-par=0,1e39", "--out", tmp_path / "o", "--quiet", "--max-sequences", "2", "--seq-len", "32")
+    assert rc == 1, err
+    assert "failed: value[s_par=1e+39,s_perp=1,L=all]: ValueScale(s_par=1e+39" in err and "Traceback" not in err
+    assert "1 of 2 settings failed" in err
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "o" / "sweep.csv").set_index("label")
+    assert table.loc["value[s_par=1e+39,s_perp=1,L=all]", "status"] == "failed"
+    assert table.loc["value[s_par=0,s_perp=1,L=all]", "status"] == "ok"
+
+
+def test_a_space_that_cannot_take_the_requested_s_perp_is_an_error_not_a_dropped_row(tiny_model_dir, tmp_path):
+    from tl_directional.sweep import grid
+
+    with pytest.raises(ValueError, match=r"spaces has 'eff-diag', which scales only the parallel part .*"
+                                         r"s_perp \(--s-perp\) has 0.5; sweep 'eff-diag' in a grid of its own"):
+        grid("value,eff-diag", s_par=[0.0], s_perp=[0.5])
+    with pytest.raises(ValueError, match="'eff-diag'"):
+        grid("eff-diag", s_par=[0.0], s_perp=[1.0, 0.5])
+    assert {s.space for s in grid("value,eff-diag,hard-diag", s_par=[0.0])} == {"value", "eff-diag", "hard-diag"}
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    rc, err = _cli("sweep", "--model", tiny_model_dir("gpt2"), "--text", text, "--space", "value,eff-diag",
+                   "--s-par=0", "--s-perp=0.5", "--out", tmp_path / "o", "--quiet")
+    _one_error_line(rc, err, "'eff-diag'", "--s-perp")
