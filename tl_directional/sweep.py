@@ -46,7 +46,15 @@ from .adapter import (
     unembedding_matches,
 )
 from .distributed import rank_and_world, release_captured_groups
-from .edit import EDIT_SPACES, Edit, NonFiniteEditError, apply_edits, edit_space, edits_for_space, scales
+from .edit import (
+    EDIT_SPACES,
+    Edit,
+    NonFiniteEditError,
+    apply_edits,
+    edit_space,
+    edits_for_space,
+    scales,
+)
 from .fileio import (
     SEAL_KEY,
     ArtefactError,

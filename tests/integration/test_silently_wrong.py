@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tl_directional as tld
-from tl_directional.edit import NonFiniteEditError
 from tests.integration.test_cli_rough_edges import _one_error_line
 from tests.integration.test_habits import _cli
+from tl_directional.edit import NonFiniteEditError
 from tl_directional.models import (
     DamagedWeightsError,
     DamagedWeightsWarning,
