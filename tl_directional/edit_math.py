@@ -206,8 +206,9 @@ def query_mask(edit: Any, batch: int, n_q: int, offset: int, device) -> Tensor |
     if getattr(edit, "_checked_for", None) != key:
         if not FORWARD.generating:  # during generate, later positions are reached later
             check_positions_in_range(positions, total)
-        else:
+        elif not (isinstance(positions, Tensor) and positions.dtype == torch.bool):
             check_positions_in_range(positions, max(total, 1 << 30))
+        # (a bool mask over the prompt leaves the generated positions unselected)
         edit._checked_for = key
     pm = position_mask(positions, batch=batch, n_query=n_q, offset=offset, device=device)
     mask = FORWARD.attention_mask

@@ -457,7 +457,7 @@ def sweep(
         raise ValueError(f"metrics has unknown {bad}; choose from {tuple(_metrics.METRIC_REGISTRY)}")
     if not isinstance(stack, int) or stack < 1:
         raise ValueError(f"stack must be a positive int, got {stack!r}")
-    sites = resolve_sites(model, warn=False)
+    sites = resolve_sites(model)
     if not sites.causal:
         raise ValueError("sweep measures next-token loss, which does not apply to encoders (post-LN BERT)")
     for s in settings:

@@ -179,3 +179,98 @@ def test_a_space_that_cannot_take_the_requested_s_perp_is_an_error_not_a_dropped
     rc, err = _cli("sweep", "--model", tiny_model_dir("gpt2"), "--text", text, "--space", "value,eff-diag",
                    "--s-par=0", "--s-perp=0.5", "--out", tmp_path / "o", "--quiet")
     _one_error_line(rc, err, "'eff-diag'", "--s-perp")
+
+
+# -- no silent no-op argument --------------------------------------------------------------------
+
+
+def test_zero_or_partly_zero_reference_is_an_error_naming_reference(tiny_model):
+    d = tiny_model("gpt2").cfg.d_model
+    with pytest.raises(ValueError, match=r"reference has a zero direction \(it is zero"):
+        tld.ResidualScale("mlp", s_par=0.0, reference=torch.zeros(d))
+    partly = torch.randn(2, 5, d, generator=torch.Generator().manual_seed(0))
+    partly[1, 3] = 0.0
+    with pytest.raises(ValueError, match=r"reference has a zero direction \(1 of its 10 directions are zero"):
+        tld.ResidualScale("attn", s_par=0.0, reference=partly)
+    with pytest.raises(ValueError, match="reference has non-finite values"):
+        tld.ResidualScale("attn", reference=torch.full((d,), float("nan")))
+    tld.ResidualScale("mlp", s_par=0.0, reference=torch.ones(d))  # a real direction is fine
+
+
+def test_decompose_validates_eps_like_every_other_entry_point():
+    u, r = torch.randn(3, 8), torch.randn(3, 8)
+    for eps in (-1.0, float("nan"), 0.0, float("inf")):
+        with pytest.raises(ValueError, match="eps must be a finite float > 0"):
+            tld.decompose(u, r, eps=eps)
+    assert torch.allclose(tld.decompose(u, r, eps=1e-9).par + tld.decompose(u, r).perp, u, atol=1e-6)
+
+
+@pytest.mark.parametrize("positions,fragment", [
+    ([], r"positions=\[\] is empty: the edit would change nothing"),
+    (torch.tensor([], dtype=torch.long), "is empty: the edit would change nothing"),
+    (torch.zeros(9, dtype=torch.bool), "bool mask with no True entry"),
+    (torch.tensor([True, False, True, False, True]), r"bool mask of shape \(5,\), 5 positions, but the sequence has 9"),
+    (torch.ones(1, 12, dtype=torch.bool), "12 positions, but the sequence has 9"),
+])
+def test_empty_positions_and_wrong_length_masks_raise(tiny_model, positions, fragment):
+    model = tiny_model("gpt2")
+    tokens = torch.arange(1, 10).unsqueeze(0)  # 9 tokens
+    for edit in (tld.ValueScale(0.0, positions=positions), tld.ResidualScale("attn", 0.0, positions=positions)):
+        with torch.no_grad(), pytest.raises(ValueError, match=fragment), tld.apply_edits(model, edit):
+            model(tokens)
+    mask = torch.zeros(9, dtype=torch.bool)
+    mask[[2, 5]] = True
+    with torch.no_grad():  # a mask of the right length is the same edit as its positions
+        with tld.apply_edits(model, tld.ValueScale(0.0, positions=mask)):
+            a = model(tokens)
+        with tld.apply_edits(model, tld.ValueScale(0.0, positions=[2, 5])):
+            b = model(tokens)
+    assert torch.equal(a, b)
+
+
+def test_duplicate_experiment_seeds_are_refused_naming_seeds(tmp_path):
+    from tl_directional.training.cli import experiment_main
+    from tl_directional.training.experiment import check_seeds
+
+    with pytest.raises(ValueError, match=r"seeds repeats seed\(s\) 0"):
+        check_seeds([0, 0])
+    rc, err = _cli("experiment", "--seeds", "0,0", "--out", tmp_path / "x")
+    _one_error_line(rc, err, "--seeds repeats seed(s) 0", "distinct seeds")
+    assert not (tmp_path / "x").exists()
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stderr(buf):
+        assert experiment_main(["--seeds", "0,x", "--out", str(tmp_path / "y")]) == 2
+    assert "--seeds '0,x': expected comma-separated integers" in buf.getvalue()
+
+
+def test_split_logit_attribution_past_the_context_is_an_error(tiny_model):
+    model = tiny_model("gpt2")
+    long_text = " ".join(["and the earth was without form and void"] * 40)
+    ids = model.tokenizer(long_text, add_special_tokens=False)["input_ids"]
+    assert len(ids) > model.cfg.n_ctx
+    with pytest.raises(ValueError, match=r"inputs\[0\] has \d+ tokens, more than the model's context of 128: "
+                                         "the answer follows the text's last token.*last n_ctx token ids"):
+        tld.split_logit_attribution(model, long_text, 5)
+    short = torch.tensor([ids[-model.cfg.n_ctx:]])  # the fix the message names: the last n_ctx ids
+    table = tld.split_logit_attribution(model, short, 5)
+    assert len(table) and table["dla"].notna().any()
+
+
+@pytest.mark.bridge
+def test_processed_weights_warn_on_edits_too(tiny_model):
+    model = tiny_model("gpt2", fresh=True)
+    model.enable_compatibility_mode(disable_warnings=True)
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    for enter in (lambda: tld.apply_edits(model, tld.ValueScale(0.0)),
+                  lambda: model.hooks(fwd_hooks=tld.ResidualScale("mlp", 0.5).fwd_hooks(model))):
+        with warnings.catch_warnings(record=True) as log:
+            warnings.simplefilter("always")
+            with torch.no_grad(), enter():
+                model(tokens)
+        assert any(issubclass(w.category, tld.WeightProcessingWarning) and "processed" in str(w.message)
+                   for w in log)
+    with pytest.warns(tld.WeightProcessingWarning, match="processed"):
+        tld.split_logit_attribution(model, tokens, 5)
