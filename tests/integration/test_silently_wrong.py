@@ -259,10 +259,12 @@ def test_split_logit_attribution_past_the_context_is_an_error(tiny_model):
     assert len(table) and table["dla"].notna().any()
 
 
-@pytest.mark.bridge
-def test_processed_weights_warn_on_edits_too(tiny_model):
+def test_processed_weights_warn_on_edits_too(tiny_model, lane):
     model = tiny_model("gpt2", fresh=True)
-    model.enable_compatibility_mode(disable_warnings=True)
+    if lane == "bridge":
+        model.enable_compatibility_mode(disable_warnings=True)
+    else:  # fold_ln=False: split_logit_attribution reads ln_final.hook_scale, which folding removes
+        model.process_weights_(fold_ln=False, center_writing_weights=True, center_unembed=True)
     tokens = torch.tensor([[1, 2, 3, 4, 5]])
     for enter in (lambda: tld.apply_edits(model, tld.ValueScale(0.0)),
                   lambda: model.hooks(fwd_hooks=tld.ResidualScale("mlp", 0.5).fwd_hooks(model))):

@@ -327,9 +327,9 @@ class DamagedWeightsWarning(UserWarning):
     tensors were not loaded from the files and hold ``transformers``' random initialisation."""
 
 
-def _weights_loading_info(cls: Any, path: Path, dtype: torch.dtype) -> dict[str, Any]:
-    """``transformers``' own report of what loading ``path`` into ``cls`` would leave missing,
-    unexpected or mismatched, read without loading any tensor data (meta device)."""
+def _weights_loading_info(cls: Any, path: Path, dtype: torch.dtype) -> tuple[Any, dict[str, Any]]:
+    """The (meta-device) model and ``transformers``' own report of what loading ``path`` into
+    ``cls`` would leave missing, unexpected or mismatched, read without loading tensor data."""
     from transformers.utils import logging as hf_logging
 
     kwargs = {**from_pretrained_kwargs(dtype), "output_loading_info": True, "ignore_mismatched_sizes": True}
@@ -338,13 +338,34 @@ def _weights_loading_info(cls: Any, path: Path, dtype: torch.dtype) -> dict[str,
     try:
         with quiet_transformers():
             try:
-                _, info = cls.from_pretrained(str(path), device_map="meta", **kwargs)
+                return cls.from_pretrained(str(path), device_map="meta", **kwargs)
             except (TypeError, ValueError, ImportError, NotImplementedError):
                 # a transformers without meta loading (or without accelerate): a CPU load
-                _, info = cls.from_pretrained(str(path), **kwargs)
+                return cls.from_pretrained(str(path), **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
-    return info
+
+
+def _mismatched(entries, model: Any, path: Path) -> list[tuple[str, tuple, tuple]]:
+    """``(name, shape in the file, shape expected)`` per mismatched tensor: transformers 5 reports
+    the shapes, transformers 4 only the names (then read from the file headers and the model)."""
+    from safetensors import safe_open
+
+    out = []
+    for entry in entries or ():
+        if not isinstance(entry, str):
+            name, in_file, expected = entry
+            out.append((str(name), tuple(in_file), tuple(expected)))
+            continue
+        expected = tuple(model.state_dict()[entry].shape) if entry in model.state_dict() else ()
+        in_file: tuple = ()
+        for weights in sorted(path.glob("*.safetensors")):
+            with safe_open(str(weights), framework="pt") as f:
+                if entry in f.keys():
+                    in_file = tuple(f.get_slice(entry).get_shape())
+                    break
+        out.append((entry, in_file, expected))
+    return sorted(out)
 
 
 def check_model_weights(path: str | os.PathLike[str], argument: str = "path", *,
@@ -377,10 +398,11 @@ def check_model_weights(path: str | os.PathLike[str], argument: str = "path", *,
     cls = getattr(transformers, hf_architecture(hf_config), None)
     if cls is None or not hasattr(cls, "from_pretrained"):
         return  # an architecture transformers does not know: the loader names it
-    info = _weights_loading_info(cls, path, dtype)
+    model, info = _weights_loading_info(cls, path, dtype)
     missing = sorted(info.get("missing_keys") or ())
     unexpected = sorted(info.get("unexpected_keys") or ())
-    mismatched = sorted((str(k), tuple(a), tuple(b)) for k, a, b in (info.get("mismatched_keys") or ()))
+    mismatched = _mismatched(info.get("mismatched_keys"), model, path)
+    del model
     if not (missing or unexpected or mismatched):
         return
     parts = []
