@@ -276,3 +276,13 @@ def test_processed_weights_warn_on_edits_too(tiny_model, lane):
                    for w in log)
     with pytest.warns(tld.WeightProcessingWarning, match="processed"):
         tld.split_logit_attribution(model, tokens, 5)
+
+
+def test_safe_scale_search_counts_an_overflowing_scale_as_over_budget(tiny_model):
+    from tl_directional.sweep import find_safe_scale
+
+    model = tiny_model("gpt2")
+    (res,) = find_safe_scale(model, [TEXT[:200]], "value", budget=10.0, bounds=(-1.0, 1e30), grid_points=3,
+                             refine_steps=2)
+    assert res.evaluations["cost"].iloc[-1] == math.inf  # the overflowing point, not a crash
+    assert res.interval[1] < 1e29 and not res.hit_bounds[1]
