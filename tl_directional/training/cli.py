@@ -23,7 +23,7 @@ from ..cli.options import _Parser
 from ..fileio import check_replaceable
 from .config import TOKENIZER_DIR, VARIANTS, TrainConfig
 from .data import load_tokenizer
-from .experiment import DEFAULT_SEEDS, EXPERIMENT_DEFAULTS, run_experiment
+from .experiment import DEFAULT_SEEDS, EXPERIMENT_DEFAULTS, check_seeds, run_experiment
 from .export import export_model
 from .trainer import train
 
@@ -125,7 +125,11 @@ def experiment_main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        try:
+            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
+        check_seeds(seeds, "--seeds")
         variants = [v.strip() for v in args.variants.split(",") if v.strip()]
         base = config_from_args(args)
         run_experiment(base, args.out, seeds=seeds, variants=variants, progress=not args.quiet,

@@ -140,11 +140,30 @@ def run_name(variant: str, seed: int) -> str:
     return f"{variant}-s{seed}"
 
 
+def check_seeds(seeds: Sequence[int], argument: str = "seeds") -> list[int]:
+    """``seeds`` as a list of distinct ints; a ValueError naming ``argument`` for an empty list,
+    a non-int or a repeated seed (which would be one run counted once, not n)."""
+    seeds = list(seeds)
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int)]
+    if not seeds or bad:
+        raise ValueError(f"{argument} must be a non-empty list of distinct int seeds, got {seeds!r}; e.g. 0,1,2")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(f"{argument} repeats seed(s) {', '.join(map(str, repeated))} ({seeds!r}): a repeated seed is "
+                         "the same run, counted once, so the comparison would have fewer seeds than asked; pass "
+                         "distinct seeds, e.g. " + ",".join(map(str, range(len(seeds)))))
+    return seeds
+
+
 def run_experiment(base: TrainConfig, out: str | os.PathLike[str], *, seeds: Sequence[int] = DEFAULT_SEEDS,
                    variants: Sequence[str] = VARIANTS, progress: bool = True, report_only: bool = False,
                    profile_windows: int = 16) -> dict[str, Any]:
-    """Train (or resume) every (variant, seed) run into ``out/runs`` and write the report."""
+    """Train (or resume) every (variant, seed) run into ``out/runs`` and write the report.
+
+    ``seeds`` must be distinct ints: a repeated seed would train the same run twice and be
+    counted as one, so the report's n would not be the number of seeds asked for."""
     out = Path(out)
+    check_seeds(seeds)
     out.mkdir(parents=True, exist_ok=True)
     for v in variants:
         if v not in VARIANTS:
