@@ -11,8 +11,11 @@ from tl_directional.sweep import Setting, grid
 
 
 def test_every_sweep_label_reads_back_as_its_setting():
-    settings = grid(list(EDIT_SPACES), s_par=[-1, 0, 0.5, 2, 1e6], s_perp=[1, 0, 0.25],
-                    layers=[None, [0, 1], [3]])
+    # spaces with no perpendicular part take s_perp = 1 only (a grid refuses them otherwise)
+    perp = [sp for sp, e in EDIT_SPACES.items() if e.perp]
+    scaled_only = [sp for sp in EDIT_SPACES if sp not in perp]
+    settings = grid(perp, s_par=[-1, 0, 0.5, 2, 1e6], s_perp=[1, 0, 0.25], layers=[None, [0, 1], [3]])
+    settings += grid(scaled_only, s_par=[-1, 0, 0.5, 2, 1e6], s_perp=[1], layers=[None, [0, 1], [3]])
     assert {s.space for s in settings} == set(EDIT_SPACES)
     for s in settings:
         assert parse_edit_spec(s.label) == [s], s.label
