@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tl_directional.cache_hooks import required_hooks
 from tl_directional.inputs import TokenBatch
 from tl_directional.sites import resolve_sites
 
@@ -41,21 +42,9 @@ def all_components(model) -> tuple[str, ...]:
 
 def needed_hooks(model, components=None) -> list[str]:
     """Hook names ``Profile.from_cache`` reads for ``components`` (default: all): what a naive
-    user would cache with ``run_with_cache(names_filter=...)``."""
-    sites = resolve_sites(model, warn=False)
-    comps = all_components(model) if components is None else tuple(components)
-    names: set[str] = set()
-    for comp in comps:
-        if comp == "value":
-            for vs in sites.value:
-                names |= {vs.v_hook, vs.pattern_hook, vs.z_hook, vs.resid_hook}
-            # the factorization check reads the attention update and its reference
-            for u in sites.units["attn"]:
-                names |= {u.update_hook, u.reference_hook}
-        else:
-            for u in sites.units[comp]:
-                names |= {u.update_hook, u.reference_hook}
-    return sorted(names)
+    user would cache with ``run_with_cache(names_filter=...)``; :func:`tl_directional.required_hooks`,
+    sorted."""
+    return sorted(required_hooks(model, components=components))
 
 
 def naive_profile(model, batch: TokenBatch, components=None, names: list[str] | None = None):

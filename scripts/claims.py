@@ -169,8 +169,10 @@ def build_page(stem: str) -> str:
         + ".",
         f"- Every edit on all layers and heads, no BOS exemption. Intervals: 95% percentile bootstrap over windows, "
         f"stratified by text ({B} resamples, seed {SEED}), the same resamples for every setting (paired). "
-        "`delta` is nats per predicted token (token-weighted); `ppl` is the paper's statistic, the per-window "
-        "perplexity averaged over the windows of a text, as a relative change; `spread` is the range over texts.",
+        "`delta` is nats per predicted token (token-weighted); `ppl` is the per-window perplexity averaged over "
+        "the windows of a text, as a relative change (not the paper's statistic: lm-eval's is corpus-level); "
+        "`corpus ppl` is the relative change of `exp` of the token-weighted mean NLL, pooled over the texts "
+        "(protocol sec. 9.5); `spread` is the range over texts.",
         "",
     ]
 
@@ -181,15 +183,15 @@ def build_page(stem: str) -> str:
             f"| {label} | {_fmt(d['pooled'])} | "
             + " | ".join(f"{float(d[t][0]):+.3f}" for t in texts)
             + f" | {min(per):+.3f} .. {max(per):+.3f} | {_fmt(d['pooled:ppl_rel'] * 100, _pct_format(d['pooled:ppl_rel']))}% | "
-            f"{float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |"
+            f"{_corpus_ppl_pct(d['pooled'][0])} | {float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |"
         )
 
     head = (
         "| setting | delta pooled [95% CI] | "
         + " | ".join(f"delta `{t}`" for t in texts)
-        + " | spread | ppl change [95% CI] | KL | top-1 agree |"
+        + " | spread | ppl change [95% CI] | corpus ppl change | KL | top-1 agree |"
     )
-    sep = "|---|---|" + "---:|" * len(texts) + "---|---|---:|---:|"
+    sep = "|---|---|" + "---:|" * len(texts) + "---|---|---:|---:|---:|"
     verdicts, e_rows = claim_verdicts(st, prof, texts)
     ex = [f"value-exclusive s_par={s:g}" for s in EXCL_GRID]
     L += [
@@ -248,8 +250,9 @@ def build_page(stem: str) -> str:
         L += [
             "",
             "Sandwich norms: the post-attention RMSNorm removes a common scale of the attention output and there "
-            "is no `o_proj` bias, so in value space `s_par = 2` is the same edit as `s_perp = 0.5` (see "
-            "[method](../method.md)); such pairs are not counted as parallel-versus-perpendicular evidence.",
+            "is no `o_proj` bias, so for the **full-aggregate** value edit `s_par = 2` is the same edit as "
+            "`s_perp = 0.5` (see [method](../method.md)); such pairs are not counted as parallel-versus-perpendicular "
+            "evidence. The twin does not hold for exclude-self: its self message is not scaled (protocol sec. 9.5).",
         ]
     L += [
         "",
@@ -290,6 +293,12 @@ def build_page(stem: str) -> str:
     return "\n".join(L)
 
 
+def _corpus_ppl_pct(delta_nats: float) -> str:
+    """Corpus-level perplexity change from the pooled token-weighted NLL change, in percent."""
+    v = math.expm1(float(delta_nats)) * 100
+    return f"{v:+.1f}%" if abs(v) < 1000 else f"{v:+.3g}%"
+
+
 def _d_model(manifest) -> int:
     return {"smollm2-135m": 576, "gemma-3-270m": 640}.get(manifest["model"]["name"], 0)
 
@@ -297,12 +306,17 @@ def _d_model(manifest) -> int:
 SUMMARY_START, SUMMARY_END = "<!-- claims-summary -->", "<!-- /claims-summary -->"
 
 
-def summary_block(stems, depth=(), training=()) -> str:
+def summary_block(stems, depth=(), training=(), amend=()) -> str:
     """The verdict table of every run, for docs/results.md (between the two markers)."""
+    import amend_claims
     import depth_claims
     import training_claims
 
     L = [SUMMARY_START, "", "| run | claim | statistic [95% CI] | verdict |", "|---|---|---|---|"]
+    for stem in amend:
+        done = "" if json.loads((DATA / f"{stem}.manifest.json").read_text())["complete"] else " (incomplete)"
+        for claim, stat, verdict in amend_claims.verdict_rows(stem, DATA):
+            L.append(f"| [{stem}](results/{stem}.md){done} | {claim} | {stat} | {verdict} |")
     for stem in training:
         for claim, stat, verdict in training_claims.verdict_rows(stem, DATA):
             L.append(f"| [claims_{stem}](results/claims_{stem}.md) | {claim} | {stat} | {verdict} |")
@@ -322,6 +336,15 @@ def summary_block(stems, depth=(), training=()) -> str:
                 f"| [claims_{stem}](results/claims_{stem}.md) | 3: perpendicular error ranks compression damage "
                 f"better than parallel error, 1-cos and MSE ({cells[0].split(' (')[0]}) | T = {cells[1]} | {cells[-1]} |"
             )
+            amended = [ln for ln in page.split("## Amended reading", 1)[-1].splitlines()
+                       if ln.startswith("| attn, per-token mean |")]
+            if amended:
+                cells = [c.strip() for c in amended[0].strip("|").split(" | ")]
+                L.append(
+                    f"| [claims_{stem}](results/claims_{stem}.md) | 3 (amended reading, sec. 9.5): perpendicular "
+                    f"error ranks compression damage better than parallel error | rho_perp - rho_par = {cells[1]} | "
+                    f"{cells[2]} |"
+                )
     for stem in stems:
         manifest = json.loads((DATA / f"{stem}.manifest.json").read_text())
         page = build_page(stem)
@@ -341,9 +364,14 @@ def summary_block(stems, depth=(), training=()) -> str:
 
 
 def build(check: bool) -> int:
+    import amend_claims
     import compression_claims
     import depth_claims
+    import paper_vs_ours
     import training_claims
+
+    amend = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("amend_*.manifest.json"))
+    atlas = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("atlas_*.manifest.json"))
 
     stems = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("claims_*.manifest.json"))
     depth = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("depth_*.manifest.json"))
@@ -359,12 +387,23 @@ def build(check: bool) -> int:
             pages[PAGES / f"{stem}.md"] = depth_claims.build_page(stem, DATA) + "\n"
         for stem in training:
             pages[PAGES / f"claims_{stem}.md"] = training_claims.build_page(stem, DATA) + "\n"
+        for stem in amend:
+            pages[PAGES / f"{stem}.md"] = amend_claims.build_amend_page(stem, DATA) + "\n"
+        for stem in atlas:
+            pages[PAGES / f"{stem}.md"] = amend_claims.build_atlas_page(stem, DATA) + "\n"
         index = PAGES.parent / "results.md"
         if index.is_file():
             text = index.read_text()
             if SUMMARY_START in text and SUMMARY_END in text:
                 head, rest = text.split(SUMMARY_START, 1)
-                pages[index] = head + summary_block(stems, depth, training) + rest.split(SUMMARY_END, 1)[1]
+                text = head + summary_block(stems, depth, training, amend) + rest.split(SUMMARY_END, 1)[1]
+            pages[index] = text
+        lead = paper_vs_ours.block(DATA)
+        for path in (index, ROOT / "README.md"):
+            text = pages.get(path) or (path.read_text() if path.is_file() else "")
+            if paper_vs_ours.START in text and paper_vs_ours.END in text:
+                head, rest = text.split(paper_vs_ours.START, 1)
+                pages[path] = head + lead + rest.split(paper_vs_ours.END, 1)[1]
     except (DataError, depth_claims.C.DataError, compression_claims.DataError, training_claims.DataError) as e:  # each script's own class
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -381,7 +420,12 @@ def main(argv=None) -> int:
     r.add_argument("--seq-len", type=int, default=128)
     r.add_argument("--batch-size", type=int, default=8)
     r.add_argument("--threads", type=int, default=1)
-    r.add_argument("--settings", choices=("all", "headline"), default="all")
+    r.add_argument(
+        "--settings",
+        choices=("all", "headline", "amend", "atlas"),
+        default="all",
+        help="amend / atlas: protocol sec. 9's grids, written as amend_<model>.* / atlas_<model>.*",
+    )
     r.add_argument(
         "--tag",
         default="",

@@ -49,17 +49,21 @@ HEADLINE = (
 # ---------------------------------------------------------------------------
 
 
-def _concat_hooks(model, sites, mode: str, s_par: float):
+def _concat_hooks(model, sites, mode: str, s_par: float, layers=None):
     """METHOD sec. 4's value-space edit with the projection on the *concatenated* heads: ``y``
     is all heads' ``z_t`` (or the cross aggregates ``c_t``) flattened to ``n_heads * d_head``,
-    the reference the concatenated own values (GQA: each query head's KV value). The per-head
-    form is the library's ``ValueScale``; this is the variant the paper leaves open."""
+    the reference the concatenated own values (GQA: each query head's KV value expanded to the
+    query-head layout first). This is the revision's inference edit (appendix, "Forward-hook
+    implementation"); the library's ``ValueScale`` is the per-head form. ``layers``: the edited
+    layers (``None``: all)."""
     import torch
 
     from tl_directional.sites import expand_kv_heads
 
     hooks, store = [], {}
     for vs in sites.value:
+        if layers is not None and vs.layer not in layers:
+            continue
 
         def grab_v(t, hook, L=vs.layer):  # noqa: ARG001
             store[("v", L)] = t
@@ -257,6 +261,70 @@ def settings(model, sites, prof_value, prof_resid):
     return out
 
 
+def layer_sets(n_layers: int) -> dict[str, list[int] | None]:
+    """The layer conventions of protocol sec. 9: every layer (the revision's PPL sweep), every
+    layer but the first (its zero-shot benchmarks, appendix "Edit settings"), and every layer
+    but the first two (where the withdrawn pilot put most of the all-layer damage)."""
+    return {"all": None, "skip0": list(range(1, n_layers)), "skip01": list(range(2, n_layers))}
+
+
+def amend_settings(model, sites):
+    """Protocol sec. 9.2's grid: the paper's edit form (joint over concatenated heads) beside the
+    per-head form, on its layer conventions, at full removal and at half retention."""
+    import tl_directional as tld
+
+    sets = layer_sets(sites.n_layers)
+
+    def joint(mode, s, layers):
+        return lambda: model.hooks(fwd_hooks=_concat_hooks(model, sites, mode, s, layers))
+
+    def per_head(mode, s, layers):
+        return lambda: tld.apply_edits(model, tld.ValueScale(s_par=s, mode=mode, layers=layers))
+
+    def resid(s, layers):
+        return lambda: tld.apply_edits(model, tld.ResidualScale("attn", s_par=s, layers=layers))
+
+    out = []
+    for s in (0.0, 0.5):
+        for name, layers in sets.items():
+            out.append((f"value-exclusive-joint {name} s_par={s:g}", "amend",
+                        "value-exclusive-joint", s, "1", joint("exclusive", s, layers)))
+            out.append((f"value-exclusive {name} s_par={s:g}", "amend",
+                        "value-exclusive", s, "1", per_head("exclusive", s, layers)))
+        for name in ("all", "skip0"):
+            layers = sets[name]
+            out.append((f"value-full-joint {name} s_par={s:g}", "amend",
+                        "value-full-joint", s, "1", joint("full", s, layers)))
+            out.append((f"value-full {name} s_par={s:g}", "amend",
+                        "value-full", s, "1", per_head("full", s, layers)))
+            out.append((f"resid-attn {name} s_par={s:g}", "amend", "resid-attn", s, "1",
+                        resid(s, layers)))
+    skip0 = sets["skip0"]
+    out.append(("hard-diag skip0", "amend", "hard-diag", float("nan"), "-",
+                lambda: tld.apply_edits(model, tld.DiagonalRemoval(layers=skip0))))
+    return out
+
+
+def atlas_settings(model, sites):
+    """Protocol sec. 9.3's single-layer atlas: per-head exclude-self removal in one layer at a
+    time (the headline edit of sec. 3, located)."""
+    import tl_directional as tld
+
+    def one(layer):
+        return lambda: tld.apply_edits(
+            model, tld.ValueScale(s_par=0.0, mode="exclusive", layers=[layer])
+        )
+
+    return [
+        (f"value-exclusive L{L} s_par=0", "atlas", "value-exclusive", 0.0, "1", one(L))
+        for L in range(sites.n_layers)
+    ]
+
+
+#: ``--settings`` sets written under their own data stem (pages: protocol sec. 9)
+AMENDED_SETS = {"amend": amend_settings, "atlas": atlas_settings}
+
+
 # ---------------------------------------------------------------------------
 # run
 # ---------------------------------------------------------------------------
@@ -320,8 +388,9 @@ def run(args) -> int:
     model = load_model(args.model)
     sites = resolve_sites(model, warn=False)
     entry = REAL_MODELS[args.model]
+    prefix = args.settings if args.settings in AMENDED_SETS else "claims"
     stem = (
-        f"claims_{args.model}"
+        f"{prefix}_{args.model}"
         + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
         + (f"_{args.tag}" if args.tag else "")
     )
@@ -401,7 +470,10 @@ def run(args) -> int:
             df.insert(0, "table", kind)
             df.insert(0, "text", text)
             profiles.append(df)
-        sets = settings(model, sites, pv, pr)
+        if args.settings in AMENDED_SETS:
+            sets = AMENDED_SETS[args.settings](model, sites)
+        else:
+            sets = settings(model, sites, pv, pr)
         if args.settings == "headline":
             sets = [x for x in sets if x[0] in HEADLINE]
         if manifest.get("settings") and [s["label"] for s in manifest["settings"]] != [s[0] for s in sets]:

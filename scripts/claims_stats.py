@@ -248,4 +248,27 @@ def claim_verdicts(st, prof, texts):
             _verdict_threshold(pooled_rho, 0.5),
         )
     )
+    # amended reading (protocol sec. 9.5): the full-aggregate share contains A_tt by construction
+    # (beta = A_tt + gamma), the non-self share does not
+    if "par_frac_exclusive_mean" in pv:
+        rng = np.random.default_rng(SEED)
+        rhos = []
+        for text in texts:
+            g = pv[pv.text == text]
+            x, y = g.A_tt_mean.to_numpy(), g.par_frac_exclusive_mean.to_numpy()
+            rho = [_spearman(x, y)]
+            for _ in range(B):
+                idx = rng.integers(0, len(x), len(x))
+                rho.append(_spearman(x[idx], y[idx]))
+            rhos.append(np.array(rho))
+        ex_rho = np.mean(rhos, axis=0)
+        verdicts.append(
+            (
+                "E (amended reading, sec. 9.5)",
+                "a head's non-self value-space share (mean abs cos(c_t, v_t), the self message excluded) "
+                "tracks its mean A_tt: Spearman > 0.5 across heads",
+                f"mean over texts of Spearman = {_fmt(ex_rho, '+.2f')}",
+                _verdict_threshold(ex_rho, 0.5),
+            )
+        )
     return verdicts, e_rows

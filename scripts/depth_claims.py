@@ -228,6 +228,30 @@ def build_page(stem: str, data: Path | None = None) -> str:
             f"layers of the excess above the random-direction level {level:.3f} | {v:+.3f} [{lo:+.3f}, {hi:+.3f}]; "
             f"layers with excess > 0 (Holm, one-sided, alpha 0.05): {len(passed)} of {len(per)} | {verdict} |"
         )
+    for comp, cid in (("attn", "D1"), ("mlp", "D2")):
+        per = tables[comp]
+        mean_x = np.mean([v["x"] for v in per.values()], axis=0)
+        mean_m = np.mean([v["m"] for v in per.values()], axis=0)
+        L.append(
+            f"| {cid}a (amended reading, sec. 9.5) | {comp} updates carry any own-token alignment beyond "
+            f"anisotropy: mean over layers of the excess above 0 | {C._fmt(mean_x)} | {C._verdict_sign(mean_x)} |"
+        )
+        L.append(
+            f"| {cid}l (amended reading, sec. 9.5) | the seed's literal claim: {comp} E abs cos above the "
+            f"random-direction level {level:.3f}, mean over layers | {C._fmt(mean_m, '.3f')} | "
+            f"{C._verdict_threshold(mean_m, level)} |"
+        )
+    L += [
+        "",
+        "Anisotropy share (amended reading, sec. 9.5: the finding reported first), mean over layers of "
+        "control / E abs cos [95% CI]: "
+        + "; ".join(
+            f"{comp} {C._fmt(np.mean([d['c'] / d['m'] for d in tables[comp].values()], axis=0), '.2f')}"
+            for comp in COMPONENTS
+        )
+        + ". That share of the paper's depth statistic comes back with another window's stream at the same "
+        "position: it is a property of the stream's shared directions, not of the token's own update.",
+    ]
     L += [
         "",
         "Mean over layers, pooled over texts: "

@@ -6,6 +6,7 @@ points. See METHOD.md (docs/method.md) for every definition.
 """
 
 from . import hf  # noqa: F401  plain-transformers edits; its Trainer / lm-eval parts import lazily
+from .cache_hooks import required_hooks
 from .compress import (
     CompressionRecord,
     CompressionResult,
@@ -64,6 +65,7 @@ __all__ = [
     "first_token_mask",
     "Profile",
     "profile",
+    "required_hooks",
     "ModelSites",
     "SiteResolutionError",
     "WeightProcessingWarning",

@@ -106,6 +106,27 @@ def _check_eps(eps) -> float:
     return float(eps)
 
 
+def _check_reference(reference: Tensor, eps: float) -> None:
+    """Refuse a fixed reference that is not finite or has a zero direction anywhere (squared norm
+    ``<= eps`` over its last axis): the split treats such a token as degenerate and leaves its
+    update unscaled, so a zero probe direction would read as "this part does not matter"."""
+    if reference.ndim == 0 or reference.numel() == 0:
+        raise ValueError(f"reference must be a [d_model] direction (or broadcastable to [batch, pos, d_model]), "
+                         f"got shape {tuple(reference.shape)}")
+    r = reference.detach()
+    if not bool(torch.isfinite(r).all()):
+        raise ValueError("reference has non-finite values; pass a finite [d_model] direction")
+    sq = r.to(torch.float64).square().sum(-1)
+    zero = int((sq <= eps).sum())
+    if zero:
+        where = "it is" if sq.numel() == 1 else f"{zero} of its {sq.numel()} directions are"
+        raise ValueError(
+            f"reference has a zero direction ({where} zero, squared norm <= eps={eps:g}): the split leaves "
+            "an update with no reference direction unscaled, so the edit would silently do nothing there; "
+            "pass a nonzero direction (e.g. a probe's weight vector), or reference=None to split against "
+            "the stream")
+
+
 class ResidualScale(Edit):
     """Scale the parallel / perpendicular parts of a residual-space update.
 
@@ -126,12 +147,14 @@ class ResidualScale(Edit):
         self.s_par, self.s_perp = s_par, s_perp
         self.layers, self.positions, self.reference = layers, positions, reference
         self.eps = _check_eps(eps)
+        if reference is not None:
+            _check_reference(reference, self.eps)
 
     def __repr__(self) -> str:
         return f"ResidualScale({self.component!r}, s_par={self.s_par}, s_perp={self.s_perp}, layers={self.layers})"
 
     def fwd_hooks(self, model) -> HookList:
-        sites = resolve_sites(model, warn=False)
+        sites = resolve_sites(model)
         track_attention_mask(model)
         check_component(self.component, sites)
         if self.reference is not None and self.reference.shape[-1] != sites.d_model:
@@ -219,7 +242,7 @@ class ValueScale(_HeadScoped):
         return f"ValueScale(s_par={self.s_par}, s_perp={self.s_perp}, mode={self.mode!r}, layers={self.layers}, heads={self.heads})"
 
     def fwd_hooks(self, model) -> HookList:
-        sites = resolve_sites(model, warn=False)
+        sites = resolve_sites(model)
         track_attention_mask(model)
         s_par, s_perp = scale_specs(self, sites.n_layers, sites.n_heads)
         head_mask = heads_mask(self.heads, sites.n_heads)
@@ -339,7 +362,7 @@ class DiagonalRemoval(_HeadScoped):
         return f"DiagonalRemoval(layers={self.layers}, heads={self.heads})"
 
     def fwd_hooks(self, model) -> HookList:
-        sites = resolve_sites(model, warn=False)
+        sites = resolve_sites(model)
         track_attention_mask(model)
         head_mask = heads_mask(self.heads, sites.n_heads)
         hooks: HookList = []
@@ -391,7 +414,7 @@ class EffectiveDiagonal(_HeadScoped):
         return f"EffectiveDiagonal(s_par={self.s_par}, layers={self.layers}, heads={self.heads})"
 
     def fwd_hooks(self, model) -> HookList:
-        sites = resolve_sites(model, warn=False)
+        sites = resolve_sites(model)
         track_attention_mask(model)
         (s_par,) = scale_specs(self, sites.n_layers, sites.n_heads, names=("s_par",))
         head_mask = heads_mask(self.heads, sites.n_heads)

@@ -9,7 +9,8 @@ object scales, scopes and casts the same way wherever it is installed.
   :class:`Scales`) into one ``[B|1, L|1, H|1]`` tensor, with the argument named in its errors.
 - :func:`scale_specs`, :func:`row_scale`: an edit's scales per ``(batch, query, head)``,
   1 outside its head and position scope; :func:`heads_mask`, :func:`query_mask`: the scopes.
-- :func:`cast_back`: the edited tensor in the input's dtype, or :class:`NonFiniteEditError`.
+- :func:`cast_back`: the edited tensor in the input's dtype, or :class:`NonFiniteEditError` when
+  it is not finite (or its squared norm overflows), at every precision.
 - :data:`FORWARD`: what the hooks know about the forward pass in progress (its attention mask,
   whether ``generate`` runs); each path sets it around the model's forward.
 """
@@ -31,23 +32,45 @@ AXES = ("batch", "layer", "head")
 
 
 class NonFiniteEditError(ValueError):
-    """An edit turned a finite activation into NaN / inf (a scale beyond the dtype's range)."""
+    """An edit made a finite activation non-finite, or so large that a norm of it overflows:
+    a scale beyond what the computation can represent (``s_par = 1e39`` in float32,
+    ``s_par = 1e6`` in float16, ``s_par = 1e30`` on a residual update whose next LayerNorm would
+    square it). The message names the edit, its scales and the layer."""
+
+
+def _row_norms_sq(t: Tensor) -> Tensor:
+    """``||row||^2`` over the last axis, accumulated in at least float32 (a float16 row's squared
+    norm is routinely beyond float16's range; float32 is where the norms downstream compute)."""
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.float()
+    return torch.einsum("...d,...d->...", t, t)
 
 
 def cast_back(edited: Tensor, original: Tensor, edit: Any, layer: int) -> Tensor:
-    """``edited`` (computed in the compute dtype) in ``original``'s dtype.
+    """``edited`` (computed in the compute dtype) in ``original``'s dtype, checked.
 
-    Raises :class:`NonFiniteEditError` naming the edit, its scales and the layer when the cast
-    makes a finite input non-finite (e.g. ``s_par = 1e6`` in float16); checked only when the
-    dtype narrows, where the overflow can happen."""
+    Raises :class:`NonFiniteEditError` naming the edit, its scales and the layer when a finite
+    ``original`` gives an output that is not finite in ``original``'s dtype (the cast of an
+    overflowing value, or a scale beyond the compute dtype's range), or whose squared row norm
+    (last axis) is not finite in float32 / float64: a LayerNorm or RMSNorm downstream squares
+    the stream it reads, so such an output would turn into inf / NaN there or, worse, into a
+    finite but meaningless forward. One reduction over the output per edited tensor."""
     out = edited.to(original.dtype)
-    if out.dtype != edited.dtype and not bool(torch.isfinite(out).all()) and bool(torch.isfinite(original).all()):
+    if bool(torch.isfinite(_row_norms_sq(out)).all()) or not bool(torch.isfinite(original).all()):
+        return out
+    if out.dtype != edited.dtype and not bool(torch.isfinite(out).all()):
         info = torch.finfo(original.dtype)
         raise NonFiniteEditError(
             f"{edit!r} at layer {layer}: the edited output is not finite in {original.dtype} "
             f"(largest value {info.max:.4g}); use smaller scales or run the model in float32"
         )
-    return out
+    what = (f"is not finite in {original.dtype}" if not bool(torch.isfinite(out).all()) else
+            f"has a squared norm beyond {_row_norms_sq(out).dtype}'s range (a LayerNorm / RMSNorm "
+            "downstream would divide by inf)")
+    raise NonFiniteEditError(
+        f"{edit!r} at layer {layer}: the edited output {what}; the scales are too large for this "
+        "computation: use smaller scales"
+    )
 
 
 class Scales:
@@ -183,8 +206,9 @@ def query_mask(edit: Any, batch: int, n_q: int, offset: int, device) -> Tensor |
     if getattr(edit, "_checked_for", None) != key:
         if not FORWARD.generating:  # during generate, later positions are reached later
             check_positions_in_range(positions, total)
-        else:
+        elif not (isinstance(positions, Tensor) and positions.dtype == torch.bool):
             check_positions_in_range(positions, max(total, 1 << 30))
+        # (a bool mask over the prompt leaves the generated positions unselected)
         edit._checked_for = key
     pm = position_mask(positions, batch=batch, n_query=n_q, offset=offset, device=device)
     mask = FORWARD.attention_mask

@@ -175,7 +175,11 @@ def decompose(
         (``|cos(u, r)|``), ``par_perp_ratio`` (``||u_par|| / ||u_perp||``, ``inf``
         where the perpendicular part vanishes), ``rel_update`` (``||u|| / ||r||``,
         ``inf`` when only ``r`` vanishes) and the ``degenerate`` flag.
+
+    Raises:
+        ValueError: ``eps`` is not a finite number > 0, as at every other entry point.
     """
+    eps = check_eps(eps)
     a, degenerate, u_sq, r_sq = projection_coefficient(update, reference, eps)
     dtype = a.dtype
     u = update.to(dtype)

@@ -82,12 +82,15 @@ def tokenize(
     prepend_bos: bool | None = None,
     padding_side: str | None = None,
     max_length: int | None = None,
+    too_long: str | None = None,
 ) -> TokenBatch:
     """Tokenise ``texts`` with the model's tokenizer, keeping a real attention mask.
 
     BOS is prepended when the model's ``cfg.default_prepend_bos`` says so (as
     ``model.to_tokens`` would); encoders get the tokenizer's own special tokens.
-    Sequences longer than ``max_length`` (default: the model's ``n_ctx``) are cut.
+    Sequences longer than ``max_length`` (default: the model's ``n_ctx``) are cut, with a
+    warning; with ``too_long`` (the caller's reason and fix) they are a ValueError instead,
+    for callers whose result would be wrong, not just partial, on a cut text.
     """
     tok = getattr(model, "tokenizer", None)
     if tok is None:
@@ -109,6 +112,9 @@ def tokenize(
                 ids = [int(tok.bos_token_id)] + ids
         else:
             ids = list(tok(text)["input_ids"])
+        if max_length is not None and len(ids) > max_length and too_long is not None:
+            raise ValueError(f"inputs[{len(seqs)}] has {len(ids)} tokens, more than the model's context of "
+                             f"{max_length}: {too_long}")
         if max_length is not None and len(ids) > max_length:
             warnings.warn(
                 f"inputs[{len(seqs)}] has {len(ids)} tokens, more than the model's context of "
@@ -182,12 +188,14 @@ def prepare_inputs(
     *,
     min_tokens: int = 1,
     argument: str = "inputs",
+    too_long: str | None = None,
 ) -> TokenBatch:
     """Normalise ``inputs`` (a string, a list of strings, a list of token-id lists,
     or a ``[batch, pos]`` / ``[pos]`` integer tensor) into a :class:`TokenBatch`.
 
     Raises ValueError for empty input, all-padding rows, rows shorter than
-    ``min_tokens`` real tokens, or an ``attention_mask`` of the wrong shape.
+    ``min_tokens`` real tokens, or an ``attention_mask`` of the wrong shape. Texts longer than
+    the context are cut with a warning, or (with ``too_long``, see :func:`tokenize`) refused.
     """
     texts = [inputs] if isinstance(inputs, str) else (
         list(inputs) if isinstance(inputs, Sequence) and inputs and all(isinstance(x, str) for x in inputs) else [])
@@ -200,7 +208,7 @@ def prepare_inputs(
     if isinstance(inputs, TokenBatch):
         batch = inputs
     elif isinstance(inputs, str):
-        batch = tokenize(model, [inputs])
+        batch = tokenize(model, [inputs], too_long=too_long)
     elif isinstance(inputs, Tensor):
         if inputs.is_floating_point() or inputs.dtype == torch.bool:
             raise TypeError(f"{argument} must hold integer token ids, got dtype {inputs.dtype}")
@@ -211,7 +219,7 @@ def prepare_inputs(
         if attention_mask is None:
             _warn_if_padded(model, batch.tokens, argument)
     elif isinstance(inputs, Sequence) and len(inputs) > 0 and all(isinstance(x, str) for x in inputs):
-        batch = tokenize(model, list(inputs))
+        batch = tokenize(model, list(inputs), too_long=too_long)
     elif isinstance(inputs, Sequence) and len(inputs) > 0 and all(
         isinstance(x, (list, tuple)) for x in inputs
     ):
@@ -372,6 +380,7 @@ def check_positions_select(positions, batch: TokenBatch, argument: str = "positi
     (e.g. ``positions=[500]`` on 256-token inputs, which would give empty statistics)."""
     if positions is None:
         return
+    check_bool_mask_length(positions, batch.tokens.shape[1], argument)
     pm = position_mask(positions, batch=len(batch), n_query=batch.tokens.shape[1], argument=argument)
     if not bool((pm & batch.attention_mask.bool()).any()):
         raise ValueError(_positions_range_message(positions, batch.tokens.shape[1], argument, "selects no token"))
@@ -382,17 +391,41 @@ def _positions_range_message(positions, n: int, argument: str, what: str) -> str
             f"(or -{n}..-1 from the end; sequence length {n}); pick positions inside them")
 
 
+def check_bool_mask_length(positions, n: int, argument: str = "positions") -> None:
+    """Raise a ValueError when ``positions`` is a bool mask whose last axis is not ``n`` long
+    (a shorter mask was read as its first positions, a longer one cut): a mask has one entry
+    per token of the sequence. Anything that is not a bool tensor passes."""
+    if isinstance(positions, Tensor) and positions.dtype == torch.bool and positions.ndim >= 1 \
+            and positions.shape[-1] != n:
+        raise ValueError(
+            f"{argument} is a bool mask of shape {tuple(positions.shape)}, {positions.shape[-1]} positions, but "
+            f"the sequence has {n} tokens; pass a mask with one entry per token ([{n}] or [batch, {n}]), "
+            "or a list of positions")
+
+
 def check_positions_in_range(positions, n: int, argument: str = "positions") -> None:
     """Raise a ValueError when an int of ``positions`` lies outside a sequence of ``n`` tokens
-    (``0..n-1`` or ``-n..-1``) or a slice selects none of them; a TypeError for entries that
-    are not ints (``1.5``). Bool masks and None pass. The edits' scope check."""
-    if positions is None or (isinstance(positions, Tensor) and positions.dtype == torch.bool):
+    (``0..n-1`` or ``-n..-1``), a slice, a list or a bool mask selects none of them (``[]``,
+    an all-False mask: the edit would silently do nothing), or a bool mask is not ``n``
+    long; a TypeError for entries that are not ints (``1.5``). None passes. The edits'
+    scope check."""
+    if positions is None:
+        return
+    if isinstance(positions, Tensor) and positions.dtype == torch.bool:
+        check_bool_mask_length(positions, n, argument)
+        if not bool(positions.any()):
+            raise ValueError(f"{argument} is a bool mask with no True entry: the edit would change nothing; "
+                             "select at least one position, or pass positions=None for all")
         return
     if isinstance(positions, slice):
         if not len(range(n)[positions]):
             raise ValueError(_positions_range_message(positions, n, argument, "selects no position"))
         return
-    bad = [p for p in _int_positions(positions, argument) if not -n <= p < n]
+    ints = _int_positions(positions, argument)
+    if not ints:
+        raise ValueError(f"{argument}={positions!r} is empty: the edit would change nothing (as layers=[] or "
+                         "heads=[] would); select at least one position, or pass positions=None for all")
+    bad = [p for p in ints if not -n <= p < n]
     if bad:
         raise ValueError(_positions_range_message(positions, n, argument, f"has {bad[0]}, out of range"))
 

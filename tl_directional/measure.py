@@ -196,8 +196,9 @@ class Profile:
                 return cache[name]
             except KeyError:
                 raise ValueError(
-                    f"cache has no {name!r}; run model.run_with_cache(...) without a names_filter "
-                    "or include the residual and attention hooks"
+                    f"cache has no {name!r}; run model.run_with_cache(...) with "
+                    "names_filter=tl_directional.required_hooks(model, components=...) (the same "
+                    "components as here) or without a names_filter"
                 ) from None
 
         ref_any = get(sites.units["attn"][0].reference_hook)

@@ -4,7 +4,8 @@ A :class:`Report` inlines each JavaScript library its views need exactly once
 (plotly.js about 4.8 MB, circuitsvis's bundle about 1.3 MB) in the page head and
 then only the views' own markup and data, so the page opens from disk with no
 network. The libraries are read from the installed ``plotly`` and ``circuitsvis``
-packages, never from the network.
+packages, never from the network. In notebooks the views' and reports' outputs carry them
+once per notebook (or in every output): :mod:`tl_directional.notebook_output`.
 
 This module sits below :mod:`tl_directional.views` (whose views render themselves
 with it) and :mod:`tl_directional.report` (the standard report); it knows a view
@@ -186,10 +187,10 @@ class Report:
         return page
 
     def _repr_html_(self) -> str:
-        return "\n".join(
-            [library_script(lib) for lib in self.libraries()]
-            + [v.body_html() for v in self.views]
-        )
+        # as a view's output: the libraries once per notebook or in every output (notebook_output)
+        from .notebook_output import notebook_html
+
+        return notebook_html(self.libraries(), "\n".join(v.body_html() for v in self.views))
 
 
 __all__ = ["LIBRARIES", "Report", "circuitsvis_js", "library_script", "plotly_js"]

@@ -305,7 +305,7 @@ def directional_patch(
     which = _check_which(which)
     batch_size = _check_batch_size(batch_size)
     eps = check_eps(eps)
-    sites = resolve_sites(model, warn=False)
+    sites = resolve_sites(model)
     c_batch = prepare_inputs(model, clean, attention_mask, argument="clean")
     x_batch = prepare_inputs(model, corrupted, attention_mask, argument="corrupted")
     if c_batch.tokens.shape != x_batch.tokens.shape or not torch.equal(c_batch.attention_mask, x_batch.attention_mask):
@@ -465,7 +465,9 @@ def split_logit_attribution(
     sites (attention update vs ``resid_pre``, MLP update vs its reference).
 
     ``answer_tokens`` / ``wrong_tokens``: one per sequence (or one for all), as token
-    ids or single-token strings (``" light"``).
+    ids or single-token strings (``" light"``). A text longer than the model's context is a
+    ValueError (attributing at the last token that fits would not be where the answer follows
+    the text); token-id inputs longer than ``n_ctx`` are refused as everywhere.
 
     Versus TransformerLens's ``cache.logit_attrs``: TL's applies the final norm's
     centring and scale but not its weight ``ln_final.w`` (it assumes the weight was
@@ -485,10 +487,14 @@ def split_logit_attribution(
         ``par_frac`` of the written vector.
     """
     eps = check_eps(eps)
-    sites = resolve_sites(model, warn=False)
+    sites = resolve_sites(model)
     if not sites.causal:
         raise ValueError("split_logit_attribution needs a causal LM with an unembedding")
-    batch = prepare_inputs(model, inputs)
+    # a cut text would be attributed at its last kept token, not where the answer follows it
+    batch = prepare_inputs(model, inputs, too_long=(
+        "the answer follows the text's last token, which a cut text would not reach, so nothing is "
+        "attributed; pass a shorter text (at most n_ctx tokens, BOS included), or the text's last "
+        "n_ctx token ids as a [1, pos] tensor"))
     device = device_of(model)
     tokens, am = batch.tokens.to(device), batch.attention_mask.to(device)
     answer = token_ids(model, answer_tokens, n=tokens.shape[0], argument="answer_tokens").to(device)

@@ -11,7 +11,7 @@ import pandas as pd
 import torch
 
 from .adapter import device_of
-from .edit import EDIT_SPACES, Edit, apply_edits
+from .edit import EDIT_SPACES, Edit, NonFiniteEditError, apply_edits
 from .inputs import iter_batches, prepare_inputs
 from .sweep_metrics import BaselineStats, MetricSums
 
@@ -144,7 +144,10 @@ def _search_group(evaluator: _Evaluator, factory, group, *, budget, metric, whic
         if s not in evals:
             edits = factory(**{which: s, "layers": None if group is None else list(group)})
             edits = [edits] if isinstance(edits, Edit) else list(edits)
-            evals[s] = evaluator.damage(edits)[metric]
+            try:
+                evals[s] = evaluator.damage(edits)[metric]
+            except NonFiniteEditError:  # an overflowing scale is beyond any budget
+                evals[s] = math.inf
         return evals[s]
 
     points = sorted(set(torch.linspace(bounds[0], bounds[1], grid_points).tolist()) | {1.0})

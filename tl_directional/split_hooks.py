@@ -76,7 +76,7 @@ def attach_split_hook_points(model, *, components=("attn", "mlp", "value"), laye
                              eps: float = DEFAULT_EPS) -> SplitHookPoints:
     """Add ``.hook_par`` / ``.hook_perp`` children under each selected update hook."""
     eps = check_eps(eps)
-    sites = resolve_sites(model, warn=False)
+    sites = resolve_sites(model)
     lane = lane_of(model)
     HookPoint = _hook_point_class()
     handle = SplitHookPoints(model)

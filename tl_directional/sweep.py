@@ -46,7 +46,15 @@ from .adapter import (
     unembedding_matches,
 )
 from .distributed import rank_and_world, release_captured_groups
-from .edit import EDIT_SPACES, Edit, apply_edits, edit_space, edits_for_space, scales
+from .edit import (
+    EDIT_SPACES,
+    Edit,
+    NonFiniteEditError,
+    apply_edits,
+    edit_space,
+    edits_for_space,
+    scales,
+)
 from .fileio import (
     SEAL_KEY,
     ArtefactError,
@@ -122,7 +130,8 @@ def grid(
     """The product grid of spaces x s_par x s_perp x layer sets (duplicates dropped).
 
     ``hard-diag`` ignores scales (one setting per layer set); ``eff-diag`` only
-    takes ``s_perp = 1``. ``s_par`` / ``s_perp``: a number, a list of numbers or a comma
+    takes ``s_perp = 1``: an ``s_perp`` other than 1 with ``eff-diag`` among ``spaces`` is a
+    ValueError naming the space (never a silently dropped setting). ``s_par`` / ``s_perp``: a number, a list of numbers or a comma
     string (``"-1,0,0.5"``). ``layers``: a list of layer sets, e.g. ``[None, [0, 1], range(2, 4)]``.
     """
     if isinstance(spaces, str):
@@ -138,14 +147,19 @@ def grid(
     for space in spaces:
         if space not in EDIT_SPACES:
             raise ValueError(f"spaces has unknown space {space!r}; choose from {', '.join(sorted(EDIT_SPACES))}")
+        other = [float(sq) for sq in s_perp if float(sq) != 1.0]
+        if EDIT_SPACES[space].scaled and not EDIT_SPACES[space].perp and other:
+            # a dropped setting would leave a requested space out of the table without a word
+            raise ValueError(
+                f"spaces has {space!r}, which scales only the parallel part (s_perp must be 1), but s_perp "
+                f"(--s-perp) has {', '.join(f'{v:g}' for v in other)}; sweep {space!r} in a grid of its own "
+                f"with s_perp=1 (on the command line: a separate run with --s-perp 1), or leave it out of spaces")
         for ls in layer_sets:
             if not EDIT_SPACES[space].scaled:
                 out.append(Setting(space, 1.0, 1.0, ls))
                 continue
             for sp in s_par:
                 for sq in s_perp:
-                    if not EDIT_SPACES[space].perp and float(sq) != 1.0:
-                        continue
                     out.append(Setting(space, float(sp), float(sq), ls))
     seen, unique = set(), []
     for s in out:
@@ -196,7 +210,37 @@ def _eval_group(model, batch: TokenBatch, base: BaselineStats, group: list[Setti
         stack.enter_context(apply_edits(model, *edits))
         out, hidden = _edited_forward(model, run, batch, unembed)
     parts = [out[i * b:(i + 1) * b] for i in range(k)] if k > 1 else [out]
-    return [base.compare_hidden(x, unembed) if hidden else base.compare(x) for x in parts]
+    results = []
+    for s, x in zip(group, parts, strict=True):
+        m = base.compare_hidden(x, unembed) if hidden else base.compare(x)
+        # one check per setting: an edit whose own output stayed finite can still overflow later
+        if not (bool(torch.isfinite(x).all()) and all(math.isfinite(v) for v in m.values())):
+            raise NonFiniteEditError(f"setting {s.label}: the edited forward's "
+                                     f"{'logits' if not hidden else 'final residual'} or their metrics "
+                                     "are not finite; use smaller scales")
+        results.append(m)
+    return results
+
+
+def _eval_checked(model, batch: TokenBatch, base: BaselineStats, group: list[Setting], failed: dict[str, str],
+                  prefix: BlockInput | None = None, unembed: Unembedding | None = None) -> list[tuple[Setting, MetricSums]]:
+    """:func:`_eval_group` for the settings of ``group`` that have not failed; a setting whose
+    edits raise :class:`NonFiniteEditError` (or whose forward is not finite) is recorded in
+    ``failed`` (label -> reason) and left out. A stacked group that fails runs again one
+    setting at a time, to find which of its settings failed."""
+    group = [s for s in group if s.label not in failed]
+    if not group:
+        return []
+    try:
+        return list(zip(group, _eval_group(model, batch, base, group, prefix, unembed), strict=True))
+    except NonFiniteEditError as err:
+        if len(group) == 1:
+            failed[group[0].label] = " ".join(str(err).split())
+            return []
+    out: list[tuple[Setting, MetricSums]] = []
+    for s in group:
+        out += _eval_checked(model, batch, base, [s], failed, prefix, unembed)
+    return out
 
 
 def _plain_run(model):
@@ -270,6 +314,7 @@ class _Progress:
     fingerprint: dict
     batches_done: int = 0
     sums: dict[str, list[float]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # label -> why the setting has no numbers
 
     def save(self, path: Path) -> None:
         # Sums are float64 on disk (JSON floats round-trip exactly) and counts exact ints,
@@ -290,6 +335,8 @@ class _Progress:
             sums = {k: MetricSums.from_disk(v) for k, v in state.sums.items()}
             if not isinstance(state.batches_done, int) or isinstance(state.batches_done, bool):
                 raise TypeError(f"batches_done is {state.batches_done!r}")
+            if not isinstance(state.failed, dict) or not all(isinstance(v, str) for v in state.failed.values()):
+                raise TypeError(f"failed is {state.failed!r}")
         except (TypeError, ValueError) as e:
             raise ArtefactError(f"{path} is not a readable sweep checkpoint ({e}); {fix}") from None
         state.sums = sums
@@ -344,7 +391,8 @@ def _tokens_sha256(batch: TokenBatch) -> str:
 
 def _save_progress(state: _Progress, sums: dict, base_sums: MetricSums, path: Path) -> None:
     on_disk = _Progress(state.fingerprint, state.batches_done,
-                        {**{k: v.to_disk() for k, v in sums.items()}, "__baseline__": base_sums.to_disk()})
+                        {**{k: v.to_disk() for k, v in sums.items()}, "__baseline__": base_sums.to_disk()},
+                        dict(state.failed))
     on_disk.save(path)
     fault_point("sweep.after_checkpoint")
 
@@ -391,8 +439,12 @@ def sweep(
 
     Returns:
         One row per setting (the first row is the baseline, delta exactly 0) with
-        ``space, s_par, s_perp, layers, label, tokens, loss, base_loss, delta_loss,
-        ppl, base_ppl, delta_ppl, kl, top1_agree``.
+        ``space, s_par, s_perp, layers, label, status, reason, tokens, loss, base_loss,
+        delta_loss, ppl, base_ppl, delta_ppl, kl, top1_agree``. ``status`` is ``"ok"``, or
+        ``"failed"`` for a setting whose edits raised :class:`~tl_directional.edit.NonFiniteEditError`
+        or whose forward (logits, metrics) was not finite on some batch: ``reason`` says why
+        (naming the edit, the layer and the scales) and its metric columns are NaN; the
+        setting is not evaluated on later batches and the other settings are unaffected.
     """
     settings = list(edits_grid)
     if not settings:
@@ -405,7 +457,7 @@ def sweep(
         raise ValueError(f"metrics has unknown {bad}; choose from {tuple(_metrics.METRIC_REGISTRY)}")
     if not isinstance(stack, int) or stack < 1:
         raise ValueError(f"stack must be a positive int, got {stack!r}")
-    sites = resolve_sites(model, warn=False)
+    sites = resolve_sites(model)
     if not sites.causal:
         raise ValueError("sweep measures next-token loss, which does not apply to encoders (post-LN BERT)")
     for s in settings:
@@ -453,6 +505,7 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
             raise CheckpointMismatch(ckpt_path, diff, state.batches_done, old_batches,
                                      len(state.fingerprint.get("settings", [])))
     sums = {s.label: state.sums.get(s.label, MetricSums()) for s in settings}
+    failed = state.failed  # label -> reason, carried by the checkpoint
     base_sums = state.sums.get("__baseline__", MetricSums())
 
     device = device_of(model)
@@ -489,7 +542,7 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
             base_sums.add_(MetricSums.of_baseline(base))
             for group, start in zip(groups, starts, strict=True):
                 prefix = None if start is None else prefixes[start]
-                for s, m in zip(group, _eval_group(model, part, base, group, prefix, unembed), strict=True):
+                for s, m in _eval_checked(model, part, base, group, failed, prefix, unembed):
                     sums[s.label].add_(m)
             state.batches_done = i + 1
             done_since_save += 1
@@ -504,6 +557,9 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
         torch.distributed.all_reduce(stacked)
         base_sums = MetricSums.from_tensor(stacked[0])
         sums = {s.label: MetricSums.from_tensor(stacked[j + 1]) for j, s in enumerate(settings)}
+        gathered: list = [None] * world  # a setting failed on any rank failed
+        torch.distributed.all_gather_object(gathered, failed)
+        failed = {k: v for part in gathered for k, v in part.items()}
         # loading the model after init_process_group() made torch.distributed.nn.functional hold
         # the group; let the caller's destroy_process_group() free it (see tl_directional.distributed)
         release_captured_groups()
@@ -511,16 +567,19 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
     registry = _metrics.METRIC_REGISTRY  # looked up here: one entry there is all a new metric needs
     cols = ["tokens"] + [c for m in metrics for c in registry[m].columns]
     rows = []
-    base_row = {"space": "baseline", "s_par": 1.0, "s_perp": 1.0, "layers": "all", "label": "baseline"}
+    base_row = {"space": "baseline", "s_par": 1.0, "s_perp": 1.0, "layers": "all", "label": "baseline",
+                "status": "ok", "reason": ""}
     full = base_sums.row()
     for m in registry.values():
         full.update(m.baseline)
     rows.append({**base_row, **{c: full[c] for c in cols}})
     for s in settings:
         r = sums[s.label].row()
+        reason = failed.get(s.label, "")
         rows.append({"space": s.space, "s_par": s.s_par, "s_perp": s.s_perp,
                      "layers": "all" if s.layers is None else ",".join(map(str, s.layers)),
-                     "label": s.label, **{c: r[c] for c in cols}})
+                     "label": s.label, "status": "failed" if reason else "ok", "reason": reason,
+                     **{c: (math.nan if reason else r[c]) for c in cols}})
     return pd.DataFrame(rows)
 
 

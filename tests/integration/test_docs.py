@@ -88,7 +88,7 @@ def test_page_code_runs_on_a_tiny_model(run_docs_page, page):
         "method.md": ["delta form is bit-exact: True"],
         "edit.md": ["scale 1 is exact: True", "positions 0-3 unchanged: True", "position 4 changed:      True",
                     "per-head tensor == scoped scalar: True", "8 new tokens"],
-        "measure.md": ["['manifest.json', 'metadata.json', 'residual.parquet', 'tokens.parquet', 'value.parquet', 'value_tokens.parquet']"],
+        "measure.md": [" hooks; True", "['manifest.json', 'metadata.json', 'residual.parquet', 'tokens.parquet', 'value.parquet', 'value_tokens.parquet']"],
     }
     for claim in claims.get(page, []):
         assert claim in out, f"{page}: expected {claim!r} in the output"

@@ -20,7 +20,7 @@ def test_paired_comparison_statistics():
     assert p["n"] == 5 and p["wins"] == 5
     assert p["mean_diff"] == pytest.approx(-0.02)
     assert p["std_diff"] == pytest.approx(math.sqrt(0.0002 / 4))
-    half = 2.776 * p["std_diff"] / math.sqrt(5)
+    half = 2.7764451051977987 * p["std_diff"] / math.sqrt(5)  # t_{0.975, 4}
     assert (p["ci95_low"], p["ci95_high"]) == pytest.approx((-0.02 - half, -0.02 + half))
     assert p["perm_p"] == pytest.approx(2 / 32)  # all signs agree: only the two extreme flips
     mixed = E.paired_comparison([1.0, 2.0, 3.0], [1.1, 1.9, 3.0])
@@ -28,7 +28,9 @@ def test_paired_comparison_statistics():
 
 
 def test_t_quantiles():
-    assert E.t975(4) == 2.776 and E.t975(100) == 1.96 and math.isnan(E.t975(0))
+    # exact quantiles at every df (tests/unit/test_student_t.py), not a 3-decimal table and 1.96 past df 30
+    assert E.t975(4) == pytest.approx(2.7764451051977987, rel=1e-12)
+    assert E.t975(100) == pytest.approx(1.983971518523552, rel=1e-12) and math.isnan(E.t975(0))
 
 
 def test_tiny_experiment_end_to_end(tmp_path):

@@ -329,17 +329,29 @@ def test_perpendicular_size_degenerate_is_nan():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_notebook_display_never_touches_the_network(gpt2, prof, no_network):
-    plot = tv.depth_profile(prof)
-    cv = tv.attention_triptych(gpt2, TEXT, 1, 0, max_tokens=6)
-    for view, lib, marker in ((plot, "plotly", "plotly.js v"), (cv, "circuitsvis", "var CircuitsVis=")):
-        out = view._repr_html_()
-        assert _lib_count(out, lib) == 1 and out.count(marker) == 1
-        assert external_references(out) == []
-        own = _strip_libraries(out)  # the libraries' code mentions URLs in strings; the rest may not
-        assert "unpkg.com" not in own and "cdn.plot.ly" not in own and "http" not in own
-        assert "sourceMappingURL" not in out
-    assert "CircuitsVis.render(" in cv._repr_html_()
+@pytest.mark.parametrize("mode", ["once", "inline"])
+def test_notebook_display_never_touches_the_network(gpt2, prof, no_network, mode):
+    from tl_directional import notebook_output
+
+    notebook_output._reset()  # a fresh kernel: the first output carries the libraries
+    previous = tv.set_notebook_libraries(mode)
+    try:
+        plot = tv.depth_profile(prof)
+        cv = tv.attention_triptych(gpt2, TEXT, 1, 0, max_tokens=6)
+        for view, lib, marker in ((plot, "plotly", "plotly.js v"), (cv, "circuitsvis", "var CircuitsVis=")):
+            out = view._repr_html_()
+            assert _lib_count(out, lib) == 1 and out.count(marker) == 1
+            assert external_references(out) == []
+            own = _strip_libraries(out)  # the libraries' code mentions URLs in strings; the rest may not
+            assert "unpkg.com" not in own and "cdn.plot.ly" not in own and "http" not in own
+            assert "sourceMappingURL" not in out
+        again = cv._repr_html_()
+        assert "CircuitsVis.render(" in again
+        assert _lib_count(again, "circuitsvis") == (1 if mode == "inline" else 0)  # once: the first carried it
+        assert external_references(again) == []
+    finally:
+        tv.set_notebook_libraries(previous)
+        notebook_output._reset()
 
 
 def test_view_save(tmp_path, prof):

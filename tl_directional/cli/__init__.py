@@ -12,7 +12,7 @@ Commands:
 
 Errors: a mistake in the arguments or inputs prints one line 'error: ...' on stderr and
 exits with status 2 (set TLD_TRACEBACK=1 to see the traceback); compress-check exits 1
-when its gate fails.
+when its gate fails, sweep when a setting failed (non-finite; the reason is in sweep.csv).
 
 One module per command (``profile``, ``sweep``, ``report``, ``models``, ``compress`` for
 ``compress`` and ``compress-check``; ``train`` / ``experiment`` live in

@@ -227,10 +227,12 @@ def _load_checked(path, argument: str):
     """Load a model for the CLI; a missing, corrupt or truncated file is a user error
     (exit 2) naming the argument and the file, never the gate's FAIL status."""
     from ..fileio import ArtefactError, check_model_dir
-    from ..models import load_model
+    from ..models import check_model_weights, load_model
 
     _check_model_arg(path, argument)
     check_model_dir(path, argument)
+    if Path(path).is_dir():  # damaged weights are exit 2 naming the option, never a gate result
+        check_model_weights(path, argument)
     try:
         return load_model(path)
     except (ValueError, TypeError, FileNotFoundError, NotImplementedError):

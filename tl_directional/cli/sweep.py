@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..inputs import load_text_sequences
@@ -61,9 +62,16 @@ def _sweep_locked(args, out: Path) -> int:
         sweep_figure(df).write_html(tmp, include_plotlyjs=True)
         fault_point("sweep.html_written")  # crash tests: a kill leaves .sweep.html.XXXXXXXX.tmp
     write_manifest(out, "sweep", {"settings": [s.label for s in settings]})
-    cols = ["label", "tokens", "loss", "delta_loss", "delta_ppl", "kl", "top1_agree"]
+    cols = ["label", "status", "tokens", "loss", "delta_loss", "delta_ppl", "kl", "top1_agree"]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     print(f"\nwrote {out}/sweep.csv and {out}/sweep.html")
+    failed = df[df["status"] != "ok"]
+    for label, reason in zip(failed["label"], failed["reason"], strict=True):
+        print(f"failed: {label}: {reason}", file=sys.stderr)
+    if len(failed):  # the table is complete, but not every requested setting has numbers
+        print(f"sweep: {len(failed)} of {len(df) - 1} settings failed (status and reason columns of "
+              "sweep.csv); exit status 1", file=sys.stderr)
+        return 1
     return 0
 
 

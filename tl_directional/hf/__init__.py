@@ -8,6 +8,9 @@
   the measured parallel share per layer. Imported lazily (it imports ``transformers``).
 * :mod:`tl_directional.hf.lm_eval_task`: a local lm-evaluation-harness task on the bundled
   held-out texts. Imported lazily (it imports ``lm_eval`` only when evaluating).
+* :mod:`tl_directional.hf.lm_eval_model`: the lm-eval model ``tl-directional`` (a local HF
+  model with edits from a sweep label), registered when imported; ``tl-directional-lm-eval``
+  (:mod:`tl_directional.hf.lm_eval_cli`) is lm-eval's command line with it. Imported lazily.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ _LAZY = {
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    if name in ("callback", "lm_eval_task"):
+    if name in ("callback", "lm_eval_task", "lm_eval_model", "lm_eval_cli"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

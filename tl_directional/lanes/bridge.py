@@ -325,8 +325,15 @@ class BridgeLane(Lane):
     def add_hook_point(self, model, name: str, hook_point) -> None:
         # No public registration in TL 4.3: hook_dict is built from the private _hook_registry,
         # and the public clear_hook_registry() has only a private re-scan that would name a
-        # nested point by its component path, not by the TL names the package uses.
-        model._hook_registry[name] = hook_point
+        # nested point by its component path, not by the TL names the package uses. The
+        # registry's shape is checked first and the new entry after (tl_compat names the version).
+        from ..tl_compat import _changed, check_hook_registry
+
+        registry = check_hook_registry(model)
+        registry[name] = hook_point
+        if model.hook_dict.get(name) is not hook_point:
+            registry.pop(name, None)
+            raise _changed(f"took {name!r} but hook_dict does not serve it")
 
     def remove_hook_point(self, model, name: str) -> None:
         model._hook_registry.pop(name, None)

@@ -34,7 +34,7 @@ from .config import (
     TrainConfig,
 )
 from .data import load_tokenizer
-from .experiment import DEFAULT_SEEDS, EXPERIMENT_DEFAULTS, run_experiment
+from .experiment import DEFAULT_SEEDS, EXPERIMENT_DEFAULTS, check_seeds, run_experiment
 from .export import _EXPORT_NAMES, export_model
 from .trainer import train
 
@@ -189,7 +189,11 @@ def experiment_main(argv: Sequence[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        try:
+            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(f"--seeds {args.seeds!r}: expected comma-separated integers, e.g. 0,1,2") from None
+        check_seeds(seeds, "--seeds")
         variants = [v.strip() for v in args.variants.split(",") if v.strip()]
         base = config_from_args(args)
         with _claim_run(args.out, "experiment", _EXPERIMENT_NAMES):  # locked for the whole experiment

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from ..stats import energy_ratio
+from ..student_t import t975
 from .checkpoint import checkpoint_paths, read_checkpoint
 from .config import INIT_DIR, TOKENIZER_DIR, VARIANTS, TrainConfig, variant_edits
 from .data import prepare_data
@@ -57,17 +58,6 @@ EXPERIMENT_DEFAULTS = TrainConfig(
 )
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 
-# Two-sided 95 % quantiles of Student's t, df = 1..30 (no scipy dependency).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t975(df: int) -> float:
-    """Two-sided 95 % Student-t quantile (1.96 beyond df 30)."""
-    if df < 1:
-        return float("nan")
-    return _T975[df - 1] if df <= len(_T975) else 1.96
 
 
 def paired_comparison(variant: Sequence[float], baseline: Sequence[float]) -> dict[str, float]:
@@ -150,11 +140,30 @@ def run_name(variant: str, seed: int) -> str:
     return f"{variant}-s{seed}"
 
 
+def check_seeds(seeds: Sequence[int], argument: str = "seeds") -> list[int]:
+    """``seeds`` as a list of distinct ints; a ValueError naming ``argument`` for an empty list,
+    a non-int or a repeated seed (which would be one run counted once, not n)."""
+    seeds = list(seeds)
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int)]
+    if not seeds or bad:
+        raise ValueError(f"{argument} must be a non-empty list of distinct int seeds, got {seeds!r}; e.g. 0,1,2")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(f"{argument} repeats seed(s) {', '.join(map(str, repeated))} ({seeds!r}): a repeated seed is "
+                         "the same run, counted once, so the comparison would have fewer seeds than asked; pass "
+                         "distinct seeds, e.g. " + ",".join(map(str, range(len(seeds)))))
+    return seeds
+
+
 def run_experiment(base: TrainConfig, out: str | os.PathLike[str], *, seeds: Sequence[int] = DEFAULT_SEEDS,
                    variants: Sequence[str] = VARIANTS, progress: bool = True, report_only: bool = False,
                    profile_windows: int = 16) -> dict[str, Any]:
-    """Train (or resume) every (variant, seed) run into ``out/runs`` and write the report."""
+    """Train (or resume) every (variant, seed) run into ``out/runs`` and write the report.
+
+    ``seeds`` must be distinct ints: a repeated seed would train the same run twice and be
+    counted as one, so the report's n would not be the number of seeds asked for."""
     out = Path(out)
+    check_seeds(seeds)
     out.mkdir(parents=True, exist_ok=True)
     for v in variants:
         if v not in VARIANTS:

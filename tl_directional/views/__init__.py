@@ -9,8 +9,9 @@ The model runs behind the views of one text live in :mod:`tl_directional.views_d
 Offline by construction:
 
 * plotly figures are rendered with ``include_plotlyjs=False`` and plotly.js is
-  inlined by the page (once per report; once per output in a notebook, because
-  notebook front ends such as Colab isolate each output in its own frame);
+  inlined by the page (once per report; in a notebook, by the first output that needs it,
+  or by every output with :func:`set_notebook_libraries` ``("inline")``, the default on
+  Colab, which isolates each output in its own frame: :mod:`tl_directional.notebook_output`);
 * circuitsvis views are rendered from circuitsvis's bundled ``iife.js`` (inlined
   the same way) and never through ``RenderedHTML``: its ``str()`` loads the
   bundle from a CDN and its ``_repr_html_`` contacts google.com on every display.
@@ -37,6 +38,7 @@ first use).
 
 from __future__ import annotations
 
+from ..notebook_output import notebook_libraries, set_notebook_libraries
 from ..page import Report as Report  # the page the views go on (as before the split)
 from ..page import circuitsvis_js, library_script, plotly_js
 from ..views_data import check_layer_head as check_layer_head
@@ -85,9 +87,11 @@ __all__ = [
     "edited_patterns",
     "head_heatmaps",
     "library_script",
+    "notebook_libraries",
     "perpendicular_size",
     "plotly_js",
     "safe_scale_figure",
+    "set_notebook_libraries",
     "split_dla_figure",
     "str_tokens",
     "svg_chart",

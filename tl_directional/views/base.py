@@ -78,14 +78,18 @@ class View:
 
     def to_html(self, full_html: bool = True) -> str:
         """Self-contained HTML: a full page (``full_html=True``) or a fragment with the
-        needed libraries inlined in front of the view (what notebooks display)."""
+        needed libraries inlined in front of the view (what notebooks display in mode
+        ``"inline"``; :mod:`tl_directional.notebook_output`)."""
         if full_html:
             return Report(title=self.title).add(self).to_html()
         return "\n".join([library_script(n) for n in self.libraries] + [self.body_html()])
 
     def _repr_html_(self) -> str:
-        # Offline in every front end: the libraries travel with the output (no CDN, no probe).
-        return self.to_html(full_html=False)
+        # Offline in every front end: the libraries travel with the notebook's outputs (no CDN,
+        # no probe), once per notebook or in every output (tl_directional.notebook_output).
+        from ..notebook_output import notebook_html
+
+        return notebook_html(self.libraries, self.body_html())
 
     def save(self, path: str | Path) -> Path:
         """Write the view: ``.html`` a self-contained page; ``.csv`` the data behind it;
