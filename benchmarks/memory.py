@@ -85,8 +85,8 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
     if threads:
         torch.set_num_threads(threads)
     from tl_directional import profile
-    from tl_directional.inputs import TokenBatch
-    from tl_directional.models import load_model
+    from tl_directional.model.inputs import TokenBatch
+    from tl_directional.model.load import load_model
 
     from .workloads import (
         all_components,

@@ -99,7 +99,7 @@ def probe(record: str, model_source: str, seq: int, batch: int, side: str, *, de
     try:
         model = harness.model("main")
         inputs = harness.inputs(setting)
-        from tl_directional.inputs import TokenBatch
+        from tl_directional.model.inputs import TokenBatch
 
         forward(model, TokenBatch(inputs.tokens[:1, :8], inputs.attention_mask[:1, :8]), None)
         bench = Bench(spec, setting, model, harness.source("main"), inputs, harness, seed=0,

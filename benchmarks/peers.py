@@ -36,9 +36,9 @@ PEER_COMPONENTS = ("attn", "mlp")
 
 def _hf_dir(source: str) -> Path:
     """The Hugging Face directory ``load_model(source)`` reads: the bundled default model, a
-    catalogue model's converted cache entry (:func:`tl_directional.models.catalog.real_model_dir`,
+    catalogue model's converted cache entry (:func:`tl_directional.model.load.catalog.real_model_dir`,
     converting on first use) or ``source`` itself (a directory)."""
-    from tl_directional.models import catalog, default_model_dir
+    from tl_directional.model.load import catalog, default_model_dir
 
     if source == "default":
         return Path(default_model_dir())
@@ -79,7 +79,7 @@ def layout_of_dir(path: str | Path) -> str:
     import torch
     import transformers
 
-    from tl_directional.models import quiet_transformers
+    from tl_directional.model.load import quiet_transformers
 
     config = transformers.AutoConfig.from_pretrained(str(path))
     with quiet_transformers(), torch.device("meta"):
@@ -156,7 +156,7 @@ def measure_nnsight(model_source: str, seq: int, batch: int, *, warmup: int, min
     from nnsight import NNsight
 
     from tl_directional import profile
-    from tl_directional.models import load_hf_model, load_model
+    from tl_directional.model.load import load_hf_model, load_model
 
     from .workloads import text_batch
 
@@ -250,7 +250,7 @@ def probe_nnsight(model_source: str, seq: int, batch: int, side: str, threads: i
     from nnsight import NNsight
 
     from tl_directional import profile
-    from tl_directional.models import load_hf_model, load_model
+    from tl_directional.model.load import load_hf_model, load_model
 
     from .peak_memory import peak_of
     from .workloads import text_batch

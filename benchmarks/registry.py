@@ -174,9 +174,9 @@ class Bench:
         setting: the workload.
         model: the loaded TransformerLens model for ``setting.model`` (eval mode; leave no
             hooks on it and do not change its weights; use ``fresh_model()`` to get a copy).
-        model_source: what :func:`tl_directional.models.load_model` loads it from (a
+        model_source: what :func:`tl_directional.model.load.load_model` loads it from (a
             directory or ``"default"``), for subprocesses.
-        inputs: a :class:`tl_directional.inputs.TokenBatch` of ``setting.batch`` sequences of
+        inputs: a :class:`tl_directional.model.inputs.TokenBatch` of ``setting.batch`` sequences of
             ``setting.seq`` tokens, on the model's device.
         harness: the running harness (config, device, dtype, model loader).
         extra: record-specific numbers to store under ``"extra"`` in the JSON.

@@ -189,7 +189,7 @@ class Harness:
         if key == "main":
             src = self.config.model
         elif key == "wide":
-            from tl_directional.models import build_tiny_hf_model
+            from tl_directional.model.load import build_tiny_hf_model
 
             cfg = self.model("main").cfg
             spec = {"seed": 0, "n_layers": int(cfg.n_layers), "d_model": WIDE_D_MODEL,
@@ -206,7 +206,7 @@ class Harness:
 
     def load(self, key: str):
         """A freshly loaded model ``key`` (eval mode) on the run's device and dtype."""
-        from tl_directional.models import load_model
+        from tl_directional.model.load import load_model
 
         return load_model(self.source(key), device=self.device, dtype=self.dtype).eval()
 
@@ -337,7 +337,7 @@ def _cpu_model() -> str | None:
 
 def machine_info(device: str, dtype: str) -> dict:
     """Where and with what the numbers were measured (the JSON header's ``machine``)."""
-    from tl_directional.models import tl_lane
+    from tl_directional.model.load import tl_lane
 
     cuda = device.startswith("cuda") and torch.cuda.is_available()
     status = _git("status", "--porcelain", "--untracked-files=no")
@@ -551,7 +551,7 @@ def make_config(a: argparse.Namespace) -> Config:
 def _check_model_arg(model: str) -> str | None:
     """The catalogue name ``--model`` is (``"default"``, ``"smollm2-135m"``, ...), None for a
     directory or another TransformerLens name; a usage error (exit 2) for a name nothing knows."""
-    from tl_directional.models import UnknownModelError, catalogue_names, check_model_name
+    from tl_directional.model.load import UnknownModelError, catalogue_names, check_model_name
 
     if model in catalogue_names():
         return model

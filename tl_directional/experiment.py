@@ -7,8 +7,8 @@ documented entry point and re-exports its public names.
 
 import sys
 
-from .training.cli import build_experiment_parser as build_parser
-from .training.cli import experiment_main as main
+from .cli.train import build_experiment_parser as build_parser
+from .cli.train import experiment_main as main
 from .training.experiment import (
     DEFAULT_SEEDS,
     EXPERIMENT_DEFAULTS,

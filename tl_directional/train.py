@@ -6,11 +6,11 @@ entry point (also for ``torchrun ... -m tl_directional.train``) and re-exports i
 
 import sys
 
+from .cli.train import add_config_arguments, config_from_args
+from .cli.train import build_train_parser as build_parser
+from .cli.train import train_main as main
 from .training import *  # noqa: F403
 from .training import __all__ as _training_all
-from .training.cli import add_config_arguments, config_from_args
-from .training.cli import build_train_parser as build_parser
-from .training.cli import train_main as main
 
 __all__ = [*_training_all, "add_config_arguments", "build_parser", "config_from_args", "main"]
 

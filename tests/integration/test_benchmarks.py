@@ -252,7 +252,7 @@ def test_peer_model_directory_of_catalogue_names():
     """The peer resolves a catalogue name through the library's own catalogue (the converted
     cache entry), not a hard-coded path."""
     from benchmarks.peers import _hf_dir
-    from tl_directional.models import catalog, default_model_dir
+    from tl_directional.model.load import catalog, default_model_dir
 
     assert _hf_dir("default") == default_model_dir()
     for name in catalog.REAL_MODELS:

@@ -13,8 +13,8 @@ from .errors import USER_ERRORS, UsageError
 def _check_model_arg(name, option: str) -> None:
     """Fail at once, offline, on a ``--model`` / ``--dense`` value that cannot load: a path
     that does not exist, or a name that is neither a catalogue entry nor a TransformerLens name."""
-    from ..models import UnknownModelError, catalogue_names, check_model_name
-    from ..models.load import _looks_like_path
+    from ..model.load import UnknownModelError, catalogue_names, check_model_name
+    from ..model.load.loader import _looks_like_path
 
     text = str(name)
     if Path(text).expanduser().exists() or text in catalogue_names():
@@ -30,7 +30,7 @@ def _check_model_arg(name, option: str) -> None:
 
 def _load_model_arg(name: str, option: str = "--model"):
     """``load_model(name)`` with the option named in any error."""
-    from ..models import load_model
+    from ..model.load import load_model
 
     _check_model_arg(name, option)
     try:
@@ -65,7 +65,7 @@ _LEGACY_NAMES = {
 def _claim_out(path: str, command: str, force: bool, option: str = "--out") -> Path:
     """Check ``path`` against the output policy before any work is done (one message for
     every command: what the directory holds, and ``--force`` to replace it)."""
-    from ..fileio import check_replaceable
+    from ..io.fileio import check_replaceable
 
     out = _out_dir(path, option)
     check_replaceable(out, _OUTPUT_KINDS[command], force=force, force_hint="pass --force",
@@ -95,7 +95,7 @@ def _layer_sets(text: str, n_layers: int | None = None) -> list:
     """``"all"`` -> [None]; ``"0-3;5"`` -> [[0, 1, 2, 3], [5]] (``;`` separates sets); negative
     layers count from the end (``-1`` is the last; a range ``0-3`` has non-negative ends).
     With ``n_layers`` every layer is checked and normalised to ``0..n_layers-1``."""
-    from ..sites import normalize_layers
+    from ..model.sites import normalize_layers
 
     out = []
     for part in text.split(";"):
@@ -170,7 +170,7 @@ _HELP = {
 
 
 def _model_help() -> str:
-    from ..models import catalogue_names
+    from ..model.load import catalogue_names
 
     real = ", ".join(n for n in catalogue_names() if n != "default")
     return (f"a catalogue name: 'default' (the bundled model) or a real model ({real}; "
@@ -189,8 +189,8 @@ def _common(p, *, max_sequences: int, seq_len: int) -> None:
 def _load_checked(path, argument: str):
     """Load a model for the CLI; a missing, corrupt or truncated file is a user error
     (exit 2) naming the argument and the file, never the gate's FAIL status."""
-    from ..fileio import ArtefactError, check_model_dir
-    from ..models import load_model
+    from ..io.fileio import ArtefactError, check_model_dir
+    from ..model.load import load_model
 
     _check_model_arg(path, argument)
     check_model_dir(path, argument)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..inputs import load_text_sequences
+from ..model.inputs import load_text_sequences
 from .errors import UsageError
 from .options import (
     _HELP,
@@ -16,8 +16,8 @@ from .options import (
 
 
 def _cmd_report(args) -> int:
-    from ..report import build_report
-    from ..sites import normalize_index
+    from ..model.sites import normalize_index
+    from ..views.report import build_report
 
     _claim_out(args.out, "report", args.force)
     spaces = _check_spaces(args.space)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..inputs import load_text_sequences
+from ..model.inputs import load_text_sequences
 from .errors import UsageError
 from .options import (
     _HELP,
@@ -23,8 +23,8 @@ from .options import (
 def _cmd_sweep(args) -> int:
     import shutil
 
-    from ..fileio import atomic_path, write_manifest
-    from ..sweep import CheckpointMismatch, grid, sweep, sweep_figure
+    from ..evaluate.sweep import CheckpointMismatch, grid, sweep, sweep_figure
+    from ..io.fileio import atomic_path, write_manifest
 
     out = _claim_out(args.out, "sweep", args.force)
     spaces = _check_spaces(args.space)
@@ -63,7 +63,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _is_sweep_dir(out: Path) -> bool:
-    from ..fileio import ArtefactError, read_manifest
+    from ..io.fileio import ArtefactError, read_manifest
 
     try:
         doc = read_manifest(out)

@@ -16,12 +16,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..adapter import capture_hooks, run_hooked
-from ..components import RESIDUAL_COMPONENTS, check_components
-from ..compress import CompressionRecord
-from ..geometry import compute_dtype
-from ..inputs import TokenBatch, iter_batches
-from ..sites import (
+from ..core.components import RESIDUAL_COMPONENTS, check_components
+from ..core.geometry import compute_dtype
+from ..model.adapter import capture_hooks, run_hooked
+from ..model.inputs import TokenBatch, iter_batches
+from ..model.sites import (
     SEQUENTIAL,
     ModelSites,
     UnitSite,
@@ -29,6 +28,7 @@ from ..sites import (
     mlp_branch,
     resolve_sites,
 )
+from .compressors import CompressionRecord
 
 # Per-token statistics accumulated as exact float64 sums (columns of the accumulator).
 _STATS = (

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..fileio import sha256_file
+from ..io.fileio import sha256_file
 from .config import BUILTIN_CORPUS, TOKENIZER_DIR, TrainConfig
 
 
@@ -63,7 +63,7 @@ class Data:
 def _corpus_texts(corpus: str) -> tuple[str, str, dict[str, Any]]:
     """(train text, validation text, provenance) of a corpus setting."""
     if corpus == BUILTIN_CORPUS:
-        from ..corpus import heldout_info, heldout_text
+        from ..io.corpus import heldout_info, heldout_text
 
         lines = heldout_text().splitlines()
         cut = int(len(lines) * 0.9)
@@ -71,7 +71,7 @@ def _corpus_texts(corpus: str) -> tuple[str, str, dict[str, Any]]:
                 "first 90% of lines for training, rest for validation; for tests only",
                 "sha256": heldout_info().get("sha256")}
         return "\n".join(lines[:cut]) + "\n", "\n".join(lines[cut:]) + "\n", info
-    from ..corpus import load_split, split_manifest
+    from ..io.corpus import load_split, split_manifest
 
     path = Path(corpus).expanduser()
     if not (path / "SPLIT.json").is_file():
@@ -138,7 +138,7 @@ def prepare_data(cfg: TrainConfig, run_dir: str | os.PathLike[str] | None = None
                  train_tokenizer_if_missing: bool = True) -> Data:
     """Load the corpus, get the tokenizer (``cfg.tokenizer``, ``RUN/tokenizer``, or train one
     and save it there) and cut both splits into windows."""
-    from ..models import ENDOFTEXT, train_tokenizer
+    from ..model.load import ENDOFTEXT, train_tokenizer
 
     train_text, val_text, info = _corpus_texts(cfg.corpus)
     tok_dir: Path | None = None

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from ..stats import energy_ratio
+from ..core.stats import energy_ratio
 from .checkpoint import checkpoint_paths, read_checkpoint
 from .config import INIT_DIR, TOKENIZER_DIR, VARIANTS, TrainConfig, variant_edits
 from .data import prepare_data
@@ -100,10 +100,10 @@ def pre_edit_geometry(model: Any, tokens: torch.Tensor, edits: Sequence[Any] = (
     at that hook while ``edits`` are active (capture hooks are registered first, so they run
     first). Returns rows with energy ratios (``sqrt(sum par^2 / sum perp^2)``), mean ``beta`` /
     ``alpha`` and mean ``par_frac``."""
-    from ..adapter import capture_hooks
+    from ..core.geometry import decompose
     from ..edit import edit_hooks
-    from ..geometry import decompose
-    from ..sites import resolve_sites
+    from ..model.adapter import capture_hooks
+    from ..model.sites import resolve_sites
 
     sites = resolve_sites(model, warn=False)
     names = []
@@ -136,7 +136,7 @@ def pre_edit_geometry(model: Any, tokens: torch.Tensor, edits: Sequence[Any] = (
 
 
 def _energy(d: Any, ok: torch.Tensor) -> float:
-    # the energy ratio of :mod:`tl_directional.stats` (NaN when there is no energy at all)
+    # the energy ratio of :mod:`tl_directional.core.stats` (NaN when there is no energy at all)
     par, perp = float(d.par_sq[ok].sum()), float(d.perp_sq[ok].sum())
     return float(energy_ratio(torch.tensor(par, dtype=torch.float64), torch.tensor(perp, dtype=torch.float64)))
 
@@ -198,7 +198,7 @@ def write_report(base: TrainConfig, out: Path, *, seeds: Sequence[int], variants
     import pandas as pd
 
     from ..measure import profile
-    from ..models import load_model
+    from ..model.load import load_model
 
     curves, finals, geometry = [], [], []
     val_tokens = None

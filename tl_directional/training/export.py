@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from ..adapter import device_of
 from ..edit import Edit, edit_hooks
-from ..fileio import replace_dir
-from ..sites import lane_of
+from ..io.fileio import replace_dir
+from ..model.adapter import device_of
+from ..model.sites import lane_of
 from .data import TokenizerMismatchError, encode_text, make_windows
 from .model import canonical_state_dict
 
@@ -27,15 +27,15 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
 
     The directory loads with ``TransformerBridge.boot_transformers(path)``,
     ``transformers.GPT2LMHeadModel.from_pretrained(path)`` and, on the legacy lane,
-    :func:`tl_directional.models.load_model`. Written to a temporary sibling with a
-    ``manifest.json`` and swapped in (:func:`tl_directional.fileio.replace_dir`); a
+    :func:`tl_directional.model.load.load_model`. Written to a temporary sibling with a
+    ``manifest.json`` and swapped in (:func:`tl_directional.io.fileio.replace_dir`); a
     non-empty ``path`` that is not a previous export (e.g. the run directory itself) is
     refused unless ``force``, so no user file is ever deleted.
     """
     import transformers
 
-    from ..adapter import quiet_transformers
-    from ..models import BUILD_INFO_FILE
+    from ..model.adapter import quiet_transformers
+    from ..model.load import BUILD_INFO_FILE
 
     if not lane_of(model).hf_export:
         raise NotImplementedError(

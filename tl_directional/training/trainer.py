@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from ..edit import edit_hooks
-from ..fileio import atomic_write_bytes, exclusive_lock
-from ..sites import lane_of
+from ..io.fileio import atomic_write_bytes, exclusive_lock
+from ..model.sites import lane_of
 from .checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointError,
@@ -346,7 +346,7 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike[str], *, resume: bool = T
         if dist.initialized_here:
             # the trainer (its DistributedDataParallel holds the group) is gone by now, so this
             # frees the group and joins its worker threads here, not at interpreter exit
-            from ..distributed import destroy_process_group
+            from ..io.distributed import destroy_process_group
 
             destroy_process_group()
 

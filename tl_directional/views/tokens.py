@@ -10,24 +10,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..components import check_components
-from ..inputs import prepare_inputs
+from ..core.components import check_components
+from ..figures.base import (
+    NEGATIVE_COLOR,
+    POSITIVE_COLOR,
+    CircuitsVisView,
+    PlotlyView,
+    _plotly,
+)
 from ..measure import FACTORIZATION_METRICS
-from ..sites import resolve_sites
-from ..views_data import (
+from ..model.inputs import prepare_inputs
+from ..model.sites import resolve_sites
+from .data import (
     check_layer_head,
     edited_patterns,
     one_sequence,
     str_tokens,
     token_profile,
     triptych_edits,
-)
-from .base import (
-    NEGATIVE_COLOR,
-    POSITIVE_COLOR,
-    CircuitsVisView,
-    PlotlyView,
-    _plotly,
 )
 
 # ---------------------------------------------------------------------------------------------
