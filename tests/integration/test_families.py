@@ -18,6 +18,7 @@ import torch
 import tl_directional as tld
 from tl_directional.model.families import REGISTRY
 from tl_directional.model.inputs import pad_sequences
+from tl_directional.model.lanes import lane_named
 from tl_directional.model.sites import PARALLEL, SANDWICH_NOTE, SEQUENTIAL
 
 from ._families import EXTRA, REFUSED
@@ -202,7 +203,7 @@ def test_generate_with_an_edit_equals_an_argmax_loop(tiny_model, family):
 def test_refused_families_name_what_is_missing(tiny_model_dir, family, lane):
     from tl_directional.model.load import load_model
 
-    reason = REGISTRY[family].refusal(lane)
+    reason = lane_named(lane).family_refusal(REGISTRY[family])
     assert reason and REGISTRY[family].hf_class in reason and "bridge lane" in reason
     with pytest.raises(ValueError) as info:
         load_model(tiny_model_dir(family))

@@ -17,14 +17,13 @@ import torch
 from torch import Tensor
 
 from ..core.components import RESIDUAL_COMPONENTS, check_components
-from ..core.geometry import compute_dtype
+from ..core.geometry import compute_dtype, dtype_tolerance
 from ..model.adapter import capture_hooks, run_hooked
 from ..model.inputs import TokenBatch, iter_batches
 from ..model.sites import (
     SEQUENTIAL,
     ModelSites,
     UnitSite,
-    dtype_tolerance,
     mlp_branch,
     resolve_sites,
 )

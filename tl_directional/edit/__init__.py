@@ -31,6 +31,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.geometry import DEFAULT_EPS, component_delta, compute_dtype, projection_coefficient
+from ..model.generation import FORWARD
 from ..model.sites import (
     COMPONENTS,
     ModelSites,
@@ -39,7 +40,6 @@ from ..model.sites import (
     resolve_sites,
 )
 from .tensors import (
-    FORWARD,
     NonFiniteEditError,
     Scales,
     ScaleSpec,
@@ -54,7 +54,6 @@ from .tensors import (
 )
 
 HookList = list[tuple[str, Callable]]
-_FORWARD = FORWARD  # the name generation.py reads
 
 
 class _MaskTrackingForward:

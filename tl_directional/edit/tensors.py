@@ -10,7 +10,7 @@ object scales, scopes and casts the same way wherever it is installed.
 - :func:`scale_specs`, :func:`row_scale`: an edit's scales per ``(batch, query, head)``,
   1 outside its head and position scope; :func:`heads_mask`, :func:`query_mask`: the scopes.
 - :func:`cast_back`: the edited tensor in the input's dtype, or :class:`NonFiniteEditError`.
-- :data:`FORWARD`: what the hooks know about the forward pass in progress (its attention mask,
+- :data:`~tl_directional.model.generation.FORWARD` (read here, kept in the model floor): what the hooks know about the forward pass in progress (its attention mask,
   whether ``generate`` runs); each path sets it around the model's forward.
 """
 
@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..model.generation import FORWARD
 from ..model.inputs import _int_positions, check_positions_in_range, position_mask
 from ..model.sites import expand_kv_heads, normalize_heads
 
@@ -151,20 +152,6 @@ def heads_mask(heads, n_heads: int) -> Tensor | None:
     m = torch.zeros(n_heads, dtype=torch.bool)
     m[heads] = True
     return m
-
-
-class ForwardState:
-    """What the edits' hooks know about the forward pass in progress: its attention mask
-    (a ``model(tokens, attention_mask=...)`` keyword, set around the forward by each edit
-    path) and whether ``generate`` is running (positions beyond the prompt are then reached
-    later, so they are not out of range)."""
-
-    attention_mask: Tensor | None = None
-    generating: int = 0
-
-
-FORWARD = ForwardState()
-"""The one :class:`ForwardState` the hooks of both edit paths read."""
 
 
 def query_mask(edit: Any, batch: int, n_q: int, offset: int, device) -> Tensor | None:
@@ -296,8 +283,6 @@ def _group_heads(s: Tensor, n_kv: int, group: int) -> Tensor:
 
 __all__ = [
     "AXES",
-    "FORWARD",
-    "ForwardState",
     "NonFiniteEditError",
     "ScaleSpec",
     "Scales",

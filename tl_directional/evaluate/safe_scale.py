@@ -11,9 +11,11 @@ import pandas as pd
 import torch
 
 from ..edit import EDIT_SPACES, Edit, apply_edits
+from ..figures.sweep import safe_scale_figure
 from ..model.adapter import device_of
 from ..model.inputs import iter_batches, prepare_inputs
 from .metrics import BaselineStats, MetricSums
+from .setting import Setting
 
 
 def _forward(model, batch):
@@ -59,8 +61,6 @@ class SafeScaleResult:
     def figure(self):
         """Plotly figure of the evaluated damage with the budget and the interval
         (:func:`tl_directional.views.safe_scale_figure`)."""
-        from ..figures.sweep import safe_scale_figure
-
         return safe_scale_figure(self)
 
 
@@ -111,8 +111,6 @@ def find_safe_scale(
     if grid_points < 2:
         raise ValueError(f"grid_points must be >= 2, got {grid_points}")
     if isinstance(edit_factory, str):
-        from .sweep import Setting
-
         space = edit_factory
         scaled = sorted(name for name, sp in EDIT_SPACES.items() if sp.scaled)  # hard-diag has no scale to search
         if space not in scaled:

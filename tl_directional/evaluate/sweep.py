@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,7 +32,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..edit import EDIT_SPACES, Edit, apply_edits, edit_space, edits_for_space, scales
+from ..edit import EDIT_SPACES, apply_edits, scales
 from ..figures.sweep import sweep_figure  # the figure lives in the views; re-exported
 from ..io.distributed import rank_and_world, release_captured_groups
 from ..io.fileio import (
@@ -72,45 +71,11 @@ from .metrics import (  # the metric registries; re-exported: `from tl_direction
     top1_agreement,
 )
 from .safe_scale import SafeScaleResult, find_safe_scale  # re-exported
+from .setting import Setting
 
 #: The sweep's space names with their descriptions: a read-only view of
 #: :data:`tl_directional.edit.EDIT_SPACES` (the one registry), kept for ``from sweep import SPACES``.
 SPACES: Mapping[str, str] = MappingProxyType({name: space.description for name, space in EDIT_SPACES.items()})
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One point of a sweep grid: an edit space, its scales, and its layers (None = all)."""
-
-    space: str
-    s_par: float = 1.0
-    s_perp: float = 1.0
-    layers: tuple[int, ...] | None = None
-
-    def __post_init__(self):
-        edit_space(self.space, "space")  # a ValueError naming the valid spaces
-        for name in ("s_par", "s_perp"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"{name} must be a finite number, got {v!r}")
-        EDIT_SPACES[self.space].check_scales(self.s_perp)
-
-    @property
-    def label(self) -> str:
-        layers = "all" if self.layers is None else ",".join(map(str, self.layers))
-        if not EDIT_SPACES[self.space].scaled:
-            return f"{self.space}[L={layers}]"
-        return f"{self.space}[s_par={self.s_par:g},s_perp={self.s_perp:g},L={layers}]"
-
-    @property
-    def is_identity(self) -> bool:
-        return EDIT_SPACES[self.space].scaled and self.s_par == 1.0 and self.s_perp == 1.0
-
-    def edits(self, s_par=None, s_perp=None) -> list[Edit]:
-        """The edits of this setting; ``s_par`` / ``s_perp`` override the scales (e.g. per-row)."""
-        sp = self.s_par if s_par is None else s_par
-        sq = self.s_perp if s_perp is None else s_perp
-        return edits_for_space(self.space, sp, sq, self.layers)
 
 
 def grid(

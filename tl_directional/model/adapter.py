@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .generation import carry_generate_fix
 from .lanes import (
     BlockInput,
     Lane,
@@ -125,8 +126,6 @@ def clone_model(model):
     A copy of a model whose ``generate`` was fixed (:func:`tl_directional.model.generation.fix_generate`,
     done by :func:`~tl_directional.model.load.load_model`) gets its own fixed ``generate``.
     """
-    from .generation import carry_generate_fix
-
     return carry_generate_fix(model, lane_of(model).clone(model))
 
 

@@ -29,8 +29,25 @@ from __future__ import annotations
 import functools
 import weakref
 
+from torch import Tensor
+
 from .lanes import lane_of
 from .lanes.bridge import kv_cache_matches
+
+
+class ForwardState:
+    """What the edits' hooks know about the forward pass in progress: its attention mask
+    (a ``model(tokens, attention_mask=...)`` keyword, set around the forward by each edit
+    path) and whether ``generate`` is running (positions beyond the prompt are then reached
+    later, so they are not out of range)."""
+
+    attention_mask: Tensor | None = None
+    generating: int = 0
+
+
+FORWARD = ForwardState()
+"""The one :class:`ForwardState` the hooks of both edit paths read."""
+
 
 #: model -> the ``generate`` that :func:`fix_generate` installed on it.
 _FIXED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -42,13 +59,11 @@ def _marked_generating(generate):
 
     @functools.wraps(generate)
     def wrapped(*args, **kwargs):
-        from ..edit import _FORWARD
-
-        _FORWARD.generating += 1
+        FORWARD.generating += 1
         try:
             return generate(*args, **kwargs)
         finally:
-            _FORWARD.generating -= 1
+            FORWARD.generating -= 1
     return wrapped
 
 
@@ -92,4 +107,4 @@ def carry_generate_fix(model, clone):
     return fix_generate(clone)
 
 
-__all__ = ["carry_generate_fix", "fix_generate", "generate_fixed", "kv_cache_matches"]
+__all__ = ["FORWARD", "ForwardState", "carry_generate_fix", "fix_generate", "generate_fixed", "kv_cache_matches"]

@@ -1,7 +1,8 @@
 """Where the edit spaces live on a plain Hugging Face decoder (:mod:`tl_directional.edit.hf.edits`
 has the full account, METHOD.md sec. 2-4): each supported family's module layout, the sites
 resolved on one model (:class:`HFSites`, :func:`resolve_hf_sites`) and the attention
-implementation check of the edits that need the pattern.
+implementation a model runs (the edits that need the pattern check it in
+:mod:`tl_directional.edit.hf.edits`).
 
 Re-exported by :mod:`tl_directional.edit.hf.edits` and :mod:`tl_directional.edit.hf`.
 """
@@ -13,7 +14,6 @@ from typing import Any
 
 import torch
 
-from ..edit import DiagonalRemoval, Edit, ValueScale
 from .sites import PARALLEL, SEQUENTIAL, ModelSites, WeightProcessing
 
 
@@ -157,21 +157,8 @@ def resolve_hf_sites(model: Any) -> HFSites:
                    layout=layout, layers=list(layers))
 
 
-def _needs_pattern(e: Edit) -> bool:
-    return isinstance(e, DiagonalRemoval) or (isinstance(e, ValueScale) and e.mode == "exclusive")
-
-
 def attention_implementation(model: Any) -> str:
     """``model.config._attn_implementation`` (``"eager"``, ``"sdpa"``, ...; ``"eager"`` if unset)."""
     return str(getattr(model.config, "_attn_implementation", None) or "eager")
 
 
-def _check_pattern_available(model: Any, edit: Edit) -> None:
-    impl = attention_implementation(model)
-    if impl != "eager":
-        raise AttentionPatternUnavailableError(
-            f"{edit!r} needs the attention pattern (A_tt), but {type(model).__name__} runs "
-            f"attn_implementation={impl!r}, which does not return attention weights. Load it with "
-            "from_pretrained(..., attn_implementation='eager') (or call "
-            "model.set_attn_implementation('eager')), or use ValueScale(mode='full') / "
-            "EffectiveDiagonal, which need no pattern")

@@ -18,6 +18,8 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from .adapter import is_encoder
+
 
 @dataclass
 class TokenBatch:
@@ -95,8 +97,6 @@ def tokenize(
             "inputs are strings but the model has no tokenizer; pass token ids "
             "(a [batch, pos] LongTensor) instead, or load the model with its tokenizer"
         )
-    from .adapter import is_encoder
-
     causal = not is_encoder(model)
     if prepend_bos is None:
         prepend_bos = bool(getattr(model.cfg, "default_prepend_bos", True)) and causal

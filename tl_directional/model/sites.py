@@ -27,9 +27,11 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..core.components import RESIDUAL_COMPONENTS
+from ..core.geometry import dtype_tolerance
 
 # Lane internals live in the lanes (lane_of / architecture_name are re-exported here).
 from .adapter import architecture_name, capture, hook_state, is_encoder, is_parallel, lane_of
+from .families import BY_ARCH
 
 COMPONENTS = RESIDUAL_COMPONENTS  # the residual components, in their order (one home: components.py)
 
@@ -320,8 +322,6 @@ def detect_weight_processing(model) -> WeightProcessing:
                 any_b_v_nonzero = True
             if b_o is not None and bool((b_o != 0).any()):
                 any_b_o_nonzero = True
-    from .families import BY_ARCH
-
     family = BY_ARCH.get(architecture_name(model))
     has_value_bias = family is None or family.layout.value_bias  # GPT-Neo: b_O but no b_V
     norm = str(_cfg(model, "normalization_type", default="") or "")
@@ -562,15 +562,6 @@ def mlp_branch(model, layer: int):
     if ln2 is None or mlp is None or getattr(block, "ln2_post", None) is not None:
         return None
     return lambda x: mlp(ln2(x))
-
-
-def dtype_tolerance(dtype: torch.dtype) -> float:
-    """Relative tolerance for identities computed by the model in ``dtype``."""
-    if dtype == torch.float64:
-        return 1e-10
-    if dtype == torch.float32:
-        return 1e-5
-    return 2e-2
 
 
 def verify_sites(

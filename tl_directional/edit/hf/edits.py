@@ -48,13 +48,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ...core.geometry import component_delta, compute_dtype
+from ...model.generation import FORWARD
 from ...model.hf_layout import (  # noqa: F401  (the public names are re-exported)
     MODEL_TYPES,
     AttentionPatternUnavailableError,
     HFSites,
     UnsupportedModelError,
-    _check_pattern_available,
-    _needs_pattern,
     attention_implementation,
     resolve_hf_sites,
 )
@@ -67,12 +66,26 @@ from .. import (
     ValueScale,
 )
 from ..tensors import (
-    FORWARD,
     ScaleSpec,
     cast_back,
     query_mask,
 )
 from .value_chain import _Run, _value_chain_fn, edit_label
+
+
+def _needs_pattern(e: Edit) -> bool:
+    return isinstance(e, DiagonalRemoval) or (isinstance(e, ValueScale) and e.mode == "exclusive")
+
+
+def _check_pattern_available(model: Any, edit: Edit) -> None:
+    impl = attention_implementation(model)
+    if impl != "eager":
+        raise AttentionPatternUnavailableError(
+            f"{edit!r} needs the attention pattern (A_tt), but {type(model).__name__} runs "
+            f"attn_implementation={impl!r}, which does not return attention weights. Load it with "
+            "from_pretrained(..., attn_implementation='eager') (or call "
+            "model.set_attn_implementation('eager')), or use ValueScale(mode='full') / "
+            "EffectiveDiagonal, which need no pattern")
 
 
 class EditsAlreadyInstalledError(RuntimeError):

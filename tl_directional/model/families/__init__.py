@@ -61,9 +61,10 @@ def get_family(name: str) -> Family:
     return REGISTRY[name]
 
 
-def lane_families(lane: str, *, causal_only: bool = False) -> tuple[str, ...]:
-    """The families that load on ``lane`` (``"bridge"`` / ``"legacy"``)."""
-    return tuple(n for n, f in REGISTRY.items() if not f.refusal(lane) and (f.causal or not causal_only))
+def lane_families(lane, *, causal_only: bool = False) -> tuple[str, ...]:
+    """The families that load on ``lane`` (a :class:`~tl_directional.model.lanes.base.Lane`;
+    ``lanes.lane_named("bridge")`` for a name): the lane owns the rule (``Lane.family_refusal``)."""
+    return tuple(n for n, f in REGISTRY.items() if not lane.family_refusal(f) and (f.causal or not causal_only))
 
 
 __all__ = ["BY_ARCH", "BY_MODEL_TYPE", "HF_SHAPE", "HF_SHAPE_GQA", "LEGACY_MAX_CTX", "REGISTRY", "Family",

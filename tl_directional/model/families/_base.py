@@ -125,12 +125,6 @@ class Family:
     bridge_pattern_after_z: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def refusal(self, lane: str) -> str:
-        """Why ``lane`` (``"bridge"`` / ``"legacy"`` or a lane) refuses this family ("" if it loads)."""
-        from ..lanes import lane_named  # the lane owns the rule; imported late (lanes sit above)
-
-        return lane_named(lane).family_refusal(self)
-
     def default_kv_heads(self, n_heads: int) -> int:
         if self.kv_heads == "one":
             return 1

@@ -76,6 +76,10 @@ def float_copy(t: Tensor) -> Tensor:
     return t.detach().to(torch.float64 if t.dtype == torch.float64 else torch.float32).clone()
 
 
+#: The lane singletons, by name (each is built once, in :mod:`tl_directional.model.lanes`).
+BUILT: dict[str, "Lane"] = {}
+
+
 class Lane(str):
     """One TransformerLens generation: everything the package does differently on it.
 
@@ -87,6 +91,11 @@ class Lane(str):
     """
 
     __slots__ = ()
+
+    def __new__(cls, name: str):
+        lane = super().__new__(cls, name)
+        BUILT.setdefault(name, lane)
+        return BUILT[name]
 
     #: Whether a model on this lane is a wrapped ``transformers`` model that can be written as a
     #: plain Hugging Face directory (:meth:`to_hf_model`, :meth:`save_hf_directory`).
@@ -105,10 +114,11 @@ class Lane(str):
         return f"<lane {self.name!r}>"
 
     def __reduce__(self):  # pickles as the singleton, not as a new instance
-        return (_lane_by_name, (self.name,))
+        return (built_lane, (self.name,))
 
     def family_refusal(self, family) -> str:
-        """Why this lane refuses a model family (an ``architectures.Family``), "" if it loads."""
+        """Why this lane refuses a model family (a :class:`~tl_directional.model.families.Family`),
+        "" if it loads."""
         raise NotImplementedError
 
     # -- the model's own structure -------------------------------------------------------------
@@ -289,11 +299,10 @@ def blocks_passed_through(model, stop: int, output_form: str | None) -> Iterator
                 object.__setattr__(block, "forward", fwd)
 
 
-def _lane_by_name(name: str) -> Lane:
-    from . import lane_named
+def built_lane(name: str) -> Lane:
+    """The lane singleton called ``name`` (how a pickled lane comes back as the same object)."""
+    return BUILT[name]
 
-    return lane_named(name)
 
-
-__all__ = ["BlockInput", "Lane", "LinearSpec", "Unembedding", "blocks_passed_through", "float_copy",
+__all__ = ["BUILT", "BlockInput", "Lane", "LinearSpec", "Unembedding", "blocks_passed_through", "built_lane", "float_copy",
            "quiet_transformers"]

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ...core.geometry import dtype_tolerance
 from .base import Lane, LinearSpec, Unembedding, float_copy, quiet_transformers
 
 #: The bridge's attribute holding the wrapped Hugging Face module of a component.
@@ -133,7 +134,6 @@ def kv_cache_matches(model) -> bool:
         known = None
     if known is not None:
         return known
-    from ..sites import dtype_tolerance
 
     device = next(model.parameters()).device
     n_vocab = int(model.cfg.d_vocab)

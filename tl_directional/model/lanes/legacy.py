@@ -16,12 +16,15 @@ import copy
 import functools
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .base import BlockInput, Lane, LinearSpec, Unembedding, float_copy
+from ..families.hf import from_pretrained_kwargs
+from .base import BlockInput, Lane, LinearSpec, Unembedding, float_copy, quiet_transformers
+from .legacy_config import check_rope_scaling, legacy_config_dict, legacy_family, legacy_refusal
 
 
 def _shared_storage_groups(model) -> dict[int, list[tuple[str, int, tuple, tuple]]]:
@@ -67,6 +70,58 @@ def _needs_pad_view(model) -> bool:
     return tok is not None and getattr(tok, "pad_token_id", None) == 0
 
 
+def load_legacy_dir(path: Path, *, device: Any, dtype: torch.dtype) -> Any:
+    """A ``HookedTransformer`` (``HookedEncoder`` for BERT) from a local directory, without the
+    hub: the family's file (:mod:`tl_directional.model.families`) gives the config fields and
+    names TransformerLens' weight converter; unprocessed weights."""
+    import transformers
+    from transformer_lens import HookedTransformerConfig
+    from transformer_lens.pretrained import weight_conversions as wc
+
+    hf_config = transformers.AutoConfig.from_pretrained(str(path))
+    family = legacy_family(hf_config)  # ValueError naming what is missing for other families
+    check_rope_scaling(hf_config, path)
+    cfg_dict = legacy_config_dict(hf_config, device=device, dtype=dtype)
+    cfg_dict["model_name"] = path.name
+    cfg = HookedTransformerConfig(**cfg_dict)
+
+    with quiet_transformers():
+        hf_model = getattr(transformers, family.hf_class).from_pretrained(
+            str(path), **from_pretrained_kwargs(dtype)
+        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    convert = family.legacy_converter
+    if isinstance(convert, str):
+        convert = getattr(wc, convert)
+    state_dict = convert(hf_model, cfg)
+    # Converters return views of the HF tensors; clone so the HF model can be freed.
+    state_dict = {k: v.detach().clone() for k, v in state_dict.items()}
+    del hf_model
+
+    if family.legacy_encoder:
+        from transformer_lens import HookedEncoder
+
+        model = HookedEncoder(cfg, tokenizer=tokenizer, move_to_device=False)
+        # strict=False: HookedEncoder has no parameters beyond the converted ones, but TL's own
+        # loader uses strict=False too (buffers such as IGNORE are not in the state dict).
+        model.load_state_dict(state_dict, strict=False)
+    else:
+        from transformer_lens import HookedTransformer
+
+        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+        model.load_and_process_state_dict(
+            state_dict,
+            fold_ln=False,
+            center_writing_weights=False,
+            center_unembed=False,
+            fold_value_biases=False,
+            refactor_factored_attn_matrices=False,
+        )
+    # print_details=False: TL otherwise prints "Moving model to device" on every load.
+    model.to(device, print_details=False)
+    return model
+
+
 class LegacyLane(Lane):
     """TransformerLens 2.x / 3.x: ``HookedTransformer`` (see the module docstring)."""
 
@@ -76,8 +131,7 @@ class LegacyLane(Lane):
     requirement = "transformer-lens<4"
 
     def family_refusal(self, family) -> str:
-        # a family loads here iff its file gives a legacy config (built from the local HF config)
-        return family.legacy_refusal if family.legacy_config is None else ""
+        return legacy_refusal(family)
 
     def claims(self, model) -> bool:
         return True  # the fallback: anything with TL's hook API that is not a bridge
@@ -176,10 +230,7 @@ class LegacyLane(Lane):
         return model
 
     def load_dir(self, path, *, device: Any, dtype: torch.dtype):
-        # The HF -> TL conversion belongs to the model loaders (new families land there).
-        from ..load.loader import _load_legacy_dir
-
-        return _load_legacy_dir(path, device=device, dtype=dtype)
+        return load_legacy_dir(path, device=device, dtype=dtype)
 
     def clone(self, model):
         # copy.deepcopy, with tensors cached by a previous forward that are not graph leaves
@@ -278,4 +329,4 @@ class LegacyLane(Lane):
         return generate
 
 
-__all__ = ["LegacyLane"]
+__all__ = ["LegacyLane", "load_legacy_dir"]

@@ -317,7 +317,7 @@ def _convert_into(model: RealModel, out: Path, work: Path, progress: bool) -> di
     bar.update()
     step(2)
     from ..adapter import quiet_transformers
-    from .hf import from_pretrained_kwargs
+    from ..families.hf import from_pretrained_kwargs
 
     kw = from_pretrained_kwargs(torch.float32)
     kw.pop("attn_implementation", None)

@@ -24,9 +24,8 @@ import torch
 
 from ...io.fileio import check_model_dir  # the one home; re-exported here
 from ..adapter import Lane, installed_lane, quiet_transformers
+from ..families.hf import from_pretrained_kwargs, hf_architecture
 from ..lanes import lane_named
-from .hf import from_pretrained_kwargs, hf_architecture
-from .legacy_config import check_rope_scaling, legacy_config_dict, legacy_family
 from .paths import bundled_model_dir, cache_dir
 from .tiny import BUILD_INFO_FILE, build_tiny_hf_model
 
@@ -165,7 +164,7 @@ def load_model(
         check_model_name(name_or_path)  # offline: an unknown name fails here, not on the hub
         return fix_generate(_load_by_name(str(name_or_path), resolved, device=device, dtype=dtype))
     check_model_dir(path, "name_or_path", must_exist=True)
-    model = resolved.load_dir(path, device=device, dtype=dtype)  # legacy: _load_legacy_dir
+    model = resolved.load_dir(path, device=device, dtype=dtype)  # legacy: lanes.legacy.load_legacy_dir
     if real_name is not None:
         model.cfg.model_name = real_name
     model.eval()
@@ -307,58 +306,6 @@ def load_default_model(**kwargs: Any) -> Any:
 
 def _load_by_name(name: str, lane: Lane, *, device: Any, dtype: torch.dtype) -> Any:
     return lane.boot_by_name(name, device=device, dtype=dtype)
-
-
-def _load_legacy_dir(path: Path, *, device: Any, dtype: torch.dtype) -> Any:
-    """A ``HookedTransformer`` (``HookedEncoder`` for BERT) from a local directory, without the
-    hub: the family's file (:mod:`tl_directional.model.families`) gives the config fields and
-    names TransformerLens' weight converter; unprocessed weights."""
-    import transformers
-    from transformer_lens import HookedTransformerConfig
-    from transformer_lens.pretrained import weight_conversions as wc
-
-    hf_config = transformers.AutoConfig.from_pretrained(str(path))
-    family = legacy_family(hf_config)  # ValueError naming what is missing for other families
-    check_rope_scaling(hf_config, path)
-    cfg_dict = legacy_config_dict(hf_config, device=device, dtype=dtype)
-    cfg_dict["model_name"] = path.name
-    cfg = HookedTransformerConfig(**cfg_dict)
-
-    with quiet_transformers():
-        hf_model = getattr(transformers, family.hf_class).from_pretrained(
-            str(path), **from_pretrained_kwargs(dtype)
-        )
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
-    convert = family.legacy_converter
-    if isinstance(convert, str):
-        convert = getattr(wc, convert)
-    state_dict = convert(hf_model, cfg)
-    # Converters return views of the HF tensors; clone so the HF model can be freed.
-    state_dict = {k: v.detach().clone() for k, v in state_dict.items()}
-    del hf_model
-
-    if family.legacy_encoder:
-        from transformer_lens import HookedEncoder
-
-        model = HookedEncoder(cfg, tokenizer=tokenizer, move_to_device=False)
-        # strict=False: HookedEncoder has no parameters beyond the converted ones, but TL's own
-        # loader uses strict=False too (buffers such as IGNORE are not in the state dict).
-        model.load_state_dict(state_dict, strict=False)
-    else:
-        from transformer_lens import HookedTransformer
-
-        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
-        model.load_and_process_state_dict(
-            state_dict,
-            fold_ln=False,
-            center_writing_weights=False,
-            center_unembed=False,
-            fold_value_biases=False,
-            refactor_factored_attn_matrices=False,
-        )
-    # print_details=False: TL otherwise prints "Moving model to device" on every load.
-    model.to(device, print_details=False)
-    return model
 
 
 class BundledModelMissingWarning(UserWarning):

@@ -17,7 +17,7 @@ import torch
 
 from ..adapter import quiet_transformers
 from ..families import REGISTRY, get_family
-from .hf import FAMILIES, FAMILY_TO_ARCH, transformers_major
+from ..families.hf import FAMILIES, FAMILY_TO_ARCH, transformers_major
 from .tokenizer import ENDOFTEXT, train_tokenizer
 
 # Written next to config.json so a directory records how it was made.

@@ -13,10 +13,16 @@ from typing import Any
 
 import torch
 
-from ..families import BY_ARCH, LEGACY_MAX_CTX, Family, lane_families
+from ..families import BY_ARCH, LEGACY_MAX_CTX, Family
 from ..families._base import rope_type
 from ..families.bert import bert_for_converter
-from .hf import hf_architecture
+from ..families.hf import hf_architecture
+
+
+def legacy_refusal(family: Family) -> str:
+    """Why the legacy lane refuses ``family`` ("" if it loads): a family loads there iff its
+    file gives a legacy config (built from the local HF config)."""
+    return family.legacy_refusal if family.legacy_config is None else ""
 
 
 def check_rope_scaling(hf_config: Any, arg_path: Path) -> None:
@@ -36,7 +42,7 @@ def legacy_family(hf_config: Any) -> Family:
     if family is None:
         raise ValueError(
             f"architecture {arch!r} is not supported on the legacy lane; supported: "
-            f"{sorted(BY_ARCH[a].hf_class for a in BY_ARCH if BY_ARCH[a].name in lane_families('legacy'))}. "
+            f"{sorted(BY_ARCH[a].hf_class for a in BY_ARCH if not legacy_refusal(BY_ARCH[a]))}. "
             "Add a family file (docs/adding_a_family.md) or use TransformerLens >= 4 (bridge lane)."
         )
     if family.legacy_config is None:
@@ -75,4 +81,4 @@ def legacy_config_dict(hf_config: Any, *, device: Any = "cpu", dtype: Any = torc
 
 
 __all__ = ["LEGACY_MAX_CTX", "bert_for_converter", "check_rope_scaling", "legacy_config_dict",
-           "legacy_family"]
+           "legacy_family", "legacy_refusal"]
