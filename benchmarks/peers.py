@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .peak_measure import MARKER as PEAK_MARKER
+from .peak_measure import peak_of
 from .registry import Bench, NotAvailable, Skipped, register
 from .timing import PairedTiming, median_ci, paired_timing
 
@@ -252,7 +254,6 @@ def probe_nnsight(model_source: str, seq: int, batch: int, side: str, threads: i
     from tl_directional import profile
     from tl_directional.model.load import load_hf_model, load_model
 
-    from .peak_memory import peak_of
     from .workloads import text_batch
 
     if threads:
@@ -310,7 +311,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe", help="keyword arguments of probe_nnsight (a peak-memory probe)")
     a = p.parse_args(argv)
     if a.probe:
-        from .peak_memory import MARKER as PEAK_MARKER
 
         print(PEAK_MARKER + json.dumps(probe_nnsight(a.model, **json.loads(a.probe))), flush=True)
         return 0

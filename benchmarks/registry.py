@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .peak_measure import peak_of
 from .timing import PairedTiming, median_ci, paired_timing
 
 #: Record status values in the JSON.
@@ -237,7 +238,6 @@ class Bench:
         import time
 
         if self.probe is not None:
-            from .peak_memory import peak_of
 
             side = self.probe
             fn = candidate if side == "candidate" else (one or baseline)

@@ -87,6 +87,7 @@ from . import patching as _patching  # noqa: F401
 from . import peers as _peers  # noqa: F401
 from . import planned as _planned  # noqa: F401 - importing registers the records
 from . import records as _records  # noqa: F401
+from .peak_measure import peak_memory
 from .registry import REGISTRY, Bench, NotAvailable, RecordSpec, Setting, Skipped, make_record
 from .timing import N_BOOTSTRAP
 
@@ -285,8 +286,6 @@ class Harness:
 
     def _peak_memory(self, spec: RecordSpec, setting: Setting) -> dict:
         """``extra.peak_memory``: both sides' peak in fresh subprocesses (or why not)."""
-        from .peak_memory import peak_memory
-
         try:
             return peak_memory(spec, self.source(setting.model), setting.seq, setting.batch,
                                device=self.config.device, dtype=self.dtype_name,

@@ -168,7 +168,7 @@ def render(meta: dict, tables: dict[str, pd.DataFrame], readings: dict[str, list
 
 
 def chart(df: pd.DataFrame, title: str) -> str:
-    from tl_directional.compression import svg_chart
+    from tl_directional.figures.svg import svg_chart
 
     series = {}
     for s in SPACES:

@@ -263,7 +263,7 @@ def test_peer_model_directory_of_catalogue_names():
 
 def test_peak_memory_probe_of_both_sides(tiny_model_dir):
     """Peak memory beside a record: one fresh subprocess per side, each measured once."""
-    from benchmarks.peak_memory import peak_memory
+    from benchmarks.peak_measure import peak_memory
     from benchmarks.registry import REGISTRY
 
     out = peak_memory(REGISTRY["sweep_cost"], str(tiny_model_dir("gpt2")), 16, 2, device="cpu",

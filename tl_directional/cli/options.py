@@ -14,12 +14,12 @@ def _check_model_arg(name, option: str) -> None:
     """Fail at once, offline, on a ``--model`` / ``--dense`` value that cannot load: a path
     that does not exist, or a name that is neither a catalogue entry nor a TransformerLens name."""
     from ..model.load import UnknownModelError, catalogue_names, check_model_name
-    from ..model.load.loader import _looks_like_path
+    from ..model.load.loader import looks_like_path
 
     text = str(name)
     if Path(text).expanduser().exists() or text in catalogue_names():
         return
-    if _looks_like_path(text):
+    if looks_like_path(text):
         raise UsageError(f"{option} {text} does not exist; pass an existing Hugging Face model directory, "
                          f"or a catalogue name ({', '.join(catalogue_names())}; see `tl-directional models`)")
     try:

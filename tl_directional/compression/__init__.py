@@ -10,14 +10,11 @@
   by :mod:`tl_directional.compression.compressors`);
 - :mod:`~tl_directional.compression.gate`: the label-free gate (:func:`compress_check`,
   :class:`CheckResult`);
-- :mod:`~tl_directional.compression.charts`: small self-contained SVG charts (they live in
-  :mod:`tl_directional.figures.svg`, with every other figure; re-exported).
 
 The compressors themselves live in :mod:`tl_directional.compression.compressors` (re-exported here);
 the commands ``compress`` and ``compress-check`` in :mod:`tl_directional.cli`.
 """
 
-from .charts import svg_chart
 from .compressors import (
     CompressionRecord,
     CompressionResult,
@@ -63,8 +60,6 @@ __all__ = [
     "CheckResult",
     "compress_check",
     "nonfinite_parameters",
-    # charts
-    "svg_chart",
     # compressors (tl_directional.compression.compressors)
     "CompressionRecord",
     "CompressionResult",

@@ -45,8 +45,22 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ..io.fileio import replace_dir
 from ..model.adapter import clone_model, device_of, is_encoder, save_hf_directory
+from ..model.inputs import iter_batches, prepare_inputs
 from ..model.sites import lane_of, linear_input_hooks, normalize_layers
+from .methods import (  # the per-matrix math
+    _check_bits,
+    _check_group,
+    _check_nm,
+    _check_sparsity,
+    awq_matrix,
+    low_rank_matrix,
+    magnitude_mask,
+    nm_mask,
+    rtn_matrix,
+    wanda_score,
+)
 
 UNITS = ("attn", "mlp")
 RECORD_FILE = "tl_directional_compression.json"
@@ -198,8 +212,6 @@ def collect_input_stats(model, calibration, *, layers=None, batch_size: int = 8,
     ``calibration`` is anything :func:`tl_directional.prepare_inputs` accepts (strings,
     token lists, a ``[batch, pos]`` tensor, a :class:`TokenBatch`). Padding is excluded.
     """
-    from ..model.inputs import iter_batches, prepare_inputs
-
     batch = prepare_inputs(model, calibration, argument="calibration")
     layers = normalize_layers(layers, int(model.cfg.n_layers))
     device = device_of(model)
@@ -540,8 +552,6 @@ def save_compressed(model, path, record: CompressionRecord | None = None, *, for
             "save_compressed writes Hugging Face directories from a TransformerLens 4 bridge model; "
             "on the legacy HookedTransformer lane keep the model in memory (compression_geometry "
             "takes model objects) or compress with TransformerLens >= 4")
-    from ..io.fileio import replace_dir
-
     path = Path(path)
     with replace_dir(path, "compressed-model", force=force, force_hint=force_hint,
                      command="tl-directional compress") as tmp:
@@ -550,23 +560,6 @@ def save_compressed(model, path, record: CompressionRecord | None = None, *, for
             (tmp / RECORD_FILE).write_text(json.dumps(record.as_dict(), indent=2) + "\n")
     return path
 
-
-# The matrix math lives in compression/methods.py (re-exported here). Imported last: importing
-# that module first runs tl_directional/compression/__init__.py, which imports the names above.
-from .methods import (  # noqa: E402
-    SUPPORTED_BITS,  # noqa: F401
-    _check_bits,
-    _check_group,
-    _check_nm,
-    _check_sparsity,
-    _grouped,  # noqa: F401
-    awq_matrix,
-    low_rank_matrix,
-    magnitude_mask,
-    nm_mask,
-    rtn_matrix,
-    wanda_score,
-)
 
 __all__ = [
     "CompressionRecord",

@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from ..figures.gate import compress_check_page
+from ..io.fileio import replace_dir
 from ..model.adapter import hf_state_key
 from ..model.sites import resolve_sites
 from .geometry import compression_geometry, normalize_targets
@@ -73,8 +74,6 @@ class CheckResult:
         """Write ``report.html`` (verdict, per-layer chart, tables; a :class:`~tl_directional.figures.page.Report`
         page) and ``geometry.csv`` into ``directory``, swapped in complete. ``directory`` must be
         absent, empty or a previous compress-check report; anything else needs ``overwrite``."""
-        from ..io.fileio import replace_dir
-
         with replace_dir(directory, "compress-check-report", force=overwrite, force_hint="pass overwrite=True",
                          command="compress_check.write_report") as tmp:
             self._write_report(tmp)

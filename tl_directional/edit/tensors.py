@@ -23,8 +23,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..core.geometry import compute_dtype
 from ..model.generation import FORWARD
-from ..model.inputs import _int_positions, check_positions_in_range, position_mask
+from ..model.inputs import check_positions_in_range, int_positions, position_mask
 from ..model.sites import expand_kv_heads, normalize_heads
 
 AXES = ("batch", "layer", "head")
@@ -177,7 +178,7 @@ def query_mask(edit: Any, batch: int, n_q: int, offset: int, device) -> Tensor |
     mask = FORWARD.attention_mask
     if (mask is None or isinstance(positions, slice) or (isinstance(positions, Tensor) and positions.dtype == torch.bool) or tuple(mask.shape) != (batch, total)):
         return pm
-    ints = _int_positions(positions, "positions")
+    ints = int_positions(positions, "positions")
     neg = [p for p in ints if p < 0]
     if not neg:
         return pm
@@ -235,10 +236,6 @@ def value_split_scaled(y: Float[Tensor, "*lead n_heads d_head"], v: Float[Tensor
             in the compute dtype; None: exactly -1 (parallel) / exactly 0 (perpendicular).
         eps: the degeneracy threshold on squared norms.
     """
-    from ..core.geometry import (
-        compute_dtype,  # here: geometry imports nothing from the edits, keep it so
-    )
-
     dtype = compute_dtype(torch.promote_types(y.dtype, v.dtype))
     u, r = y.to(dtype), v.to(dtype)
     sp, sq = sp_minus_one, sq_minus_one

@@ -224,7 +224,7 @@ def _require(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
         raise ValueError(f"{what} lacks column(s) {missing}; it has {list(df.columns)[:20]}")
 
 
-def _plotly():
+def plotly_api():
     """plotly's ``graph_objects`` and ``make_subplots``, imported on first use (importing the
     views, or ``tl_directional.compression``, does not load plotly)."""
     import plotly.graph_objects as go

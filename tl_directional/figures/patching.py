@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .base import PlotlyView, _plotly
+from .base import PlotlyView, plotly_api
 
 
 def split_dla_figure(table: pd.DataFrame, sequence: int = 0):
     """Per-head ``dla_par`` and ``dla_perp`` of one sequence as plotly heatmaps, in a
     :class:`~tl_directional.views.PlotlyView` (like the other views: ``.figure``,
     ``.data`` = the rows shown, ``.save``)."""
-    go, make_subplots = _plotly()
+    go, make_subplots = plotly_api()
     heads = table[(table["unit"] == "head") & (table["sequence"] == sequence)]
     if heads.empty:
         raise ValueError(f"table has no head rows for sequence={sequence}; pass split_logit_attribution's table")

@@ -3,19 +3,18 @@ errors, training curves)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import pandas as pd
 
-from ..edit import EDIT_SPACES
 from .base import (
     COMPONENT_COLORS,
     PlotlyView,
-    _plotly,
     _require,
     _residual_table,
     _value_table,
+    plotly_api,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -52,7 +51,7 @@ def depth_profile(
         bands: shade the 25-75% (darker) and 5-95% (lighter) per-token quantiles.
         log_ratio: log y axis for ``par_perp_ratio`` and ``energy_ratio``.
     """
-    go, make_subplots = _plotly()
+    go, make_subplots = plotly_api()
     df = _residual_table(profile)
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     for m in metrics:
@@ -137,7 +136,7 @@ def head_heatmaps(
 
     Signed metrics use a diverging scale centred on 0 (red negative, blue positive).
     """
-    go, make_subplots = _plotly()
+    go, make_subplots = plotly_api()
     df = _value_table(profile)
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     cols = [m if m.startswith("energy_ratio") else f"{m}_{stat}" for m in metrics]
@@ -174,15 +173,17 @@ def head_heatmaps(
     return PlotlyView(fig, data=pd.DataFrame(rows), name="head_heatmaps")
 
 
-def sweep_curves(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl", title: str | None = None) -> PlotlyView:
+def sweep_curves(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl", title: str | None = None,
+                 unscaled: Collection[str] = ()) -> PlotlyView:
     """Component-scaling curves: ``y`` (default delta perplexity) against ``x`` per edit space.
 
     Args:
         results: the table :func:`~tl_directional.evaluate.sweep.sweep` returns: columns ``space``,
-            ``layers``, ``x`` and ``y`` (rows with ``space == "baseline"`` are skipped;
-            ``hard-diag`` has no scale and is drawn as a dashed horizontal line).
+            ``layers``, ``x`` and ``y`` (rows with ``space == "baseline"`` are skipped).
+        unscaled: the spaces without a scale, drawn as dashed horizontal lines
+            (:func:`tl_directional.views.sweep_curves` passes those of ``EDIT_SPACES``: ``hard-diag``).
     """
-    go, _ = _plotly()
+    go, _ = plotly_api()
     _require(results, ["space", x, y], "the sweep table")
     df = results[results["space"] != "baseline"].copy()
     if "layers" not in df:
@@ -190,7 +191,7 @@ def sweep_curves(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl
     fig = go.Figure()
     for (space, layers), part in df.groupby(["space", "layers"], sort=False):
         name = space if layers == "all" else f"{space} L={layers}"
-        if space in EDIT_SPACES and not EDIT_SPACES[space].scaled:  # hard-diag: no scale axis
+        if space in unscaled:  # hard-diag: no scale axis
             for v in part[y]:
                 fig.add_hline(y=float(v), line_dash="dash", line_color="#7f7f7f",
                               annotation_text=f"{name}: {float(v):.3g}", annotation_position="top left")
@@ -239,7 +240,7 @@ def compression_errors(
         metrics: metric columns; the first is drawn solid, the next dashed, then dotted
             (default: perpendicular vs parallel error energy over the dense update).
     """
-    go, make_subplots = _plotly()
+    go, make_subplots = plotly_api()
     metrics = [metrics] if isinstance(metrics, str) else list(metrics)
     _require(table, ["layer", *metrics], "the compression table")
     df = table.copy()
@@ -299,7 +300,7 @@ def training_curves(
         band: ``"minmax"`` (across seeds), ``"std"`` (mean +- one standard deviation) or
             ``"none"``; only drawn where a variant has several seeds.
     """
-    go, _ = _plotly()
+    go, _ = plotly_api()
     if not isinstance(metrics, pd.DataFrame):
         metrics = pd.concat(list(metrics), ignore_index=True)
     _require(metrics, [x, y], "the training metrics table")

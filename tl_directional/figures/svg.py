@@ -1,6 +1,5 @@
 """Small self-contained SVG charts (no plotting dependency, no JavaScript): the compress-check
-page's per-layer chart and the compression study's figures (``tl_directional.compression.charts``
-re-exports them)."""
+page's per-layer chart and the compression study's figures."""
 
 from __future__ import annotations
 

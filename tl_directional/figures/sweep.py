@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .base import _plotly
+from .base import plotly_api
 
 
 def sweep_figure(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl"):
     """Plotly figure: ``y`` against ``x`` per space (the component-scaling figure)."""
-    go, _ = _plotly()
+    go, _ = plotly_api()
     fig = go.Figure()
     df = results[results["space"] != "baseline"]
     for (space, layers), part in df.groupby(["space", "layers"], sort=False):
@@ -25,7 +25,7 @@ def sweep_figure(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl
 def safe_scale_figure(result):
     """Plotly figure of a :class:`~tl_directional.evaluate.safe_scale.SafeScaleResult`: the evaluated
     damage with the budget and the interval."""
-    go, _ = _plotly()
+    go, _ = plotly_api()
     ev = result.evaluations.sort_values("scale")
     fig = go.Figure(go.Scatter(x=ev["scale"], y=ev["cost"], mode="markers+lines", name=result.metric))
     fig.add_hline(y=result.budget, line_dash="dash", line_color="red", annotation_text="budget")

@@ -25,6 +25,7 @@ from torch import Tensor
 from ..core.components import ALL_COMPONENTS, check_components
 from ..core.geometry import DEFAULT_EPS, check_eps, compute_dtype
 from ..core.kernels import split_stats
+from ..core.stats import EXACT_QUANTILE_LIMIT
 from ..io.distributed import rank_and_world
 from ..io.fileio import ArtefactError, replace_dir, verify_manifest
 from ..model.adapter import StopForward, device_of
@@ -252,8 +253,6 @@ def _token_mask(attention_mask: Tensor, positions, exclude_first_token: bool) ->
 
 def _quantiles_note(acc: _Accumulator) -> str:
     """How the profile's quantiles were computed (its metadata's ``"quantiles"``)."""
-    from ..core.stats import EXACT_QUANTILE_LIMIT
-
     summaries = [s for s in (acc.residual, acc.value, acc.value_excl) if s.count.sum() > 0]
     if summaries and all(s.quantiles_exact for s in summaries):
         how = (f"exact: numpy's default (linear) quantiles of the values (at most {EXACT_QUANTILE_LIMIT} "

@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
+from ..io.corpus import heldout_text
 from .adapter import is_encoder
 
 
@@ -135,8 +136,6 @@ def load_text_sequences(model, text_file: str | None = None, *, max_sequences: i
         ValueError: ``seq_len`` above the model's context ``n_ctx``; a missing, non-UTF-8 or
             empty text file.
     """
-    from ..io.corpus import heldout_text
-
     n_ctx = int(getattr(model.cfg, "n_ctx", 0) or 0)
     if n_ctx and seq_len > n_ctx:
         raise ValueError(f"{seq_len_argument} {seq_len} is above the model's context n_ctx={n_ctx}; "
@@ -392,12 +391,12 @@ def check_positions_in_range(positions, n: int, argument: str = "positions") -> 
         if not len(range(n)[positions]):
             raise ValueError(_positions_range_message(positions, n, argument, "selects no position"))
         return
-    bad = [p for p in _int_positions(positions, argument) if not -n <= p < n]
+    bad = [p for p in int_positions(positions, argument) if not -n <= p < n]
     if bad:
         raise ValueError(_positions_range_message(positions, n, argument, f"has {bad[0]}, out of range"))
 
 
-def _int_positions(positions, argument: str) -> list[int]:
+def int_positions(positions, argument: str) -> list[int]:
     """``positions`` (an int, a sequence or an integer tensor of ints) as a list of ints;
     a TypeError naming ``argument`` and the value for anything else (``1.5``, ``"3"``)."""
     import numbers
@@ -510,6 +509,6 @@ def position_mask(
     if isinstance(positions, slice):
         idx = torch.arange(total, device=device)[positions]
     else:
-        positions = _int_positions(positions, argument)
+        positions = int_positions(positions, argument)
         idx = torch.tensor([p + total if p < 0 else p for p in positions], dtype=torch.long, device=device)
     return torch.isin(abs_pos, idx).unsqueeze(0)

@@ -41,7 +41,13 @@ from typing import Any
 
 import torch
 
+from ..core.geometry import decompose
 from ..core.stats import energy_ratio
+from ..edit import edit_hooks
+from ..measure import profile
+from ..model.adapter import capture_hooks
+from ..model.load import load_model
+from ..model.sites import resolve_sites
 from .checkpoint import checkpoint_paths, read_checkpoint
 from .config import INIT_DIR, TOKENIZER_DIR, VARIANTS, TrainConfig, variant_edits
 from .data import prepare_data
@@ -100,11 +106,6 @@ def pre_edit_geometry(model: Any, tokens: torch.Tensor, edits: Sequence[Any] = (
     at that hook while ``edits`` are active (capture hooks are registered first, so they run
     first). Returns rows with energy ratios (``sqrt(sum par^2 / sum perp^2)``), mean ``beta`` /
     ``alpha`` and mean ``par_frac``."""
-    from ..core.geometry import decompose
-    from ..edit import edit_hooks
-    from ..model.adapter import capture_hooks
-    from ..model.sites import resolve_sites
-
     sites = resolve_sites(model, warn=False)
     names = []
     for L in range(sites.n_layers):
@@ -196,9 +197,6 @@ def write_report(base: TrainConfig, out: Path, *, seeds: Sequence[int], variants
                  timings: dict[str, float] | None = None, profile_windows: int = 16,
                  progress: bool = False) -> dict[str, Any]:
     import pandas as pd
-
-    from ..measure import profile
-    from ..model.load import load_model
 
     curves, finals, geometry = [], [], []
     val_tokens = None

@@ -14,7 +14,8 @@ import torch
 
 from ..edit import Edit, edit_hooks
 from ..io.fileio import replace_dir
-from ..model.adapter import device_of
+from ..model.adapter import device_of, quiet_transformers
+from ..model.load import BUILD_INFO_FILE
 from ..model.sites import lane_of
 from .data import TokenizerMismatchError, encode_text, make_windows
 from .model import canonical_state_dict
@@ -33,9 +34,6 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
     refused unless ``force``, so no user file is ever deleted.
     """
     import transformers
-
-    from ..model.adapter import quiet_transformers
-    from ..model.load import BUILD_INFO_FILE
 
     if not lane_of(model).hf_export:
         raise NotImplementedError(

@@ -24,7 +24,13 @@ import torch
 from torch import Tensor
 
 from ..edit import Edit
-from ..edit.hf.edits import install_edits
+from ..edit.hf.edits import apply_edits, install_edits
+from ..io.corpus import heldout_text
+from ..model.load import load_hf_model
+from ..training.config import lr_at, variant_edits
+from ..training.data import batch_indices
+from ..training.model import build_init_dir
+from .hf_callback import DirectionalEditCallback
 
 
 class TokenWindows(torch.utils.data.Dataset):
@@ -49,8 +55,6 @@ def token_windows(model_dir: str | os.PathLike[str], *, n_seqs: int, seq_len: in
     from transformers import AutoTokenizer
 
     if text is None:
-        from ..io.corpus import heldout_text
-
         text = heldout_text()
     for name, v in (("n_seqs", n_seqs), ("seq_len", seq_len)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -132,8 +136,6 @@ def own_trainer_optimizer(model: torch.nn.Module, cfg) -> tuple[torch.optim.Opti
     """The own trainer's AdamW (weight decay on matrices only, its betas and eps) and its
     learning rate per optimiser step (:func:`tl_directional.training.config.lr_at`) as a
     ``LambdaLR``, for ``Trainer(optimizers=...)``."""
-    from ..training.config import lr_at
-
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
         [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
@@ -181,18 +183,10 @@ def train_like_own_trainer(cfg, data, run_dir: str | os.PathLike[str], *, edits:
 
     from transformers import Trainer, TrainingArguments
 
-    from ..edit.hf.edits import apply_edits
-    from ..training.config import variant_edits
-    from ..training.data import batch_indices
-    from ..training.model import build_init_dir
-    from .hf_callback import DirectionalEditCallback
-
     steps = cfg.max_steps if max_steps is None else int(max_steps)
     edits = variant_edits(cfg.variant) if edits is None else list(edits)
     run_dir = Path(run_dir)
     init = build_init_dir(cfg, data.tokenizer, run_dir / "init")
-    from ..model.load import load_hf_model
-
     model = load_hf_model(init).train()  # eager attention, float32
     # the global batches of the own trainer, in its order; read sequentially below
     rows = torch.cat([data.train[batch_indices(cfg.seed, k, cfg.batch_size, len(data.train))] for k in range(steps)])

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..edit import edit_hooks
+from ..io.distributed import destroy_process_group
 from ..io.fileio import atomic_write_bytes, exclusive_lock
 from ..model.sites import lane_of
 from .checkpoint import (
@@ -346,8 +347,6 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike[str], *, resume: bool = T
         if dist.initialized_here:
             # the trainer (its DistributedDataParallel holds the group) is gone by now, so this
             # frees the group and joins its worker threads here, not at interpreter exit
-            from ..io.distributed import destroy_process_group
-
             destroy_process_group()
 
 

@@ -37,6 +37,7 @@ first use).
 
 from __future__ import annotations
 
+from ..edit import EDIT_SPACES
 from ..figures.base import (
     COMPONENT_COLORS,
     NEGATIVE_COLOR,
@@ -53,9 +54,9 @@ from ..figures.plots import (
     compression_errors,
     depth_profile,
     head_heatmaps,
-    sweep_curves,
     training_curves,
 )
+from ..figures.plots import sweep_curves as draw_sweep_curves
 from ..figures.svg import svg_chart
 from ..figures.sweep import safe_scale_figure, sweep_figure
 from .data import check_layer_head as check_layer_head
@@ -71,6 +72,20 @@ from .tokens import (
     perpendicular_size,
     top_perpendicular_tokens,
 )
+
+
+def sweep_curves(results, *, x: str = "s_par", y: str = "delta_ppl", title: str | None = None) -> PlotlyView:
+    """Component-scaling curves: ``y`` (default delta perplexity) against ``x`` per edit space,
+    the spaces without a scale (``hard-diag``, from :data:`~tl_directional.edit.EDIT_SPACES`)
+    as dashed horizontal lines (:func:`tl_directional.figures.plots.sweep_curves`).
+
+    Args:
+        results: the table :func:`~tl_directional.evaluate.sweep.sweep` returns: columns ``space``,
+            ``layers``, ``x`` and ``y`` (rows with ``space == "baseline"`` are skipped).
+    """
+    unscaled = tuple(name for name, space in EDIT_SPACES.items() if not space.scaled)
+    return draw_sweep_curves(results, x=x, y=y, title=title, unscaled=unscaled)
+
 
 __all__ = [
     "COLOR_QUANTILE",

@@ -16,7 +16,7 @@ from ..figures.base import (
     POSITIVE_COLOR,
     CircuitsVisView,
     PlotlyView,
-    _plotly,
+    plotly_api,
 )
 from ..measure import FACTORIZATION_METRICS
 from ..model.inputs import prepare_inputs
@@ -106,7 +106,7 @@ def attention_triptych_figure(
 ) -> PlotlyView:
     """:func:`attention_triptych` as plotly heatmaps: one diverging scale (``RdBu``, centred
     on 0) shared by the panels, so the effective diagonal's negative entries show as red."""
-    go, make_subplots = _plotly()
+    go, make_subplots = plotly_api()
     layer, head = check_layer_head(resolve_sites(model, warn=False), layer, head)  # -1 = the last
     toks, pats = edited_patterns(model, inputs, layer, head, edits or triptych_edits(layer, head, s_par),
                                  sequence=sequence, max_tokens=max_tokens)

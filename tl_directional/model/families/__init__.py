@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from ._base import HF_SHAPE, HF_SHAPE_GQA, LEGACY_MAX_CTX, Family, Layout
+from ._base import HF_SHAPE, HF_SHAPE_GQA, LEGACY_MAX_CTX, Family, Layout, rope_type
 
 #: The family modules, one row each (the order of FAMILIES and of docs/models.md).
 _MODULES: tuple[str, ...] = (
@@ -68,4 +68,4 @@ def lane_families(lane, *, causal_only: bool = False) -> tuple[str, ...]:
 
 
 __all__ = ["BY_ARCH", "BY_MODEL_TYPE", "HF_SHAPE", "HF_SHAPE_GQA", "LEGACY_MAX_CTX", "REGISTRY", "Family",
-           "Layout", "get_family", "lane_families"]
+           "Layout", "get_family", "lane_families", "rope_type"]

@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from ..families import BY_ARCH, LEGACY_MAX_CTX, Family
-from ..families._base import rope_type
+from ..families import BY_ARCH, LEGACY_MAX_CTX, Family, rope_type
 from ..families.bert import bert_for_converter
 from ..families.hf import hf_architecture
 

@@ -46,6 +46,9 @@ from ...io.fileio import (  # sha256_file: the one, re-exported
     read_manifest,
     sha256_file,
 )
+from ..adapter import quiet_transformers
+from ..families.hf import from_pretrained_kwargs
+from .paths import bundled_model_dir, cache_dir
 
 #: Written last into every converted directory: source + per-file sha256.
 MANIFEST_FILE = "tl_directional_manifest.json"
@@ -183,8 +186,6 @@ def is_installed(name: str) -> bool:
 
 def entry_dir(name: str) -> Path:
     """Where ``name``'s converted directory lives (whether or not it exists yet)."""
-    from .paths import cache_dir
-
     return cache_dir() / "models" / f"{check_name(name).name}-v{FORMAT_VERSION}"
 
 
@@ -316,9 +317,6 @@ def _convert_into(model: RealModel, out: Path, work: Path, progress: bool) -> di
         )
     bar.update()
     step(2)
-    from ..adapter import quiet_transformers
-    from ..families.hf import from_pretrained_kwargs
-
     kw = from_pretrained_kwargs(torch.float32)
     kw.pop("attn_implementation", None)
     with quiet_transformers():
@@ -483,8 +481,6 @@ def remove_dead_builds() -> list[Path]:
     conversion left in the model cache: those whose owning process (named in the folder) is
     dead, and any older than :data:`STALE_BUILD_SECONDS`. Runs at the start of every
     :func:`real_model_dir` and :func:`listing` (``tl-directional models``); returns what it removed."""
-    from .paths import cache_dir
-
     root = cache_dir() / "models"
     if not root.is_dir():
         return []
@@ -523,8 +519,6 @@ def listing() -> list[dict[str, Any]]:
     ``name``, ``architecture``, ``installed``, ``cached`` (a verified-looking entry, checked by
     manifest presence and sizes only, no hashing), ``size_mb`` (cache entry on disk), ``source``,
     ``summary``, ``install``."""
-    from .paths import bundled_model_dir
-
     remove_dead_builds()
     rows: list[dict[str, Any]] = []
     bundled = bundled_model_dir()

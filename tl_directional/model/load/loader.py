@@ -25,7 +25,9 @@ import torch
 from ...io.fileio import check_model_dir  # the one home; re-exported here
 from ..adapter import Lane, installed_lane, quiet_transformers
 from ..families.hf import from_pretrained_kwargs, hf_architecture
+from ..generation import fix_generate
 from ..lanes import lane_named
+from .catalog import REAL_MODELS, real_model_dir
 from .paths import bundled_model_dir, cache_dir
 from .tiny import BUILD_INFO_FILE, build_tiny_hf_model
 
@@ -70,7 +72,7 @@ def _resolve_lane(lane: str) -> Lane:
     return wanted
 
 
-def _looks_like_path(name: str) -> bool:
+def looks_like_path(name: str) -> bool:
     """Whether a string that does not exist on disk was meant as a filesystem path.
 
     Hub names are ``"gpt2"`` or ``"org/name"``; anything absolute, relative-dotted, home-based,
@@ -145,11 +147,9 @@ def load_model(
         if name_or_path == "default":
             path = default_model_dir()
         elif name_or_path in _real_model_names():
-            from .catalog import real_model_dir
-
             path = real_model_dir(name_or_path)
             real_name = name_or_path
-        elif Path(name_or_path).expanduser().exists() or _looks_like_path(name_or_path):
+        elif Path(name_or_path).expanduser().exists() or looks_like_path(name_or_path):
             path = Path(name_or_path).expanduser()
         else:
             path = None
@@ -157,8 +157,6 @@ def load_model(
         raise TypeError(
             f"name_or_path must be a str or os.PathLike, got {type(name_or_path).__name__}."
         )
-
-    from ..generation import fix_generate  # generate == a manual greedy loop (see generation.py)
 
     if path is None:
         check_model_name(name_or_path)  # offline: an unknown name fails here, not on the hub
@@ -172,8 +170,6 @@ def load_model(
 
 
 def _real_model_names() -> tuple[str, ...]:
-    from .catalog import REAL_MODELS
-
     return tuple(REAL_MODELS)
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from tl_directional.io.corpus import heldout_text
+
 from ..adapter import quiet_transformers
 from ..families import REGISTRY, get_family
 from ..families.hf import FAMILIES, FAMILY_TO_ARCH, transformers_major
@@ -189,8 +191,6 @@ def build_tiny_hf_model(
             raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads}).")
 
     if tokenizer_text is None:
-        from tl_directional.io.corpus import heldout_text
-
         tokenizer_text = heldout_text()
     specials = list(fam.tokenizer_specials)
     tokenizer = train_tokenizer(
