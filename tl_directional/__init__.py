@@ -19,6 +19,7 @@ from .compression.compressors import (
     quantize_rtn,
     save_compressed,
 )
+from .core.errors import TLDirectionalError
 from .core.geometry import (
     Decomposition,
     component_delta,
@@ -55,6 +56,8 @@ from .model.split_hooks import attach_split_hook_points, split_hook_points
 __version__ = "0.1.0"
 
 __all__ = [
+    # the one base of every package error
+    "TLDirectionalError",
     # measure: split updates against the stream, profile a model, resolve its sites
     "Decomposition",
     "decompose",

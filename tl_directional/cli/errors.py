@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
+from ..core.errors import TLDirectionalError
 
-class UsageError(Exception):
+
+class UsageError(TLDirectionalError):
     """A mistake in the command's arguments or inputs: printed as one ``error:`` line, exit 2."""
 
 

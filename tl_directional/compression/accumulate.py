@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..core.components import RESIDUAL_COMPONENTS, check_components
+from ..core.errors import TLDirectionalError
 from ..core.geometry import compute_dtype, dtype_tolerance
 from ..model.adapter import capture_hooks, run_hooked
 from ..model.inputs import TokenBatch, iter_batches
@@ -140,7 +141,7 @@ def _plan(sites: ModelSites, units: tuple[str, ...], mode: str, side_mlp: bool) 
     return [{"units": tuple(u for u in units if u != "block"), "side": ()}, {"units": ("block",), "side": ()}]
 
 
-class _SideCallMismatch(RuntimeError):
+class _SideCallMismatch(TLDirectionalError, RuntimeError):
     pass
 
 

@@ -54,6 +54,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..core.errors import TLDirectionalError
 from ..core.geometry import DEFAULT_EPS, check_eps
 from ..io.distributed import rank_and_world
 from ..model.adapter import device_of
@@ -89,7 +90,7 @@ MODES = ("local", "global")
 
 
 
-class CompatibilityError(ValueError):
+class CompatibilityError(TLDirectionalError, ValueError):
     """Dense and compressed models cannot be compared (architecture, vocabulary, tokenizer)."""
 
 

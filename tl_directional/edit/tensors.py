@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..core.errors import TLDirectionalError
 from ..core.geometry import compute_dtype
 from ..model.generation import FORWARD
 from ..model.inputs import check_positions_in_range, int_positions, position_mask
@@ -32,7 +33,7 @@ AXES = ("batch", "layer", "head")
 """The axes a scale tensor can have, in this order."""
 
 
-class NonFiniteEditError(ValueError):
+class NonFiniteEditError(TLDirectionalError, ValueError):
     """An edit turned a finite activation into NaN / inf (a scale beyond the dtype's range)."""
 
 

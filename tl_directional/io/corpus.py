@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import TLDirectionalError
 from .fileio import (
     sha256_file,  # the one sha256_file; re-exported for `from corpus import sha256_file`
 )
@@ -44,7 +45,7 @@ _REGENERATE_SPLIT = (
 )
 
 
-class CorpusIntegrityError(ValueError):
+class CorpusIntegrityError(TLDirectionalError, ValueError):
     """A corpus file does not match the sha256 recorded in its manifest."""
 
 

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..core.errors import TLDirectionalError
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
@@ -70,7 +72,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-class ArtefactError(ValueError):
+class ArtefactError(TLDirectionalError, ValueError):
     """An artefact on disk is missing, corrupt, truncated, foreign or in use.
 
     The message names the file and says what to do; the command line reports it as

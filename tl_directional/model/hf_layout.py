@@ -14,14 +14,15 @@ from typing import Any
 
 import torch
 
+from ..core.errors import TLDirectionalError
 from .sites import PARALLEL, SEQUENTIAL, ModelSites, WeightProcessing
 
 
-class UnsupportedModelError(TypeError):
+class UnsupportedModelError(TLDirectionalError, TypeError):
     """The HF edit path does not know this model's architecture."""
 
 
-class AttentionPatternUnavailableError(RuntimeError):
+class AttentionPatternUnavailableError(TLDirectionalError, RuntimeError):
     """An edit needs the attention pattern, which this attention implementation does not return."""
 
 

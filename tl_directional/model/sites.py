@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..core.components import RESIDUAL_COMPONENTS
+from ..core.errors import TLDirectionalError
 from ..core.geometry import dtype_tolerance
 
 # Lane internals live in the lanes (lane_of / architecture_name are re-exported here).
@@ -68,7 +69,7 @@ class WeightProcessingWarning(UserWarning):
     """The model's weights were processed (centred / folded): geometry differs from raw weights."""
 
 
-class SiteResolutionError(ValueError):
+class SiteResolutionError(TLDirectionalError, ValueError):
     """The model's hook layout or additive identity is not understood; no numbers are produced."""
 
 

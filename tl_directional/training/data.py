@@ -18,13 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..core.errors import TLDirectionalError
 from ..io.corpus import heldout_info, heldout_text, load_split, split_manifest
 from ..io.fileio import sha256_file
 from ..model.load import ENDOFTEXT, train_tokenizer
 from .config import BUILTIN_CORPUS, TOKENIZER_DIR, TrainConfig
 
 
-class TokenizerMismatchError(ValueError):
+class TokenizerMismatchError(TLDirectionalError, ValueError):
     """A tokenizer does not fit the model it is paired with."""
 
 

@@ -47,6 +47,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ...core.errors import TLDirectionalError
 from ...core.geometry import component_delta, compute_dtype
 from ...model.generation import FORWARD
 from ...model.hf_layout import (  # noqa: F401  (the public names are re-exported)
@@ -88,7 +89,7 @@ def _check_pattern_available(model: Any, edit: Edit) -> None:
             "EffectiveDiagonal, which need no pattern")
 
 
-class EditsAlreadyInstalledError(RuntimeError):
+class EditsAlreadyInstalledError(TLDirectionalError, RuntimeError):
     """The model already carries tl_directional HF edits."""
 
 

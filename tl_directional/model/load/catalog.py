@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...core.errors import TLDirectionalError
 from ...io.fileio import (  # sha256_file: the one, re-exported
     fault_point,
     read_manifest,
@@ -57,7 +58,7 @@ MANIFEST_FILE = "tl_directional_manifest.json"
 FORMAT_VERSION = 1
 
 
-class RealModelError(RuntimeError):
+class RealModelError(TLDirectionalError, RuntimeError):
     """A real pretrained model cannot be provided (package missing, cache unusable, ...)."""
 
 

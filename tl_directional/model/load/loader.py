@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ...core.errors import TLDirectionalError
 from ...io.fileio import check_model_dir  # the one home; re-exported here
 from ..adapter import Lane, installed_lane, quiet_transformers
 from ..families.hf import from_pretrained_kwargs, hf_architecture
@@ -213,7 +214,7 @@ def _is_bridge_registry_model(name: str) -> bool:
         return False
 
 
-class UnknownModelError(ValueError):
+class UnknownModelError(TLDirectionalError, ValueError):
     """A model name that is neither an existing directory, a catalogue name (``"default"``,
     ``"smollm2-135m"``, ...) nor a TransformerLens model name: :func:`load_model` raises this at
     once, offline, instead of trying the hub. ``closest`` is the nearest known name (or None)."""
