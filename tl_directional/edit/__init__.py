@@ -56,6 +56,9 @@ from .tensors import (
 HookList = list[tuple[str, Callable]]
 
 
+_MISSING = object()
+
+
 class _MaskTrackingForward:
     """The instance ``forward`` that :func:`track_attention_mask` installs: the class's own
     forward, with the call's ``attention_mask`` visible to the edits. An object, not a
@@ -76,6 +79,10 @@ class _MaskTrackingForward:
 
 def track_attention_mask(model) -> None:
     """Let the edits see the ``attention_mask`` keyword of each forward pass (idempotent).
+
+    :func:`edit_hooks` calls it, and the tracking stays on the model after that call (the hooks
+    it returns are run later, by ``run_with_hooks`` or ``model.hooks``); :func:`apply_edits`
+    removes it again on exit.
 
     Sets the instance's ``forward`` (not a module pre-hook: TL 2's ``run_with_hooks`` and
     ``generate`` call ``model.forward`` directly, which module hooks do not see); the mask
@@ -533,13 +540,31 @@ def apply_edits(model, *edits: Any):
 
     Hooks are added in order (edits compose in order, each taking its reference
     from the live, already edited stream) and always removed on exit, also when
-    the body raises. The model itself is not changed: ``model.generate`` inside the block gives
-    a manual greedy loop's tokens when it was fixed at load (:func:`~tl_directional.model.load.load_model`)
-    or by :func:`tl_directional.model.generation.fix_generate`.
+    the body raises. The model itself is not changed: on exit, normal or raising, its
+    ``__dict__`` is restored exactly (what the block set on the instance, such as the
+    attention-mask tracking ``forward`` of :func:`track_attention_mask`, goes; what it replaced
+    comes back). ``model.generate`` inside the block gives a manual greedy loop's tokens when it
+    was fixed at load (:func:`~tl_directional.model.load.load_model`) or by
+    :func:`tl_directional.model.generation.fix_generate`.
     """
-    hooks = edit_hooks(model, *edits)
-    with model.hooks(fwd_hooks=hooks):
-        yield model
+    before = dict(model.__dict__)
+    try:
+        hooks = edit_hooks(model, *edits)
+        with model.hooks(fwd_hooks=hooks):
+            yield model
+    finally:
+        restore_instance_dict(model, before)
+
+
+def restore_instance_dict(obj, before: dict) -> None:
+    """Put ``obj.__dict__`` back to the snapshot ``before`` (``dict(obj.__dict__)`` taken
+    earlier): keys added since go, keys changed or removed get their old object back."""
+    now = obj.__dict__
+    for key in [k for k in now if k not in before]:
+        del now[key]
+    for key, value in before.items():
+        if now.get(key, _MISSING) is not value:
+            now[key] = value
 
 
 __all__ = [
@@ -557,5 +582,7 @@ __all__ = [
     "edit_hooks",
     "edit_space",
     "edits_for_space",
+    "restore_instance_dict",
     "scales",
+    "track_attention_mask",
 ]
