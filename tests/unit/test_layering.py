@@ -149,3 +149,14 @@ def test_benchmark_harness_has_no_import_cycle():
     bad = [f"cycle of {len(c)}: {' '.join(c)}\n    " + "\n    ".join(
         i.where(bench) for i in found if i.source in c and i.target in c) for c in cycles(nodes, edges)]
     _fail("import cycles in benchmarks/", bad)
+
+
+def test_no_name_shadows_a_module(package):
+    """A package's ``__init__`` never binds a name of one of its own submodules to something else
+    (``from .sweep import sweep`` made ``import tl_directional.sweep as S`` give the function)."""
+    nodes, _, found = package
+    known = set(nodes)
+    bad = [f"{imp.where(ROOT)} (binds {imp.source}.{name}, a module, to something else)"
+           for imp in found if imp.source in known and module_path(ROOT, imp.source).name == "__init__.py"
+           for name in imp.names if f"{imp.source}.{name}" in known]
+    _fail("names that shadow a module", bad)
