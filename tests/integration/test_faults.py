@@ -319,7 +319,7 @@ def test_orphan_checkpoint_temporaries_are_removed_at_start(tmp_path, tok_dir, d
 
 def test_kill_between_tensors_and_record_resumes_bit_identical(tmp_path, tok_dir, data):
     run = tmp_path / "r"
-    r = _run(["-m", "tl_directional.train", *_cli_args(tok_dir, run)],
+    r = _run(["-m", "tl_directional.training", "train", *_cli_args(tok_dir, run)],
              fault="train.between_tensors_and_record:2")
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     assert [p.name for p in T.checkpoint_paths(run)] == ["ckpt-0000002.json"]
@@ -332,7 +332,7 @@ def test_kill_between_tensors_and_record_resumes_bit_identical(tmp_path, tok_dir
 
 def test_two_trainings_on_one_out_the_second_is_refused(tmp_path, tok_dir, capsys):
     run = tmp_path / "r"
-    first = subprocess.Popen([sys.executable, "-m", "tl_directional.train",
+    first = subprocess.Popen([sys.executable, "-m", "tl_directional.training", "train",
                               *_cli_args(tok_dir, run, max_steps=100000, ckpt_every=1000)],
                              env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

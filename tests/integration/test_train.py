@@ -270,20 +270,20 @@ def test_ddp_world_size_2_with_gloo_matches_single_process(tmp_path, tok_dir, da
         if v is not None:
             args += ["--" + k.replace("_", "-"), str(v)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(T.__file__).parents[2])}
-    # the real entry point (python -m tl_directional.train), then a look at what is left running
+    # the real entry point (python -m tl_directional.training train), then a look at what is left running
     threads = tmp_path / "threads"
     entry = tmp_path / "entry.py"
     entry.write_text(
         "import json, os, runpy, sys\n"
         "from tl_directional.io.distributed import group_threads_alive\n"
         "try:\n"
-        "    runpy.run_module('tl_directional.train', run_name='__main__', alter_sys=True)\n"
+        "    runpy.run_module('tl_directional.training', run_name='__main__', alter_sys=True)\n"
         "finally:\n"
         f"    open({str(threads)!r} + os.environ['RANK'], 'w').write(json.dumps(group_threads_alive()))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(entry), *args],
+         str(entry), "train", *args],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

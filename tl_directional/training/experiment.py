@@ -1,6 +1,6 @@
 """The training-time parallel-suppression experiment (METHOD.md sec. 7), end to end.
 
-``python -m tl_directional.experiment --corpus DIR --out OUT`` (or ``tl-directional experiment``)
+``python -m tl_directional.training experiment --corpus DIR --out OUT`` (or ``tl-directional experiment``)
 trains every variant (``baseline``, ``vpara``, ``attn-para``) for every seed with
 :mod:`tl_directional.training` (same seed => same init and data order across variants; same
 hyper-parameters), then writes to ``OUT``:

@@ -5,7 +5,7 @@ Reproducibility: the data order is a pure function of ``(seed, step)``, dropout 
 learning rate is a pure function of the step, so a run resumed from a checkpoint continues
 bit-exactly (same thread count, same machine).
 
-Distributed: launched with ``torchrun --nproc_per_node N -m tl_directional.train ...`` the run uses
+Distributed: launched with ``torchrun --nproc_per_node N -m tl_directional.training train ...`` the run uses
 PyTorch ``DistributedDataParallel`` (gloo on CPU, nccl on CUDA); ``batch_size`` stays the *global*
 batch, rank ``r`` takes rows ``r::N`` of it, so the run matches a single-process run up to float
 reduction order.
