@@ -151,7 +151,7 @@ def test_benchmark_harness_has_no_import_cycle():
 
 def test_no_name_shadows_a_module(package):
     """A package's ``__init__`` never binds a name of one of its own submodules to something else
-    (``from .sweep import sweep`` made ``import tl_directional.sweep as S`` give the function)."""
+    (the old face's ``from .sweep import sweep`` made ``import`` of its sweep module give the function)."""
     nodes, _, found = package
     known = set(nodes)
     bad = [f"{imp.where(ROOT)} (binds {imp.source}.{name}, a module, to something else)"
