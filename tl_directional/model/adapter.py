@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .families import BY_ARCH
 from .generation import carry_generate_fix
 from .lanes import (
     BlockInput,
@@ -66,8 +67,12 @@ def architecture_name(model) -> str:
 
 def is_encoder(model) -> bool:
     """Whether ``model`` is a post-LN bidirectional encoder (BERT family): each update is added
-    before a LayerNorm, attention is not causal, there is no block update."""
-    return "Bert" in architecture_name(model)
+    before a LayerNorm, attention is not causal, there is no block update. Read from the
+    family record (``Family.encoder``); an
+    architecture outside the registry counts as one when its name says BERT."""
+    name = architecture_name(model)
+    family = BY_ARCH.get(name)
+    return family.encoder if family is not None else "Bert" in name
 
 
 def is_parallel(model) -> bool:

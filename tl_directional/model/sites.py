@@ -43,11 +43,10 @@ POST_LN = "post_ln"  # BERT: each update is added before a LayerNorm
 # Sandwich-norm decoders: each sub-layer's output is normalised (a norm after W_O and after the
 # MLP) before the residual add, so the update is not linear in hook_z. Residual-space identities
 # still hold (the hooked update is what is added); the value-space factorization does not.
+# A registered family says so in its record (Family.sandwich); these are the architectures of
+# that kind outside the registry.
 SANDWICH_ARCHITECTURES = frozenset({
-    "Gemma2ForCausalLM",
-    "Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration",
-    "Olmo2ForCausalLM",
     "Olmo3ForCausalLM",
 })
 # Module names of a post-sub-layer norm: TransformerLens (both lanes) calls them ln1_post /
@@ -201,10 +200,14 @@ def expand_kv_heads(v: Float[Tensor, "*lead n_kv_heads d_head"], n_heads: int) -
 def is_sandwich_norm(model) -> bool:
     """Whether ``model`` normalises each sub-layer output before the residual add (Gemma-2/3,
     OLMo-2 style): the legacy ``cfg.use_normalization_before_and_after`` flag, a known
-    architecture name, or a post-norm child module in the first block (the bridge has no flag)."""
+    architecture's family record (``Family.sandwich``),
+    a known architecture outside the registry, or a post-norm child module in the first block (the
+    bridge has no flag)."""
     if bool(getattr(model.cfg, "use_normalization_before_and_after", False)):
         return True
-    if architecture_name(model) in SANDWICH_ARCHITECTURES:
+    name = architecture_name(model)
+    family = BY_ARCH.get(name)
+    if (family is not None and family.sandwich) or name in SANDWICH_ARCHITECTURES:
         return True
     blocks = getattr(model, "blocks", None)
     if blocks is None or len(blocks) == 0:

@@ -125,6 +125,17 @@ class Family:
     bridge_pattern_after_z: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
 
+    @property
+    def encoder(self) -> bool:
+        """A post-LN bidirectional encoder (BERT): each update is added before a LayerNorm."""
+        return self.layout.norm == "post-LN"
+
+    @property
+    def sandwich(self) -> bool:
+        """Each sub-layer output is normalised before the residual add (Gemma-2/3's sandwich,
+        OLMo-2's post-sublayer norm): the update is not linear in ``hook_z``."""
+        return self.layout.norm in ("sandwich", "post-sublayer")
+
     def default_kv_heads(self, n_heads: int) -> int:
         if self.kv_heads == "one":
             return 1

@@ -12,9 +12,6 @@ import torch
 
 from ..families import BY_ARCH, BY_MODEL_TYPE, REGISTRY
 
-#: Our family names (see :mod:`tl_directional.model.families`, one file per family).
-Family = str
-
 #: The model families :func:`build_tiny_hf_model` can build (the registry's order).
 FAMILIES: tuple[str, ...] = tuple(REGISTRY)
 
@@ -61,7 +58,6 @@ __all__ = [
     "DEFAULT_PREPEND_BOS",
     "FAMILIES",
     "FAMILY_TO_ARCH",
-    "Family",
     "from_pretrained_kwargs",
     "hf_architecture",
     "transformers_major",
