@@ -1,11 +1,11 @@
-"""Step-time overhead of :class:`tl_directional.hf.callback.DirectionalEditCallback` (standalone).
+"""Step-time overhead of :class:`tl_directional.training.hf_callback.DirectionalEditCallback` (standalone).
 
 ``transformers.Trainer`` steps (forward, backward, AdamW) on the bundled default model (4-layer
 GPT-2, d_model 256) with batches of 8 x 64 tokens, CPU, one thread. Configurations, each timed on
 its own fresh model (median step time after warm-up, rounds interleaved):
 
 * ``none``: no edit;
-* ``installed``: ``ValueScale(0.0)`` installed by hand (``tl_directional.hf.install_edits``);
+* ``installed``: ``ValueScale(0.0)`` installed by hand (``tl_directional.edit.hf.install_edits``);
 * ``callback``: the same edit through the callback (no schedule, no logging);
 * ``callback+log10``: with the parallel share measured and logged every 10 steps;
 * ``callback+sched+log10``: with a linear warm-up schedule as well (edits re-installed every step).
@@ -30,10 +30,10 @@ def measure(steps: int = 30, warmup: int = 5, rounds: int = 3, batch: int = 8, s
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from tl_directional.edit import ValueScale
-    from tl_directional.hf import install_edits
-    from tl_directional.hf.callback import DirectionalEditCallback, SparSchedule
-    from tl_directional.hf.toy import TokenWindows, token_windows
-    from tl_directional.models import default_model_dir, load_hf_model
+    from tl_directional.edit.hf import install_edits
+    from tl_directional.model.load import default_model_dir, load_hf_model
+    from tl_directional.training.hf_callback import DirectionalEditCallback, SparSchedule
+    from tl_directional.training.hf_recipe import TokenWindows, token_windows
 
     torch.set_num_threads(1)
     d = default_model_dir()

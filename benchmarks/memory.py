@@ -55,7 +55,7 @@ MULTIPLIERS = (1, 4, 16)
 STREAMING_GROWTH_TARGET = 1.10
 
 
-def _status_kb(field: str) -> int | None:
+def status_kb(field: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -66,14 +66,14 @@ def _status_kb(field: str) -> int | None:
     return None
 
 
-def _reset_peak_rss() -> bool:
+def reset_peak_rss() -> bool:
     """Set VmHWM to the current VmRSS (Linux >= 4.0); False where that is not possible."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
         return False
-    hwm, rss = _status_kb("VmHWM"), _status_kb("VmRSS")
+    hwm, rss = status_kb("VmHWM"), status_kb("VmRSS")
     return hwm is not None and rss is not None and hwm <= rss + 1024
 
 
@@ -85,8 +85,8 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
     if threads:
         torch.set_num_threads(threads)
     from tl_directional import profile
-    from tl_directional.inputs import TokenBatch
-    from tl_directional.models import load_model
+    from tl_directional.model.inputs import TokenBatch
+    from tl_directional.model.load import load_model
 
     from .workloads import (
         all_components,
@@ -111,8 +111,8 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
         torch.cuda.reset_peak_memory_stats()
         base_b = torch.cuda.memory_allocated()
         method = "torch.cuda.max_memory_allocated - memory_allocated before the work"
-    elif _reset_peak_rss():
-        base_b = _status_kb("VmRSS") * 1024
+    elif reset_peak_rss():
+        base_b = status_kb("VmRSS") * 1024
         method = "VmHWM after the work - VmRSS before it (VmHWM reset via /proc/self/clear_refs)"
     else:
         base_b = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -132,7 +132,7 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
         torch.cuda.synchronize()
         peak_b = torch.cuda.max_memory_allocated()
     elif method.startswith("VmHWM"):
-        peak_b = _status_kb("VmHWM") * 1024
+        peak_b = status_kb("VmHWM") * 1024
     else:
         peak_b = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {

@@ -1,6 +1,6 @@
 """Activation patching against TransformerLens's own helper.
 
-``patching_vs_transformer_lens``: :func:`tl_directional.patching.directional_patch` full-update
+``patching_vs_transformer_lens``: :func:`tl_directional.evaluate.patching.directional_patch` full-update
 patching of the residual stream (``components=("resid_pre",)``, ``which="full"``) at every layer
 and every position / ``transformer_lens.patching.get_act_patch_resid_pre`` on the same prompt
 pair and metric (one forward per layer x position), equal results checked (1e-5). The
@@ -66,8 +66,8 @@ def patching_vs_transformer_lens(bench: Bench):
         tl_patching = importlib.import_module("transformer_lens.patching")
     except ImportError as exc:
         raise NotAvailable(f"transformer_lens.patching cannot be imported here: {exc}") from None
-    from tl_directional.patching import directional_patch
-    from tl_directional.sites import resolve_sites
+    from tl_directional.evaluate.patching import directional_patch
+    from tl_directional.model.sites import resolve_sites
 
     model = bench.model
     sites = resolve_sites(model, warn=False)

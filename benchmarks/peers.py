@@ -25,6 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .peak_measure import MARKER as PEAK_MARKER
+from .peak_measure import peak_of
 from .registry import Bench, NotAvailable, Skipped, register
 from .timing import PairedTiming, median_ci, paired_timing
 
@@ -36,9 +38,9 @@ PEER_COMPONENTS = ("attn", "mlp")
 
 def _hf_dir(source: str) -> Path:
     """The Hugging Face directory ``load_model(source)`` reads: the bundled default model, a
-    catalogue model's converted cache entry (:func:`tl_directional.models.catalog.real_model_dir`,
+    catalogue model's converted cache entry (:func:`tl_directional.model.load.catalog.real_model_dir`,
     converting on first use) or ``source`` itself (a directory)."""
-    from tl_directional.models import catalog, default_model_dir
+    from tl_directional.model.load import catalog, default_model_dir
 
     if source == "default":
         return Path(default_model_dir())
@@ -79,7 +81,7 @@ def layout_of_dir(path: str | Path) -> str:
     import torch
     import transformers
 
-    from tl_directional.models import quiet_transformers
+    from tl_directional.model.load import quiet_transformers
 
     config = transformers.AutoConfig.from_pretrained(str(path))
     with quiet_transformers(), torch.device("meta"):
@@ -156,7 +158,7 @@ def measure_nnsight(model_source: str, seq: int, batch: int, *, warmup: int, min
     from nnsight import NNsight
 
     from tl_directional import profile
-    from tl_directional.models import load_hf_model, load_model
+    from tl_directional.model.load import load_hf_model, load_model
 
     from .workloads import text_batch
 
@@ -250,9 +252,8 @@ def probe_nnsight(model_source: str, seq: int, batch: int, side: str, threads: i
     from nnsight import NNsight
 
     from tl_directional import profile
-    from tl_directional.models import load_hf_model, load_model
+    from tl_directional.model.load import load_hf_model, load_model
 
-    from .peak_memory import peak_of
     from .workloads import text_batch
 
     if threads:
@@ -310,7 +311,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe", help="keyword arguments of probe_nnsight (a peak-memory probe)")
     a = p.parse_args(argv)
     if a.probe:
-        from .peak_memory import MARKER as PEAK_MARKER
 
         print(PEAK_MARKER + json.dumps(probe_nnsight(a.model, **json.loads(a.probe))), flush=True)
         return 0

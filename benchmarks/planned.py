@@ -10,7 +10,7 @@ below follow the API described here; if the real API changes, the record comes o
 APIs used (keyword arguments a function does not accept are dropped, see ``_call``):
 
 ``sweep_cost`` (target <= 1.05; ``sweep_shared_prefix`` <= 0.80 with edits from the middle layer on)
-    ``tl_directional.sweep.sweep(model, inputs, edits_grid, *, batch_size, progress=False)``
+    ``tl_directional.evaluate.sweep.sweep(model, inputs, edits_grid, *, batch_size, progress=False)``
     evaluates the unedited model plus every setting of ``edits_grid`` on ``inputs`` and returns
     one row per setting (baseline first). The grid is ``grid("value", s_par=S)`` with K = 8
     non-identity V-Para scales ``S`` (a list of ``ValueScale`` edits if ``grid`` is missing);
@@ -34,7 +34,7 @@ APIs used (keyword arguments a function does not accept are dropped, see ``_call
     batch (one dense forward recording each unit's input, then compressed forwards fed those
     inputs; twice when both ``mlp`` and ``block`` are measured). ``verify`` is off in the timed
     call, as for ``profile``. The compressed model is
-    ``tl_directional.compress.prune_magnitude(dense, 0.5).model`` (50 % unstructured magnitude
+    ``tl_directional.compression.compressors.prune_magnitude(dense, 0.5).model`` (50 % unstructured magnitude
     pruning of every attention and MLP linear). Baseline: one plain forward of the dense
     model on the batch (``return_type=None``, as for ``profile_overhead``).
 """
@@ -92,7 +92,7 @@ def _check_slice(batch):
     """The first 2 sequences x 32 tokens of ``batch``: where the shared-prefix sweeps are checked
     against full forwards (the same code path as the whole batch at a fraction of its cost;
     on a real model the full-forward sweep of the whole batch is minutes)."""
-    from tl_directional.inputs import TokenBatch
+    from tl_directional.model.inputs import TokenBatch
 
     n = min(32, batch.tokens.shape[1])
     return TokenBatch(batch.tokens[:2, :n].contiguous(), batch.attention_mask[:2, :n].contiguous())
@@ -107,7 +107,7 @@ def _check_slice(batch):
 def sweep_cost(bench: Bench):
     """A sweep over the unedited model plus K = 8 V-Para settings / 9 plain forwards of the
     same batch."""
-    mod = _require("tl_directional.sweep", "sweep")
+    mod = _require("tl_directional.evaluate.sweep", "sweep")
     model, batch = bench.model, bench.inputs
     # ADJUST HERE if the sweep API changes.
     if hasattr(mod, "grid"):
@@ -144,9 +144,9 @@ def sweep_shared_prefix(bench: Bench):
     """The sweep of ``sweep_cost`` with edits from the middle layer on, running blocks before it
     once per batch and branching every setting from the recorded residual / 9 plain forwards.
     ``extra.check_max_abs_delta_loss_diff`` compares it with the full-forward sweep."""
-    mod = _require("tl_directional.sweep", "sweep", "grid")
+    mod = _require("tl_directional.evaluate.sweep", "sweep", "grid")
     if "shared_prefix" not in inspect.signature(mod.sweep).parameters:
-        raise NotAvailable("tl_directional.sweep.sweep has no shared_prefix argument")
+        raise NotAvailable("tl_directional.evaluate.sweep.sweep has no shared_prefix argument")
     model, batch = bench.model, bench.inputs
     n_layers = int(model.cfg.n_layers)
     start = n_layers // 2
@@ -185,9 +185,9 @@ def layer_sweep_shared_prefix(bench: Bench):
     setting's forward starting at its own layer from the residual recorded in the baseline
     forward / ``n_layers + 1`` plain forwards. ``extra.check_max_abs_delta_loss_diff`` compares it
     with the same sweep run as full forwards."""
-    mod = _require("tl_directional.sweep", "sweep", "grid")
+    mod = _require("tl_directional.evaluate.sweep", "sweep", "grid")
     if "shared_prefix" not in inspect.signature(mod.sweep).parameters:
-        raise NotAvailable("tl_directional.sweep.sweep has no shared_prefix argument")
+        raise NotAvailable("tl_directional.evaluate.sweep.sweep has no shared_prefix argument")
     model, batch = bench.model, bench.inputs
     n_layers = int(model.cfg.n_layers)
     settings = mod.grid("value", s_par=0.0, layers=[[L] for L in range(n_layers)])
@@ -215,7 +215,7 @@ def layer_sweep_shared_prefix(bench: Bench):
 def _tokenizer_dir(source: str) -> str | None:
     """The directory holding the main model's tokenizer, if it has one."""
     if source == "default":
-        from tl_directional.models import default_model_dir
+        from tl_directional.model.load import default_model_dir
 
         path = default_model_dir()
     else:
@@ -276,7 +276,7 @@ def compression_local_cost(bench: Bench):
     """The local (layer-at-a-time) compression-error geometry over every layer and unit / a
     plain forward of the dense model on the same batch."""
     geo = _require("tl_directional.compression", "compression_geometry")
-    comp = _require("tl_directional.compress", "prune_magnitude")
+    comp = _require("tl_directional.compression.compressors", "prune_magnitude")
     dense, batch = bench.model, bench.inputs
     # ADJUST HERE if the compression API changes.
     compressed = comp.prune_magnitude(dense, 0.5).model

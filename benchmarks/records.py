@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from tl_directional import Profile, ValueScale, apply_edits, profile
-from tl_directional.inputs import TokenBatch
-from tl_directional.sites import resolve_sites, verify_sites
+from tl_directional.model.inputs import TokenBatch
+from tl_directional.model.sites import resolve_sites, verify_sites
 
 from .memory import memory_scaling
 from .registry import Bench, register
@@ -123,7 +123,7 @@ def _one_off(bench: Bench, base, fn, n: int, forward_s: float | None) -> dict:
 def _tokenize_cost(bench: Bench, base, n: int, forward_s: float | None = None) -> dict:
     """What a user calling ``profile`` with strings also pays: ``prepare_inputs`` on the
     batch's text (decoded from its tokens), as a ratio to the plain forward."""
-    from tl_directional.inputs import prepare_inputs
+    from tl_directional.model.inputs import prepare_inputs
 
     tok = getattr(bench.model, "tokenizer", None)
     if tok is None:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .peak_measure import peak_of
 from .timing import PairedTiming, median_ci, paired_timing
 
 #: Record status values in the JSON.
@@ -174,9 +175,9 @@ class Bench:
         setting: the workload.
         model: the loaded TransformerLens model for ``setting.model`` (eval mode; leave no
             hooks on it and do not change its weights; use ``fresh_model()`` to get a copy).
-        model_source: what :func:`tl_directional.models.load_model` loads it from (a
+        model_source: what :func:`tl_directional.model.load.load_model` loads it from (a
             directory or ``"default"``), for subprocesses.
-        inputs: a :class:`tl_directional.inputs.TokenBatch` of ``setting.batch`` sequences of
+        inputs: a :class:`tl_directional.model.inputs.TokenBatch` of ``setting.batch`` sequences of
             ``setting.seq`` tokens, on the model's device.
         harness: the running harness (config, device, dtype, model loader).
         extra: record-specific numbers to store under ``"extra"`` in the JSON.
@@ -237,7 +238,6 @@ class Bench:
         import time
 
         if self.probe is not None:
-            from .peak_memory import peak_of
 
             side = self.probe
             fn = candidate if side == "candidate" else (one or baseline)

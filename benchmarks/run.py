@@ -87,6 +87,7 @@ from . import patching as _patching  # noqa: F401
 from . import peers as _peers  # noqa: F401
 from . import planned as _planned  # noqa: F401 - importing registers the records
 from . import records as _records  # noqa: F401
+from .peak_measure import peak_memory
 from .registry import REGISTRY, Bench, NotAvailable, RecordSpec, Setting, Skipped, make_record
 from .timing import N_BOOTSTRAP
 
@@ -189,7 +190,7 @@ class Harness:
         if key == "main":
             src = self.config.model
         elif key == "wide":
-            from tl_directional.models import build_tiny_hf_model
+            from tl_directional.model.load import build_tiny_hf_model
 
             cfg = self.model("main").cfg
             spec = {"seed": 0, "n_layers": int(cfg.n_layers), "d_model": WIDE_D_MODEL,
@@ -206,7 +207,7 @@ class Harness:
 
     def load(self, key: str):
         """A freshly loaded model ``key`` (eval mode) on the run's device and dtype."""
-        from tl_directional.models import load_model
+        from tl_directional.model.load import load_model
 
         return load_model(self.source(key), device=self.device, dtype=self.dtype).eval()
 
@@ -285,8 +286,6 @@ class Harness:
 
     def _peak_memory(self, spec: RecordSpec, setting: Setting) -> dict:
         """``extra.peak_memory``: both sides' peak in fresh subprocesses (or why not)."""
-        from .peak_memory import peak_memory
-
         try:
             return peak_memory(spec, self.source(setting.model), setting.seq, setting.batch,
                                device=self.config.device, dtype=self.dtype_name,
@@ -337,7 +336,7 @@ def _cpu_model() -> str | None:
 
 def machine_info(device: str, dtype: str) -> dict:
     """Where and with what the numbers were measured (the JSON header's ``machine``)."""
-    from tl_directional.models import tl_lane
+    from tl_directional.model.load import tl_lane
 
     cuda = device.startswith("cuda") and torch.cuda.is_available()
     status = _git("status", "--porcelain", "--untracked-files=no")
@@ -551,7 +550,7 @@ def make_config(a: argparse.Namespace) -> Config:
 def _check_model_arg(model: str) -> str | None:
     """The catalogue name ``--model`` is (``"default"``, ``"smollm2-135m"``, ...), None for a
     directory or another TransformerLens name; a usage error (exit 2) for a name nothing knows."""
-    from tl_directional.models import UnknownModelError, catalogue_names, check_model_name
+    from tl_directional.model.load import UnknownModelError, catalogue_names, check_model_name
 
     if model in catalogue_names():
         return model

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from tl_directional.cache_hooks import required_hooks
-from tl_directional.inputs import TokenBatch
-from tl_directional.sites import resolve_sites
+from tl_directional.measure.cache_hooks import required_hooks
+from tl_directional.model.inputs import TokenBatch
+from tl_directional.model.sites import resolve_sites
 
 
 def text_batch(model, n_seq: int, seq: int) -> TokenBatch:

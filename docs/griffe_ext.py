@@ -4,7 +4,7 @@ Two jobs, done after the package is loaded; nothing in the package changes:
 
 1. Sphinx roles become mkdocstrings cross-references. The package's docstrings use Sphinx roles (``:func:`decompose```, ``:class:`~a.b.C```,
 ``:meth:`Profile.save```). Markdown has no such syntax, so this extension rewrites each role,
-after the package is loaded, into an autorefs link ``[`decompose`][tl_directional.geometry.decompose]``
+after the package is loaded, into an autorefs link ``[`decompose`][tl_directional.core.geometry.decompose]``
 when the name resolves to a public object of the package, and into plain code otherwise
 (private helpers, names imported only inside functions).
 2. Instance attributes that are only assigned in ``__init__`` and have no docstring

@@ -32,7 +32,7 @@ def api_modules(root: Path = ROOT) -> list[str]:
     out = []
     for p in (root / PACKAGE).rglob("*.py"):
         parts = list(p.relative_to(root / PACKAGE).with_suffix("").parts)
-        if parts[-1] == "__init__":  # a subpackage (tl_directional/models/) is a module too
+        if parts[-1] == "__init__":  # a subpackage (tl_directional/model/load/) is a module too
             parts = parts[:-1]
         if parts and not any(x.startswith("_") for x in parts):
             out.append(".".join(parts))

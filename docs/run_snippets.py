@@ -16,7 +16,7 @@ Conventions for a page whose code is run:
   default model, so the numbers on a page always come from this command;
 * a page that loads a model does so from one line ``MODEL = "default"``; ``--model``
   (or ``run_page(..., model=...)``) replaces that line's value, so tests can use a tiny
-  model built with ``tl_directional.models.build_tiny_hf_model`` (pages without such a
+  model built with ``tl_directional.model.load.build_tiny_hf_model`` (pages without such a
   line run unchanged).
 """
 

@@ -2,12 +2,12 @@
 layer_sensitivity, and the real-model mode of compression_study).
 
 * the two held-out texts (``kjv``: bundled KJV slice; ``prose``: the Debian Reference slice),
-  cut into full windows by :func:`tl_directional.inputs.load_text_sequences`;
+  cut into full windows by :func:`tl_directional.model.inputs.load_text_sequences`;
 * provenance for each result's meta JSON: model argument and resolved path, the sha256 of
   ``model.safetensors`` (computed once, cached next to the outputs), git commit, device,
   lane, thread count, token count, wall time;
 * per-sequence next-token metrics of edit settings against the unedited model, and a
-  sequence bootstrap of every delta (the library's :func:`tl_directional.sweep.sweep`
+  sequence bootstrap of every delta (the library's :func:`tl_directional.evaluate.sweep.sweep`
   returns only pooled sums, so intervals need the per-sequence sums kept here);
 * the random-direction reference levels for the depth profile.
 
@@ -32,9 +32,9 @@ except ImportError:  # loaded by file path (the tests): through the package
     from scripts import _common
 ROOT, git_commit, sha256_file = _common.ROOT, _common.git_commit, _common.sha256_file
 
-import tl_directional.sweep_metrics as M  # noqa: E402  (the sweep's metric registries)
-from tl_directional.fileio import atomic_write_bytes, atomic_write_text  # noqa: E402
-from tl_directional.sweep import Setting, prediction_mask  # noqa: E402
+import tl_directional.evaluate.metrics as M  # noqa: E402  (the sweep's metric registries)
+from tl_directional.evaluate.sweep import Setting, prediction_mask  # noqa: E402
+from tl_directional.io.fileio import atomic_write_bytes, atomic_write_text  # noqa: E402
 
 TEXTS = {
     "kjv": "bundled held-out KJV slice (test-split books: Ruth, Proverbs, Amos, Mark, James)",
@@ -51,7 +51,7 @@ def set_threads(n: int) -> None:
 def load(model_arg: str):
     """``load_model(model_arg)`` (a catalogue name such as ``smollm2-135m``, ``default`` or a
     model directory). Returns ``(model, model_arg)``."""
-    from tl_directional.models import load_model
+    from tl_directional.model.load import load_model
 
     return load_model(model_arg), model_arg
 
@@ -81,8 +81,8 @@ def sandwich_norm(model_path: str, model=None) -> bool:
 def text_windows(model, text: str, n_sequences: int, seq_len: int, skip: int = 0):
     """``n_sequences`` full windows of ``seq_len`` tokens (BOS + text) of one held-out text,
     after skipping the first ``skip`` windows."""
-    from tl_directional.corpus import heldout_paths, prose_heldout_text
-    from tl_directional.inputs import load_text_sequences
+    from tl_directional.io.corpus import heldout_paths, prose_heldout_text
+    from tl_directional.model.inputs import load_text_sequences
 
     if text == "kjv":
         path = None
@@ -109,14 +109,14 @@ def sha256_cached(path: Path, cache: Path) -> str:
 
 def provenance(model, model_arg: str, resolved: str, cache_dir: Path) -> dict:
     """Model identity and machine, for the meta JSON."""
-    from tl_directional.adapter import device_of, lane_of
+    from tl_directional.model.adapter import device_of, lane_of
 
     info = {"model": short_name(model_arg), "model_argument": model_arg, "model_path": resolved,
             "lane": lane_of(model), "n_layers": int(model.cfg.n_layers), "d_model": int(model.cfg.d_model),
             "n_heads": int(model.cfg.n_heads), "d_head": int(model.cfg.d_head)}
     path = Path(resolved)
     if not path.is_dir():  # a catalogue name: its converted directory in the cache
-        from tl_directional.models.catalog import REAL_MODELS, entry_dir
+        from tl_directional.model.load.catalog import REAL_MODELS, entry_dir
 
         if resolved in REAL_MODELS and entry_dir(resolved).is_dir():
             path = entry_dir(resolved)
@@ -171,8 +171,8 @@ def publish(page: Path, text: str, out: Path, files: dict[str, str]) -> None:
 
 def _per_row(base_lp, lp, target, mask):
     """Per-row sums ``[b, 5]``: tokens, nll, base nll, KL(base || edited), top-1 agreement, by
-    the sweep's own formulas (:data:`tl_directional.sweep_metrics.QUANTITIES`; top-1 by
-    :func:`~tl_directional.sweep_metrics.top1_agreement`, the rule of ``sweep``)."""
+    the sweep's own formulas (:data:`tl_directional.evaluate.metrics.QUANTITIES`; top-1 by
+    :func:`~tl_directional.evaluate.metrics.top1_agreement`, the rule of ``sweep``)."""
     return M.per_position_sums(base_lp, lp, target, mask)
 
 
@@ -180,7 +180,7 @@ def _per_row(base_lp, lp, target, mask):
 def per_sequence_sweep(model, batch, settings: list[Setting], batch_size: int, log=print) -> dict[str, torch.Tensor]:
     """``{label: [n_seq, 5]}`` per-sequence sums (see ``SEQ_FIELDS``) of every setting, plus
     ``"baseline"``. One forward per setting and batch, each edit through the library's
-    :class:`~tl_directional.sweep.Setting` / :func:`~tl_directional.edit.apply_edits`."""
+    :class:`~tl_directional.evaluate.sweep.Setting` / :func:`~tl_directional.edit.apply_edits`."""
     from tl_directional.edit import apply_edits
 
     out = {s.label: [] for s in settings}
@@ -219,7 +219,7 @@ def summarize(sums: torch.Tensor, weights: torch.Tensor) -> dict[str, float]:
     """Point values and 95% percentile intervals of delta loss, delta ppl, KL and top-1
     agreement (each registered metric's ``interval`` columns) from per-sequence sums ``[n, 5]``
     under bootstrap weights ``[B + 1, n]``; the columns are the sweep's
-    (:func:`tl_directional.sweep_metrics.metric_columns`)."""
+    (:func:`tl_directional.evaluate.metrics.metric_columns`)."""
     agg = weights @ sums  # [B+1, len(QUANTITIES)]
     tok = agg[:, 0].clamp_min(1)
     cols = M.metric_columns({k: agg[:, j] for j, k in enumerate(M.QUANTITIES)}, tok)  # the sweep's own columns

@@ -105,7 +105,7 @@ def load_data(stem: str):
         b = _common.checked_bytes(p, want, str(p.relative_to(ROOT)), mpath.name, DataError)
         frames[name.split(".")[-2]] = pd.read_csv(io.BytesIO(b))
     m = manifest["model"]
-    from tl_directional.models.catalog import REAL_MODELS
+    from tl_directional.model.load.catalog import REAL_MODELS
 
     if m["name"] in REAL_MODELS and REAL_MODELS[m["name"]].source_sha256 != m["source_sha256"]:
         raise DataError(

@@ -58,7 +58,7 @@ def _concat_hooks(model, sites, mode: str, s_par: float, layers=None):
     layers (``None``: all)."""
     import torch
 
-    from tl_directional.sites import expand_kv_heads
+    from tl_directional.model.sites import expand_kv_heads
 
     hooks, store = [], {}
     for vs in sites.value:
@@ -335,7 +335,7 @@ def run_header(study: str, script: str, args, sites, commit: str, dirty: bool) -
     file, quantisation and sha256s (every page says "dequantised" from them)."""
     import torch
 
-    from tl_directional.models.catalog import REAL_MODELS
+    from tl_directional.model.load.catalog import REAL_MODELS
 
     entry = REAL_MODELS[args.model]
     man = _common.model_manifest(args.model)
@@ -373,11 +373,11 @@ def run(args) -> int:
     )
 
     import tl_directional as tld
-    from tl_directional.inputs import load_text_sequences
-    from tl_directional.models import load_model
-    from tl_directional.models.catalog import REAL_MODELS
-    from tl_directional.sites import resolve_sites
-    from tl_directional.sweep import prediction_mask
+    from tl_directional.evaluate.sweep import prediction_mask
+    from tl_directional.model.inputs import load_text_sequences
+    from tl_directional.model.load import load_model
+    from tl_directional.model.load.catalog import REAL_MODELS
+    from tl_directional.model.sites import resolve_sites
 
     commit, dirty = _common.git_state()
     if (refused := _common.refuse_dirty(dirty, args.allow_dirty)) is not None:

@@ -22,7 +22,7 @@ attention layer) and ``manifest.json`` (command, commit, model source file / qua
 sha256, "dequantised", texts and their sha256, the grid, per-file sha256). A page is a pure
 function of those files.
 
-The compression itself is the library's (``tl_directional.compress.compress`` on spec strings,
+The compression itself is the library's (``tl_directional.compression.compressors.compress`` on spec strings,
 ``tl_directional.compression.compression_geometry`` in local mode), as in
 ``scripts/compression_study.py``.
 """
@@ -141,7 +141,7 @@ from compression_claims_stats import (  # noqa: E402, F401
 
 
 def _default_sha256() -> str | None:
-    from tl_directional.models import bundled_model_dir
+    from tl_directional.model.load import bundled_model_dir
 
     d = bundled_model_dir()
     return sha256_bytes((d / "model.safetensors").read_bytes()) if d is not None else None
@@ -150,7 +150,7 @@ def _default_sha256() -> str | None:
 def _expected_source_sha(name: str) -> str | None:
     if name == "default":
         return _default_sha256()
-    from tl_directional.models.catalog import REAL_MODELS
+    from tl_directional.model.load.catalog import REAL_MODELS
 
     return REAL_MODELS[name].source_sha256 if name in REAL_MODELS else None
 

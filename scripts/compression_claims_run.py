@@ -27,7 +27,7 @@ def _nll(model, batch, batch_size):
     """Per-window sums of next-token NLL (float64) and predicted-token counts."""
     import torch
 
-    from tl_directional.sweep import prediction_mask
+    from tl_directional.evaluate.sweep import prediction_mask
 
     nll, cnt = [], []
     for i in range(0, len(batch), batch_size):
@@ -66,12 +66,12 @@ def run(args) -> int:
         sha256_bytes,
     )
 
-    from tl_directional.compress import collect_input_stats, compress
     from tl_directional.compression import compression_geometry
+    from tl_directional.compression.compressors import collect_input_stats, compress
     from tl_directional.compression.geometry import STAT_INDEX
-    from tl_directional.inputs import TokenBatch, load_text_sequences
-    from tl_directional.models import load_model
-    from tl_directional.sites import resolve_sites
+    from tl_directional.model.inputs import TokenBatch, load_text_sequences
+    from tl_directional.model.load import load_model
+    from tl_directional.model.sites import resolve_sites
 
     commit, dirty = git_state()
     if (refused := _common.refuse_dirty(dirty, args.allow_dirty)) is not None:
@@ -87,7 +87,7 @@ def run(args) -> int:
                   "source_sha256": _expected_source_sha(args.model), "n_layers": sites.n_layers,
                   "d_model": sites.d_model, "lane": sites.lane}
     if args.model != "default":
-        from tl_directional.models.catalog import REAL_MODELS
+        from tl_directional.model.load.catalog import REAL_MODELS
 
         man = _common.model_manifest(args.model)
         model_info["architecture"] = REAL_MODELS[args.model].architecture

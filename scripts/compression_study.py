@@ -59,12 +59,12 @@ ROOT = _common.ROOT
 
 import _realrun as R  # noqa: E402, F401  (first: it sets HF_HUB_OFFLINE before transformers loads)
 
-from tl_directional.compress import collect_input_stats, compress  # noqa: E402
 from tl_directional.compression import compression_geometry  # noqa: E402
+from tl_directional.compression.compressors import collect_input_stats, compress  # noqa: E402
 from tl_directional.compression.geometry import STAT_INDEX  # noqa: E402
-from tl_directional.inputs import TokenBatch  # noqa: E402
+from tl_directional.model.inputs import TokenBatch  # noqa: E402
 
-# The grid: spec strings of tl_directional.compress.compress. >= 12 ranked settings + layer drop.
+# The grid: spec strings of tl_directional.compression.compressors.compress. >= 12 ranked settings + layer drop.
 DEFAULT_GRID = [
     "rtn:bits=8",
     "rtn:bits=4,group=32,sym=1",
@@ -287,8 +287,8 @@ def main(argv=None) -> int:
 
     from _realrun import text_windows
 
-    from tl_directional.models import bundled_model_dir, load_model
-    from tl_directional.sites import lane_of, resolve_sites
+    from tl_directional.model.load import bundled_model_dir, load_model
+    from tl_directional.model.sites import lane_of, resolve_sites
 
     t_start = time.perf_counter()
     dense, resolved = load_model(args.model), args.model

@@ -19,7 +19,7 @@ except ImportError:  # loaded by file path (the tests): through the package
 import _realrun as R
 from compression_study_stats import DIAGNOSTICS, UNITS, spearman
 
-from tl_directional.compression import svg_chart
+from tl_directional.figures.svg import svg_chart
 
 # Settings drawn in the per-layer figure (all are in per_layer.csv).
 FIGURE_SETTINGS = ["rtn w8 per-ch sym", "awq w4 g32 asym", "rtn w4 g32 sym", "rtn w3 per-ch sym",

@@ -38,9 +38,9 @@ def run(args) -> int:
     import pandas as pd
     import torch
 
-    from tl_directional.inputs import load_text_sequences
-    from tl_directional.models import load_model
-    from tl_directional.sites import resolve_sites
+    from tl_directional.model.inputs import load_text_sequences
+    from tl_directional.model.load import load_model
+    from tl_directional.model.sites import resolve_sites
 
     commit, dirty = _common.git_state()
     if (refused := _common.refuse_dirty(dirty, args.allow_dirty)) is not None:
@@ -140,7 +140,7 @@ def load(stem: str, data: Path | None = None):
     if C.sha256_bytes(b) != manifest.get("files", {}).get(name):
         raise C.DataError(f"{p.relative_to(data.parent.parent.parent)}: sha256 {C.sha256_bytes(b)[:12]} does not match the manifest; "
                           "the file is corrupt or was edited; restore it from git or rerun")
-    from tl_directional.models.catalog import REAL_MODELS
+    from tl_directional.model.load.catalog import REAL_MODELS
 
     m = manifest["model"]
     if m["name"] in REAL_MODELS and REAL_MODELS[m["name"]].source_sha256 != m["source_sha256"]:

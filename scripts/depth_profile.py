@@ -50,7 +50,7 @@ def run_profile(model, batch, batch_size: int, exclude_bos: bool, sandwich: bool
 
 
 def charts(res: pd.DataFrame, val: pd.DataFrame, levels: dict, title: str) -> dict[str, str]:
-    from tl_directional.compression import svg_chart
+    from tl_directional.figures.svg import svg_chart
 
     out = {}
     for text in res.text.unique():

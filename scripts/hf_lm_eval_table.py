@@ -15,8 +15,8 @@ except ImportError:  # loaded by file path (the tests): through the package
     from scripts import _common
 
 from tl_directional.edit import DiagonalRemoval, ResidualScale, ValueScale
-from tl_directional.hf.lm_eval_task import TASK_NAME, evaluate_edited
-from tl_directional.models import default_model_dir, load_hf_model
+from tl_directional.evaluate.lm_eval_task import TASK_NAME, evaluate_edited
+from tl_directional.model.load import default_model_dir, load_hf_model
 
 SETTINGS = [
     ("unedited", ()),

@@ -4,7 +4,7 @@
 For every seed it trains ``baseline`` and ``vpara`` (``ValueScale(s_par=0, mode="full")`` in every
 layer) twice: with the own trainer (:func:`tl_directional.training.trainer.train`, what
 ``tl-directional experiment`` runs) and through the Hugging Face Trainer with the callback
-(:func:`tl_directional.hf.toy.train_like_own_trainer`: same seeded initial GPT-2, same global
+(:func:`tl_directional.training.hf_recipe.train_like_own_trainer`: same seeded initial GPT-2, same global
 batches in the same order, same AdamW groups, schedule and clipping, one shared tokenizer). It
 then reports, per path, the final validation loss (edit active) and the paired difference
 ``vpara - baseline`` over seeds (mean, 95 % t interval, sign-flip p) and whether the two paths
@@ -55,10 +55,10 @@ def main(argv=None) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    from tl_directional.hf.toy import train_like_own_trainer
     from tl_directional.training.config import TOKENIZER_DIR, TrainConfig
     from tl_directional.training.data import prepare_data
     from tl_directional.training.experiment import EXPERIMENT_DEFAULTS, paired_comparison
+    from tl_directional.training.hf_recipe import train_like_own_trainer
     from tl_directional.training.trainer import train
 
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -112,7 +112,7 @@ def main(argv=None) -> dict:
         "max_abs_final_gap_own_vs_hf": max(abs(final["own"][v][s] - final["hf"][v][s]) for v in VARIANTS for s in seeds),
         "seconds": seconds, "total_seconds": time.perf_counter() - t_start, "threads": args.threads,
         "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-        "lane": __import__("tl_directional").models.tl_lane(),
+        "lane": __import__("tl_directional.model.load", fromlist=["tl_lane"]).tl_lane(),
     }
     text = json.dumps(result, indent=2, sort_keys=True) + "\n"
     (out / "results.json").write_text(text)

@@ -1,7 +1,7 @@
 """Per-layer sensitivity: each space's parallel removal (s_par = 0) applied to one layer at a
 time, on a real model and each held-out text, as a layer x space heat map with sequence-
 bootstrap intervals; optionally the per-layer safe ``s_par`` interval of V-Para
-(:func:`tl_directional.sweep.find_safe_scale`, one layer group per layer).
+(:func:`tl_directional.evaluate.sweep.find_safe_scale`, one layer group per layer).
 
     python scripts/layer_sensitivity.py --model smollm2-135m --texts kjv prose --sequences 8 \\
         --seq-len 128 --batch-size 8 --safe-scale --safe-text prose --safe-sequences 4 \\
@@ -29,7 +29,7 @@ import _realrun as R  # noqa: E402  (scripts/ is on the path: _common)
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from tl_directional.sweep import Setting  # noqa: E402
+from tl_directional.evaluate.sweep import Setting  # noqa: E402
 
 SPACES = ["value", "value-exclusive", "resid-attn", "resid-mlp", "hard-diag"]
 
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
             meta["seconds"] = time.time() - t0  # so a run stopped after one text can still be re-rendered
             R.write_json(out / "meta.json", meta)
         if args.safe_scale:
-            from tl_directional.sweep import find_safe_scale
+            from tl_directional.evaluate.sweep import find_safe_scale
 
             t1 = time.time()
             sb = R.text_windows(model, args.safe_text, args.safe_sequences, args.seq_len)

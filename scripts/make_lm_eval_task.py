@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error(f"--n must be >= 1, got {args.n}")
-    from tl_directional.corpus import heldout_paths, heldout_text
+    from tl_directional.io.corpus import heldout_paths, heldout_text
 
     text = heldout_text()
     items = build_items(text, args.n, args.seed)

@@ -36,7 +36,7 @@ PHASES = ("forward", "profile", "dla", "patch")
 
 
 def _tokens(model, batch: int, seq: int):
-    from tl_directional.inputs import load_text_sequences
+    from tl_directional.model.inputs import load_text_sequences
 
     return load_text_sequences(model, None, max_sequences=batch, seq_len=seq).tokens
 
@@ -45,12 +45,12 @@ def run_phase(name: str, phase: str, batch: int, seq: int, repeats: int) -> dict
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-    from tl_directional.models import load_model
+    from tl_directional.model.load import load_model
 
     out: dict = {"model": name, "phase": phase, "tokens": f"{batch}x{seq}"}
     t0 = time.perf_counter()
     if phase == "convert":
-        from tl_directional.models.catalog import real_model_dir
+        from tl_directional.model.load.catalog import real_model_dir
 
         real_model_dir(name, progress=False)
         out["seconds"] = time.perf_counter() - t0
@@ -74,13 +74,13 @@ def run_phase(name: str, phase: str, batch: int, seq: int, repeats: int) -> dict
                 profile(model, tokens, batch_size=batch, progress=False)
                 out["seconds"] = time.perf_counter() - t
             elif phase == "dla":
-                from tl_directional.patching import split_logit_attribution
+                from tl_directional.evaluate.patching import split_logit_attribution
 
                 t = time.perf_counter()
                 split_logit_attribution(model, tokens, tokens[:, -1])
                 out["seconds"] = time.perf_counter() - t
             elif phase == "patch":
-                from tl_directional.patching import directional_patch
+                from tl_directional.evaluate.patching import directional_patch
 
                 corrupted = tokens.clone()
                 corrupted[:, seq // 2] = tokens[:, seq // 2 + 1]

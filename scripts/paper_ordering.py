@@ -28,9 +28,9 @@ except ImportError:  # loaded by file path (the tests): through the package
 import pandas as pd
 import torch
 
-from tl_directional.inputs import load_text_sequences
-from tl_directional.models import load_model
-from tl_directional.sweep import Setting, grid, sweep, sweep_figure
+from tl_directional.evaluate.sweep import Setting, grid, sweep, sweep_figure
+from tl_directional.model.inputs import load_text_sequences
+from tl_directional.model.load import load_model
 
 # The paper's Qwen3-4B held-out perplexity deltas at removal (s_par = 0), METHOD.md sec. 8.
 PAPER_REMOVAL = {"value": -0.5, "resid-attn": 3.6, "resid-mlp": 157.0, "resid-both": 375.0}

@@ -32,7 +32,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from paper_ordering import PAPER_BASE_PPL, PAPER_REMOVAL  # noqa: E402
 
-from tl_directional.sweep import grid  # noqa: E402
+from tl_directional.evaluate.sweep import grid  # noqa: E402
 
 SPACES = ["value", "value-exclusive", "resid-attn", "resid-mlp", "resid-both"]
 # The camera-ready table (Qwen3-4B held-out ppl at s_par = 0, base 49.95).
@@ -168,7 +168,7 @@ def render(meta: dict, tables: dict[str, pd.DataFrame], readings: dict[str, list
 
 
 def chart(df: pd.DataFrame, title: str) -> str:
-    from tl_directional.compression import svg_chart
+    from tl_directional.figures.svg import svg_chart
 
     series = {}
     for s in SPACES:

@@ -110,7 +110,7 @@ def stage_train(corpus: Path, run: Path, threads: int | None, max_steps: int | N
 def stage_export(run: Path, result=None) -> None:
     import torch
 
-    from tl_directional.models import load_model
+    from tl_directional.model.load import load_model
     from tl_directional.training import (
         CHECKPOINT_DIR,
         INIT_DIR,
@@ -157,7 +157,7 @@ def write_reference_logits(top_k: int = 8) -> None:
     the logsumexp, so tests on either TransformerLens lane compare against the same numbers."""
     import torch
 
-    from tl_directional.models import load_hf_model
+    from tl_directional.model.load import load_hf_model
     from tl_directional.training import load_tokenizer
 
     tok = load_tokenizer(MODEL_DIR)
@@ -175,8 +175,8 @@ def write_reference_logits(top_k: int = 8) -> None:
 def stage_report(corpus: Path | None) -> dict:
     import torch
 
-    from tl_directional.corpus import heldout_info, heldout_text, load_split
-    from tl_directional.models import load_model, tl_lane
+    from tl_directional.io.corpus import heldout_info, heldout_text, load_split
+    from tl_directional.model.load import load_model, tl_lane
 
     model = load_model(MODEL_DIR)
     report: dict = {"model_dir": "tl_directional/data/default_model", "lane": tl_lane()}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from tl_directional.corpus import heldout_text
+from tl_directional.io.corpus import heldout_text
 
 # ---------------------------------------------------------------------------------------------
 # independent reference computations (plain torch, float64)

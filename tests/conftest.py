@@ -41,7 +41,7 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tl_directional.models import (  # noqa: E402
+from tl_directional.model.load import (  # noqa: E402
     FAMILIES,
     build_tiny_hf_model,
     load_hf_model,

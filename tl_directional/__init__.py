@@ -5,9 +5,8 @@ against each token's own value vector (value space), on TransformerLens hook
 points. See METHOD.md (docs/method.md) for every definition.
 """
 
-from . import hf  # noqa: F401  plain-transformers edits; its Trainer / lm-eval parts import lazily
-from .cache_hooks import required_hooks
-from .compress import (
+from .compression import CompatibilityError, compress_check, compression_geometry
+from .compression.compressors import (
     CompressionRecord,
     CompressionResult,
     clone_model,
@@ -20,7 +19,14 @@ from .compress import (
     quantize_rtn,
     save_compressed,
 )
-from .compression import CompatibilityError, compress_check, compression_geometry
+from .core.errors import TLDirectionalError
+from .core.geometry import (
+    Decomposition,
+    component_delta,
+    decompose,
+    patch_components,
+    scale_components,
+)
 from .edit import (
     DiagonalRemoval,
     Edit,
@@ -30,32 +36,29 @@ from .edit import (
     ValueScale,
     apply_edits,
     edit_hooks,
+    hf,  # noqa: F401  plain-transformers edits; its Trainer / lm-eval parts import lazily
     scales,
 )
-from .geometry import (
-    Decomposition,
-    component_delta,
-    decompose,
-    patch_components,
-    scale_components,
-)
-from .inputs import TokenBatch, first_token_mask, prepare_inputs
+from .evaluate.patching import directional_patch, split_logit_attribution
+from .evaluate.sweep import Setting, find_safe_scale, grid, sweep
 from .measure import Profile, profile
-from .models import load_default_model, load_model
-from .patching import directional_patch, split_logit_attribution
-from .sites import (
+from .measure.cache_hooks import required_hooks
+from .model.inputs import TokenBatch, first_token_mask, prepare_inputs
+from .model.load import load_default_model, load_model
+from .model.sites import (
     ModelSites,
     SiteResolutionError,
     WeightProcessingWarning,
     resolve_sites,
     verify_sites,
 )
-from .split_hooks import attach_split_hook_points, split_hook_points
-from .sweep import Setting, find_safe_scale, grid, sweep
+from .model.split_hooks import attach_split_hook_points, split_hook_points
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # the one base of every package error
+    "TLDirectionalError",
     # measure: split updates against the stream, profile a model, resolve its sites
     "Decomposition",
     "decompose",

@@ -1,5 +1,5 @@
 """Headless Chromium for the browser tests: render a page from disk, screenshot it, read its
-network log. Test support only (moved out of ``tl_directional.report``); the package itself
+network log. Test support only (moved out of ``tl_directional.views.report``); the package itself
 never starts a browser."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Notebook outputs in mode "once" (tl_directional.notebook_output) rendered in a real headless
+"""Notebook outputs in mode "once" (tl_directional.figures.notebook_output) rendered in a real headless
 Chromium, offline: the outputs of one kernel session are put on one page in order, as JupyterLab,
 Notebook 7 and VS Code show a notebook, and every figure must be drawn although only the first
 output carries each library. Also when a later output comes first (a front end that renders
@@ -11,8 +11,8 @@ import re
 import pytest
 
 import tl_directional as tld
-from tl_directional import notebook_output as nbo
 from tl_directional import views
+from tl_directional.figures import notebook_output as nbo
 
 from ._browser import chromium_path, run_chromium
 from .test_report_browser import _Tree

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tl_directional.cli import main as cli_main
-from tl_directional.report import external_references
+from tl_directional.views.report import external_references
 
 from ._browser import chromium_path, page_requests_off_machine, read_netlog, run_chromium
 

@@ -1,6 +1,6 @@
 """Which tiny-model families each TransformerLens lane supports in tl_directional.
 
-Read from the family registry (``tl_directional.architectures.REGISTRY``, one file per family):
+Read from the family registry (``tl_directional.model.families.REGISTRY``, one file per family):
 
 * ``CAUSAL`` / ``ALL``: the original families, which the whole suite parametrises over.
 * ``LOADABLE``: every registered family that loads on the installed lane.
@@ -9,8 +9,8 @@ Read from the family registry (``tl_directional.architectures.REGISTRY``, one fi
 * ``REFUSED``: the registered families this lane refuses (with a clear error).
 """
 
-from tl_directional.architectures import REGISTRY, lane_families
-from tl_directional.models import tl_lane
+from tl_directional.model.families import REGISTRY, lane_families
+from tl_directional.model.load import tl_lane
 
 # Legacy BERT is a HookedEncoder, which tl_directional does not support (post-LN sites
 # are resolved on the bridge only).

@@ -15,8 +15,8 @@ import pytest
 def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One 512-token BPE tokenizer, trained on the bundled held-out text, for every training
     test (training it is the slow part of their setup)."""
-    from tl_directional.corpus import heldout_text
-    from tl_directional.models import train_tokenizer
+    from tl_directional.io.corpus import heldout_text
+    from tl_directional.model.load import train_tokenizer
 
     out = tmp_path_factory.mktemp("tok")
     train_tokenizer(heldout_text(), 512, model_max_length=32).save_pretrained(str(out))

@@ -252,7 +252,7 @@ def test_peer_model_directory_of_catalogue_names():
     """The peer resolves a catalogue name through the library's own catalogue (the converted
     cache entry), not a hard-coded path."""
     from benchmarks.peers import _hf_dir
-    from tl_directional.models import catalog, default_model_dir
+    from tl_directional.model.load import catalog, default_model_dir
 
     assert _hf_dir("default") == default_model_dir()
     for name in catalog.REAL_MODELS:
@@ -263,7 +263,7 @@ def test_peer_model_directory_of_catalogue_names():
 
 def test_peak_memory_probe_of_both_sides(tiny_model_dir):
     """Peak memory beside a record: one fresh subprocess per side, each measured once."""
-    from benchmarks.peak_memory import peak_memory
+    from benchmarks.peak_measure import peak_memory
     from benchmarks.registry import REGISTRY
 
     out = peak_memory(REGISTRY["sweep_cost"], str(tiny_model_dir("gpt2")), 16, 2, device="cpu",

@@ -9,7 +9,7 @@ import pytest
 
 from tests.integration.test_habits import _cli  # the real entry point: (exit status, stderr)
 from tl_directional.cli import main
-from tl_directional.models import UnknownModelError, catalogue_names, load_model
+from tl_directional.model.load import UnknownModelError, catalogue_names, load_model
 
 
 def _one_error_line(rc, err, *fragments, status=2):
@@ -106,7 +106,7 @@ def test_next_run_removes_build_folders_of_a_dead_process(tmp_path, monkeypatch)
     import subprocess
     import sys
 
-    from tl_directional.models import catalog
+    from tl_directional.model.load import catalog
 
     monkeypatch.setenv("TL_DIRECTIONAL_CACHE", str(tmp_path / "cache"))
     root = catalog.entry_dir("smollm2-135m").parent
@@ -188,8 +188,8 @@ def test_no_command_writes_into_another_commands_directory(tiny_model_dir, tmp_p
 
 
 def test_library_writers_follow_the_same_policy(tiny_model, tmp_path):
-    from tl_directional.fileio import ArtefactError
-    from tl_directional.report import build_report
+    from tl_directional.io.fileio import ArtefactError
+    from tl_directional.views.report import build_report
 
     model = tiny_model("gpt2")
     out = tmp_path / "o"
@@ -254,8 +254,8 @@ def test_a_finished_sweep_directory_says_what_it_holds(tiny_model_dir, tmp_path,
 def test_sweep_never_suggests_deleting_a_file_it_did_not_write(tiny_model, tmp_path):
     import torch
 
-    from tl_directional.fileio import ArtefactError
-    from tl_directional.sweep import grid, sweep
+    from tl_directional.evaluate.sweep import grid, sweep
+    from tl_directional.io.fileio import ArtefactError
 
     theirs = tmp_path / "hosts"
     theirs.write_text("127.0.0.1 localhost\n")

@@ -1,4 +1,4 @@
-"""Compressors (tl_directional.compress) and compression error geometry (METHOD.md sec. 6).
+"""Compressors (tl_directional.compression.compressors) and compression error geometry (METHOD.md sec. 6).
 
 Runs on whichever TransformerLens lane is installed, on the tiny seeded models of conftest.
 """
@@ -12,8 +12,13 @@ import pytest
 import torch
 
 from tests.integration._families import CAUSAL
-from tl_directional.adapter import hf_module
-from tl_directional.compress import (
+from tl_directional.compression import (
+    CompatibilityError,
+    compress_check,
+    compression_geometry,
+    summarize,
+)
+from tl_directional.compression.compressors import (
     clone_model,
     compress,
     drop_layers,
@@ -31,15 +36,10 @@ from tl_directional.compress import (
     rtn_matrix,
     save_compressed,
 )
-from tl_directional.compression import (
-    CompatibilityError,
-    compress_check,
-    compression_geometry,
-    summarize,
-)
 from tl_directional.compression.geometry import _token_stats
-from tl_directional.inputs import TokenBatch
-from tl_directional.sites import lane_of, linear_input_hooks, resolve_sites
+from tl_directional.model.adapter import hf_module
+from tl_directional.model.inputs import TokenBatch
+from tl_directional.model.sites import lane_of, linear_input_hooks, resolve_sites
 
 
 @pytest.fixture(autouse=True)
@@ -233,7 +233,7 @@ def test_compressors_record_and_scope(gpt2, toks):  # one clone per compressor: 
 def test_wanda_uses_input_norms(gpt2, toks):
     """Wanda's keep-mask is the per-row top half of |W| * rms(x_j); it differs from magnitude
     pruning exactly because the input norms reorder |W| within rows."""
-    from tl_directional.compress import collect_input_stats
+    from tl_directional.compression.compressors import collect_input_stats
 
     stats = collect_input_stats(gpt2, toks, layers=[0])
     (lw,) = linear_weights(gpt2, layers=0, keys=["attn.o"])
@@ -427,7 +427,7 @@ def test_padding_excluded_and_per_sequence_sums(gpt2, rtn3):
 def test_incompatible_models_raise(tiny_model, gpt2, toks, tiny_model_dir, tmp_path):
     with pytest.raises(CompatibilityError, match="architectures differ"):
         compression_geometry(gpt2, tiny_model("llama"), toks)
-    from tl_directional.models import build_tiny_hf_model, load_model
+    from tl_directional.model.load import build_tiny_hf_model, load_model
 
     other = load_model(build_tiny_hf_model("gpt2", tmp_path / "v", seed=0, vocab_size=300))
     with pytest.raises(CompatibilityError, match="vocabularies differ"):
@@ -439,8 +439,8 @@ def test_incompatible_models_raise(tiny_model, gpt2, toks, tiny_model_dir, tmp_p
 def test_mismatched_tokenizers_raise(gpt2, toks, tiny_model_dir, tmp_path):
     import shutil
 
-    from tl_directional.corpus import heldout_text
-    from tl_directional.models import load_model, train_tokenizer
+    from tl_directional.io.corpus import heldout_text
+    from tl_directional.model.load import load_model, train_tokenizer
 
     # the same weights shipped with another tokenizer of the same size (trained on other text)
     d = tmp_path / "other-tok"
@@ -479,7 +479,7 @@ def test_compress_check_python(gpt2, toks, tmp_path, rtn3):
 
 def _hf_compressed_dir(src, dst, bits):
     """A compressed HF directory made with plain transformers (as any external tool would)."""
-    from tl_directional.models import load_hf_model
+    from tl_directional.model.load import load_hf_model
 
     hf = load_hf_model(src)
     with torch.no_grad():
@@ -514,7 +514,7 @@ def test_cli_gate_exit_code_follows_threshold(tiny_model_dir, tmp_path, capsys):
 
 
 def test_save_compressed_roundtrip(tiny_model, lane, tmp_path, toks):
-    from tl_directional.models import load_model
+    from tl_directional.model.load import load_model
 
     dense = tiny_model("neox")
     comp = prune_wanda(dense, toks, n_m=(2, 4))

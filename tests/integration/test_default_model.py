@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from tl_directional.models import (
+from tl_directional.model.load import (
     bundled_model_dir,
     default_model_dir,
     load_default_model,
@@ -96,7 +96,7 @@ def test_lane_logits_match_plain_transformers(model, path, reference):
 
 def test_the_model_is_pretrained(model):
     """Held-out perplexity far below the uniform one (8192) and below a unigram-level model."""
-    from tl_directional.corpus import heldout_text
+    from tl_directional.io.corpus import heldout_text
     from tl_directional.training import evaluate_text
 
     text = heldout_text()[:12000]

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 import tl_directional as tld
-from tl_directional.compress import prune_magnitude
 from tl_directional.compression import compression_geometry
+from tl_directional.compression.compressors import prune_magnitude
 
 TEXTS = [
     "In the beginning God created the heaven and the earth.",
@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys, torch.distributed as dist
     sys.path.insert(0, {root!r})
     import tl_directional as tld
-    from tl_directional.compress import prune_magnitude
+    from tl_directional.compression.compressors import prune_magnitude
     from tl_directional.compression import compression_geometry
     dist.init_process_group("gloo")
     model = tld.load_model({path!r}).eval()

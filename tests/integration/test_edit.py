@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.inputs import pad_sequences
+from tl_directional.model.inputs import pad_sequences
 
 from ._families import ALL, CAUSAL
 

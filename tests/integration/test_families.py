@@ -1,4 +1,4 @@
-"""Every registered model family (``tl_directional.architectures``, one file each) through the
+"""Every registered model family (``tl_directional.model.families``, one file each) through the
 checks the original families pass across the suite, on the installed lane.
 
 ``EXTRA`` (tests/integration/_families.py) is every causal family that loads on this lane beyond GPT-2,
@@ -16,9 +16,10 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.architectures import REGISTRY
-from tl_directional.inputs import pad_sequences
-from tl_directional.sites import PARALLEL, SANDWICH_NOTE, SEQUENTIAL
+from tl_directional.model.families import REGISTRY
+from tl_directional.model.inputs import pad_sequences
+from tl_directional.model.lanes import lane_named
+from tl_directional.model.sites import PARALLEL, SANDWICH_NOTE, SEQUENTIAL
 
 from ._families import EXTRA, REFUSED
 from .test_edit import _batch, _edits_for, _run
@@ -200,9 +201,9 @@ def test_generate_with_an_edit_equals_an_argmax_loop(tiny_model, family):
 @pytest.mark.skipif(not REFUSED, reason="this lane refuses no registered family")
 @pytest.mark.parametrize("family", REFUSED or ["none"])
 def test_refused_families_name_what_is_missing(tiny_model_dir, family, lane):
-    from tl_directional.models import load_model
+    from tl_directional.model.load import load_model
 
-    reason = REGISTRY[family].refusal(lane)
+    reason = lane_named(lane).family_refusal(REGISTRY[family])
     assert reason and REGISTRY[family].hf_class in reason and "bridge lane" in reason
     with pytest.raises(ValueError) as info:
         load_model(tiny_model_dir(family))

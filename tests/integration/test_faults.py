@@ -2,7 +2,7 @@
 two concurrent writers, NaN / inf weights into the gate. Each test asserts that nothing is
 lost and the exact error (docs/reliability.md lists the guarantees these tests hold).
 
-Crash points are ``tl_directional.fileio.fault_point`` names, armed in a subprocess through
+Crash points are ``tl_directional.io.fileio.fault_point`` names, armed in a subprocess through
 ``TL_DIRECTIONAL_FAULT=name[:n]`` (the process kills itself with SIGKILL there).
 """
 
@@ -23,15 +23,15 @@ import torch
 
 import tl_directional as tld
 from tl_directional import training as T
-from tl_directional.fileio import (
+from tl_directional.cli.train import train_main
+from tl_directional.io.fileio import (
     ArtefactError,
     ArtefactLockedError,
     exclusive_lock,
     seal,
     verify_manifest,
 )
-from tl_directional.models import build_tiny_hf_model, load_hf_model, load_model, tl_lane
-from tl_directional.training.cli import train_main
+from tl_directional.model.load import build_tiny_hf_model, load_hf_model, load_model, tl_lane
 
 from ._training import TINY
 from ._training import cfg as _cfg
@@ -122,8 +122,8 @@ def test_gate_fails_on_nonfinite_weights(tiny_model_dir, tmp_path, text_file, ca
 
 def test_gate_never_marks_a_nan_row_ok(tiny_model):
     """NaN activations / errors in a row (finite weights) are a FAIL, not 'ok'."""
-    from tl_directional.compress import quantize_rtn
     from tl_directional.compression import compress_check, compression_geometry, summarize
+    from tl_directional.compression.compressors import quantize_rtn
     from tl_directional.compression.geometry import _IDX, _STATS
 
     gpt2 = tiny_model("gpt2")
@@ -320,7 +320,7 @@ def test_orphan_checkpoint_temporaries_are_removed_at_start(tmp_path, tok_dir, d
 
 def test_kill_between_tensors_and_record_resumes_bit_identical(tmp_path, tok_dir, data):
     run = tmp_path / "r"
-    r = _run(["-m", "tl_directional.train", *_cli_args(tok_dir, run)],
+    r = _run(["-m", "tl_directional.training", "train", *_cli_args(tok_dir, run)],
              fault="train.between_tensors_and_record:2")
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     assert [p.name for p in T.checkpoint_paths(run)] == ["ckpt-0000002.json"]
@@ -333,7 +333,7 @@ def test_kill_between_tensors_and_record_resumes_bit_identical(tmp_path, tok_dir
 
 def test_two_trainings_on_one_out_the_second_is_refused(tmp_path, tok_dir, capsys):
     run = tmp_path / "r"
-    first = subprocess.Popen([sys.executable, "-m", "tl_directional.train",
+    first = subprocess.Popen([sys.executable, "-m", "tl_directional.training", "train",
                               *_cli_args(tok_dir, run, max_steps=100000, ckpt_every=1000)],
                              env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -381,7 +381,7 @@ def test_sweep_killed_and_resumed_equals_uninterrupted_exactly(tiny_model_dir, t
 
 
 def test_sweep_counts_stay_exact_above_2_to_the_24(tmp_path):
-    from tl_directional.sweep import MetricSums, _Progress
+    from tl_directional.evaluate.sweep import MetricSums, _Progress
 
     big = MetricSums(2**24 + 1, 1e-9 + 12345.678, 0.1, 0.2, 2**24 + 1)
     path = tmp_path / "p.json"
@@ -391,7 +391,7 @@ def test_sweep_counts_stay_exact_above_2_to_the_24(tmp_path):
 
 
 def test_sweep_of_another_model_into_the_same_checkpoint_is_refused(tmp_path, tiny_model_dir):
-    from tl_directional.sweep import grid, sweep
+    from tl_directional.evaluate.sweep import grid, sweep
 
     a = load_model(tiny_model_dir("gpt2"))
     b = load_model(build_tiny_hf_model("gpt2", tmp_path / "b", seed=1))
@@ -405,7 +405,7 @@ def test_sweep_of_another_model_into_the_same_checkpoint_is_refused(tmp_path, ti
 
 @pytest.mark.parametrize("damage", ["digit", "truncate"])
 def test_damaged_sweep_progress_is_refused(tmp_path, tiny_model, damage):
-    from tl_directional.sweep import grid, sweep
+    from tl_directional.evaluate.sweep import grid, sweep
 
     m = tiny_model("gpt2")
     toks = torch.randint(1, 400, (4, 12), generator=torch.Generator().manual_seed(0))
@@ -495,13 +495,13 @@ def test_profile_killed_mid_save_keeps_the_previous_one(tmp_path):
 
 
 def test_concurrent_writers_are_refused_and_a_dead_owner_is_taken_over(tmp_path, tiny_model):
-    from tl_directional.sweep import grid, sweep
+    from tl_directional.evaluate.sweep import grid, sweep
 
     target = tmp_path / "p"
     ckpt = tmp_path / "sweep.progress.json"
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from tl_directional.fileio import exclusive_lock\n"
+         "import sys, time; from tl_directional.io.fileio import exclusive_lock\n"
          "with exclusive_lock(sys.argv[1], 'holder'), exclusive_lock(sys.argv[2], 'holder'):\n"
          "    print('locked', flush=True); time.sleep(600)", str(target), str(ckpt)],
         env=_env(), cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from tl_directional.cli import main
-from tl_directional.compress import quantize_rtn
 from tl_directional.compression import (
     GATE_COMPONENTS,
     GATE_UNITS,
     compress_check,
     compression_geometry,
 )
+from tl_directional.compression.compressors import quantize_rtn
 
 TOKS = torch.randint(1, 400, (2, 12), generator=torch.Generator().manual_seed(0))
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.models import load_model
+from tl_directional.model.load import load_model
 
 PROMPT = "In the beginning God created"
 
@@ -163,7 +163,7 @@ def test_parallel_only_patch_two_routes(tiny_model):
     """TL's patching on the nested hook_par puts in the *clean* run's parallel part
     (against the clean reference); directional_patch puts in P_r u_c with r from the
     *corrupted* run (METHOD sec. 5). Both are reachable, and they differ."""
-    from tl_directional.geometry import parallel_part
+    from tl_directional.core.geometry import parallel_part
 
     patching = _tl_patching()
     model = tiny_model("gpt2")
@@ -365,7 +365,7 @@ def test_cli_real_entry_point_subprocess(tmp_path):
 # -- 8. errors that name the argument ---------------------------------------------------
 
 def test_argument_errors_name_the_fix(tiny_model):
-    from tl_directional.sweep import grid
+    from tl_directional.evaluate.sweep import grid
 
     model = tiny_model("gpt2")
     assert [s.s_par for s in grid("value", s_par=0.5)] == [0.5]  # a scalar is accepted
@@ -405,7 +405,7 @@ def pd_is_integer(series):
 # -- 9. views ---------------------------------------------------------------------
 
 def test_views_are_views_with_titles_and_robust_colours(tiny_model):
-    from tl_directional.patching import split_dla_figure
+    from tl_directional.evaluate.patching import split_dla_figure
     from tl_directional.views import View, attention_triptych_figure, top_perpendicular_tokens
 
     model = tiny_model("gpt2")

@@ -8,7 +8,7 @@ test writes (no network, no ``accelerate config`` prompt). Two engines in the la
 
 * ``transformers.Trainer`` + :class:`DirectionalEditCallback` (2 rows per process; the Trainer's
   accelerate state sets up DDP over gloo);
-* the plain recipe :func:`tl_directional.hf.toy.train_plain` on ``Accelerator().prepare(model)``
+* the plain recipe :func:`tl_directional.training.hf_recipe.train_plain` on ``Accelerator().prepare(model)``
   (accelerate's DDP wrapper), each process taking 2 of the 4 rows.
 
 Which launch gives two processes on one CPU machine: ``accelerate launch --num_processes 2
@@ -64,9 +64,9 @@ SCRIPT = textwrap.dedent("""
     from accelerate import Accelerator, PartialState
     from transformers import Trainer, TrainingArguments
     from tl_directional.edit import ValueScale
-    from tl_directional.hf.callback import DirectionalEditCallback
-    from tl_directional.hf.toy import TokenWindows, token_windows, train_plain
-    from tl_directional.models import load_hf_model
+    from tl_directional.training.hf_callback import DirectionalEditCallback
+    from tl_directional.training.hf_recipe import TokenWindows, token_windows, train_plain
+    from tl_directional.model.load import load_hf_model
     state = PartialState(cpu=True)
     rank, world = state.process_index, state.num_processes
     ids = token_windows({path!r}, n_seqs={n}, seq_len=16, seed=0)

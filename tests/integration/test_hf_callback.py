@@ -15,11 +15,11 @@ pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate 
 
 from transformers import Trainer, TrainingArguments  # noqa: E402
 
-from tl_directional import hf as thf  # noqa: E402
 from tl_directional.edit import DiagonalRemoval, ResidualScale, ValueScale  # noqa: E402
-from tl_directional.hf.callback import DirectionalEditCallback, SparSchedule  # noqa: E402
-from tl_directional.hf.toy import token_dataset  # noqa: E402
-from tl_directional.models import load_hf_model  # noqa: E402
+from tl_directional.edit import hf as thf  # noqa: E402
+from tl_directional.model.load import load_hf_model  # noqa: E402
+from tl_directional.training.hf_callback import DirectionalEditCallback, SparSchedule  # noqa: E402
+from tl_directional.training.hf_recipe import token_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ single-process loss curve on the same global batches.
 Three engines, one edit (``ValueScale(0.0)``, V-Para removal in every layer, gradients through the
 edit), a tiny GPT-2 and 4 AdamW steps on fixed global batches of 4 sequences:
 
-* the plain-PyTorch recipe (:func:`tl_directional.hf.toy.train_plain`) wrapped in
+* the plain-PyTorch recipe (:func:`tl_directional.training.hf_recipe.train_plain`) wrapped in
   ``DistributedDataParallel``, each rank taking 2 of the 4 rows;
 * the same loop wrapped in ``torch.distributed.fsdp.FullyShardedDataParallel`` (FSDP1, FULL_SHARD,
   ``device_id=cpu``) and, separately, sharded with FSDP2's ``fully_shard`` per decoder layer;
@@ -29,8 +29,8 @@ import torch
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (pip install 'tl-directional[hf]')")
 
 from tl_directional.edit import ValueScale  # noqa: E402
-from tl_directional.hf.toy import token_dataset, token_windows, train_plain  # noqa: E402
-from tl_directional.models import load_hf_model  # noqa: E402
+from tl_directional.model.load import load_hf_model  # noqa: E402
+from tl_directional.training.hf_recipe import token_dataset, token_windows, train_plain  # noqa: E402
 
 TOL = 1e-5
 STEPS = 4
@@ -40,8 +40,8 @@ SCRIPT = textwrap.dedent("""
     torch.set_num_threads(1)
     sys.path.insert(0, {root!r})
     from tl_directional.edit import ValueScale
-    from tl_directional.hf.toy import token_windows, train_plain
-    from tl_directional.models import load_hf_model
+    from tl_directional.training.hf_recipe import token_windows, train_plain
+    from tl_directional.model.load import load_hf_model
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     ids = token_windows({path!r}, n_seqs={n}, seq_len=16, seed=0)
@@ -70,8 +70,8 @@ SCRIPT = textwrap.dedent("""
     out["fsdp2"] = train_plain(model, batches, [ValueScale(0.0)], rank=rank, world=world)
     # transformers.Trainer + DirectionalEditCallback (DDP set up by the Trainer)
     from transformers import Trainer, TrainingArguments
-    from tl_directional.hf.callback import DirectionalEditCallback
-    from tl_directional.hf.toy import TokenWindows
+    from tl_directional.training.hf_callback import DirectionalEditCallback
+    from tl_directional.training.hf_recipe import TokenWindows
     model = load_hf_model({path!r}).train()
     args = TrainingArguments(output_dir={out!r} + "/trainer", max_steps={steps}, per_device_train_batch_size=2,
                              learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
@@ -95,8 +95,8 @@ def _single_process(path, steps: int, weights: bool = False) -> dict:
     state dicts (``plain_weights``, ``trainer_weights``)."""
     from transformers import Trainer, TrainingArguments
 
-    from tl_directional.hf.callback import DirectionalEditCallback
-    from tl_directional.hf.toy import TokenWindows
+    from tl_directional.training.hf_callback import DirectionalEditCallback
+    from tl_directional.training.hf_recipe import TokenWindows
 
     ids = token_windows(path, n_seqs=4 * steps, seq_len=16, seed=0)
     batches = [ids[i * 4:(i + 1) * 4] for i in range(steps)]

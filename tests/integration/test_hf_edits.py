@@ -1,7 +1,7 @@
-"""tl_directional.hf: the package's edits on plain ``transformers`` models (module hooks).
+"""tl_directional.edit.hf: the package's edits on plain ``transformers`` models (module hooks).
 
 Checked against the TransformerLens lane on the same weights: the same edit object installed on
-the HF model (``tl_directional.hf.apply_edits``) and on the TL model (``tl_directional.apply_edits``)
+the HF model (``tl_directional.edit.hf.apply_edits``) and on the TL model (``tl_directional.apply_edits``)
 gives the same next-token loss (within 1e-5) and the same parameter gradients (within 1e-5; the
 bridge wraps the HF modules, so its gradients are read under the HF names). At scale 1 every edit
 is a bit-exact no-op (``torch.equal`` against the unhooked logits). Families: GPT-2, Llama (GQA),
@@ -20,10 +20,10 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional import hf as thf
-from tl_directional.adapter import hf_state_dict, lane_of
 from tl_directional.edit import DiagonalRemoval, EffectiveDiagonal, ResidualScale, ValueScale
-from tl_directional.models import load_hf_model, load_model
+from tl_directional.edit import hf as thf
+from tl_directional.model.adapter import hf_state_dict, lane_of
+from tl_directional.model.load import load_hf_model, load_model
 
 FAMILIES = ("gpt2", "llama", "qwen3", "gemma3", "neox")
 TOL = 1e-5
@@ -51,7 +51,7 @@ def _build_qwen3(path: Path, tokenizer_dir: Path) -> Path:
     """A seeded 2-layer Qwen3 (4 query heads, 2 KV heads, q/k RMSNorm), the tiny llama tokenizer."""
     import transformers
 
-    from tl_directional.models.tiny import _seeded_init_
+    from tl_directional.model.load.tiny import _seeded_init_
 
     cfg = transformers.Qwen3Config(
         vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -60,7 +60,7 @@ def _build_qwen3(path: Path, tokenizer_dir: Path) -> Path:
     with torch.random.fork_rng(devices=[]):
         model = transformers.Qwen3ForCausalLM(cfg)
     _seeded_init_(model, 0, 32)
-    from tl_directional.models import quiet_transformers
+    from tl_directional.model.load import quiet_transformers
 
     with quiet_transformers():
         model.save_pretrained(path)
@@ -313,7 +313,7 @@ def test_importing_the_package_does_not_import_lm_eval_or_the_trainer():
     import sys
 
     code = ("import sys, tl_directional as t; t.hf.install_edits; "
-            "bad = [m for m in ('lm_eval', 'transformers.trainer', 'tl_directional.hf.callback') if m in sys.modules]; "
+            "bad = [m for m in ('lm_eval', 'transformers.trainer', 'tl_directional.training.hf_callback') if m in sys.modules]; "
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

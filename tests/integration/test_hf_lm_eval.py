@@ -17,8 +17,13 @@ pytest.importorskip("lm_eval", reason="lm-eval is not installed on this lane (pi
 from transformers import AutoTokenizer  # noqa: E402
 
 from tl_directional.edit import ResidualScale, ValueScale  # noqa: E402
-from tl_directional.hf.lm_eval_task import TASK_NAME, check_task_dir, evaluate_edited, task_dir  # noqa: E402
-from tl_directional.models import default_model_dir, load_hf_model  # noqa: E402
+from tl_directional.evaluate.lm_eval_task import (  # noqa: E402
+    TASK_NAME,
+    check_task_dir,
+    evaluate_edited,
+    task_dir,
+)
+from tl_directional.model.load import default_model_dir, load_hf_model  # noqa: E402
 
 LIMIT = 40
 

@@ -1,5 +1,5 @@
 """The toy training experiment through ``transformers.Trainer`` + :class:`DirectionalEditCallback`
-(:func:`tl_directional.hf.toy.train_like_own_trainer`, ``scripts/hf_toy_experiment.py``) follows
+(:func:`tl_directional.training.hf_recipe.train_like_own_trainer`, ``scripts/hf_toy_experiment.py``) follows
 the project's own trainer (:class:`tl_directional.training.trainer.Trainer`) on the same run.
 
 A tiny GPT-2 (2 layers, d_model 32) on the bundled text, 3 AdamW steps with warm-up, cosine decay
@@ -20,10 +20,10 @@ import pytest
 
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (pip install 'tl-directional[hf]')")
 
-from tl_directional.hf.toy import train_like_own_trainer  # noqa: E402
-from tl_directional.models import tl_lane as lane  # noqa: E402
+from tl_directional.model.load import tl_lane as lane  # noqa: E402
 from tl_directional.training.config import BUILTIN_CORPUS, TrainConfig  # noqa: E402
 from tl_directional.training.data import prepare_data  # noqa: E402
+from tl_directional.training.hf_recipe import train_like_own_trainer  # noqa: E402
 from tl_directional.training.trainer import Trainer as OwnTrainer  # noqa: E402
 
 TOL = 1e-5

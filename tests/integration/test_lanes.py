@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import tl_directional as tld
-import tl_directional.sites as sites_mod
-from tl_directional.adapter import add_hook_point, clone_model, remove_hook_point
-from tl_directional.generation import fix_generate, generate_fixed
-from tl_directional.lanes import BRIDGE, LEGACY, Lane, installed_lane, lane_named, lane_of
-from tl_directional.models import tl_lane
-from tl_directional.sweep import grid, sweep
+import tl_directional.model.sites as sites_mod
+from tl_directional.evaluate.sweep import grid, sweep
+from tl_directional.model.adapter import add_hook_point, clone_model, remove_hook_point
+from tl_directional.model.generation import fix_generate, generate_fixed
+from tl_directional.model.lanes import BRIDGE, LEGACY, Lane, installed_lane, lane_named, lane_of
+from tl_directional.model.load import tl_lane
 
 TEXTS = ["In the beginning God created the heaven and the earth.", "And God said, Let there be light."]
 PACKAGE = Path(tld.__file__).resolve().parent
@@ -62,7 +62,7 @@ def test_lane_capabilities(lane):
 
 
 def test_no_lane_or_class_name_comparison_outside_the_lanes():
-    """Done-when of issue 21: only tl_directional/lanes/ compares lane names or TL class names."""
+    """Done-when of issue 21: only tl_directional/model/lanes/ compares lane names or TL class names."""
     pattern = re.compile(
         r'(==|!=) *"(bridge|legacy)"|"(bridge|legacy)" *(==|!=)|lane_of\([^)]*\) *(==|!=)'
         r'|\.__name__ *(==|!=|in)\b|\.__name__\.startswith|"(LinearBridge|Conv1D|RMSNorm)"'
@@ -94,7 +94,7 @@ def test_one_resolution_per_model_in_a_sweep(tiny_model, resolutions):
 
 
 def test_one_resolution_per_model_in_a_report(tiny_model, resolutions, tmp_path):
-    from tl_directional.report import build_report
+    from tl_directional.views.report import build_report
 
     model = tiny_model("gpt2", fresh=True)
     build_report(model, TEXTS, tmp_path / "report", spaces=("value", "resid-attn"), s_par=(0.0,))

@@ -1,6 +1,6 @@
 """lm-evaluation-harness's own command line on an edited model: the registered ``tl-directional``
-model (tl_directional.hf.lm_eval_model) run through ``tl-directional-lm-eval`` (lm-eval's
-``cli_evaluate`` with the model registered; here as ``python -m tl_directional.hf.lm_eval_cli``,
+model (tl_directional.evaluate.lm_eval_model) run through ``tl-directional-lm-eval`` (lm-eval's
+``cli_evaluate`` with the model registered; here as ``python -m tl_directional.cli.lm_eval``,
 the same function the console script calls, so the test needs no reinstall) equals the Python
 route (``evaluate_edited``) item for item on the bundled task and the bundled default model."""
 
@@ -18,9 +18,9 @@ pytest.importorskip("lm_eval", reason="lm-eval is not installed on this lane (pi
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from tl_directional.edit_spec import spec_edits  # noqa: E402
-from tl_directional.hf.lm_eval_task import TASK_NAME, evaluate_edited  # noqa: E402
-from tl_directional.models import default_model_dir, load_hf_model  # noqa: E402
+from tl_directional.evaluate.edit_spec import spec_edits  # noqa: E402
+from tl_directional.evaluate.lm_eval_task import TASK_NAME, evaluate_edited  # noqa: E402
+from tl_directional.model.load import default_model_dir, load_hf_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 8
@@ -39,7 +39,7 @@ def _env() -> dict:
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("lm_eval_out")
-    cmd = [sys.executable, "-m", "tl_directional.hf.lm_eval_cli", "--model", "tl-directional",
+    cmd = [sys.executable, "-m", "tl_directional.cli.lm_eval", "--model", "tl-directional",
            "--model_args", f"pretrained=default,edits={SPEC}", "--tasks", TASK_NAME, "--limit", str(LIMIT),
            "--batch_size", "8", "--device", "cpu", "--output_path", str(out), "--log_samples"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), cwd=str(out))
@@ -86,7 +86,7 @@ def test_cli_records_the_model_and_its_edits(cli_run):
 
 
 def test_bad_spec_is_one_error_line_before_the_model_loads(capsys):
-    from tl_directional.hf.lm_eval_cli import main
+    from tl_directional.cli.lm_eval import main
 
     status = main(["--model", "tl-directional", "--model_args", "pretrained=default,edits=valu[s_par=0]",
                    "--tasks", TASK_NAME, "--limit", "1", "--device", "cpu"])
@@ -104,4 +104,4 @@ def test_bad_spec_is_one_error_line_before_the_model_loads(capsys):
 def test_console_script_is_declared():
     tomllib = pytest.importorskip("tomllib", reason="Python < 3.11 has no tomllib")
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["tl-directional-lm-eval"] == "tl_directional.hf.lm_eval_cli:main"
+    assert scripts["tl-directional-lm-eval"] == "tl_directional.cli.lm_eval:main"

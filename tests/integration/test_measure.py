@@ -67,7 +67,7 @@ def test_padding_is_excluded(tiny_model, side):
     model = tiny_model("gpt2")
     singles = [tld.prepare_inputs(model, [t]) for t in TEXTS]
     seqs = [s.tokens[0].tolist() for s in singles]
-    from tl_directional.inputs import pad_sequences
+    from tl_directional.model.inputs import pad_sequences
 
     padded = pad_sequences(seqs, pad_id=0, padding_side=side)
     prof = tld.profile(model, padded.tokens, attention_mask=padded.attention_mask, batch_size=3, progress=False)

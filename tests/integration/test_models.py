@@ -1,4 +1,4 @@
-"""Tests for tl_directional.models: seeded tiny HF models and loading them on either lane."""
+"""Tests for tl_directional.model.load: seeded tiny HF models and loading them on either lane."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tl_directional.models import (
+from tl_directional.model.load import (
     BUILD_INFO_FILE,
     DEFAULT_MODEL_SPEC,
     ENDOFTEXT,
@@ -289,7 +289,7 @@ def test_unknown_architecture_is_rejected(tmp_path, lane):
 def test_default_model_is_built_once_and_cached(tmp_path, monkeypatch, capfd):
     # The stand-in is the fallback for a missing bundled model (tests/integration/test_default_model.py
     # covers the bundled one).
-    import tl_directional.models.load as models_mod
+    import tl_directional.model.load.loader as models_mod
 
     monkeypatch.setattr(models_mod, "bundled_model_dir", lambda: None)
     monkeypatch.setenv("TL_DIRECTIONAL_CACHE", str(tmp_path))

@@ -1,4 +1,4 @@
-"""Notebook outputs carry plotly.js and circuitsvis once per notebook (tl_directional.notebook_output):
+"""Notebook outputs carry plotly.js and circuitsvis once per notebook (tl_directional.figures.notebook_output):
 a notebook of 20 figures saved with its outputs stays small, later outputs refer to the library the
 first one loaded, and mode "inline" keeps the per-output libraries. Rendering in a real browser:
 tests/browser/test_notebook_browser.py."""
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from tl_directional import notebook_output as nbo
-from tl_directional.report import external_references
+from tl_directional.figures import notebook_output as nbo
+from tl_directional.views.report import external_references
 
 N_FIGURES = 20
 KERNEL_NAME = "tl-directional-tests"
@@ -21,7 +21,7 @@ KERNEL_NAME = "tl-directional-tests"
 SETUP = """
 import tl_directional as tld
 from tl_directional import views
-from tl_directional.models import load_model
+from tl_directional.model.load import load_model
 model = load_model("default")
 text = "In the beginning God created the heaven and the earth. And the earth was without form, and void."
 prof = tld.profile(model, [text], progress=False)
@@ -152,7 +152,7 @@ def test_reports_and_views_share_the_carried_library(fresh):
     import pandas as pd
 
     from tl_directional import views
-    from tl_directional.page import Report
+    from tl_directional.figures.page import Report
 
     curves = pd.DataFrame({"variant": ["baseline"] * 3, "seed": 0, "step": [0, 10, 20], "val_loss": [6.0, 5.1, 4.8]})
     rep = Report("r").add(views.training_curves(curves))

@@ -64,7 +64,7 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
                     if "text/html" in o.get("data", {})]
     assert html_outputs, "no rich output: the views did not display"
     for o in html_outputs:  # offline by construction: nothing in a displayed view points off the machine
-        from tl_directional.report import external_references
+        from tl_directional.views.report import external_references
 
         assert external_references(o["data"]["text/html"]) == []
     if path.stem in LESSONS:  # every exercise's check cell ran and passed

@@ -4,7 +4,11 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.patching import directional_patch, split_dla_figure, split_logit_attribution
+from tl_directional.evaluate.patching import (
+    directional_patch,
+    split_dla_figure,
+    split_logit_attribution,
+)
 
 from ._families import CAUSAL
 
@@ -44,7 +48,7 @@ def test_patched_tensor_is_the_directional_mix(tiny_model):
     _, clean = model.run_with_cache(CLEAN)
     _, corr = model.run_with_cache(CORRUPTED)
     seen = {}
-    from tl_directional.patching import _patch_residual_hooks
+    from tl_directional.evaluate.patching import _patch_residual_hooks
 
     unit = tld.resolve_sites(model).unit("mlp", 1)
     hooks = _patch_residual_hooks(unit, clean[name_u], "par", None, 1e-12)
@@ -97,7 +101,7 @@ ALL_UNITS = ("attn", "mlp", "block", "value", "resid_pre")
 
 def _slow_patch(model, clean, corrupted, metric_fn, components, per_position, heads=None, attention_mask=None):
     """One full ``run_with_hooks`` forward per patch: the previous implementation's loop."""
-    from tl_directional.patching import WHICH, _patch_residual_hooks, _patch_value_hooks
+    from tl_directional.evaluate.patching import WHICH, _patch_residual_hooks, _patch_value_hooks
 
     sites = tld.resolve_sites(model, warn=False)
     _, cache = model.run_with_cache(clean, attention_mask=attention_mask)

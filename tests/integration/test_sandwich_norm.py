@@ -19,10 +19,10 @@ import torch
 
 import tl_directional as tld
 from tests._reference import _coef, _kv_index, _residual_removal_hooks, _vpara_hooks
+from tl_directional.evaluate.patching import split_logit_attribution
 from tl_directional.measure import profile
-from tl_directional.models import build_tiny_hf_model, catalog, load_model
-from tl_directional.patching import split_logit_attribution
-from tl_directional.sites import is_sandwich_norm, resolve_sites
+from tl_directional.model.load import build_tiny_hf_model, catalog, load_model
+from tl_directional.model.sites import is_sandwich_norm, resolve_sites
 
 # ---------------------------------------------------------------------------------------------
 # tiny Gemma-3 (offline, every run)
@@ -94,7 +94,7 @@ def test_tiny_gemma3_split_dla(tiny_gemma):
     assert table.attrs["notes"] and "sandwich-norm" in table.attrs["notes"][0]
     units = table[table.unit != "head"]
     assert (units["dla"] - units["dla_par"] - units["dla_perp"]).abs().max() < 1e-5
-    from tl_directional.patching import _final_norm_linear
+    from tl_directional.evaluate.patching import _final_norm_linear
 
     with torch.no_grad():
         logits, cache = tiny_gemma.run_with_cache(tokens)

@@ -56,7 +56,7 @@ def _restore_grad_mode():
 
 
 def test_prose_slice_is_pinned_and_licensed():
-    from tl_directional.corpus import heldout_paths, prose_heldout_text
+    from tl_directional.io.corpus import heldout_paths, prose_heldout_text
 
     text = prose_heldout_text()
     meta = json.loads((heldout_paths()[0].parent / "prose_heldout.json").read_text())

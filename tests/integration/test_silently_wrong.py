@@ -17,7 +17,7 @@ import tl_directional as tld
 from tests.integration.test_cli_rough_edges import _one_error_line
 from tests.integration.test_habits import _cli
 from tl_directional.edit import NonFiniteEditError
-from tl_directional.models import (
+from tl_directional.model.load import (
     DamagedWeightsError,
     DamagedWeightsWarning,
     build_tiny_hf_model,
@@ -65,7 +65,7 @@ def test_damaged_model_directory_is_an_error_naming_the_tensor(gpt2_3l, tmp_path
         load_model(bad)
     assert isinstance(info.value, ValueError) and "name_or_path=" in str(info.value)
     with pytest.raises(DamagedWeightsError, match="transformer.h.2.attn"):
-        load_hf_model(bad)  # the plain-transformers loader (tl_directional.hf) too
+        load_hf_model(bad)  # the plain-transformers loader (tl_directional.edit.hf) too
 
 
 def test_damaged_weights_load_on_request_with_a_loud_warning(gpt2_3l, tmp_path):
@@ -131,7 +131,7 @@ def test_edits_at_ordinary_scales_do_not_raise(tiny_model):
 
 
 def test_sweep_records_an_overflowing_setting_with_its_reason(tiny_model):
-    from tl_directional.sweep import grid, sweep
+    from tl_directional.evaluate.sweep import grid, sweep
 
     model = tiny_model("gpt2")
     texts = [TEXT[:200], TEXT[200:400], TEXT[400:600]]
@@ -166,7 +166,7 @@ def test_cli_sweep_with_an_overflowing_scale_exits_1_with_the_reason(tiny_model_
 
 
 def test_a_space_that_cannot_take_the_requested_s_perp_is_an_error_not_a_dropped_row(tiny_model_dir, tmp_path):
-    from tl_directional.sweep import grid
+    from tl_directional.evaluate.sweep import grid
 
     with pytest.raises(ValueError, match=r"spaces has 'eff-diag', which scales only the parallel part .*"
                                          r"s_perp \(--s-perp\) has 0.5; sweep 'eff-diag' in a grid of its own"):
@@ -229,7 +229,7 @@ def test_empty_positions_and_wrong_length_masks_raise(tiny_model, positions, fra
 
 
 def test_duplicate_experiment_seeds_are_refused_naming_seeds(tmp_path):
-    from tl_directional.training.cli import experiment_main
+    from tl_directional.cli.train import experiment_main
     from tl_directional.training.experiment import check_seeds
 
     with pytest.raises(ValueError, match=r"seeds repeats seed\(s\) 0"):
@@ -279,7 +279,7 @@ def test_processed_weights_warn_on_edits_too(tiny_model, lane):
 
 
 def test_safe_scale_search_counts_an_overflowing_scale_as_over_budget(tiny_model):
-    from tl_directional.sweep import find_safe_scale
+    from tl_directional.evaluate.sweep import find_safe_scale
 
     model = tiny_model("gpt2")
     (res,) = find_safe_scale(model, [TEXT[:200]], "value", budget=10.0, bounds=(-1.0, 1e30), grid_points=3,

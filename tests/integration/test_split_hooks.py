@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.split_hooks import attach_split_hook_points, split_hook_points
+from tl_directional.model.split_hooks import attach_split_hook_points, split_hook_points
 
 from ._families import CAUSAL
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.corpus import chunk_text, heldout_text
-from tl_directional.sweep import (
+from tl_directional.evaluate.sweep import (
     Setting,
     batch_metric_sums,
     find_safe_scale,
@@ -20,6 +19,7 @@ from tl_directional.sweep import (
     sweep,
     sweep_figure,
 )
+from tl_directional.io.corpus import chunk_text, heldout_text
 
 from ._families import CAUSAL
 
@@ -161,8 +161,8 @@ def test_cli_sweep_parses_negative_lists_and_writes_outputs(tiny_model_dir, tmp_
 DDP_SCRIPT = textwrap.dedent("""
     import os, sys, json, torch, torch.distributed as dist
     sys.path.insert(0, {root!r})
-    from tl_directional.models import load_model
-    from tl_directional.sweep import grid, sweep
+    from tl_directional.model.load import load_model
+    from tl_directional.evaluate.sweep import grid, sweep
     dist.init_process_group("gloo")
     model = load_model({path!r})
     texts = json.loads(open({texts!r}).read())
@@ -175,7 +175,7 @@ DDP_SCRIPT = textwrap.dedent("""
     # (left running, they can abort the process at interpreter exit: issue 16)
     import time
 
-    from tl_directional.distributed import group_threads_alive
+    from tl_directional.io.distributed import group_threads_alive
     # gloo's loop thread can take a moment to end after destroy on a busy machine: what matters
     # is that it ends before the interpreter exits, so wait up to 5 s for it
     deadline, left = time.monotonic() + 5.0, group_threads_alive()

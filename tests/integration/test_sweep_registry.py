@@ -1,4 +1,4 @@
-"""Issue 21: the sweep's metrics are registries (tl_directional.sweep_metrics). Adding a metric
+"""Issue 21: the sweep's metrics are registries (tl_directional.evaluate.metrics). Adding a metric
 is one entry (a Quantity and a Metric), and the real-model scripts (scripts/_realrun.py) count
 every metric, top-1 agreement included, by the sweep's own rule."""
 
@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tl_directional.sweep_metrics as M
-from tl_directional.sweep import BaselineStats, MetricSums, _Progress, grid, sweep
+import tl_directional.evaluate.metrics as M
+from tl_directional.evaluate.sweep import BaselineStats, MetricSums, _Progress, grid, sweep
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -88,7 +88,7 @@ def accuracy_metric(monkeypatch):
 
 
 def test_adding_a_metric_is_one_entry(accuracy_metric, tiny_model_dir, tmp_path):
-    from tl_directional.models import load_model
+    from tl_directional.model.load import load_model
 
     model = load_model(tiny_model_dir("gpt2"))
     toks = torch.randint(1, 400, (4, 12), generator=torch.Generator().manual_seed(0))

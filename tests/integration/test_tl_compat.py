@@ -1,5 +1,5 @@
 """The one private TransformerLens interface the package writes to: TL 4's ``_hook_registry``
-(tl_directional.tl_compat). If a TransformerLens release changes it, these tests fail with a
+(tl_directional.model.tl_compat). If a TransformerLens release changes it, these tests fail with a
 message naming the installed version; the package itself raises HookRegistryChangedError
 instead of adding hook points that nothing fires."""
 
@@ -10,9 +10,9 @@ from types import MappingProxyType
 import pytest
 import torch
 
-from tl_directional.adapter import add_hook_point, remove_hook_point
-from tl_directional.split_hooks import attach_split_hook_points, split_hook_points
-from tl_directional.tl_compat import (
+from tl_directional.model.adapter import add_hook_point, remove_hook_point
+from tl_directional.model.split_hooks import attach_split_hook_points, split_hook_points
+from tl_directional.model.tl_compat import (
     SUPPORTED_TRANSFORMER_LENS,
     HookRegistryChangedError,
     check_hook_registry,
@@ -27,7 +27,7 @@ def test_private_hook_registry_has_the_shape_the_package_writes(tiny_model):
     from transformer_lens.hook_points import HookPoint
 
     where = (f"TransformerLens {transformer_lens_version()}: the private TransformerBridge._hook_registry "
-             "that tl_directional.lanes.bridge writes nested hook points into")
+             "that tl_directional.model.lanes.bridge writes nested hook points into")
     model = tiny_model("gpt2", fresh=True)
     try:
         registry = check_hook_registry(model)

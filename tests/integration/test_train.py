@@ -14,9 +14,9 @@ import torch
 
 import tl_directional as tld
 from tl_directional import training as T
-from tl_directional.models import train_tokenizer
+from tl_directional.cli.train import train_main
+from tl_directional.model.load import train_tokenizer
 from tl_directional.training import checkpoint as C
-from tl_directional.training.cli import train_main
 
 from ._training import TINY, cfg
 
@@ -62,7 +62,7 @@ def test_config_rejects_bad_values():
 
 def _capture_after_edit(trainer, tokens):
     """Loss with the variant's hooks plus read-only hooks that run after them."""
-    from tl_directional.sites import resolve_sites
+    from tl_directional.model.sites import resolve_sites
 
     sites = resolve_sites(trainer.model, warn=False)
     got: dict = {}
@@ -236,7 +236,7 @@ def test_resume_with_another_tokenizer_is_refused(tmp_path, tok_dir, data):
 
 
 def test_export_roundtrip_matches_trained_model(tmp_path, tok_dir, data, lane):
-    from tl_directional.models import load_hf_model, load_model
+    from tl_directional.model.load import load_hf_model, load_model
 
     res = T.train(cfg(tok_dir, max_steps=3), tmp_path / "r", progress=False, data=data)
     if lane != "bridge":
@@ -270,20 +270,20 @@ def test_ddp_world_size_2_with_gloo_matches_single_process(tmp_path, tok_dir, da
         if v is not None:
             args += ["--" + k.replace("_", "-"), str(v)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(T.__file__).parents[2])}
-    # the real entry point (python -m tl_directional.train), then a look at what is left running
+    # the real entry point (python -m tl_directional.training train), then a look at what is left running
     threads = tmp_path / "threads"
     entry = tmp_path / "entry.py"
     entry.write_text(
         "import json, os, runpy, sys\n"
-        "from tl_directional.distributed import group_threads_alive\n"
+        "from tl_directional.io.distributed import group_threads_alive\n"
         "try:\n"
-        "    runpy.run_module('tl_directional.train', run_name='__main__', alter_sys=True)\n"
+        "    runpy.run_module('tl_directional.training', run_name='__main__', alter_sys=True)\n"
         "finally:\n"
         f"    open({str(threads)!r} + os.environ['RANK'], 'w').write(json.dumps(group_threads_alive()))\n"
     )
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(entry), *args],
+         str(entry), "train", *args],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

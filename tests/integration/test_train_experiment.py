@@ -9,8 +9,8 @@ import math
 import pytest
 
 from tl_directional import training as T
+from tl_directional.cli.train import experiment_main
 from tl_directional.training import experiment as E
-from tl_directional.training.cli import experiment_main
 
 
 def test_paired_comparison_statistics():

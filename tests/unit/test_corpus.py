@@ -1,4 +1,4 @@
-"""Tests for tl_directional.corpus and scripts/fetch_corpus.py (the whole-book KJV split)."""
+"""Tests for tl_directional.io.corpus and scripts/fetch_corpus.py (the whole-book KJV split)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tl_directional.corpus import (
+from tl_directional.io.corpus import (
     SPLITS,
     CorpusIntegrityError,
     chunk_text,

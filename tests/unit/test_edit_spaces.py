@@ -12,7 +12,7 @@ from tl_directional.edit import (
     edit_space,
     edits_for_space,
 )
-from tl_directional.sweep import SPACES, Setting
+from tl_directional.evaluate.sweep import SPACES, Setting
 
 #: What each documented space name must build at (s_par=0.5, s_perp=1, layers): written out here,
 #: independently of the registry, so a registry or sweep change that builds other edits fails.

@@ -1,4 +1,4 @@
-"""The edit spec of the lm-eval model (tl_directional.edit_spec): a sweep.csv row label read back
+"""The edit spec of the lm-eval model (tl_directional.evaluate.edit_spec): a sweep.csv row label read back
 into the sweep setting it names, with the sweep command line's spaces and layer grammar."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tl_directional.edit import EDIT_SPACES
-from tl_directional.edit_spec import EditSpecError, parse_edit_spec, spec_edits
-from tl_directional.sweep import Setting, grid
+from tl_directional.evaluate.edit_spec import EditSpecError, parse_edit_spec, spec_edits
+from tl_directional.evaluate.sweep import Setting, grid
 
 
 def test_every_sweep_label_reads_back_as_its_setting():

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tl_directional import component_delta, decompose, patch_components, scale_components
-from tl_directional.geometry import projection_coefficient
+from tl_directional.core.geometry import projection_coefficient
 
 finite = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, allow_infinity=False, width=64)
 

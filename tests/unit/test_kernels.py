@@ -14,9 +14,9 @@ import math
 import numpy as np
 import torch
 
-from tl_directional.geometry import decompose
-from tl_directional.kernels import split_stats, value_stats
-from tl_directional.stats import BIN_SCALES, EXACT_QUANTILE_LIMIT, QUANTILES, StreamingSummary
+from tl_directional.core.geometry import decompose
+from tl_directional.core.kernels import split_stats, value_stats
+from tl_directional.core.stats import BIN_SCALES, EXACT_QUANTILE_LIMIT, QUANTILES, StreamingSummary
 
 # -- the old computation (reference) ---------------------------------------------------------
 

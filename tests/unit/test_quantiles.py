@@ -1,5 +1,5 @@
 """Issue 23 item 5: quantiles are numpy's (linear) while the sample is small, and the histogram's,
-within its stated resolution, beyond :data:`~tl_directional.stats.EXACT_QUANTILE_LIMIT` (the same
+within its stated resolution, beyond :data:`~tl_directional.core.stats.EXACT_QUANTILE_LIMIT` (the same
 on a profile of a tiny model: tests/integration/test_quantiles_profile.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tl_directional.stats import BIN_SCALES, EXACT_QUANTILE_LIMIT, QUANTILES, StreamingSummary
+from tl_directional.core.stats import BIN_SCALES, EXACT_QUANTILE_LIMIT, QUANTILES, StreamingSummary
 
 NAMES = {0.05: "q05", 0.25: "q25", 0.5: "median", 0.75: "q75", 0.95: "q95"}
 SAMPLERS = {

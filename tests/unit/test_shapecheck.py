@@ -12,8 +12,8 @@ from beartype.roar import BeartypeException
 from jaxtyping import TypeCheckError
 
 from tests._shapecheck import ENABLED
-from tl_directional import kernels
-from tl_directional.geometry import SplitStats, decompose
+from tl_directional.core import kernels
+from tl_directional.core.geometry import SplitStats, decompose
 
 CHECK_ERRORS = (TypeCheckError, BeartypeException)
 

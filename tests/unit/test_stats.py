@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from tl_directional.stats import StreamingSummary
+from tl_directional.core.stats import StreamingSummary
 
 
 @pytest.mark.parametrize(

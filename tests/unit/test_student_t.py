@@ -1,4 +1,4 @@
-"""Exact Student-t quantiles at every degree of freedom (tl_directional.student_t), without scipy:
+"""Exact Student-t quantiles at every degree of freedom (tl_directional.core.student_t), without scipy:
 published values, closed forms, symmetry and, where scipy happens to be installed, scipy itself."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tl_directional.student_t import EXPANSION_DF, betainc, t975, t_quantile, t_sf
+from tl_directional.core.student_t import EXPANSION_DF, betainc, t975, t_quantile, t_sf
 
 # t_{0.975, df} to 7 significant digits (standard tables; 1.96 is the normal limit)
 PUBLISHED_975 = {1: 12.706205, 2: 4.302653, 4: 2.776445, 10: 2.228139, 30: 2.042272, 31: 2.039513,

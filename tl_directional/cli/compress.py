@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..inputs import load_text_sequences
+from ..model.inputs import load_text_sequences
 from .options import (
     _HELP,
     _claim_out,
@@ -49,7 +49,7 @@ def _cmd_compress(args) -> int:
 
 
 def _compress_locked(args) -> int:
-    from ..compress import compress, save_compressed
+    from ..compression.compressors import compress, save_compressed
 
     model = _load_checked(args.model, "--model")
     calibration = None
@@ -68,7 +68,7 @@ def _compress_locked(args) -> int:
 
 def _add_compress_commands(sub, positive_int) -> None:
     """Add ``compress-check`` and ``compress`` to the ``tl-directional`` sub-parsers."""
-    from ..compress import SPEC_HELP
+    from ..compression.compressors import SPEC_HELP
     from ..compression.gate import GATE_COMPONENTS, GATE_METRICS
     from ..compression.geometry import MODES
 

@@ -1,7 +1,7 @@
 """The CLI's one error path: a user's mistake is printed as one ``error: ...`` line on
 stderr and the command exits with status 2 (TLD_TRACEBACK=1 re-raises instead).
 
-Every command, ``train`` and ``experiment`` (:mod:`tl_directional.training.cli`) included,
+Every command, ``train`` and ``experiment`` (:mod:`tl_directional.cli.train`) included,
 reports through :func:`report_user_error`."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
+from ..core.errors import TLDirectionalError
 
-class UsageError(Exception):
+
+class UsageError(TLDirectionalError):
     """A mistake in the command's arguments or inputs: printed as one ``error:`` line, exit 2."""
 
 

@@ -8,7 +8,7 @@ from .errors import UsageError
 def _cmd_models(args) -> int:
     import json
 
-    from ..models.catalog import RealModelError, listing, real_model_dir
+    from ..model.load.catalog import RealModelError, listing, real_model_dir
 
     if args.convert:
         try:
@@ -22,7 +22,7 @@ def _cmd_models(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from ..models import cache_dir
+    from ..model.load import cache_dir
 
     print(f"{'name':14s} {'architecture':18s} {'installed':9s} {'cached':6s} {'size':>8s}  what")
     for r in rows:

@@ -15,16 +15,16 @@ from .errors import USER_ERRORS, UsageError
 def _check_model_arg(name, option: str) -> None:
     """Fail at once, offline, on a ``--model`` / ``--dense`` value that cannot load: a path
     that does not exist, or a name that is neither a catalogue entry nor a TransformerLens name."""
-    from ..fileio import recover_interrupted_swap
-    from ..models import UnknownModelError, catalogue_names, check_model_name
-    from ..models.load import _looks_like_path
+    from ..io.fileio import recover_interrupted_swap
+    from ..model.load import UnknownModelError, catalogue_names, check_model_name
+    from ..model.load.loader import looks_like_path
 
     text = str(name)
     if text not in catalogue_names():
         recover_interrupted_swap(Path(text).expanduser())  # a compress --out killed mid-swap
     if Path(text).expanduser().exists() or text in catalogue_names():
         return
-    if _looks_like_path(text):
+    if looks_like_path(text):
         raise UsageError(f"{option} {text} does not exist; pass an existing Hugging Face model directory, "
                          f"or a catalogue name ({', '.join(catalogue_names())}; see `tl-directional models`)")
     try:
@@ -35,7 +35,7 @@ def _check_model_arg(name, option: str) -> None:
 
 def _load_model_arg(name: str, option: str = "--model"):
     """``load_model(name)`` with the option named in any error."""
-    from ..models import load_model
+    from ..model.load import load_model
 
     _check_model_arg(name, option)
     try:
@@ -87,7 +87,7 @@ def _loading_failure(exc: BaseException) -> str:
 #: that is absent, empty, or a previous output of the same command (its manifest says so);
 #: --force also replaces another tl-directional command's output; a directory holding files
 #: the library did not write, the current / home directory, a root or an ancestor of the
-#: current directory are always refused (tl_directional.fileio.check_output_path).
+#: current directory are always refused (tl_directional.io.fileio.check_output_path).
 _OUTPUT_KINDS = {"profile": "profile", "sweep": "sweep", "report": "report",
                  "compress-check": "compress-check-report", "compress": "compressed-model"}
 #: Files an output of that kind held before outputs carried a manifest.
@@ -100,9 +100,9 @@ _LEGACY_NAMES = {
 @contextmanager
 def _claim_out(path: str, command: str, force: bool, option: str = "--out") -> Iterator[Path]:
     """Check ``path`` against the output policy before any work is done and hold its lock
-    for the whole run (:func:`tl_directional.fileio.claim_output`): a second writer is
+    for the whole run (:func:`tl_directional.io.fileio.claim_output`): a second writer is
     refused at start, never overwritten at the end. Yields the path as the user gave it."""
-    from ..fileio import claim_output
+    from ..io.fileio import claim_output
 
     with claim_output(path, _OUTPUT_KINDS[command], force=force, force_hint="pass --force",
                       command=f"tl-directional {command}", legacy_names=_LEGACY_NAMES.get(command, frozenset()),
@@ -129,39 +129,14 @@ def _positive_int(text: str) -> int:
 
 
 def _layer_sets(text: str, n_layers: int | None = None) -> list:
-    """``"all"`` -> [None]; ``"0-3;5"`` -> [[0, 1, 2, 3], [5]] (``;`` separates sets); negative
-    layers count from the end (``-1`` is the last; a range ``0-3`` has non-negative ends).
-    With ``n_layers`` every layer is checked and normalised to ``0..n_layers-1``."""
-    from ..sites import normalize_layers
+    """``--layers``' layer sets (:func:`tl_directional.evaluate.edit_spec.layer_sets`); a
+    mistake is a :class:`UsageError` (one ``error:`` line)."""
+    from ..evaluate.edit_spec import layer_sets
 
-    out = []
-    for part in text.split(";"):
-        part = part.strip()
-        if not part or part == "all":
-            out.append(None)
-            continue
-        layers = []
-        try:
-            for piece in part.split(","):
-                piece = piece.strip()
-                if "-" in piece and not piece.startswith("-"):  # a range "a-b"
-                    a, b = piece.split("-", 1)
-                    if int(b) < int(a):
-                        raise UsageError(f"--layers {text!r}: the range {piece!r} is empty (it ends below its "
-                                         f"start); write it low-high, e.g. '{int(b)}-{int(a)}', or 'all' for every "
-                                         "layer")
-                    layers += list(range(int(a), int(b) + 1))
-                else:  # one layer, possibly negative
-                    layers.append(int(piece))
-        except ValueError:
-            raise UsageError(f"--layers {text!r}: expected layer sets like 'all', '0-3', '0,2;-1'") from None
-        if n_layers is not None:
-            try:
-                layers = normalize_layers(layers, n_layers, "--layers")
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-        out.append(layers)
-    return out
+    try:
+        return layer_sets(text, n_layers)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _check_spaces(text: str) -> list[str]:
@@ -207,7 +182,7 @@ _HELP = {
 
 
 def _model_help() -> str:
-    from ..models import catalogue_names
+    from ..model.load import catalogue_names
 
     real = ", ".join(n for n in catalogue_names() if n != "default")
     return (f"a catalogue name: 'default' (the bundled model) or a real model ({real}; "
@@ -226,8 +201,8 @@ def _common(p, *, max_sequences: int, seq_len: int) -> None:
 def _load_checked(path, argument: str):
     """Load a model for the CLI; a missing, corrupt or truncated file is a user error
     (exit 2) naming the argument and the file, never the gate's FAIL status."""
-    from ..fileio import ArtefactError, check_model_dir
-    from ..models import check_model_weights, load_model
+    from ..io.fileio import ArtefactError, check_model_dir
+    from ..model.load import check_model_weights, load_model
 
     _check_model_arg(path, argument)
     check_model_dir(path, argument)

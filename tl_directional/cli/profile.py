@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..inputs import load_text_sequences
+from ..model.inputs import load_text_sequences
 from .options import _HELP, _claim_out, _common, _DefaultsHelp, _load_model_arg
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..inputs import load_text_sequences
+from ..model.inputs import load_text_sequences
 from .errors import UsageError
 from .options import (
     _HELP,
@@ -21,8 +21,8 @@ def _cmd_report(args) -> int:
 
 
 def _report_locked(args) -> int:
-    from ..report import build_report
-    from ..sites import normalize_index
+    from ..model.sites import normalize_index
+    from ..views.report import build_report
 
     spaces = _check_spaces(args.space)
     model = _load_model_arg(args.model)

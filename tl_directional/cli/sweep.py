@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..inputs import load_text_sequences
+from ..model.inputs import load_text_sequences
 from .errors import UsageError
 from .options import (
     _HELP,
@@ -29,8 +29,8 @@ def _cmd_sweep(args) -> int:
 def _sweep_locked(args, out: Path) -> int:
     import shutil
 
-    from ..fileio import atomic_path, fault_point, write_manifest
-    from ..sweep import CheckpointMismatch, grid, sweep, sweep_figure
+    from ..evaluate.sweep import CheckpointMismatch, grid, sweep, sweep_figure
+    from ..io.fileio import atomic_path, fault_point, write_manifest
 
     spaces = _check_spaces(args.space)
     model = _load_model_arg(args.model)
@@ -76,7 +76,7 @@ def _sweep_locked(args, out: Path) -> int:
 
 
 def _is_sweep_dir(out: Path) -> bool:
-    from ..fileio import ArtefactError, read_manifest
+    from ..io.fileio import ArtefactError, read_manifest
 
     try:
         doc = read_manifest(out)

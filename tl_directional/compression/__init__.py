@@ -7,17 +7,15 @@
   forwards behind :func:`compression_geometry` (re-exported by ``geometry``);
 - :mod:`~tl_directional.compression.methods`: the compressors' math on one ``[out, in]``
   matrix (RTN, the AWQ search, magnitude / Wanda / N:M masks, truncated SVD; re-exported
-  by :mod:`tl_directional.compress`);
+  by :mod:`tl_directional.compression.compressors`);
 - :mod:`~tl_directional.compression.gate`: the label-free gate (:func:`compress_check`,
   :class:`CheckResult`);
-- :mod:`~tl_directional.compression.charts`: small self-contained SVG charts (they live in
-  :mod:`tl_directional.views.svg`, with every other figure; re-exported).
 
-The compressors themselves live in :mod:`tl_directional.compress` (re-exported here);
+The compressors themselves live in :mod:`tl_directional.compression.compressors` (re-exported here);
 the commands ``compress`` and ``compress-check`` in :mod:`tl_directional.cli`.
 """
 
-from ..compress import (
+from .compressors import (
     CompressionRecord,
     CompressionResult,
     clone_model,
@@ -30,7 +28,6 @@ from ..compress import (
     quantize_rtn,
     save_compressed,
 )
-from .charts import svg_chart
 from .gate import (
     GATE_COMPONENTS,
     GATE_METRICS,
@@ -63,9 +60,7 @@ __all__ = [
     "CheckResult",
     "compress_check",
     "nonfinite_parameters",
-    # charts
-    "svg_chart",
-    # compressors (tl_directional.compress)
+    # compressors (tl_directional.compression.compressors)
     "CompressionRecord",
     "CompressionResult",
     "clone_model",

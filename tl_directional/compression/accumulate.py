@@ -16,19 +16,19 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..adapter import capture_hooks, run_hooked
-from ..components import RESIDUAL_COMPONENTS, check_components
-from ..compress import CompressionRecord
-from ..geometry import compute_dtype
-from ..inputs import TokenBatch, iter_batches
-from ..sites import (
+from ..core.components import RESIDUAL_COMPONENTS, check_components
+from ..core.errors import TLDirectionalError
+from ..core.geometry import compute_dtype, dtype_tolerance
+from ..model.adapter import capture_hooks, run_hooked
+from ..model.inputs import TokenBatch, iter_batches
+from ..model.sites import (
     SEQUENTIAL,
     ModelSites,
     UnitSite,
-    dtype_tolerance,
     mlp_branch,
     resolve_sites,
 )
+from .compressors import CompressionRecord
 
 # Per-token statistics accumulated as exact float64 sums (columns of the accumulator).
 _STATS = (
@@ -141,7 +141,7 @@ def _plan(sites: ModelSites, units: tuple[str, ...], mode: str, side_mlp: bool) 
     return [{"units": tuple(u for u in units if u != "block"), "side": ()}, {"units": ("block",), "side": ()}]
 
 
-class _SideCallMismatch(RuntimeError):
+class _SideCallMismatch(TLDirectionalError, RuntimeError):
     pass
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..adapter import hf_state_key
-from ..sites import resolve_sites
-from ..views.gate import compress_check_page
+from ..figures.gate import compress_check_page
+from ..io.fileio import replace_dir
+from ..model.adapter import hf_state_key
+from ..model.sites import resolve_sites
 from .geometry import compression_geometry, normalize_targets
 
 GATE_METRICS = ("err_perp_energy", "err_perp_over_update", "err_perp_energy_vs_resid")
@@ -70,11 +71,9 @@ class CheckResult:
         return "\n".join(lines)
 
     def write_report(self, directory, *, overwrite: bool = False) -> Path:
-        """Write ``report.html`` (verdict, per-layer chart, tables; a :class:`~tl_directional.page.Report`
+        """Write ``report.html`` (verdict, per-layer chart, tables; a :class:`~tl_directional.figures.page.Report`
         page) and ``geometry.csv`` into ``directory``, swapped in complete. ``directory`` must be
         absent, empty or a previous compress-check report; anything else needs ``overwrite``."""
-        from ..fileio import replace_dir
-
         with replace_dir(directory, "compress-check-report", force=overwrite, force_hint="pass overwrite=True",
                          command="compress_check.write_report") as tmp:
             self._write_report(tmp)

@@ -54,12 +54,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..adapter import device_of
-from ..compress import CompressionRecord, CompressionResult
-from ..distributed import rank_and_world
-from ..geometry import DEFAULT_EPS, check_eps
-from ..inputs import first_token_mask, iter_batches, prepare_inputs
-from ..sites import (
+from ..core.errors import TLDirectionalError
+from ..core.geometry import DEFAULT_EPS, check_eps
+from ..io.distributed import rank_and_world
+from ..model.adapter import device_of
+from ..model.inputs import first_token_mask, iter_batches, prepare_inputs
+from ..model.sites import (
     architecture_name,
     check_hook_api,
     lane_of,
@@ -84,12 +84,13 @@ from .accumulate import (  # noqa: F401 - re-exported: the per-token plumbing li
     _Target,
     _token_stats,
 )
+from .compressors import CompressionRecord, CompressionResult
 
 MODES = ("local", "global")
 
 
 
-class CompatibilityError(ValueError):
+class CompatibilityError(TLDirectionalError, ValueError):
     """Dense and compressed models cannot be compared (architecture, vocabulary, tokenizer)."""
 
 
@@ -191,7 +192,7 @@ def summarize(sums: Tensor, mode: str) -> dict[str, float | int]:
 def normalize_targets(compressed) -> list[tuple[str, object, CompressionRecord | None]]:
     """The compressed models of a ``compressed`` argument as ``(name, model, record)`` rows.
 
-    ``compressed`` is one model, a :class:`~tl_directional.compress.CompressionResult`, a
+    ``compressed`` is one model, a :class:`~tl_directional.compression.compressors.CompressionResult`, a
     list / tuple of them or a mapping ``name -> model or result``. A result is named by its
     record's label (a plain model: ``"compressed"``), a mapping by its keys; repeated names of
     a list get their position as a suffix (``"rtn #1"``). ``record`` is None for plain models.
@@ -239,7 +240,7 @@ def compression_geometry(
     Args:
         dense: the original TransformerLens model (bridge or legacy), eval mode.
         compressed: the compressed model (same architecture and tokenizer), a
-            :class:`~tl_directional.compress.CompressionResult`, or a list / dict of them
+            :class:`~tl_directional.compression.compressors.CompressionResult`, or a list / dict of them
             (the dense forward is then shared; a ``compressed`` column names each).
         inputs: strings, token-id lists, a ``[batch, pos]`` tensor or a ``TokenBatch``.
         mode: ``"local"`` (each unit fed the dense input) or ``"global"`` (end to end).

@@ -5,8 +5,8 @@ Round-to-nearest quantize-dequantize (:func:`rtn_matrix`), the AWQ scale search
 :func:`wanda_score`, :func:`nm_mask`) and the truncated SVD (:func:`low_rank_matrix`),
 with the argument checks they share. Rows are output channels; groups and N:M blocks run
 along the input axis. Nothing here knows about models: the model-level compressors
-(:func:`~tl_directional.compress.quantize_rtn`, :func:`~tl_directional.compress.prune_wanda`,
-:func:`~tl_directional.compress.compress`, ...) live in :mod:`tl_directional.compress`,
+(:func:`~tl_directional.compression.compressors.quantize_rtn`, :func:`~tl_directional.compression.compressors.prune_wanda`,
+:func:`~tl_directional.compression.compressors.compress`, ...) live in :mod:`tl_directional.compression.compressors`,
 which re-exports these names.
 """
 

@@ -31,7 +31,7 @@ One job per module:
 * :mod:`.experiment`: every variant x seed, the paired report, pre-edit geometry.
 * :mod:`.cli`: the ``train`` and ``experiment`` command lines.
 
-Command line: ``python -m tl_directional.train --variant vpara --corpus DIR --out RUN``,
+Command line: ``python -m tl_directional.training train --variant vpara --corpus DIR --out RUN``,
 ``tl-directional train ...`` or ``python -m tl_directional.training train ...``; ``--help`` lists
 every setting.
 """

@@ -2,7 +2,7 @@
 
 import sys
 
-from .cli import main
+from ..cli.train import main
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -18,11 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..fileio import sha256_file
+from ..core.errors import TLDirectionalError
+from ..io.corpus import heldout_info, heldout_text, load_split, split_manifest
+from ..io.fileio import sha256_file
+from ..model.load import ENDOFTEXT, train_tokenizer
 from .config import BUILTIN_CORPUS, TOKENIZER_DIR, TrainConfig
 
 
-class TokenizerMismatchError(ValueError):
+class TokenizerMismatchError(TLDirectionalError, ValueError):
     """A tokenizer does not fit the model it is paired with."""
 
 
@@ -63,16 +66,12 @@ class Data:
 def _corpus_texts(corpus: str) -> tuple[str, str, dict[str, Any]]:
     """(train text, validation text, provenance) of a corpus setting."""
     if corpus == BUILTIN_CORPUS:
-        from ..corpus import heldout_info, heldout_text
-
         lines = heldout_text().splitlines()
         cut = int(len(lines) * 0.9)
         info = {"corpus": BUILTIN_CORPUS, "note": "shipped held-out slice (test-split text), "
                 "first 90% of lines for training, rest for validation; for tests only",
                 "sha256": heldout_info().get("sha256")}
         return "\n".join(lines[:cut]) + "\n", "\n".join(lines[cut:]) + "\n", info
-    from ..corpus import load_split, split_manifest
-
     path = Path(corpus).expanduser()
     if not (path / "SPLIT.json").is_file():
         raise FileNotFoundError(
@@ -138,8 +137,6 @@ def prepare_data(cfg: TrainConfig, run_dir: str | os.PathLike[str] | None = None
                  train_tokenizer_if_missing: bool = True) -> Data:
     """Load the corpus, get the tokenizer (``cfg.tokenizer``, ``RUN/tokenizer``, or train one
     and save it there) and cut both splits into windows."""
-    from ..models import ENDOFTEXT, train_tokenizer
-
     train_text, val_text, info = _corpus_texts(cfg.corpus)
     tok_dir: Path | None = None
     if cfg.tokenizer is not None:

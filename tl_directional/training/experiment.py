@@ -1,6 +1,6 @@
 """The training-time parallel-suppression experiment (METHOD.md sec. 7), end to end.
 
-``python -m tl_directional.experiment --corpus DIR --out OUT`` (or ``tl-directional experiment``)
+``python -m tl_directional.training experiment --corpus DIR --out OUT`` (or ``tl-directional experiment``)
 trains every variant (``baseline``, ``vpara``, ``attn-para``) for every seed with
 :mod:`tl_directional.training` (same seed => same init and data order across variants; same
 hyper-parameters), then writes to ``OUT``:
@@ -41,8 +41,14 @@ from typing import Any
 
 import torch
 
-from ..stats import energy_ratio
-from ..student_t import t975
+from ..core.geometry import decompose
+from ..core.stats import energy_ratio
+from ..core.student_t import t975
+from ..edit import edit_hooks
+from ..measure import profile
+from ..model.adapter import capture_hooks
+from ..model.load import load_model
+from ..model.sites import resolve_sites
 from .checkpoint import checkpoint_paths, read_checkpoint
 from .config import INIT_DIR, TOKENIZER_DIR, VARIANTS, TrainConfig, variant_edits
 from .data import prepare_data
@@ -90,11 +96,6 @@ def pre_edit_geometry(model: Any, tokens: torch.Tensor, edits: Sequence[Any] = (
     at that hook while ``edits`` are active (capture hooks are registered first, so they run
     first). Returns rows with energy ratios (``sqrt(sum par^2 / sum perp^2)``), mean ``beta`` /
     ``alpha`` and mean ``par_frac``."""
-    from ..adapter import capture_hooks
-    from ..edit import edit_hooks
-    from ..geometry import decompose
-    from ..sites import resolve_sites
-
     sites = resolve_sites(model, warn=False)
     names = []
     for L in range(sites.n_layers):
@@ -126,7 +127,7 @@ def pre_edit_geometry(model: Any, tokens: torch.Tensor, edits: Sequence[Any] = (
 
 
 def _energy(d: Any, ok: torch.Tensor) -> float:
-    # the energy ratio of :mod:`tl_directional.stats` (NaN when there is no energy at all)
+    # the energy ratio of :mod:`tl_directional.core.stats` (NaN when there is no energy at all)
     par, perp = float(d.par_sq[ok].sum()), float(d.perp_sq[ok].sum())
     return float(energy_ratio(torch.tensor(par, dtype=torch.float64), torch.tensor(perp, dtype=torch.float64)))
 
@@ -205,9 +206,6 @@ def write_report(base: TrainConfig, out: Path, *, seeds: Sequence[int], variants
                  timings: dict[str, float] | None = None, profile_windows: int = 16,
                  progress: bool = False) -> dict[str, Any]:
     import pandas as pd
-
-    from ..measure import profile
-    from ..models import load_model
 
     curves, finals, geometry = [], [], []
     val_tokens = None

@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from ..adapter import device_of
 from ..edit import Edit, edit_hooks
-from ..fileio import replace_dir
-from ..sites import lane_of
+from ..io.fileio import replace_dir
+from ..model.adapter import device_of, quiet_transformers
+from ..model.load import BUILD_INFO_FILE
+from ..model.sites import lane_of
 from .data import TokenizerMismatchError, encode_text, make_windows
 from .model import canonical_state_dict
 
@@ -27,15 +28,12 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
 
     The directory loads with ``TransformerBridge.boot_transformers(path)``,
     ``transformers.GPT2LMHeadModel.from_pretrained(path)`` and, on the legacy lane,
-    :func:`tl_directional.models.load_model`. Written to a temporary sibling with a
-    ``manifest.json`` and swapped in (:func:`tl_directional.fileio.replace_dir`); a
+    :func:`tl_directional.model.load.load_model`. Written to a temporary sibling with a
+    ``manifest.json`` and swapped in (:func:`tl_directional.io.fileio.replace_dir`); a
     non-empty ``path`` that is not a previous export (e.g. the run directory itself) is
     refused unless ``force``, so no user file is ever deleted.
     """
     import transformers
-
-    from ..adapter import quiet_transformers
-    from ..models import BUILD_INFO_FILE
 
     if not lane_of(model).hf_export:
         raise NotImplementedError(
@@ -58,7 +56,7 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
     fresh = fresh.to(dtype)
     out = Path(path)
     with replace_dir(path, "export", force=force, force_hint=force_hint, command="tl-directional train --export",
-                     legacy_names=_EXPORT_NAMES) as tmp:
+                     legacy_names=EXPORT_NAMES) as tmp:
         with quiet_transformers():
             fresh.save_pretrained(str(tmp))
             tokenizer.save_pretrained(str(tmp))
@@ -73,7 +71,7 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
 
 #: The files of an export written before exports carried a manifest (the bundled default model,
 #: with the files scripts/train_default_model.py adds beside it): recognised as a previous export.
-_EXPORT_NAMES = frozenset({"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+EXPORT_NAMES = frozenset({"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                            "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                            "tl_directional_build.json", "training_curve.csv", "reference_logits.json",
                            "report.json"})

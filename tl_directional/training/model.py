@@ -14,8 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..adapter import lane_of
-from ..fileio import check_model_dir, write_manifest
+from ..io.fileio import check_model_dir, write_manifest
+from ..model.adapter import lane_of, quiet_transformers
+from ..model.load import ENDOFTEXT, hf_config, load_model
 from .checkpoint import CheckpointError
 from .config import TrainConfig
 
@@ -38,9 +39,6 @@ def _gpt2_init_(model: torch.nn.Module, seed: int, n_layers: int) -> None:
 def build_init_dir(cfg: TrainConfig, tokenizer: Any, path: str | os.PathLike[str]) -> Path:
     """Write the seeded, untrained GPT-2 of ``cfg`` (+ tokenizer) as a Hugging Face directory."""
     import transformers
-
-    from ..adapter import quiet_transformers
-    from ..models import ENDOFTEXT, hf_config
 
     out = Path(path)
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
@@ -73,8 +71,6 @@ def build_init_dir(cfg: TrainConfig, tokenizer: Any, path: str | os.PathLike[str
 def load_init(init: Path, device: torch.device) -> Any:
     """Load the run's seeded initial model, verified first: a damaged file is a
     :class:`CheckpointError` naming it (the directory can always be rebuilt from the seed)."""
-    from ..models import load_model
-
     fix = f"the init directory is made from the seed: delete {init} and run again to rebuild it"
     try:
         check_model_dir(init, "init")

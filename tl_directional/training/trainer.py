@@ -5,7 +5,7 @@ Reproducibility: the data order is a pure function of ``(seed, step)``, dropout 
 learning rate is a pure function of the step, so a run resumed from a checkpoint continues
 bit-exactly (same thread count, same machine).
 
-Distributed: launched with ``torchrun --nproc_per_node N -m tl_directional.train ...`` the run uses
+Distributed: launched with ``torchrun --nproc_per_node N -m tl_directional.training train ...`` the run uses
 PyTorch ``DistributedDataParallel`` (gloo on CPU, nccl on CUDA); ``batch_size`` stays the *global*
 batch, rank ``r`` takes rows ``r::N`` of it, so the run matches a single-process run up to float
 reduction order.
@@ -24,8 +24,9 @@ import torch
 from torch import Tensor
 
 from ..edit import edit_hooks
-from ..fileio import atomic_write_bytes, exclusive_lock
-from ..sites import lane_of
+from ..io.distributed import destroy_process_group
+from ..io.fileio import atomic_write_bytes, exclusive_lock
+from ..model.sites import lane_of
 from .checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointError,
@@ -346,8 +347,6 @@ def train(cfg: TrainConfig, run_dir: str | os.PathLike[str], *, resume: bool = T
         if dist.initialized_here:
             # the trainer (its DistributedDataParallel holds the group) is gone by now, so this
             # frees the group and joins its worker threads here, not at interpreter exit
-            from ..distributed import destroy_process_group
-
             destroy_process_group()
 
 

@@ -3,15 +3,15 @@
 Every view function returns a :class:`View`: it displays itself in a notebook,
 ``view.save("x.html")`` writes a self-contained page (``.csv`` writes the numbers
 behind it, ``.json`` a plotly figure's JSON), ``view.data`` is that table, and
-:class:`~tl_directional.page.Report` puts several views on one page.
-The model runs behind the views of one text live in :mod:`tl_directional.views_data`.
+:class:`~tl_directional.figures.page.Report` puts several views on one page.
+The model runs behind the views of one text live in :mod:`tl_directional.views.data`.
 
 Offline by construction:
 
 * plotly figures are rendered with ``include_plotlyjs=False`` and plotly.js is
   inlined by the page (once per report; in a notebook, by the first output that needs it,
   or by every output with :func:`set_notebook_libraries` ``("inline")``, the default on
-  Colab, which isolates each output in its own frame: :mod:`tl_directional.notebook_output`);
+  Colab, which isolates each output in its own frame: :mod:`tl_directional.figures.notebook_output`);
 * circuitsvis views are rendered from circuitsvis's bundled ``iife.js`` (inlined
   the same way) and never through ``RenderedHTML``: its ``str()`` loads the
   bundle from a CDN and its ``_repr_html_`` contacts google.com on every display.
@@ -24,28 +24,22 @@ circuitsvis views (run the model on a short text): :func:`attention_triptych`,
 :func:`colored_tokens`, :func:`colored_tokens_multi`, :func:`top_perpendicular_tokens`.
 
 Figures of other modules live here too: :func:`sweep_figure` and :func:`safe_scale_figure`
-(of :mod:`tl_directional.sweep`), :func:`split_dla_figure` (of :mod:`tl_directional.patching`),
+(of :mod:`tl_directional.evaluate.sweep`), :func:`split_dla_figure` (of :mod:`tl_directional.evaluate.patching`),
 :func:`svg_chart` (self-contained SVG charts) and :func:`compress_check_page` (the
 compress-check report). Their modules re-export them.
 
-One module per kind: :mod:`~tl_directional.views.base` (the view objects),
-:mod:`~tl_directional.views.plots` (tables in, plotly figure out),
-:mod:`~tl_directional.views.tokens` (views of one text), :mod:`~tl_directional.views.sweep`,
-:mod:`~tl_directional.views.patching`, :mod:`~tl_directional.views.svg`,
-:mod:`~tl_directional.views.gate`. Importing them does not load plotly (it is imported on
+One module per kind: :mod:`~tl_directional.figures.base` (the view objects),
+:mod:`~tl_directional.figures.plots` (tables in, plotly figure out),
+:mod:`~tl_directional.views.tokens` (views of one text), :mod:`~tl_directional.figures.sweep`,
+:mod:`~tl_directional.figures.patching`, :mod:`~tl_directional.figures.svg`,
+:mod:`~tl_directional.figures.gate`. Importing them does not load plotly (it is imported on
 first use).
 """
 
 from __future__ import annotations
 
-from ..notebook_output import notebook_libraries, set_notebook_libraries
-from ..page import Report as Report  # the page the views go on (as before the split)
-from ..page import circuitsvis_js, library_script, plotly_js
-from ..views_data import check_layer_head as check_layer_head
-from ..views_data import edited_patterns, str_tokens, triptych_edits
-from ..views_data import one_sequence as one_sequence
-from ..views_data import token_profile as token_profile
-from .base import (
+from ..edit import EDIT_SPACES
+from ..figures.base import (
     COMPONENT_COLORS,
     NEGATIVE_COLOR,
     POSITIVE_COLOR,
@@ -53,11 +47,24 @@ from .base import (
     PlotlyView,
     View,
 )
-from .gate import compress_check_page
-from .patching import split_dla_figure
-from .plots import compression_errors, depth_profile, head_heatmaps, sweep_curves, training_curves
-from .svg import svg_chart
-from .sweep import safe_scale_figure, sweep_figure
+from ..figures.gate import compress_check_page
+from ..figures.notebook_output import notebook_libraries, set_notebook_libraries
+from ..figures.page import Report as Report  # the page the views go on (as before the split)
+from ..figures.page import circuitsvis_js, library_script, plotly_js
+from ..figures.patching import split_dla_figure
+from ..figures.plots import (
+    compression_errors,
+    depth_profile,
+    head_heatmaps,
+    training_curves,
+)
+from ..figures.plots import sweep_curves as draw_sweep_curves
+from ..figures.svg import svg_chart
+from ..figures.sweep import safe_scale_figure, sweep_figure
+from .data import check_layer_head as check_layer_head
+from .data import edited_patterns, str_tokens, triptych_edits
+from .data import one_sequence as one_sequence
+from .data import token_profile as token_profile
 from .tokens import (
     COLOR_QUANTILE,
     attention_triptych,
@@ -67,6 +74,20 @@ from .tokens import (
     perpendicular_size,
     top_perpendicular_tokens,
 )
+
+
+def sweep_curves(results, *, x: str = "s_par", y: str = "delta_ppl", title: str | None = None) -> PlotlyView:
+    """Component-scaling curves: ``y`` (default delta perplexity) against ``x`` per edit space,
+    the spaces without a scale (``hard-diag``, from :data:`~tl_directional.edit.EDIT_SPACES`)
+    as dashed horizontal lines (:func:`tl_directional.figures.plots.sweep_curves`).
+
+    Args:
+        results: the table :func:`~tl_directional.evaluate.sweep.sweep` returns: columns ``space``,
+            ``layers``, ``x`` and ``y`` (rows with ``space == "baseline"`` are skipped).
+    """
+    unscaled = tuple(name for name, space in EDIT_SPACES.items() if not space.scaled)
+    return draw_sweep_curves(results, x=x, y=y, title=title, unscaled=unscaled)
+
 
 __all__ = [
     "COLOR_QUANTILE",

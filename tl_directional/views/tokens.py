@@ -10,24 +10,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..components import check_components
-from ..inputs import prepare_inputs
+from ..core.components import check_components
+from ..figures.base import (
+    NEGATIVE_COLOR,
+    POSITIVE_COLOR,
+    CircuitsVisView,
+    PlotlyView,
+    plotly_api,
+)
 from ..measure import FACTORIZATION_METRICS
-from ..sites import resolve_sites
-from ..views_data import (
+from ..model.inputs import prepare_inputs
+from ..model.sites import resolve_sites
+from .data import (
     check_layer_head,
     edited_patterns,
     one_sequence,
     str_tokens,
     token_profile,
     triptych_edits,
-)
-from .base import (
-    NEGATIVE_COLOR,
-    POSITIVE_COLOR,
-    CircuitsVisView,
-    PlotlyView,
-    _plotly,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def attention_triptych_figure(
 ) -> PlotlyView:
     """:func:`attention_triptych` as plotly heatmaps: one diverging scale (``RdBu``, centred
     on 0) shared by the panels, so the effective diagonal's negative entries show as red."""
-    go, make_subplots = _plotly()
+    go, make_subplots = plotly_api()
     layer, head = check_layer_head(resolve_sites(model, warn=False), layer, head)  # -1 = the last
     toks, pats = edited_patterns(model, inputs, layer, head, edits or triptych_edits(layer, head, s_par),
                                  sequence=sequence, max_tokens=max_tokens)

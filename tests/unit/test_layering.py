@@ -1,0 +1,160 @@
+"""The package's floors (docs/architecture.md), held against its source.
+
+Imports are read with ``ast`` (tests/tools/import_graph.py); nothing is imported, so a broken
+floor is named even when the package would still import. Each failure lists every offending
+import as ``path:line: from X import Y (why)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.tools.import_graph import PACKAGE, Import, cycles, graph, module_path
+
+ROOT = Path(__file__).resolve().parents[2] / PACKAGE
+
+# Floors from the bottom up. A module may import its own floor and the floors its entry names;
+# every other import of a package module is upward (or sideways) and fails the test.
+FLOORS: dict[str, tuple[str, ...]] = {
+    "core": (),
+    "io": ("core",),
+    "model": ("core", "io"),
+    "figures": ("core",),
+    # the analyses, in a fixed order: each may import the ones before it, never one after
+    "measure": ("core", "io", "model"),
+    "edit": ("core", "io", "model", "measure"),
+    "evaluate": ("core", "io", "model", "figures", "measure", "edit"),
+    "compression": ("core", "io", "model", "figures", "measure", "edit", "evaluate"),
+    "training": ("core", "io", "model", "measure", "edit", "evaluate", "compression"),
+    "views": ("core", "io", "model", "figures", "measure", "edit", "evaluate", "compression", "training"),
+    "cli": ("core", "io", "model", "figures", "measure", "edit", "evaluate", "compression", "training", "views"),
+}
+FACE = PACKAGE  # tl_directional/__init__.py: may import every floor; no floor imports it
+LAZY_FLOORS = {"cli"}  # the only floor that imports package modules inside functions (start-up time)
+
+
+def floor_of(module: str) -> str | None:
+    if module == FACE:
+        return FACE
+    parts = module.split(".")
+    if parts[-1] == "__main__":  # ``python -m`` entry points are commands
+        return "cli"
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else None
+
+
+@pytest.fixture(scope="module")
+def package():
+    nodes, edges, found = graph(ROOT)
+    return nodes, edges, found
+
+
+def _fail(what: str, bad: list[str]) -> None:
+    assert not bad, f"{what} ({len(bad)}):\n" + "\n".join(sorted(set(bad)))
+
+
+def test_every_module_sits_on_a_floor(package):
+    nodes, _, _ = package
+    _fail("modules outside the floors (put each in one of "
+          f"{', '.join(FLOORS)}; see docs/architecture.md)",
+          [f"{m}: no floor" for m in nodes if floor_of(m) is None])
+
+
+def test_no_import_cycle(package):
+    nodes, edges, found = package
+    bad = []
+    for component in cycles(nodes, edges):
+        members = set(component)
+        ties = [i.where(ROOT) for i in found if i.source in members and i.target in members]
+        bad.append(f"cycle of {len(component)} modules: {' '.join(component)}\n    " + "\n    ".join(ties))
+    _fail("import cycles", bad)
+
+
+def test_no_upward_import(package):
+    _, _, found = package
+    bad = []
+    for imp in found:
+        src, dst = floor_of(imp.source), floor_of(imp.target)
+        if src is None or dst is None or src == FACE:
+            continue
+        if dst == FACE:
+            bad.append(f"{imp.where(ROOT)} (imports the package face; import the module that defines it)")
+        elif src != dst and dst not in FLOORS[src]:
+            bad.append(f"{imp.where(ROOT)} ({src} may import only {', '.join((src, *FLOORS[src]))})")
+    _fail("imports that go up or sideways", bad)
+
+
+def _folder(module: str, root: Path = ROOT) -> Path | None:
+    path = module_path(root, module)
+    return path.parent if path else None
+
+
+def _private(imp: Import, root: Path = ROOT) -> list[str]:
+    """The private names (``_x``, not dunders) ``imp`` takes across folders: the modules of one
+    folder share their private helpers; another folder sees only public names. A private
+    module (``families/_base.py``) is private to its folder the same way."""
+    names = [n for n in imp.names if n.startswith("_") and not n.startswith("__")]
+    names += [p for p in imp.target.split(".") if p.startswith("_") and not p.startswith("__")]
+    if not names or _folder(imp.source, root) == _folder(imp.target, root):
+        return []
+    return names
+
+
+def test_no_private_name_crosses_folders(package):
+    _, _, found = package
+    bad = [f"{imp.where(ROOT)} (private to its folder: {', '.join(_private(imp))}; make it public or move it)"
+           for imp in found if _private(imp)]
+    _fail("private names imported from another folder", bad)
+
+
+def test_no_package_import_inside_a_function(package):
+    _, _, found = package
+    bad = [f"{imp.where(ROOT)} (inside a function; import it at the top, or move what it needs down a floor)"
+           for imp in found if imp.deferred and floor_of(imp.source) not in LAZY_FLOORS]
+    _fail("package imports deferred into functions", bad)
+
+
+def test_the_rules_catch_what_they_name(tmp_path):
+    """The parser sees every form the rules are about: a relative import at depth two, a module
+    taken by ``from . import``, a deferred import, a private name, an upward import, a cycle."""
+    pkg = tmp_path / PACKAGE
+    for rel, text in {
+        "__init__.py": "",
+        "core/__init__.py": "",
+        "core/a.py": "from ..model import b\n",
+        "model/__init__.py": "",
+        "model/b.py": "from ..core.a import x\n\ndef f():\n    from ..core.a import _y\n",
+        "cli/__init__.py": "from . import c\n",
+        "cli/c.py": "def g():\n    from ..model.b import z\n",
+    }.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    nodes, edges, found = graph(pkg)
+    assert ("tl_directional.cli", "tl_directional.cli.c") in edges
+    assert cycles(nodes, edges) == [["tl_directional.core.a", "tl_directional.model.b"]]
+    up = [i for i in found if floor_of(i.target) not in (*FLOORS[floor_of(i.source)], floor_of(i.source))]
+    assert [(i.source, i.target) for i in up] == [("tl_directional.core.a", "tl_directional.model.b")]
+    deferred = {(i.source, i.deferred) for i in found if i.deferred}
+    assert deferred == {("tl_directional.model.b", True), ("tl_directional.cli.c", True)}
+    assert [_private(i, pkg) for i in found if _private(i, pkg)] == [["_y"]]
+
+
+def test_benchmark_harness_has_no_import_cycle():
+    """The benchmark registry, its runner and the peak-memory worker import one way."""
+    bench = ROOT.parent / "benchmarks"
+    nodes, edges, found = graph(bench)
+    bad = [f"cycle of {len(c)}: {' '.join(c)}\n    " + "\n    ".join(
+        i.where(bench) for i in found if i.source in c and i.target in c) for c in cycles(nodes, edges)]
+    _fail("import cycles in benchmarks/", bad)
+
+
+def test_no_name_shadows_a_module(package):
+    """A package's ``__init__`` never binds a name of one of its own submodules to something else
+    (the old face's ``from .sweep import sweep`` made ``import`` of its sweep module give the function)."""
+    nodes, _, found = package
+    known = set(nodes)
+    bad = [f"{imp.where(ROOT)} (binds {imp.source}.{name}, a module, to something else)"
+           for imp in found if imp.source in known and module_path(ROOT, imp.source).name == "__init__.py"
+           for name in imp.names if f"{imp.source}.{name}" in known]
+    _fail("names that shadow a module", bad)

@@ -1,0 +1,230 @@
+"""Fused per-token statistics of one layer (METHOD.md sec. 1 and 3), for measuring only.
+
+:func:`tl_directional.core.geometry.decompose` returns the parallel and perpendicular parts
+themselves (``[*batch, d]``) for edits and plots. Measuring needs only scalars per token:
+the projection coefficient, the two squared norms and the ratios built from them. The
+functions here compute exactly those and nothing else, and they are the one home of that
+computation for both streaming :func:`tl_directional.measure.profile` and
+:meth:`tl_directional.measure.Profile.from_cache`.
+
+Exactness comes first: every scalar is formed by the same floating-point steps as
+:func:`~tl_directional.core.geometry.decompose` (dot products as ``(x * y).sum(-1)``, the
+perpendicular norm from ``u - a r`` itself, never from the Gram closed form
+``||u||^2 - a^2 ||r||^2``, which loses digits when ``u`` is nearly parallel to ``r``), so the
+tables equal those of the unfused path to rounding. Everything is pure tensor math: no
+model, hook or host synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .geometry import DEFAULT_EPS, PERP_VANISH_ULPS, SplitStats, compute_dtype
+
+
+class Scratch:
+    """Reusable buffers for the ``[n, d]``-sized temporaries of :func:`split_stats` and
+    :func:`value_stats` (one per name, dtype and device, grown as needed).
+
+    The kernels write their elementwise products into these with ``out=`` instead of
+    allocating a fresh tensor each time: the same kernels on the same contiguous layout, so
+    the same values bit for bit, without the allocation and first-touch cost of a new
+    activation-sized tensor (most of the cost of an elementwise product on a CPU). A
+    profile keeps one per call; a buffer's content is only valid until the next kernel call.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple, Tensor] = {}
+
+    def get(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """A contiguous tensor of ``shape`` (uninitialised), reused across calls."""
+        numel = 1
+        for k in shape:
+            numel *= int(k)
+        key = (name, dtype, device)
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=dtype, device=device)
+            self._bufs[key] = buf
+        return buf[:numel].view(shape)
+
+
+def _fits(scratch: Scratch | None, *tensors: Tensor) -> bool:
+    """Whether the ``out=`` path applies: a scratch and inputs of one shape, all contiguous
+    (a fresh product of contiguous inputs is contiguous, so the reduction reads the same layout)."""
+    if scratch is None:
+        return False
+    shape = tensors[0].shape
+    return all(t.is_contiguous() and t.shape == shape for t in tensors)
+
+
+def _dot(x: Tensor, y: Tensor, buf: Tensor | None) -> Tensor:
+    """``(x * y).sum(-1)``, the product written into ``buf`` when given."""
+    if buf is None:
+        return (x * y).sum(-1)
+    return torch.mul(x, y, out=buf).sum(-1)
+
+
+def _split(u: Tensor, r: Tensor, eps: float, r_sq: Tensor | None, scratch: Scratch | None) -> tuple[SplitStats, Tensor]:
+    """:func:`split_stats` of ``u`` against ``r`` (both already in the compute dtype), and
+    ``r_sq`` (computed when not given)."""
+    buf = scratch.get("split", tuple(u.shape), u.dtype, u.device) if _fits(scratch, u, r) else None
+    u_sq = _dot(u, u, buf)
+    if r_sq is None:
+        r_sq = _dot(r, r, buf)
+    dot = _dot(u, r, buf)
+    degenerate = (r_sq <= eps) | (u_sq <= eps)
+    a = torch.where(degenerate, 0.0, dot / torch.where(degenerate, 1.0, r_sq))
+    if buf is None:
+        perp = u - a.unsqueeze(-1) * r
+        perp_sq = (perp * perp).sum(-1)
+    else:  # the same three operations, in place in one buffer
+        torch.mul(a.unsqueeze(-1), r, out=buf)
+        torch.sub(u, buf, out=buf)
+        perp_sq = torch.mul(buf, buf, out=buf).sum(-1)
+    par_sq = a * a * r_sq
+    u_norm = u_sq.sqrt()
+    par_norm = par_sq.sqrt()
+    par_frac = torch.where(
+        degenerate, 0.0, (par_norm / torch.where(degenerate, 1.0, u_norm)).clamp(0.0, 1.0))
+    machine_eps = torch.finfo(u.dtype).eps
+    perp_vanishes = perp_sq <= eps + (PERP_VANISH_ULPS * machine_eps) ** 2 * u_sq
+    par_perp_ratio = torch.where(
+        degenerate, 0.0,
+        torch.where(perp_vanishes, float("inf"),
+                    par_norm / torch.where(perp_vanishes, 1.0, perp_sq.sqrt())))
+    r_vanishes = r_sq <= eps
+    rel_update = torch.where(
+        r_vanishes, torch.where(u_sq <= eps, 0.0, torch.full_like(u_sq, float("inf"))),
+        u_norm / torch.where(r_vanishes, 1.0, r_sq.sqrt()))
+    return SplitStats(alpha=a, par_frac=par_frac, par_perp_ratio=par_perp_ratio,
+                      rel_update=rel_update, degenerate=degenerate,
+                      par_sq=torch.where(degenerate, 0.0, par_sq), perp_sq=perp_sq), r_sq
+
+
+def split_stats(
+    update: Float[Tensor, "*batch d"],
+    reference: Float[Tensor, "*batch d"],
+    eps: float = DEFAULT_EPS,
+    *,
+    reference_sq: Float[Tensor, "*batch"] | None = None,
+    scratch: Scratch | None = None,
+) -> SplitStats:
+    """Scalars of the split of ``update`` against ``reference`` (same shapes), METHOD.md sec. 1.
+
+    ``alpha = (u . r) / ||r||^2``, ``par_frac = ||u_par|| / ||u||``, ``par_perp_ratio =
+    ||u_par|| / ||u_perp||`` (``inf`` where ``u_perp`` vanishes), ``rel_update = ||u|| /
+    ||r||``; degenerate tokens (``||r||^2 <= eps`` or ``||u||^2 <= eps``) get the values
+    METHOD.md sec. 1 defines. Same values as :func:`~tl_directional.core.geometry.decompose`
+    without forming ``u_par``; computed in the compute dtype (float64 stays float64).
+
+    ``reference_sq``: ``(r * r).sum(-1)`` of this reference in the compute dtype, when the
+    caller has it already (several updates split against one stream); ``scratch``: reusable
+    buffers (:class:`Scratch`). Neither changes a value.
+    """
+    dtype = compute_dtype(torch.promote_types(update.dtype, reference.dtype))
+    if reference_sq is not None and reference_sq.dtype != dtype:
+        reference_sq = None  # computed in another dtype: not this split's
+    return _split(update.to(dtype), reference.to(dtype), eps, reference_sq, scratch)[0]
+
+
+def squared_norm(x: Float[Tensor, "*batch d"], scratch: Scratch | None = None) -> Float[Tensor, "*batch"]:
+    """``(x * x).sum(-1)`` in the compute dtype: the ``reference_sq`` / ``x_sq`` that
+    :func:`split_stats` and :func:`value_stats` would compute for ``x`` themselves."""
+    x = x.to(compute_dtype(x.dtype))
+    buf = scratch.get("split", tuple(x.shape), x.dtype, x.device) if _fits(scratch, x) else None
+    return _dot(x, x, buf)
+
+
+@dataclass(frozen=True)
+class ValueStats:
+    """Value-space scalars of every head at ``n`` query tokens (METHOD.md sec. 3), compute dtype.
+
+    ``full`` splits ``o_t`` against ``v_t`` (``beta`` is its ``alpha``), ``exclusive`` splits
+    the cross part ``o_t - A_tt v_t`` against ``v_t`` (``gamma``); ``alpha_head`` is
+    ``o_t . W_O x_t / ||x_t||^2``, ``phi`` is ``v_t . W_O x_t / ||x_t||^2`` (0 where
+    ``||x_t||^2 <= eps``); ``recon`` is ``sum_h alpha_head + b_O . x_t / ||x_t||^2``, the
+    attention update's residual ``alpha`` when the factorization applies.
+    """
+
+    full: SplitStats
+    exclusive: SplitStats
+    a_tt: Float[Tensor, "n n_heads"]
+    alpha_head: Float[Tensor, "n n_heads"]
+    phi: Float[Tensor, "n n_heads"]
+    self_term: Float[Tensor, "n n_heads"]
+    cross_term: Float[Tensor, "n n_heads"]
+    recon: Float[Tensor, " n"]
+
+
+def value_stats(
+    z: Float[Tensor, "n n_heads d_head"],
+    v: Float[Tensor, "n n_heads d_head"],
+    a_tt: Float[Tensor, "n n_heads"],
+    x: Float[Tensor, "n d_model"],
+    W_O: Float[Tensor, "n_heads d_head d_model"],
+    b_O: Float[Tensor, " d_model"] | None,
+    eps: float = DEFAULT_EPS,
+    *,
+    x_sq: Float[Tensor, " n"] | None = None,
+    scratch: Scratch | None = None,
+) -> ValueStats:
+    """Value-space statistics of one attention layer (METHOD.md sec. 3).
+
+    Args:
+        z: per-head outputs ``o_t`` at the query tokens.
+        v: the query token's own value ``v_t`` per head (GQA heads already expanded).
+        a_tt: the attention pattern's diagonal ``A[h, t, t]``.
+        x: the residual reference ``x_t`` of the attention update.
+        W_O, b_O: the layer's output weights and bias (``b_O`` may be None).
+        eps: degeneracy threshold on squared norms.
+        x_sq: :func:`squared_norm` of ``x``, when the caller has it already.
+        scratch: reusable buffers (:class:`Scratch`); changes no value.
+
+    The only matrix product is ``W_O[h] x_t`` (``n x d_model x n_heads d_head`` multiply-adds,
+    one GEMM); the rest is dot products over ``d_head``.
+    """
+    dtype = compute_dtype(torch.promote_types(z.dtype, v.dtype))
+    o = z.to(dtype)
+    vt = v.to(dtype)
+    full, v_sq = _split(o, vt, eps, None, scratch)
+    att = a_tt.to(dtype)
+    use_buf = _fits(scratch, o, vt)
+    if use_buf:  # o - A_tt v, in its own buffer (the split below reuses "split")
+        cross = scratch.get("cross", tuple(o.shape), dtype, o.device)
+        torch.mul(att.unsqueeze(-1), vt, out=cross)
+        torch.sub(o, cross, out=cross)
+    else:
+        cross = o - att.unsqueeze(-1) * vt
+    # the same reference as the full split: its squared norm is reused
+    exclusive = _split(cross, vt, eps, v_sq, scratch)[0]
+    x_t = x.to(dtype)
+    n_heads, d_head, d_model = W_O.shape
+    # W_O[h] x_t for every head as one GEMM: [n, d] @ [d, h * e] -> [n, h, e]
+    w = W_O.to(dtype).reshape(n_heads * d_head, d_model).T
+    if use_buf and x_t.is_contiguous():
+        wx = torch.matmul(x_t, w, out=scratch.get("wx", (x_t.shape[0], n_heads * d_head), dtype, o.device))
+    else:
+        wx = x_t @ w
+    wx = wx.view(-1, n_heads, d_head)
+    if x_sq is None or x_sq.dtype != dtype:
+        x_sq = (x_t * x_t).sum(-1)
+    x_ok = x_sq > eps
+    safe = torch.where(x_ok, x_sq, 1.0).unsqueeze(-1)
+    ok = x_ok.unsqueeze(-1)
+    buf = scratch.get("split", tuple(o.shape), dtype, o.device) if use_buf and wx.shape == o.shape else None
+    alpha_head = torch.where(ok, _dot(o, wx, buf) / safe, 0.0)
+    phi = torch.where(ok, _dot(vt, wx, buf) / safe, 0.0)
+    self_term = att * phi
+    recon = alpha_head.sum(-1)
+    if b_O is not None:
+        recon = recon + torch.where(x_ok, (x_t @ b_O.to(dtype)) / safe.squeeze(-1), 0.0)
+    return ValueStats(full=full, exclusive=exclusive, a_tt=att, alpha_head=alpha_head, phi=phi,
+                      self_term=self_term, cross_term=alpha_head - self_term, recon=recon)
+
+
+__all__ = ["Scratch", "SplitStats", "ValueStats", "split_stats", "squared_norm", "value_stats"]

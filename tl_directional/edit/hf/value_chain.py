@@ -1,0 +1,131 @@
+"""The HF edit path's per-forward state and the edits of value space and of the attention
+pattern as functions of the o_proj input ``z``, the own values ``v`` and the attention weights
+(METHOD.md sec. 4), the math of :mod:`tl_directional.edit.tensors` and
+:mod:`tl_directional.core.geometry`. :mod:`tl_directional.edit.hf.edits` installs them as module hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ...core.geometry import component_delta, compute_dtype, projection_coefficient
+from ...model.hf_layout import HFSites
+from .. import DiagonalRemoval, Edit, EffectiveDiagonal, ResidualScale, ValueScale
+from ..tensors import cast_back, heads_mask, query_mask, row_scale, scale_specs
+
+
+class _Run:
+    """Per-forward facts for the hooks: the KV-cache offset, whether the edits are on for this
+    call (``when``), and the parallel-share meter (energy sums per edit and layer)."""
+
+    def __init__(self, when: Callable[[], bool] | None = None) -> None:
+        self.offset = 0
+        self.saved: list[Any] = []
+        self.when = when
+        self.on = True
+        self.measure = False
+        self.meter: dict[str, list[float]] = {}
+
+    def record(self, key: str, y: Tensor, ref: Tensor, eps: float) -> None:
+        """Add ``sum ||y_par||^2`` and ``sum ||y||^2`` over tokens (and heads) to ``key``; the
+        first absolute position (the attention sink / BOS) is left out."""
+        if not self.measure:
+            return
+        with torch.no_grad():
+            a, degenerate, u_sq, r_sq = projection_coefficient(y.detach(), ref.detach(), eps)
+            par_sq = a * a * r_sq
+            keep = ~degenerate
+            if self.offset == 0 and keep.shape[1] > 1:
+                keep[:, 0] = False
+            sums = self.meter.setdefault(key, [0.0, 0.0])
+            sums[0] += float(par_sq[keep].sum())
+            sums[1] += float(u_sq[keep].sum())
+
+
+def edit_label(e: Edit) -> str:
+    """The edit-space name of ``e`` (as in :data:`tl_directional.edit.EDIT_SPACES`): ``value``,
+    ``value-exclusive``, ``resid-attn``, ``resid-mlp``, ``block``, ``hard-diag``, ``eff-diag``."""
+    if isinstance(e, ValueScale):
+        return "value" if e.mode == "full" else "value-exclusive"
+    if isinstance(e, ResidualScale):
+        return "block" if e.component == "block" else f"resid-{e.component}"
+    return "hard-diag" if isinstance(e, DiagonalRemoval) else "eff-diag"
+
+
+def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
+    """``(z, v, weights) -> z'`` for one value-space / pattern edit at ``layer``.
+
+    ``z``: ``[batch, q, n_heads, d_head]`` (o_proj input); ``v``: ``[batch, q, n_heads, d_head]``
+    (own values, KV heads expanded); ``weights``: ``[batch, n_heads, q, k]`` or None."""
+    head_mask = heads_mask(e.heads, sites.n_heads)
+    if isinstance(e, ValueScale):
+        s_par, s_perp = scale_specs(e, sites.n_layers, sites.n_heads)
+    else:
+        (s_par,) = scale_specs(e, sites.n_layers, sites.n_heads, names=("s_par",)) if isinstance(e, EffectiveDiagonal) else (None,)
+        s_perp = None
+
+    key = f"{edit_label(e)}/L{layer}"
+
+    def offset_of(z: Tensor, weights: Tensor | None) -> int:
+        return run.offset if weights is None else weights.shape[-1] - z.shape[1]
+
+    if isinstance(e, ValueScale):
+        def fn(z, v, weights):
+            batch, n_q = z.shape[:2]
+            dtype = compute_dtype(z.dtype)
+            off = offset_of(z, weights)
+            sp = row_scale(e, s_par, layer, batch, n_q, off, head_mask, z.device, dtype)
+            sq = row_scale(e, s_perp, layer, batch, n_q, off, head_mask, z.device, dtype)
+            if e.mode == "full":
+                y = z
+            else:
+                idx = torch.arange(n_q, device=z.device)
+                a_tt = weights[:, :, idx, off + idx].transpose(1, 2)  # [batch, q, heads]
+                y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v.to(dtype)
+            run.record(key, y, v, e.eps)
+            delta = component_delta(y, v, sp, sq, e.eps)
+            return cast_back(z.to(delta.dtype) + delta, z, e, layer)
+    elif isinstance(e, EffectiveDiagonal):
+        def fn(z, v, weights):
+            batch, n_q = z.shape[:2]
+            dtype = compute_dtype(z.dtype)
+            s = row_scale(e, s_par, layer, batch, n_q, offset_of(z, weights), head_mask, z.device, dtype)
+            run.record(key, z, v, e.eps)
+            beta, _, _, _ = projection_coefficient(z, v, e.eps)  # [batch, q, heads]
+            add = ((s - 1.0) * beta).unsqueeze(-1) * v.to(dtype)
+            return cast_back(z.to(dtype) + add, z, e, layer)
+    else:  # DiagonalRemoval: A_tt := 0, row renormalised over s != t, written as an edit of z
+        def fn(z, v, weights):
+            batch, n_q = z.shape[:2]
+            dtype = compute_dtype(z.dtype)
+            off = offset_of(z, weights)
+            idx = torch.arange(n_q, device=z.device)
+            w = weights.to(dtype)
+            run.record(key, z, v, 1e-12)
+            diag = w[:, :, idx, off + idx].transpose(1, 2)  # [batch, q, heads]
+            row_sum = w.sum(-1).transpose(1, 2)
+            off_mass = row_sum - diag
+            selected = off_mass > e.eps
+            if head_mask is not None:
+                selected = selected & head_mask.to(z.device).view(1, 1, -1)
+            pm = query_mask(e, batch, n_q, off, z.device)
+            if pm is not None:
+                selected = selected & pm.unsqueeze(-1)
+            factor = row_sum / torch.where(selected, off_mass, torch.ones_like(off_mass))
+            if off == 0 and w.shape[-1] == n_q:
+                # every key's value is here (no KV cache): edit the pattern and aggregate again,
+                # the TransformerLens lane's order of operations (A' v as eager attention does it)
+                sel = selected.transpose(1, 2)  # [batch, heads, q]
+                is_diag = torch.eye(n_q, dtype=torch.bool, device=z.device)
+                w_new = w * torch.where(sel, factor.transpose(1, 2), torch.ones_like(factor.transpose(1, 2))).unsqueeze(-1)
+                w_new = torch.where(sel.unsqueeze(-1) & is_diag, torch.zeros_like(w_new), w_new)
+                z_new = torch.matmul(w_new, v.to(dtype).transpose(1, 2)).transpose(1, 2)
+                return cast_back(z_new, z, e, layer)
+            z32 = z.to(dtype)
+            edited = factor.unsqueeze(-1) * (z32 - diag.unsqueeze(-1) * v.to(dtype))
+            return cast_back(torch.where(selected.unsqueeze(-1), edited, z32), z, e, layer)
+    return fn

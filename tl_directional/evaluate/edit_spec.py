@@ -1,0 +1,157 @@
+"""An edit setting as one string: the sweep's row label, read back.
+
+``tl-directional sweep`` names each row of ``sweep.csv`` by its setting's label
+(:attr:`tl_directional.evaluate.sweep.Setting.label`), e.g. ``value[s_par=0,s_perp=1,L=all]`` or
+``resid-mlp[s_par=1,s_perp=0,L=0,1]``. :func:`parse_edit_spec` reads such a label back into the
+:class:`~tl_directional.evaluate.sweep.Setting` it names, so a row of a sweep can be passed on as is
+(``lm_eval --model_args edits=...``, :mod:`tl_directional.evaluate.lm_eval_model`). The grammar is the
+sweep command line's: a space of ``--space`` (:data:`tl_directional.edit.EDIT_SPACES`), scales as
+``--s-par`` / ``--s-perp`` take them, one layer set as ``--layers`` writes it (``all``, ``0-3``,
+``0,2``, ``-1``; parsed by the same function). Keys may be left out (``s_par`` and ``s_perp``
+default to 1, ``L`` to all layers) and ``layers=`` may stand for ``L=``; ``+`` joins several
+settings, applied in the order written.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from ..core.errors import TLDirectionalError
+from ..edit import EDIT_SPACES
+from ..model.sites import normalize_layers
+from .setting import Setting
+
+_KEYS = ("s_par", "s_perp", "L")
+_SPEC = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*(?:\[(.*)\])?\s*$", re.S)
+GRAMMAR = ("SPACE[s_par=X,s_perp=Y,L=LAYERS] (a sweep.csv label; keys optional), several joined "
+           "by '+', e.g. 'value[s_par=0]' or 'resid-mlp[s_par=1,s_perp=0,L=0-2]+hard-diag[L=3]'")
+
+
+class EditSpecError(TLDirectionalError, ValueError):
+    """An edit spec that cannot be read; the message names the argument, the value and the grammar."""
+
+
+def _top_level(text: str) -> list[str]:
+    """``text`` split at the ``+`` outside brackets (``s_par=1e+06`` keeps its sign)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "+" and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
+
+
+def layer_sets(text: str, n_layers: int | None = None) -> list:
+    """``"all"`` -> [None]; ``"0-3;5"`` -> [[0, 1, 2, 3], [5]] (``;`` separates sets); negative
+    layers count from the end (``-1`` is the last; a range ``0-3`` has non-negative ends).
+    With ``n_layers`` every layer is checked and normalised to ``0..n_layers-1``."""
+    out = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part or part == "all":
+            out.append(None)
+            continue
+        layers = []
+        try:
+            for piece in part.split(","):
+                piece = piece.strip()
+                if "-" in piece and not piece.startswith("-"):  # a range "a-b"
+                    a, b = piece.split("-", 1)
+                    if int(b) < int(a):
+                        raise ValueError(f"--layers {text!r}: the range {piece!r} is empty (it ends below its "
+                                         f"start); write it low-high, e.g. '{int(b)}-{int(a)}', or 'all' for every "
+                                         "layer")
+                    layers += list(range(int(a), int(b) + 1))
+                else:  # one layer, possibly negative
+                    layers.append(int(piece))
+        except ValueError:
+            raise ValueError(f"--layers {text!r}: expected layer sets like 'all', '0-3', '0,2;-1'") from None
+        if n_layers is not None:
+            layers = normalize_layers(layers, n_layers, "--layers")
+        out.append(layers)
+    return out
+
+
+def parse_edit_spec(text: str, n_layers: int | None = None, *, argument: str = "edits") -> list:
+    """The sweep settings (:class:`tl_directional.evaluate.sweep.Setting`) an edit spec names.
+
+    Args:
+        text: the spec (see the module docstring); empty or ``"none"``: no edit.
+        n_layers: the model's layer count: layers are then checked and negative ones resolved
+            (as ``--layers`` does); None keeps them as written.
+        argument: the name used in error messages.
+
+    Returns:
+        A list of settings, in the order written (``[]`` for no edit).
+
+    Raises:
+        EditSpecError: naming ``argument``, the value, what is wrong and the grammar.
+    """
+
+    if not isinstance(text, str):
+        raise EditSpecError(f"{argument} must be a string such as {GRAMMAR}; got {type(text).__name__} {text!r}")
+    if text.strip().lower() in ("", "none"):
+        return []
+
+    def fail(why: str) -> EditSpecError:
+        return EditSpecError(f"{argument}={text!r}: {why}; write {GRAMMAR}")
+
+    settings = []
+    for part in _top_level(text):
+        m = _SPEC.match(part)
+        if m is None:
+            raise fail(f"cannot read {part.strip()!r}")
+        space, body = m.group(1), m.group(2)
+        if space not in EDIT_SPACES:
+            raise fail(f"unknown space {space!r}; choose from {', '.join(EDIT_SPACES)}")
+        values: dict[str, str] = {}
+        key = None
+        for piece in ([] if body is None or not body.strip() else body.split(",")):
+            if "=" in piece:
+                key, value = (s.strip() for s in piece.split("=", 1))
+                key = "L" if key == "layers" else key
+                if key not in _KEYS:
+                    raise fail(f"unknown key {key!r} in {part.strip()!r}; keys are {', '.join(_KEYS)} (or layers)")
+                if key in values:
+                    raise fail(f"{key} is given twice in {part.strip()!r}")
+                values[key] = value
+            elif key == "L":  # the commas of a layer list, as the label writes them (L=0,1)
+                values["L"] += "," + piece.strip()
+            else:
+                raise fail(f"{piece.strip()!r} in {part.strip()!r} is not key=value")
+        space_def = EDIT_SPACES[space]
+        if not space_def.scaled and ({"s_par", "s_perp"} & values.keys()):
+            raise fail(f"space {space!r} has no scales (it ignores s_par and s_perp); leave them out")
+        scales = {}
+        for name in ("s_par", "s_perp"):
+            raw = values.get(name, "1")
+            try:
+                scales[name] = float(raw)
+            except ValueError:
+                raise fail(f"{name}={raw!r} is not a number") from None
+            if not math.isfinite(scales[name]):
+                raise fail(f"{name}={raw!r} is not finite")
+        layers_text = values.get("L", "all")
+        if ";" in layers_text:
+            raise fail(f"L={layers_text!r} holds several layer sets; one setting takes one set (join settings with '+')")
+        try:
+            (layers,) = layer_sets(layers_text, n_layers)
+        except ValueError as exc:
+            raise fail(f"L={layers_text!r}: {str(exc).replace('--layers ', 'layers ')}") from None
+        try:
+            settings.append(Setting(space, scales["s_par"], scales["s_perp"],
+                                    None if layers is None else tuple(layers)))
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+    return settings
+
+
+def spec_edits(text: str, n_layers: int | None = None, *, argument: str = "edits") -> list:
+    """The edits (:mod:`tl_directional.edit` objects) of the settings :func:`parse_edit_spec`
+    reads from ``text``, in order."""
+    return [e for s in parse_edit_spec(text, n_layers, argument=argument) for e in s.edits()]
+
+
+__all__ = ["GRAMMAR", "EditSpecError", "layer_sets", "parse_edit_spec", "spec_edits"]

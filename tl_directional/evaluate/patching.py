@@ -1,0 +1,561 @@
+"""Directional activation patching and split direct logit attribution (METHOD.md sec. 5).
+
+:func:`directional_patch` patches only the parallel, only the perpendicular, or
+the full update of a sub-layer (or of one head's value-space output) from a
+clean run into a corrupted run, splitting against the *corrupted* run's
+reference, and records a metric. Results come as tensors shaped like
+``transformer_lens.patching`` results plus a tidy DataFrame. The sum of the
+parallel-only and perpendicular-only effects is reported next to the full
+patch, never assumed equal to it.
+
+:func:`split_logit_attribution` splits each head's (and each sub-layer's)
+direct logit attribution into the part carried by its parallel and its
+perpendicular component against the stream it writes into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ..core.components import ALL_COMPONENTS, check_components
+from ..core.geometry import DEFAULT_EPS, check_eps, decompose, patch_components
+from ..figures.patching import split_dla_figure  # the figure lives in the views; re-exported
+from ..model.adapter import (
+    BlockInput,
+    capture,
+    capture_hooks,
+    device_of,
+    forward_recording_block_input,
+    from_block,
+)
+from ..model.inputs import prepare_inputs, token_ids
+from ..model.sites import (
+    ModelSites,
+    final_norm_weight,
+    kv_head_index,
+    normalize_heads,
+    normalize_layers,
+    resolve_sites,
+)
+
+WHICH = ("par", "perp", "full")
+
+#: The residual stream itself as a patching site: ``blocks.{L}.hook_resid_pre`` is the update
+#: (the stream entering block ``L``) and the corrupted stream there is its reference, so the full
+#: patch is TransformerLens's ``get_act_patch_resid_pre`` and the parallel-only patch keeps the
+#: corrupted stream's direction with the clean stream's length along it.
+STREAM_COMPONENTS = ("resid_pre",)
+
+#: Default bound on one stacked forward's logits (elements), when ``batch_size`` is None.
+_AUTO_LOGIT_ELEMENTS = 2**26
+_AUTO_MAX_RUNS = 64
+
+
+def _integer_columns(table: pd.DataFrame, columns) -> pd.DataFrame:
+    """Index columns as integers (pandas ``Int64``, so rows without a head or position
+    hold ``<NA>`` instead of turning the column into floats)."""
+    for c in columns:
+        if c in table:
+            table[c] = table[c].astype("Int64")
+    return table
+
+
+def _scalar_metric(metric, logits) -> float:
+    """``metric(logits)`` as a float; a clear error for a vector or a non-number."""
+    value = metric(logits)
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number "
+                "per run, e.g. reduce over the batch: lambda logits: (logits[:, -1, a] - logits[:, -1, b]).mean()"
+            )
+        return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"metric must return a number or a 1-element tensor, got {type(value).__name__}") from None
+
+
+def _patch_residual_hooks(unit, clean_update: Tensor, which: str, pos_mask: Tensor | None, eps: float):
+    """Hooks patching the unit's update in the corrupted run (reference read live)."""
+    state: dict = {}
+
+    def ref_hook(t, hook):  # noqa: ARG001
+        state["ref"] = t
+        return t
+
+    def upd_hook(t, hook):  # noqa: ARG001
+        ref = state["ref"]
+        corrupted = t - ref if unit.update_is_difference else t
+        new = patch_components(clean_update.to(t.device), corrupted, ref, which, eps)
+        if pos_mask is not None:
+            new = torch.where(pos_mask.unsqueeze(-1), new, corrupted)
+        return new + ref if unit.update_is_difference else new
+
+    return [(unit.reference_hook, ref_hook), (unit.update_hook, upd_hook)]
+
+
+def _patch_value_hooks(vs, n_heads: int, head: int, clean_z: Tensor, which: str, pos_mask: Tensor | None, eps: float):
+    """Hooks patching one head's ``hook_z`` output against its own (corrupted) value."""
+    state: dict = {}
+
+    def v_hook(t, hook):  # noqa: ARG001
+        state["v"] = t
+        return t
+
+    def z_hook(z, hook):  # noqa: ARG001
+        v = state["v"]
+        v_h = v[:, :, kv_head_index(head, n_heads, v.shape[2])]
+        new_h = patch_components(clean_z[:, :, head].to(z.device), z[:, :, head], v_h, which, eps)
+        if pos_mask is not None:
+            new_h = torch.where(pos_mask.unsqueeze(-1), new_h, z[:, :, head])
+        out = z.clone()
+        out[:, :, head] = new_h
+        return out
+
+    return [(vs.v_hook, v_hook), (vs.z_hook, z_hook)]
+
+
+def _check_which(which) -> tuple[str, ...]:
+    """``which`` as a non-empty tuple of patch kinds (repeats dropped, order kept)."""
+    if isinstance(which, str):
+        which = (which,)
+    try:
+        which = tuple(dict.fromkeys(which))
+    except TypeError:
+        raise TypeError(f"which must be one of {WHICH} or a sequence of them, got {type(which).__name__}") from None
+    if not which:
+        raise ValueError(f"which is empty; choose from {WHICH}")
+    for w in which:
+        if w not in WHICH:
+            raise ValueError(f"which has unknown entry {w!r}; choose from {WHICH}")
+    return which
+
+
+def _check_batch_size(batch_size) -> int | None:
+    if batch_size is None:
+        return None
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer (patched runs stacked into one forward) "
+                         f"or None (automatic), got {batch_size!r}")
+    return batch_size
+
+
+class _Variant:
+    """One patched run: which part, at which position (None: all) and head (value space)."""
+
+    __slots__ = ("which", "pos", "head", "value")
+
+    def __init__(self, which: str, pos: int | None, head: int | None):
+        self.which, self.pos, self.head = which, pos, head
+        self.value: float | None = None
+
+
+def _masked(new: Tensor, old: Tensor, pos: int | None) -> Tensor:
+    """``new`` at position ``pos`` (every position when None), ``old`` elsewhere."""
+    if pos is None:
+        return new
+    out = old.clone()
+    out[:, pos] = new[:, pos]
+    return out
+
+
+def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """``(update, reference)`` of residual unit ``c`` at layer ``L`` in a cached run."""
+    if c in STREAM_COMPONENTS:
+        x = cache[f"blocks.{L}.hook_resid_pre"]
+        return x, x
+    u = sites.units[c][L]
+    upd, ref = cache[u.update_hook], cache[u.reference_hook]
+    return (upd - ref if u.update_is_difference else upd), ref
+
+
+def _is_identity(sites: ModelSites, c: str, L: int, v: _Variant, clean: dict, corr: dict, eps: float) -> bool:
+    """Whether the patch ``v`` writes exactly (bitwise) what the corrupted run has there: then
+    the patched run *is* the corrupted run (the patched tensor is computed from the corrupted
+    run's cached tensors, as the patched forward would compute it)."""
+    if c == "value":
+        vs = sites.value[L]
+        z, z_c = corr[vs.z_hook][:, :, v.head], clean[vs.z_hook][:, :, v.head]
+        v_h = corr[vs.v_hook][:, :, kv_head_index(v.head, sites.n_heads, corr[vs.v_hook].shape[2])]
+        sl = slice(None) if v.pos is None else slice(v.pos, v.pos + 1)
+        return torch.equal(patch_components(z_c[:, sl], z[:, sl], v_h[:, sl], v.which, eps), z[:, sl])
+    upd_x, ref = _unit_tensors(sites, c, L, corr)
+    upd_c, _ = _unit_tensors(sites, c, L, clean)
+    sl = slice(None) if v.pos is None else slice(v.pos, v.pos + 1)
+    return torch.equal(patch_components(upd_c[:, sl], upd_x[:, sl], ref[:, sl], v.which, eps), upd_x[:, sl])
+
+
+def _stacked_residual_hooks(unit, clean_update: Tensor, chunk: list[_Variant], b: int, eps: float):
+    """Hooks patching a residual unit in a forward of ``len(chunk)`` stacked copies of the
+    corrupted batch (``b`` rows each): copy ``i`` gets ``chunk[i]``'s patch (reference read live)."""
+    state: dict = {}
+
+    def ref_hook(t, hook):  # noqa: ARG001
+        state["ref"] = t
+        return t
+
+    def upd_hook(t, hook):  # noqa: ARG001
+        ref = state["ref"]
+        corrupted = t - ref if unit.update_is_difference else t
+        src = clean_update.to(t.device)
+        out = corrupted.clone()
+        for i, v in enumerate(chunk):
+            rows = slice(i * b, (i + 1) * b)
+            new = patch_components(src, corrupted[rows], ref[rows], v.which, eps)
+            if v.pos is None:
+                out[rows] = new
+            else:
+                out[rows, v.pos] = new[:, v.pos]
+        return out + ref if unit.update_is_difference else out
+
+    return [(unit.reference_hook, ref_hook), (unit.update_hook, upd_hook)]
+
+
+def _stacked_value_hooks(vs, n_heads: int, clean_z: Tensor, chunk: list[_Variant], b: int, eps: float):
+    """Hooks patching one head's ``hook_z`` per stacked copy (``chunk[i].head``)."""
+    state: dict = {}
+
+    def v_hook(t, hook):  # noqa: ARG001
+        state["v"] = t
+        return t
+
+    def z_hook(z, hook):  # noqa: ARG001
+        v = state["v"]
+        src = clean_z.to(z.device)
+        out = z.clone()
+        for i, var in enumerate(chunk):
+            rows = slice(i * b, (i + 1) * b)
+            h = var.head
+            v_h = v[rows, :, kv_head_index(h, n_heads, v.shape[2])]
+            new_h = patch_components(src[:, :, h], z[rows, :, h], v_h, var.which, eps)
+            if var.pos is None:
+                out[rows, :, h] = new_h
+            else:
+                out[rows, var.pos, h] = new_h[:, var.pos]
+        return out
+
+    return [(vs.v_hook, v_hook), (vs.z_hook, z_hook)]
+
+
+def _auto_batch_size(b: int, n_pos: int, d_vocab: int) -> int:
+    return max(1, min(_AUTO_MAX_RUNS, _AUTO_LOGIT_ELEMENTS // max(1, b * n_pos * d_vocab)))
+
+
+def directional_patch(
+    model,
+    clean,
+    corrupted,
+    metric: Callable[[Float[Tensor, "batch pos vocab"]], Tensor | float],
+    *,
+    components: Sequence[str] = ("attn", "mlp", "value"),
+    layers=None,
+    heads=None,
+    per_position: bool = False,
+    attention_mask: Tensor | None = None,
+    eps: float = DEFAULT_EPS,
+    progress: bool = False,
+    which: str | Sequence[str] = WHICH,
+    batch_size: int | None = None,
+) -> tuple[dict[str, dict[str, Tensor]], pd.DataFrame]:
+    """Patch parallel-only, perpendicular-only and full updates from ``clean`` into ``corrupted``.
+
+    For each component (``attn``, ``mlp``, ``block`` in residual space; ``value`` per
+    head; ``resid_pre``, the stream itself), layer (and head), and position
+    (``per_position=True``) or all positions at once, run the corrupted input with that
+    unit's update replaced by ``P_r u_c + (I - P_r) u_x`` (``par``), ``P_r u_x + (I - P_r)
+    u_c`` (``perp``) or ``u_c`` (``full``), where ``r`` is the corrupted run's live
+    reference (METHOD.md sec. 5) and, in value space, the head's own corrupted value vector
+    ``v_t``. For ``resid_pre`` the update is the stream entering block ``L`` and its
+    reference is the corrupted stream there (so ``full`` is TransformerLens's
+    ``patching.get_act_patch_resid_pre``, ``par`` gives ``P_x u_c`` and ``perp`` gives
+    ``u_x + (I - P_x) u_c``).
+
+    How it runs: the clean and corrupted runs are cached once; a patch at layer ``L``
+    changes nothing before block ``L``, so its forward starts at block ``L`` from the
+    corrupted run's ``resid_pre`` (``tl_directional.model.adapter.from_block``), and up to
+    ``batch_size`` patched runs of the same unit and layer are stacked along the batch
+    axis of one forward (the metric still sees each run's own ``[batch, pos, vocab]``
+    logits). A patch that writes exactly the corrupted run's tensor (e.g. a position
+    before the corrupted token, where clean and corrupted agree bitwise) is the corrupted
+    run, and gets its metric without a forward. Results equal patching one full forward
+    at a time to float tolerance (not bitwise: stacked matrix products round differently).
+
+    Args:
+        clean, corrupted: inputs of identical token shape (strings or token tensors).
+        metric: ``logits -> scalar`` (e.g. a logit difference).
+        per_position: patch one position at a time (results gain a ``pos`` axis).
+        which: the patches to run, any of ``"par"``, ``"perp"``, ``"full"`` (default all
+            three; ``par_plus_perp_minus_full`` is reported only with all three).
+        batch_size: patched runs stacked into one forward (default: up to 64, fewer so that
+            one forward's logits stay within 2**26 elements); 1 runs them one at a time.
+
+    Returns:
+        ``(results, table)``: ``results[component][which]`` is a tensor shaped like
+        TransformerLens patching results: ``[layer]`` / ``[layer, pos]`` for residual
+        components, ``[layer, head]`` / ``[layer, pos, head]`` for ``value``; ``table``
+        has one row per patch with ``metric``, plus the clean and corrupted baselines
+        and ``par_plus_perp_minus_full`` (the interaction, reported not assumed zero).
+    """
+    which = _check_which(which)
+    batch_size = _check_batch_size(batch_size)
+    eps = check_eps(eps)
+    sites = resolve_sites(model)
+    c_batch = prepare_inputs(model, clean, attention_mask, argument="clean")
+    x_batch = prepare_inputs(model, corrupted, attention_mask, argument="corrupted")
+    if c_batch.tokens.shape != x_batch.tokens.shape or not torch.equal(c_batch.attention_mask, x_batch.attention_mask):
+        raise ValueError(
+            f"clean and corrupted must have the same token shape and padding, got {tuple(c_batch.tokens.shape)} "
+            f"and {tuple(x_batch.tokens.shape)}; pad or choose prompts of equal token length"
+        )
+    components = check_components(components, sites.components + ("value",) + STREAM_COMPONENTS,
+                                  allowed=ALL_COMPONENTS + STREAM_COMPONENTS, arch=sites.arch)
+    layer_list = normalize_layers(layers, sites.n_layers)
+    head_list = normalize_heads(heads, sites.n_heads) or list(range(sites.n_heads))
+    device = device_of(model)
+    ct, am = c_batch.tokens.to(device), c_batch.attention_mask.to(device)
+    xt = x_batch.tokens.to(device)
+    b, n_pos = ct.shape
+
+    names = set()
+    for L in layer_list:
+        names.add(f"blocks.{L}.hook_resid_pre")
+        for c in components:
+            if c == "value":
+                names |= {sites.value[L].z_hook, sites.value[L].v_hook}
+            elif c not in STREAM_COMPONENTS:
+                u = sites.units[c][L]
+                names |= {u.update_hook, u.reference_hook}
+    # Each run's logits are reduced to the metric at once and dropped, so at most one
+    # [batch, pos, vocab] tensor per stacked forward is alive at a time (Gemma-3: 262k vocabulary).
+    clean_logits, clean_cache = capture(model, ct, names, attention_mask=am, clone=True, logits=True)
+    clean_metric = _scalar_metric(metric, clean_logits)
+    del clean_logits
+    corr_cache: dict[str, Tensor] = {}
+    with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(names, corr_cache, clone=True)):
+        corr_logits, block0 = forward_recording_block_input(model, xt, am, 0)
+    corrupted_metric = _scalar_metric(metric, corr_logits)
+    d_vocab = int(corr_logits.shape[-1])
+    del corr_logits
+    k_max = batch_size or _auto_batch_size(b, n_pos, d_vocab)
+
+    positions = list(range(n_pos)) if per_position else [None]
+    results: dict[str, dict[str, Tensor]] = {}
+    # variants per (component, layer), in the table's order
+    work: list[tuple[str, int, list[_Variant]]] = []
+    for c in components:
+        if c == "value":
+            shape = (sites.n_layers, n_pos, sites.n_heads) if per_position else (sites.n_layers, sites.n_heads)
+        else:
+            shape = (sites.n_layers, n_pos) if per_position else (sites.n_layers,)
+        results[c] = {w: torch.full(shape, float("nan")) for w in which}
+        for L in layer_list:
+            variants = [_Variant(w, p, h) for p in positions for h in (head_list if c == "value" else [None])
+                        for w in which]
+            work.append((c, L, variants))
+
+    iterator = work
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(work, desc="patch")
+    with torch.no_grad():
+        for c, L, variants in iterator:
+            todo = []
+            for v in variants:
+                if _is_identity(sites, c, L, v, clean_cache, corr_cache, eps):
+                    v.value = corrupted_metric
+                else:
+                    todo.append(v)
+            for start in range(0, len(todo), k_max):
+                _run_chunk(model, sites, c, L, todo[start:start + k_max], clean_cache, corr_cache,
+                           block0, xt, am, metric, eps)
+
+    rows = []
+    for c, L, variants in work:
+        by_key: dict[tuple, dict[str, float]] = {}
+        for v in variants:
+            by_key.setdefault((v.pos, v.head), {})[v.which] = v.value
+        for (p, h), values in by_key.items():
+            idx = (L,) + ((p,) if p is not None else ()) + ((h,) if h is not None else ())
+            for w, val in values.items():
+                results[c][w][idx] = val
+            rows.append({
+                "component": c, "layer": L, "head": h, "position": p,
+                **{f"metric_{w}": values[w] for w in which},
+                **{f"effect_{w}": values[w] - corrupted_metric for w in which},
+            })
+    table = _integer_columns(pd.DataFrame(rows), ("layer", "head", "position"))
+    if not table.empty:
+        if len(which) == len(WHICH):
+            table["par_plus_perp_minus_full"] = table["effect_par"] + table["effect_perp"] - table["effect_full"]
+        table["clean_metric"] = clean_metric
+        table["corrupted_metric"] = corrupted_metric
+    return results, table
+
+
+def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[_Variant], clean: dict, corr: dict,
+               block0: BlockInput, xt: Tensor, am: Tensor, metric, eps: float) -> None:
+    """One forward from block ``L`` of ``len(chunk)`` stacked patched copies of the corrupted
+    batch; stores each copy's metric in its variant."""
+    k, b = len(chunk), xt.shape[0]
+    resid = corr[f"blocks.{L}.hook_resid_pre"]
+    hooks: list = []
+    if c in STREAM_COMPONENTS:  # the patch is the block input itself
+        src = clean[f"blocks.{L}.hook_resid_pre"]
+        stacked = torch.cat([_masked(patch_components(src, resid, resid, v.which, eps), resid, v.pos)
+                             for v in chunk])
+    else:
+        stacked = resid.repeat(k, 1, 1) if k > 1 else resid
+        if c == "value":
+            hooks = _stacked_value_hooks(sites.value[L], sites.n_heads, clean[sites.value[L].z_hook], chunk, b, eps)
+        else:
+            u = sites.units[c][L]
+            clean_u, _ = _unit_tensors(sites, c, L, clean)
+            hooks = _stacked_residual_hooks(u, clean_u, chunk, b, eps)
+    tokens = xt.repeat(k, 1) if k > 1 else xt
+    mask = am.repeat(k, 1) if k > 1 else am
+    with from_block(model, BlockInput(L, stacked, block0.output_form)) as run, model.hooks(fwd_hooks=hooks):
+        logits = run(tokens, mask)
+    for i, v in enumerate(chunk):
+        v.value = _scalar_metric(metric, logits[i * b:(i + 1) * b])
+    del logits
+
+
+
+# ---------------------------------------------------------------------------
+# split direct logit attribution
+# ---------------------------------------------------------------------------
+
+
+def _final_norm_linear(model, sites: ModelSites, x: Tensor, scale: Tensor) -> Tensor:
+    """Apply the final norm *linearised* at the cached scale: centre (LayerNorm) and
+    divide by the cached scale, then the norm's weight. Linear in ``x``, so the
+    attribution of a sum is the sum of attributions."""
+    norm_type = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
+    if norm_type.startswith("LN"):
+        x = x - x.mean(-1, keepdim=True)
+    x = x / scale
+    w = final_norm_weight(model)
+    return x * w if w is not None else x
+
+
+def split_logit_attribution(
+    model,
+    inputs,
+    answer_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str,
+    *,
+    wrong_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str | None = None,
+    position: int = -1,
+    eps: float = DEFAULT_EPS,
+) -> pd.DataFrame:
+    """Direct logit attribution of each head and sub-layer, split into parallel and
+    perpendicular parts against the stream each writes into (METHOD.md sec. 2-3).
+
+    The logit direction is ``W_U[:, answer] - W_U[:, wrong]`` (or ``W_U[:, answer]``),
+    read at ``position`` (absolute, or -1 for each sequence's last real token); the
+    final norm is linearised at the run's own scale (``ln_final.hook_scale``), so
+    ``dla == dla_par + dla_perp`` exactly for every row. Heads' outputs are
+    ``W_O[h]^T z_h`` (no bias) split against ``resid_pre``; sub-layers use their
+    sites (attention update vs ``resid_pre``, MLP update vs its reference).
+
+    ``answer_tokens`` / ``wrong_tokens``: one per sequence (or one for all), as token
+    ids or single-token strings (``" light"``). A text longer than the model's context is a
+    ValueError (attributing at the last token that fits would not be where the answer follows
+    the text); token-id inputs longer than ``n_ctx`` are refused as everywhere.
+
+    Versus TransformerLens's ``cache.logit_attrs``: TL's applies the final norm's
+    centring and scale but not its weight ``ln_final.w`` (it assumes the weight was
+    folded into ``W_U``, as ``fold_ln`` does). The unprocessed models this library
+    measures keep that weight, so here it is applied: ``dla`` equals TL's
+    ``logit_attrs`` with the direction multiplied by ``ln_final.w``, and the rows
+    (with the embedding and bias terms) add up to the true logit difference.
+
+    On sandwich-norm models (Gemma-2/3, OLMo-2) a norm follows ``W_O``, so what a head adds
+    to the stream is not ``W_O[h]^T z_h`` and per-head attributions are not defined: head rows
+    carry NaN and ``table.attrs["notes"]`` says why; the ``attn`` / ``mlp`` rows (the normalised
+    updates actually added) stay exact.
+
+    Returns:
+        A DataFrame with one row per (sequence, layer, unit): ``unit`` is ``"attn"``,
+        ``"mlp"`` or ``"head"`` (with ``head``), and ``dla``, ``dla_par``, ``dla_perp``,
+        ``par_frac`` of the written vector.
+    """
+    eps = check_eps(eps)
+    sites = resolve_sites(model)
+    if not sites.causal:
+        raise ValueError("split_logit_attribution needs a causal LM with an unembedding")
+    # a cut text would be attributed at its last kept token, not where the answer follows it
+    batch = prepare_inputs(model, inputs, too_long=(
+        "the answer follows the text's last token, which a cut text would not reach, so nothing is "
+        "attributed; pass a shorter text (at most n_ctx tokens, BOS included), or the text's last "
+        "n_ctx token ids as a [1, pos] tensor"))
+    device = device_of(model)
+    tokens, am = batch.tokens.to(device), batch.attention_mask.to(device)
+    answer = token_ids(model, answer_tokens, n=tokens.shape[0], argument="answer_tokens").to(device)
+    W_U = model.W_U  # [d_model, vocab]
+    direction = W_U[:, answer].T  # [batch, d_model]
+    if wrong_tokens is not None:
+        wrong = token_ids(model, wrong_tokens, n=tokens.shape[0], argument="wrong_tokens").to(device)
+        direction = direction - W_U[:, wrong].T
+    if position == -1:
+        pos = am.long().cumsum(-1).argmax(-1)  # last real token (right or left padding)
+    else:
+        if not 0 <= position < tokens.shape[1]:
+            raise ValueError(f"position {position} is outside 0..{tokens.shape[1] - 1} (or -1 for the last token)")
+        pos = torch.full((tokens.shape[0],), position, device=device)
+    rows_idx = torch.arange(tokens.shape[0], device=device)
+
+    names = ["ln_final.hook_scale"]
+    for L in range(sites.n_layers):
+        names += [sites.value[L].z_hook, sites.value[L].resid_hook]
+        for c in ("attn", "mlp"):
+            u = sites.units[c][L]
+            names += [u.update_hook, u.reference_hook]
+    _, cache = capture(model, tokens, names, attention_mask=am, clone=True)
+    scale = cache["ln_final.hook_scale"][rows_idx, pos]  # [batch, 1]
+
+    def dla_of(vec: Tensor) -> Tensor:  # [batch, ..., d_model] -> [batch, ...]
+        normed = _final_norm_linear(model, sites, vec, scale.view(-1, *([1] * (vec.ndim - 1))))
+        return (normed * direction.view(direction.shape[0], *([1] * (vec.ndim - 2)), -1)).sum(-1)
+
+    rows = []
+    with torch.no_grad():
+        for L in range(sites.n_layers):
+            for c in ("attn", "mlp"):
+                u = sites.units[c][L]
+                upd = cache[u.update_hook][rows_idx, pos]
+                ref = cache[u.reference_hook][rows_idx, pos]
+                d = decompose(upd, ref, eps)
+                total, par, perp = dla_of(upd.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
+                for b in range(tokens.shape[0]):
+                    rows.append({"sequence": b, "layer": L, "unit": c, "head": None, "dla": float(total[b]),
+                                 "dla_par": float(par[b]), "dla_perp": float(perp[b]), "par_frac": float(d.par_frac[b])})
+            z = cache[sites.value[L].z_hook][rows_idx, pos]  # [batch, heads, d_head]
+            x = cache[sites.value[L].resid_hook][rows_idx, pos]  # [batch, d_model]
+            W_O = model.blocks[L].attn.W_O  # [heads, d_head, d_model]
+            out = torch.einsum("bhe,hed->bhd", z, W_O)
+            d = decompose(out, x.unsqueeze(1), eps)
+            total, par, perp = dla_of(out.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
+            if not sites.factorization_applicable:  # W_O[h]^T z_h is not what the head adds
+                total, par, perp = (torch.full_like(t, float("nan")) for t in (total, par, perp))
+            for b in range(tokens.shape[0]):
+                for h in range(sites.n_heads):
+                    rows.append({"sequence": b, "layer": L, "unit": "head", "head": h, "dla": float(total[b, h]),
+                                 "dla_par": float(par[b, h]), "dla_perp": float(perp[b, h]),
+                                 "par_frac": float(d.par_frac[b, h]) if sites.factorization_applicable
+                                 else float("nan")})
+    table = _integer_columns(pd.DataFrame(rows), ("sequence", "layer", "head"))
+    table.attrs["notes"] = [] if sites.factorization_applicable else [
+        "sandwich-norm model: a norm follows W_O, so per-head DLA (W_O[h]^T z_h) is not what a head "
+        "adds; head rows are NaN, the attn / mlp rows are exact."
+    ]
+    return table
+
+
+__all__ = ["STREAM_COMPONENTS", "WHICH", "directional_patch", "split_dla_figure", "split_logit_attribution"]

