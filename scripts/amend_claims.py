@@ -273,9 +273,11 @@ def build_atlas_page(stem: str, data: Path) -> str:
     all_layer = f"claims_{m['name']}"
     if (data / f"{all_layer}.manifest.json").is_file():
         _, old, _ = C.load_data(all_layer)
+        old = old[old.text.isin(texts)]  # the same texts as the atlas, so the two compare
         ost = C._stats(old, C._boot(old))
         if "value-exclusive s_par=0" in ost:
-            L.append(f"| all-layer delta, sec. 3's data (`{all_layer}`) | {C._fmt(ost['value-exclusive s_par=0']['pooled'])} |")
+            L.append(f"| all-layer delta on the same texts, sec. 3's data (`{all_layer}`) | "
+                     f"{C._fmt(ost['value-exclusive s_par=0']['pooled'])} |")
     L += ["", "Edits interact: the sum of single-layer deltas need not equal the all-layer delta.", "",
           "## Per layer", "",
           "| layer | delta pooled [95% CI] | " + " | ".join(f"delta `{t}`" for t in texts) + " | KL | top-1 agree |",
