@@ -54,20 +54,21 @@ def layer_sets(text: str, n_layers: int | None = None) -> list:
             out.append(None)
             continue
         layers = []
-        try:
-            for piece in part.split(","):
-                piece = piece.strip()
-                if "-" in piece and not piece.startswith("-"):  # a range "a-b"
-                    a, b = piece.split("-", 1)
-                    if int(b) < int(a):
-                        raise ValueError(f"--layers {text!r}: the range {piece!r} is empty (it ends below its "
-                                         f"start); write it low-high, e.g. '{int(b)}-{int(a)}', or 'all' for every "
-                                         "layer")
-                    layers += list(range(int(a), int(b) + 1))
-                else:  # one layer, possibly negative
-                    layers.append(int(piece))
-        except ValueError:
-            raise ValueError(f"--layers {text!r}: expected layer sets like 'all', '0-3', '0,2;-1'") from None
+        for piece in part.split(","):
+            piece = piece.strip()
+            ends = piece.split("-", 1) if "-" in piece and not piece.startswith("-") else [piece]
+            try:
+                ints = [int(x) for x in ends]
+            except ValueError:
+                raise ValueError(f"--layers {text!r}: expected layer sets like 'all', '0-3', '0,2;-1'") from None
+            if len(ints) == 2:  # a range "a-b"
+                a, b = ints
+                if b < a:
+                    raise ValueError(f"--layers {text!r}: the range {piece!r} is empty (it ends below its "
+                                     f"start); write it low-high, e.g. '{b}-{a}', or 'all' for every layer")
+                layers += list(range(a, b + 1))
+            else:  # one layer, possibly negative
+                layers.append(ints[0])
         if n_layers is not None:
             layers = normalize_layers(layers, n_layers, "--layers")
         out.append(layers)
