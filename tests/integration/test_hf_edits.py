@@ -41,6 +41,8 @@ def _edits():
         DiagonalRemoval(),
         EffectiveDiagonal(0.0, heads=[1, 2]),
         ValueScale(2.0, positions=[-1, 3]),
+        ValueScale(0.3, 1.5, mode="exclusive", joint=True),
+        ValueScale(0.0, layers=[1], joint=True),
     ]
 
 

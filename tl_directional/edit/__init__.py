@@ -45,6 +45,7 @@ from .tensors import (
     ScaleSpec,
     cast_back,
     heads_mask,
+    joint_value_delta,
     query_mask,
     row_scale,
     scale_minus_one,
@@ -234,23 +235,37 @@ class ValueScale(_HeadScoped):
     ``mode="exclusive"`` (self kept): ``y = c_t = o_t - A_tt v_t`` split against ``v_t``,
     result ``A_tt v_t + y~``. Works during KV-cached generation (``hook_v`` then holds
     the new positions, which are exactly the query positions ``hook_z`` sees).
+
+    ``joint=False``: one split per head (``y`` and ``v_t`` of width ``d_head``). ``joint=True``:
+    the paper's inference edit (its revision's appendix, "Forward-hook implementation"): one
+    split per token of all heads concatenated (width ``n_heads * d_head``, grouped KV heads
+    expanded to the query heads first); scales are then per layer at most (a float, a
+    ``[n_layers]`` tensor or a batch scale) and ``heads`` must be None (METHOD.md sec. 4).
     """
 
     def __init__(self, s_par=1.0, s_perp=1.0, mode: str = "full", layers=None, heads=None,
-                 positions=None, eps: float = DEFAULT_EPS):
+                 positions=None, eps: float = DEFAULT_EPS, joint: bool = False):
         if mode not in ("full", "exclusive"):
             raise ValueError(f"mode must be 'full' (V-Para) or 'exclusive' (self kept), got {mode!r}")
-        self.s_par, self.s_perp, self.mode = s_par, s_perp, mode
+        if not isinstance(joint, bool):
+            raise TypeError(f"joint must be True (one split over the concatenated heads, the paper's form) "
+                            f"or False (one split per head), got {joint!r}")
+        if joint and heads is not None:
+            raise ValueError(f"heads={heads!r} with joint=True: the joint split covers every head at once; "
+                             "pass heads=None, or joint=False to edit single heads")
+        self.s_par, self.s_perp, self.mode, self.joint = s_par, s_perp, mode, joint
         self.layers, self.heads, self.positions = layers, heads, positions
         self.eps = _check_eps(eps)
 
     def __repr__(self) -> str:
-        return f"ValueScale(s_par={self.s_par}, s_perp={self.s_perp}, mode={self.mode!r}, layers={self.layers}, heads={self.heads})"
+        joint = ", joint=True" if self.joint else ""
+        return (f"ValueScale(s_par={self.s_par}, s_perp={self.s_perp}, mode={self.mode!r}, layers={self.layers}, "
+                f"heads={self.heads}{joint})")
 
     def fwd_hooks(self, model) -> HookList:
         sites = resolve_sites(model)
         track_attention_mask(model)
-        s_par, s_perp = scale_specs(self, sites.n_layers, sites.n_heads)
+        s_par, s_perp = scale_specs(self, sites.n_layers, sites.n_heads, allow_heads=not self.joint)
         head_mask = heads_mask(self.heads, sites.n_heads)
         hooks: HookList = []
         for L in self._layers(sites):
@@ -281,6 +296,16 @@ class ValueScale(_HeadScoped):
             batch, n_q = z.shape[:2]
             dtype = compute_dtype(z.dtype)
             offset = 0 if pattern is None else _query_offset(pattern, n_q)
+            if self.joint:
+                sp = row_scale(self, s_par, layer, batch, n_q, offset, None, z.device, dtype)[..., 0]
+                sq = row_scale(self, s_perp, layer, batch, n_q, offset, None, z.device, dtype)[..., 0]
+                v_full = sites.expand_kv(v).to(dtype)
+                y = z.to(dtype)
+                if self.mode == "exclusive":
+                    idx = torch.arange(n_q, device=z.device)
+                    y = y - pattern[:, :, idx, offset + idx].transpose(1, 2).to(dtype).unsqueeze(-1) * v_full
+                delta = joint_value_delta(y, v_full, sp, sq, self.eps)
+                return cast_back(z.to(delta.dtype) + delta, z, self, layer)
             if self.mode == "full":
                 # V-Para in fewer passes (edit_math.value_split_scaled): the same numbers as the
                 # general form below, which it was
@@ -487,8 +512,8 @@ class EditSpace:
             raise ValueError(f"space {self.name!r} scales only the parallel part: s_perp must be 1, got {s_perp!r}")
 
 
-def _value(mode: str):
-    return lambda sp, sq, **scope: [ValueScale(sp, sq, mode=mode, **scope)]
+def _value(mode: str, joint: bool = False):
+    return lambda sp, sq, **scope: [ValueScale(sp, sq, mode=mode, joint=joint, **scope)]
 
 
 def _residual(*components: str):
@@ -499,6 +524,11 @@ _SPACE_LIST = (
     EditSpace("value", "value space, full aggregate vs own value (V-Para), attn.hook_z", _value("full")),
     EditSpace("value-exclusive", "value space, cross aggregate vs own value, self message kept, attn.hook_z",
               _value("exclusive")),
+    EditSpace("value-joint", "value space, full aggregate vs own value, one split over the concatenated heads "
+              "(the paper's form), attn.hook_z", _value("full", joint=True), heads=False),
+    EditSpace("value-exclusive-joint", "value space, cross aggregate vs own value, self message kept, one split "
+              "over the concatenated heads (the paper's form), attn.hook_z", _value("exclusive", joint=True),
+              heads=False),
     EditSpace("resid-attn", "residual space, attention update vs resid_pre", _residual("attn"), heads=False),
     EditSpace("resid-mlp", "residual space, MLP update vs its reference", _residual("mlp"), heads=False),
     EditSpace("resid-both", "residual space, attention and MLP updates", _residual("attn", "mlp"), heads=False),

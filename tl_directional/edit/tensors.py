@@ -25,7 +25,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.errors import TLDirectionalError
-from ..core.geometry import compute_dtype
+from ..core.geometry import component_delta, compute_dtype
 from ..model.generation import FORWARD
 from ..model.inputs import check_positions_in_range, int_positions, position_mask
 from ..model.sites import expand_kv_heads, normalize_heads
@@ -303,6 +303,21 @@ def _group_heads(s: Tensor, n_kv: int, group: int) -> Tensor:
     return s.unflatten(-2, (n_kv, group))
 
 
+def joint_value_delta(y: Float[Tensor, "*lead n_heads d_head"], v: Float[Tensor, "*lead n_heads d_head"],
+                      s_par: Tensor | float, s_perp: Tensor | float, eps: float) -> Float[Tensor, "*lead n_heads d_head"]:
+    """The value-space edit of the paper's revision (appendix, "Forward-hook implementation"):
+    one split per token of the *concatenated* heads, ``y`` (every head's aggregate, or cross
+    aggregate) flattened to ``n_heads * d_head`` against the concatenated own values ``v``
+    (KV heads already expanded to the query-head layout), in the compute dtype.
+
+    Returns ``(s_par - 1) y_par + (s_perp - 1) y_perp`` shaped like ``y``; ``s_par`` / ``s_perp``
+    broadcast to ``y``'s leading axes ``[*lead]`` (one scale per token: the joint split has no
+    per-head scale). Exactly zero at ``s_par = s_perp = 1``.
+    """
+    flat = component_delta(y.flatten(-2), v.flatten(-2), s_par, s_perp, eps)
+    return flat.view(*y.shape[:-2], y.shape[-2], y.shape[-1])
+
+
 __all__ = [
     "AXES",
     "NonFiniteEditError",
@@ -310,6 +325,7 @@ __all__ = [
     "Scales",
     "cast_back",
     "heads_mask",
+    "joint_value_delta",
     "query_mask",
     "row_scale",
     "scale_specs",

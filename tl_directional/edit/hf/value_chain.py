@@ -15,7 +15,7 @@ from torch import Tensor
 from ...core.geometry import component_delta, compute_dtype, projection_coefficient
 from ...model.hf_layout import HFSites
 from .. import DiagonalRemoval, Edit, EffectiveDiagonal, ResidualScale, ValueScale
-from ..tensors import cast_back, heads_mask, query_mask, row_scale, scale_specs
+from ..tensors import cast_back, heads_mask, joint_value_delta, query_mask, row_scale, scale_specs
 
 
 class _Run:
@@ -50,7 +50,7 @@ def edit_label(e: Edit) -> str:
     """The edit-space name of ``e`` (as in :data:`tl_directional.edit.EDIT_SPACES`): ``value``,
     ``value-exclusive``, ``resid-attn``, ``resid-mlp``, ``block``, ``hard-diag``, ``eff-diag``."""
     if isinstance(e, ValueScale):
-        return "value" if e.mode == "full" else "value-exclusive"
+        return ("value" if e.mode == "full" else "value-exclusive") + ("-joint" if e.joint else "")
     if isinstance(e, ResidualScale):
         return "block" if e.component == "block" else f"resid-{e.component}"
     return "hard-diag" if isinstance(e, DiagonalRemoval) else "eff-diag"
@@ -63,7 +63,7 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
     (own values, KV heads expanded); ``weights``: ``[batch, n_heads, q, k]`` or None."""
     head_mask = heads_mask(e.heads, sites.n_heads)
     if isinstance(e, ValueScale):
-        s_par, s_perp = scale_specs(e, sites.n_layers, sites.n_heads)
+        s_par, s_perp = scale_specs(e, sites.n_layers, sites.n_heads, allow_heads=not e.joint)
     else:
         (s_par,) = scale_specs(e, sites.n_layers, sites.n_heads, names=("s_par",)) if isinstance(e, EffectiveDiagonal) else (None,)
         s_perp = None
@@ -86,8 +86,12 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
                 idx = torch.arange(n_q, device=z.device)
                 a_tt = weights[:, :, idx, off + idx].transpose(1, 2)  # [batch, q, heads]
                 y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v.to(dtype)
-            run.record(key, y, v, e.eps)
-            delta = component_delta(y, v, sp, sq, e.eps)
+            if e.joint:  # one split over the concatenated heads (the scales are per token)
+                run.record(key, y.flatten(-2), v.flatten(-2), e.eps)
+                delta = joint_value_delta(y.to(dtype), v.to(dtype), sp[..., 0], sq[..., 0], e.eps)
+            else:
+                run.record(key, y, v, e.eps)
+                delta = component_delta(y, v, sp, sq, e.eps)
             return cast_back(z.to(delta.dtype) + delta, z, e, layer)
     elif isinstance(e, EffectiveDiagonal):
         def fn(z, v, weights):
