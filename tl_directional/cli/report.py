@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
                        formatter_class=_DefaultsHelp, description="One offline HTML page: profile, head maps, sweep, triptych.")
     _common(p, max_sequences=8, seq_len=64)
     p.add_argument("--out", required=True, help="output directory (index.html, one CSV per figure, profile/)")
-    p.add_argument("--space", default="value,resid-attn,resid-mlp,hard-diag",
+    p.add_argument("--space", default="value-exclusive-joint,value-exclusive,value,resid-attn,resid-mlp,hard-diag",
                    help="comma-separated sweep spaces: " + ", ".join(EDIT_SPACES))
     p.add_argument("--s-par", type=_float_list, default=[0.0, 0.5, 1.0, 1.5], help="sweep scales, e.g. --s-par=-1,0,1")
     p.add_argument("--layer", type=int, default=None,

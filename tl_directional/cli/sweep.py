@@ -92,7 +92,7 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("sweep", help="component-scaling sweep over edit spaces and scales", formatter_class=_DefaultsHelp,
                        description="Loss / perplexity / KL / top-1 agreement per edit setting.")
-    p.add_argument("--space", default="value,resid-attn,resid-mlp",
+    p.add_argument("--space", default="value-exclusive-joint,value-exclusive,value,resid-attn,resid-mlp",
                    help="comma-separated edit spaces: " + ", ".join(EDIT_SPACES))
     p.add_argument("--s-par", type=_float_list, default=[-1.0, 0.0, 0.5, 1.0, 2.0],
                    help="comma-separated parallel scales, e.g. --s-par=-1,0,0.5,2")

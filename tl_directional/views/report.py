@@ -121,7 +121,7 @@ def build_report(
     inputs,
     out_dir: str | Path,
     *,
-    spaces: Sequence[str] = ("value", "resid-attn", "resid-mlp", "hard-diag"),
+    spaces: Sequence[str] = ("value-exclusive-joint", "value-exclusive", "value", "resid-attn", "resid-mlp", "hard-diag"),
     s_par: Sequence[float] = (0.0, 0.5, 1.0, 1.5),
     layer: int | None = None,
     head: int | None = None,
@@ -182,7 +182,9 @@ def build_report(
         sw = sweep(model, batch, settings, batch_size=batch_size, progress=progress)
         rep.add(sweep_curves(sw), name="sweep",
                 caption="Held-out perplexity change when the parallel part is scaled by s_par in each space, "
-                        "all layers (s_par = 1 is the unedited model; hard-diag has no scale).")
+                        "all layers (s_par = 1 is the unedited model; hard-diag has no scale). value-exclusive-joint "
+                        "is the paper's edit (self message kept, one split over the concatenated heads), "
+                        "value-exclusive the same per head, value the full aggregate (V-Para).")
     else:
         rep.add_text("No sweep: next-token loss does not apply to an encoder.", note=True)
     rep.add(attention_triptych(model, batch, layer, head, max_tokens=triptych_tokens), name="triptych",
