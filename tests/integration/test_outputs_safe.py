@@ -383,7 +383,9 @@ def test_compress_on_a_full_disk_is_one_error_line_and_keeps_the_previous_model(
     _one_error_line(r.returncode, r.stderr, f"writing {out}", "No space left on device",
                     "the previous output, if any, is kept")
     assert _tree(tmp_path) == before  # the previous model intact, no partial folder, no lock file
-    tld.models.load_model(out)
+    from tl_directional.model.load import load_model
+
+    load_model(out)
 
 
 @pytest.mark.bridge  # compress --out writes HF directories from the bridge lane only
