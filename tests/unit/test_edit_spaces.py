@@ -17,8 +17,10 @@ from tl_directional.evaluate.sweep import SPACES, Setting
 #: What each documented space name must build at (s_par=0.5, s_perp=1, layers): written out here,
 #: independently of the registry, so a registry or sweep change that builds other edits fails.
 EXPECTED = {
-    "value": [(ValueScale, {"s_par": 0.5, "s_perp": 1.0, "mode": "full"})],
-    "value-exclusive": [(ValueScale, {"s_par": 0.5, "s_perp": 1.0, "mode": "exclusive"})],
+    "value": [(ValueScale, {"s_par": 0.5, "s_perp": 1.0, "mode": "full", "joint": False})],
+    "value-exclusive": [(ValueScale, {"s_par": 0.5, "s_perp": 1.0, "mode": "exclusive", "joint": False})],
+    "value-joint": [(ValueScale, {"s_par": 0.5, "s_perp": 1.0, "mode": "full", "joint": True})],
+    "value-exclusive-joint": [(ValueScale, {"s_par": 0.5, "s_perp": 1.0, "mode": "exclusive", "joint": True})],
     "resid-attn": [(ResidualScale, {"component": "attn", "s_par": 0.5, "s_perp": 1.0})],
     "resid-mlp": [(ResidualScale, {"component": "mlp", "s_par": 0.5, "s_perp": 1.0})],
     "resid-both": [(ResidualScale, {"component": "attn", "s_par": 0.5, "s_perp": 1.0}),
