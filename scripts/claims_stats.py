@@ -132,6 +132,24 @@ def _spearman(x, y):
     return float(np.corrcoef(_avg_ranks(x), _avg_ranks(y))[0, 1])
 
 
+def _head_spearman(pv, texts, column: str):
+    """Per text ``(text, [B + 1] Spearman of mean A_tt with column, heads)``, bootstrap over heads
+    (one generator seeded ``SEED`` per call, so each statistic draws the same resamples)."""
+    import numpy as np
+
+    rng = np.random.default_rng(SEED)
+    rows = []
+    for text in texts:
+        g = pv[pv.text == text]
+        x, y = g.A_tt_mean.to_numpy(), g[column].to_numpy()
+        rho = [_spearman(x, y)]
+        for _ in range(B):
+            idx = rng.integers(0, len(x), len(x))
+            rho.append(_spearman(x[idx], y[idx]))
+        rows.append((text, np.array(rho), len(x)))
+    return rows
+
+
 def claim_verdicts(st, prof, texts):
     """The verdict rows ``[(claim, test, statistic, verdict)]`` of protocol sec. 4 from the
     per-setting bootstrap statistics ``st`` (:func:`_stats`) and the profile table ``prof``, and
@@ -228,16 +246,7 @@ def claim_verdicts(st, prof, texts):
         )
     # claim E: attention's value-space parallel ratio tracks A_tt (per head, bootstrap over heads)
     pv = prof[prof.table == "value"]
-    rng = np.random.default_rng(SEED)
-    e_rows = []
-    for text in texts:
-        g = pv[pv.text == text]
-        x, y = g.A_tt_mean.to_numpy(), g.par_frac_full_mean.to_numpy()
-        rho = [_spearman(x, y)]
-        for _ in range(B):
-            idx = rng.integers(0, len(x), len(x))
-            rho.append(_spearman(x[idx], y[idx]))
-        e_rows.append((text, np.array(rho), len(x)))
+    e_rows = _head_spearman(pv, texts, "par_frac_full_mean")
     pooled_rho = np.mean([r for _, r, _ in e_rows], axis=0)
     verdicts.append(
         (
@@ -251,17 +260,7 @@ def claim_verdicts(st, prof, texts):
     # amended reading (protocol sec. 9.5): the full-aggregate share contains A_tt by construction
     # (beta = A_tt + gamma), the non-self share does not
     if "par_frac_exclusive_mean" in pv:
-        rng = np.random.default_rng(SEED)
-        rhos = []
-        for text in texts:
-            g = pv[pv.text == text]
-            x, y = g.A_tt_mean.to_numpy(), g.par_frac_exclusive_mean.to_numpy()
-            rho = [_spearman(x, y)]
-            for _ in range(B):
-                idx = rng.integers(0, len(x), len(x))
-                rho.append(_spearman(x[idx], y[idx]))
-            rhos.append(np.array(rho))
-        ex_rho = np.mean(rhos, axis=0)
+        ex_rho = np.mean([r for _, r, _ in _head_spearman(pv, texts, "par_frac_exclusive_mean")], axis=0)
         verdicts.append(
             (
                 "E (amended reading, sec. 9.5)",
