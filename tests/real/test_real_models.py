@@ -144,6 +144,27 @@ def test_real_vpara_and_residual_removal_match_hand_written_hooks(real):
         assert (lib - own).abs().max() <= 1e-3 * scale
 
 
+def test_real_joint_exclusive_edit_matches_an_independent_implementation(real):
+    """The paper's edit form (``ValueScale(joint=True)``, self message kept, every layer but the
+    first) on the real GQA / sandwich-norm models, against the float64 hooks of
+    tests/integration/test_joint_value.py; bit-exact at scale 1."""
+    from tests.integration.test_joint_value import _reference_hooks
+
+    _, model, tokens = real
+    layers = list(range(1, model.cfg.n_layers))
+    with torch.no_grad():
+        plain = model(tokens)
+        for s_par in (0.0, 0.5):
+            with tld.apply_edits(model, tld.ValueScale(s_par, mode="exclusive", layers=layers, joint=True)):
+                lib = model(tokens)
+            own = model.run_with_hooks(tokens, fwd_hooks=_reference_hooks(model, "exclusive", s_par, 1.0, layers))
+            scale = float(plain.abs().max())
+            assert (lib - plain).abs().max() > 1e-3 * scale  # the edit does something
+            assert (lib - own).abs().max() <= 1e-3 * scale
+        with tld.apply_edits(model, tld.ValueScale(1.0, mode="exclusive", joint=True)):
+            assert torch.equal(model(tokens), plain)
+
+
 def test_real_identity_at_scale_one_is_bit_exact(real):
     _, model, tokens = real
     with torch.no_grad():

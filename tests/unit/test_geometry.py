@@ -183,3 +183,23 @@ def test_bad_input_errors_name_the_argument():
         decompose(torch.ones(3, dtype=torch.long), torch.ones(3))
     with pytest.raises(ValueError, match="vector axis"):
         projection_coefficient(torch.tensor(1.0), torch.tensor(2.0))
+
+
+def test_joint_value_delta_is_the_split_of_the_concatenation():
+    """METHOD sec. 4 (joint form): one split of the concatenated heads; its coefficient is the
+    per-head coefficients' average weighted by ||v^h||^2, and one head reduces to the per-head form."""
+    import torch
+
+    from tl_directional.core.geometry import component_delta
+    from tl_directional.edit.tensors import joint_value_delta
+
+    g = torch.Generator().manual_seed(0)
+    y, v = torch.randn(3, 5, 4, 8, generator=g, dtype=torch.float64), torch.randn(3, 5, 4, 8, generator=g, dtype=torch.float64)
+    d = joint_value_delta(y, v, 0.0, 1.0, 1e-12)  # removal: minus the joint parallel part
+    per_head = (y * v).sum(-1) / (v * v).sum(-1)  # [3, 5, 4]
+    w = (v * v).sum(-1)
+    coef = (per_head * w).sum(-1) / w.sum(-1)  # the ||v^h||^2-weighted average
+    torch.testing.assert_close(d, -coef[..., None, None] * v, rtol=1e-12, atol=1e-12)
+    one = joint_value_delta(y[:, :, :1], v[:, :, :1], 0.3, 1.7, 1e-12)
+    torch.testing.assert_close(one, component_delta(y[:, :, :1], v[:, :, :1], 0.3, 1.7, 1e-12), rtol=0, atol=0)
+    assert torch.equal(joint_value_delta(y, v, 1.0, 1.0, 1e-12), torch.zeros_like(y))
