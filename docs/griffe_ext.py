@@ -5,8 +5,9 @@ Two jobs, done after the package is loaded; nothing in the package changes:
 1. Sphinx roles become mkdocstrings cross-references. The package's docstrings use Sphinx roles (``:func:`decompose```, ``:class:`~a.b.C```,
 ``:meth:`Profile.save```). Markdown has no such syntax, so this extension rewrites each role,
 after the package is loaded, into an autorefs link ``[`decompose`][tl_directional.core.geometry.decompose]``
-when the name resolves to a public object of the package, and into plain code otherwise
-(private helpers, names imported only inside functions).
+when the name resolves to an object the API reference renders (the face and the extension
+points, ``docs/hooks.py:rendered_paths``), and into plain code otherwise (internal modules,
+private helpers, names imported only inside functions).
 2. Instance attributes that are only assigned in ``__init__`` and have no docstring
    (``self.eps = _check_eps(eps)``) are dropped: they repeat the constructor's
    arguments, which the class signature already shows.
@@ -14,10 +15,19 @@ when the name resolves to a public object of the package, and into plain code ot
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from pathlib import Path
 from typing import Any
 
 import griffe
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("tl_directional_docs_hooks", Path(__file__).with_name("hooks.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 ROLE = re.compile(r":(?:func|class|meth|data|attr|mod|exc|obj):`(~?)([\w.]+)`")
 
@@ -33,8 +43,8 @@ def _lookup(pkg: griffe.Module, path: str) -> griffe.Object | griffe.Alias | Non
         return None
 
 
-def _target(obj: griffe.Object, pkg: griffe.Module, name: str) -> str | None:
-    """Canonical public path of ``name`` as seen from ``obj``, or None."""
+def _target(obj: griffe.Object, pkg: griffe.Module, name: str, rendered: set[str]) -> str | None:
+    """Canonical path of ``name`` as seen from ``obj`` when the reference renders it, or None."""
     head, _, rest = name.partition(".")
     candidates = []
     try:
@@ -55,7 +65,7 @@ def _target(obj: griffe.Object, pkg: griffe.Module, name: str) -> str | None:
             path = found.path
         if any(part.startswith("_") for part in path.split(".")):
             return None
-        return path
+        return path if path in rendered else None
     return None
 
 
@@ -71,6 +81,7 @@ class DocsCleanup(griffe.Extension):
     """Rewrite Sphinx roles and drop undocumented instance attributes."""
 
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:  # noqa: ARG002
+        rendered = _hooks().rendered_paths(pkg)
         for obj in list(_walk(pkg)):
             if obj.is_class:
                 for name, member in list(obj.members.items()):
@@ -83,7 +94,7 @@ class DocsCleanup(griffe.Extension):
             def replace(match: re.Match, obj=obj) -> str:
                 tilde, name = match.groups()
                 shown = name.rsplit(".", 1)[-1] if tilde else name
-                path = _target(obj, pkg, name)
+                path = _target(obj, pkg, name, rendered)
                 return f"[`{shown}`][{path}]" if path else f"`{shown}`"
 
             obj.docstring.value = ROLE.sub(replace, obj.docstring.value)
