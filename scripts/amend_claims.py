@@ -169,6 +169,7 @@ def _paper_side_by_side(model: str, data: Path) -> list[str]:
         lab = f"value-exclusive s_par={s:g}"
         ours = C._fmt(st[lab]["pooled"]) if lab in st else "not measured"
         L.append(f"| {s:g} | {p - base:+.2f} | {math.log(p / base):+.3f} | {ours} |")
+    L += ["", _paper_figure(data), ""]
     L += [
         "",
         "The sentence holds in the table inside [0, 1] only: at 2 and 3 the table's own changes are "
@@ -178,6 +179,28 @@ def _paper_side_by_side(model: str, data: Path) -> list[str]:
         "",
     ]
     return L
+
+
+def _paper_figure(data: Path) -> str:
+    """One inline SVG: the paper's exclude-self curve (its log perplexity ratio) beside ours on
+    each model with committed sec. 3 data (pooled delta, nats per token), against s_par."""
+    from tl_directional.views import svg_chart
+
+    base = PAPER_VALUE_PPL[1.0]
+    series = {"paper Qwen3-1.7B": [(s, math.log(p / base)) for s, p in PAPER_VALUE_PPL.items()]}
+    for m in ("smollm2-135m", "gemma-3-270m"):
+        if not (data / f"claims_{m}.manifest.json").is_file():
+            continue
+        _, rec, _ = C.load_data(f"claims_{m}")
+        st = C._stats(rec, C._boot(rec))
+        pts = [(1.0, 0.0)] + [(s, round(float(st[f"value-exclusive s_par={s:g}"]["pooled"][0]), 9)) for s in C.EXCL_GRID
+                              if f"value-exclusive s_par={s:g}" in st]
+        series[f"ours {m}"] = sorted(pts)
+    svg = svg_chart(series, title="exclude-self value scaling, every layer", xlabel="s_par",
+                    ylabel="log loss change (nats)", hline=(0.0, "baseline"), width=720, height=380)
+    caption = ("The paper's curve is the log ratio of its table's perplexities (nats per unit of that "
+               "perplexity); ours are pooled deltas of nats per predicted token (intervals in the table).")
+    return "<figure>\n" + svg.strip() + f"\n<figcaption>{caption}</figcaption>\n</figure>"
 
 
 def _repeat_check(rec, model: str, data: Path) -> list[str]:
