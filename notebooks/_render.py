@@ -387,6 +387,30 @@ def to_markdown(book, stem: str, out: Path, repo: Path, header: str) -> str:
     return text
 
 
+def _provenance(repo: Path, model: str) -> str:
+    """One line naming the code and the weights of the run: the commit (``+dirty`` when the
+    package, the scripts or the notebooks had uncommitted changes) and, for a catalogued real
+    model, its source file and sha256 (the bundled default model: its safetensors' sha256)."""
+    import hashlib
+    import subprocess
+
+    from tl_directional.model.load.catalog import REAL_MODELS
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=repo).stdout.strip()
+
+    dirty = bool(git("status", "--porcelain", "--", "tl_directional", "scripts", "notebooks"))
+    commit = (git("rev-parse", "--short", "HEAD") or "unknown") + ("+dirty" if dirty else "")
+    if model in REAL_MODELS:
+        entry = REAL_MODELS[model]
+        weights = f"`{entry.gguf_name}` (sha256 `{entry.source_sha256}`), dequantised to float32"
+    else:
+        files = sorted((repo / "tl_directional" / "data").rglob("*.safetensors")) if model == "default" else []
+        weights = ", ".join(f"`{f.name}` (sha256 `{hashlib.sha256(f.read_bytes()).hexdigest()}`)" for f in files) \
+            or f"`{model}` (not a catalogued model: no weights hash)"
+    return f"Code at commit `{commit}`; weights {weights}."
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("notebook", type=Path)
@@ -402,10 +426,12 @@ def main(argv=None) -> None:
     rel = nb_path.relative_to(repo)
     out_rel = args.out.resolve().relative_to(repo) if args.out.resolve().is_relative_to(repo) else args.out.name
     command = f"python notebooks/_render.py {rel} --model {args.model} --out {out_rel}"
+    provenance = _provenance(repo, args.model)
     header = (f"!!! note \"Rendered run\"\n    `{rel}` executed top to bottom on **{args.model}** "
               f"(`TLD_NOTEBOOK_MODEL={args.model}`, exercises filled from the solutions file) with\n"
               f"    `{command}`, in {seconds / 60:.1f} min on a CPU ({torch.get_num_threads()} torch thread(s), "
               "2 cores shared with other jobs).\n"
+              f"    {provenance}\n"
               "    Figures are static SVG drawings of the notebook's plotly figures; run the notebook for the "
               "interactive ones.\n")
     text = to_markdown(book, nb_path.stem, args.out, repo, header)
