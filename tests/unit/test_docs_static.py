@@ -73,7 +73,7 @@ def test_api_pages_render_existing_objects():
     """Every ``:::`` directive of the reference names an object that exists, and the reference
     has no page per internal module (extension points are named objects, not modules' dumps)."""
     pages = doc_hooks.api_pages()
-    for page, directives in pages.items():
+    for directives in pages.values():
         for path in directives:
             _resolve(path)
     assert len(pages) <= 16, f"{len(pages)} API pages: the reference is one page per job, not per module"
@@ -82,7 +82,6 @@ def test_api_pages_render_existing_objects():
 def test_every_error_class_is_in_the_errors_table():
     """Each class under the error base appears in the errors page's table (griffe, no import of
     torch), and the table holds nothing else."""
-    import inspect as _inspect
     import pkgutil
 
     pytest = importlib.import_module("pytest")
@@ -94,7 +93,7 @@ def test_every_error_class_is_in_the_errors_table():
             continue
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
-            if (_inspect.isclass(obj) and obj.__module__ == info.name
+            if (inspect.isclass(obj) and obj.__module__ == info.name
                     and issubclass(obj, tl_directional.TLDirectionalError) and obj is not tl_directional.TLDirectionalError):
                 imported.add(name)
     assert imported <= listed, f"error classes missing from docs/api/errors.md's table: {sorted(imported - listed)}"
