@@ -30,7 +30,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..core.geometry import DEFAULT_EPS, component_delta, compute_dtype, projection_coefficient
+from ..core.geometry import DEFAULT_EPS, compute_dtype
 from ..model.generation import FORWARD
 from ..model.sites import (
     COMPONENTS,
@@ -39,19 +39,29 @@ from ..model.sites import (
     normalize_layers,
     resolve_sites,
 )
+from .forms import (
+    cross_aggregate,
+    diagonal_removed,
+    effective_diagonal_pattern,
+    joint_value_scaled,
+    residual_parts,
+    residual_scaled,
+    self_weights,
+    value_scaled,
+    value_split_scaled,
+)
 from .tensors import (
     NonFiniteEditError,
     Scales,
     ScaleSpec,
     cast_back,
     heads_mask,
-    joint_value_delta,
+    pattern_scope,
     query_mask,
     row_scale,
     scale_minus_one,
     scale_specs,
     scales,
-    value_split_scaled,
 )
 
 HookList = list[tuple[str, Callable]]
@@ -181,20 +191,14 @@ class ResidualScale(Edit):
 
     def _edit_hook(self, layer, is_difference, state, s_par, s_perp):
         def hook(tensor: Float[Tensor, "batch pos d_model"], hook):  # noqa: ARG001
-            stream = state["ref"]
-            ref = stream if self.reference is None else self.reference.to(tensor.device, tensor.dtype)
-            update = tensor - stream if is_difference else tensor
+            update, ref = residual_parts(tensor, state["ref"], self.reference, is_difference)
             batch, n_q = tensor.shape[:2]
             dtype = compute_dtype(tensor.dtype)
             sp = s_par.at(layer, batch, tensor.device, dtype)[:, :1]  # [B|1, 1]
             sq = s_perp.at(layer, batch, tensor.device, dtype)[:, :1]
             offset = state.get("k_len", n_q) - n_q
             pm = query_mask(self, batch, n_q, offset, tensor.device)
-            if pm is not None:
-                sp = torch.where(pm, sp, torch.ones_like(sp))
-                sq = torch.where(pm, sq, torch.ones_like(sq))
-            delta = component_delta(update, ref, sp, sq, self.eps)
-            return cast_back(tensor.to(delta.dtype) + delta, tensor, self, layer)
+            return cast_back(residual_scaled(tensor, update, ref, sp, sq, self.eps, pm), tensor, self, layer)
 
         return hook
 
@@ -300,25 +304,19 @@ class ValueScale(_HeadScoped):
                 sp = row_scale(self, s_par, layer, batch, n_q, offset, None, z.device, dtype)[..., 0]
                 sq = row_scale(self, s_perp, layer, batch, n_q, offset, None, z.device, dtype)[..., 0]
                 v_full = sites.expand_kv(v).to(dtype)
-                y = z.to(dtype)
-                if self.mode == "exclusive":
-                    idx = torch.arange(n_q, device=z.device)
-                    y = y - pattern[:, :, idx, offset + idx].transpose(1, 2).to(dtype).unsqueeze(-1) * v_full
-                delta = joint_value_delta(y, v_full, sp, sq, self.eps)
-                return cast_back(z.to(delta.dtype) + delta, z, self, layer)
+                y = z.to(dtype) if self.mode == "full" else \
+                    cross_aggregate(z, v_full, self_weights(pattern, offset), dtype)
+                return cast_back(joint_value_scaled(z, y, v_full, sp, sq, self.eps), z, self, layer)
             if self.mode == "full":
-                # V-Para in fewer passes (edit_math.value_split_scaled): the same numbers as the
-                # general form below, which it was
+                # V-Para in fewer passes (forms.value_split_scaled): the same numbers as
+                # forms.value_scaled, with the scale factors kept between forward passes
                 spm1, sqm1 = factors(batch, n_q, offset, z.device, dtype, compute_dtype(torch.promote_types(z.dtype, v.dtype)))
                 return cast_back(value_split_scaled(z, v, spm1, sqm1, self.eps), z, self, layer)
             sp = row_scale(self, s_par, layer, batch, n_q, offset, head_mask, z.device, dtype)
             sq = row_scale(self, s_perp, layer, batch, n_q, offset, head_mask, z.device, dtype)
             v_full = sites.expand_kv(v)
-            idx = torch.arange(n_q, device=z.device)
-            a_tt = pattern[:, :, idx, offset + idx].transpose(1, 2)  # [batch, q, heads]
-            y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v_full.to(dtype)
-            delta = component_delta(y, v_full, sp, sq, self.eps)
-            return cast_back(z.to(delta.dtype) + delta, z, self, layer)
+            y = cross_aggregate(z, v_full, self_weights(pattern, offset), dtype)
+            return cast_back(value_scaled(z, y, v_full, sp, sq, self.eps), z, self, layer)
 
         factors = _ScaleFactors(self, layer, s_par, s_perp, head_mask)
         return hook
@@ -409,22 +407,8 @@ class DiagonalRemoval(_HeadScoped):
             state["pattern_seen"] = True
             batch, n_heads, n_q, k_len = pattern.shape
             offset = k_len - n_q
-            idx = torch.arange(n_q, device=pattern.device)
-            is_diag = torch.zeros((n_q, k_len), dtype=torch.bool, device=pattern.device)
-            is_diag[idx, offset + idx] = True
-            diag = pattern[:, :, idx, offset + idx]  # [batch, heads, q]
-            row_sum = pattern.sum(-1)
-            off_mass = row_sum - diag
-            selected = off_mass > self.eps
-            if head_mask is not None:
-                selected = selected & head_mask.to(pattern.device).view(1, -1, 1)
-            pm = query_mask(self, batch, n_q, offset, pattern.device)
-            if pm is not None:
-                selected = selected & pm.unsqueeze(1)
-            factor = torch.where(selected, row_sum / torch.where(selected, off_mass, torch.ones_like(off_mass)),
-                                 torch.ones_like(off_mass))
-            edited = pattern * factor.unsqueeze(-1)
-            return torch.where(selected.unsqueeze(-1) & is_diag, torch.zeros_like(edited), edited)
+            scope = pattern_scope(head_mask, query_mask(self, batch, n_q, offset, pattern.device), pattern.device)
+            return diagonal_removed(pattern, offset, scope, self.eps)
 
         return hook
 
@@ -471,11 +455,8 @@ class EffectiveDiagonal(_HeadScoped):
                 )
             dtype = compute_dtype(pattern.dtype)
             v_full = sites.expand_kv(v).to(dtype)  # [batch, key, heads, e]
-            o = torch.einsum("bhqk,bkhe->bqhe", pattern.to(dtype), v_full)
-            beta, _, _, _ = projection_coefficient(o, v_full, self.eps)  # [batch, q, heads]
             s = row_scale(self, s_par, layer, batch, n_q, 0, head_mask, pattern.device, dtype)
-            add = ((s - 1.0) * beta).transpose(1, 2)  # [batch, heads, q]
-            return cast_back(pattern.to(dtype) + torch.diag_embed(add), pattern, self, layer)
+            return cast_back(effective_diagonal_pattern(pattern, v_full, s, self.eps), pattern, self, layer)
 
         return hook
 

@@ -43,12 +43,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from ...core.errors import TLDirectionalError
-from ...core.geometry import component_delta, compute_dtype
+from ...core.geometry import compute_dtype
 from ...model.generation import FORWARD
 from ...model.hf_layout import (  # noqa: F401  (the public names are re-exported)
     MODEL_TYPES,
@@ -66,6 +65,7 @@ from .. import (
     ResidualScale,
     ValueScale,
 )
+from ..forms import residual_parts, residual_scaled
 from ..tensors import (
     ScaleSpec,
     cast_back,
@@ -381,19 +381,14 @@ def _install_residual(handle: HFEditHandle, sites: HFSites, e: ResidualScale, ru
     label = edit_label(e)
 
     def edited(tensor: Tensor, stream: Tensor, layer: int, is_difference: bool) -> Tensor:
-        ref = stream if e.reference is None else e.reference.to(tensor.device, tensor.dtype)
-        update = tensor - stream if is_difference else tensor
+        update, ref = residual_parts(tensor, stream, e.reference, is_difference)
         run.record(f"{label}/L{layer}", update, ref, e.eps)
         batch, n_q = tensor.shape[:2]
         dtype = compute_dtype(tensor.dtype)
         sp = s_par.at(layer, batch, tensor.device, dtype)[:, :1]
         sq = s_perp.at(layer, batch, tensor.device, dtype)[:, :1]
         pm = query_mask(e, batch, n_q, run.offset, tensor.device)
-        if pm is not None:
-            sp = torch.where(pm, sp, torch.ones_like(sp))
-            sq = torch.where(pm, sq, torch.ones_like(sq))
-        delta = component_delta(update, ref, sp, sq, e.eps)
-        return cast_back(tensor.to(delta.dtype) + delta, tensor, e, layer)
+        return cast_back(residual_scaled(tensor, update, ref, sp, sq, e.eps, pm), tensor, e, layer)
 
     for L in e._layers(ns):
         _install_residual_layer(add, sites, e, L, edited, run)
