@@ -58,19 +58,16 @@ from ...model.hf_layout import (  # noqa: F401  (the public names are re-exporte
     resolve_hf_sites,
 )
 from ...model.sites import expand_kv_heads
-from .. import (
-    DiagonalRemoval,
-    Edit,
-    EffectiveDiagonal,
-    ResidualScale,
-    ValueScale,
-)
+from ..base import Edit
 from ..forms import residual_parts, residual_scaled
+from ..pattern import DiagonalRemoval, EffectiveDiagonal
+from ..residual import ResidualScale
 from ..tensors import (
     ScaleSpec,
     cast_back,
     query_mask,
 )
+from ..value import ValueScale
 from .value_chain import _Run, _value_chain_fn, edit_label
 
 

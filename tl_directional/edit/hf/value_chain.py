@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ...core.geometry import compute_dtype, projection_coefficient
 from ...model.hf_layout import HFSites
-from .. import DiagonalRemoval, Edit, EffectiveDiagonal, ResidualScale, ValueScale
+from ..base import Edit
 from ..forms import (
     cross_aggregate,
     diagonal_removed,
@@ -25,7 +25,10 @@ from ..forms import (
     self_weights,
     value_scaled,
 )
+from ..pattern import DiagonalRemoval, EffectiveDiagonal
+from ..residual import ResidualScale
 from ..tensors import cast_back, heads_mask, pattern_scope, query_mask, row_scale, scale_specs
+from ..value import ValueScale
 
 
 class _Run:
