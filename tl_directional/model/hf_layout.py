@@ -121,7 +121,7 @@ def resolve_hf_sites(model: Any) -> HFSites:
     if hasattr(model, "run_with_hooks") and hasattr(model, "hook_dict"):
         raise UnsupportedModelError(
             f"model is a TransformerLens {type(model).__name__}; use tl_directional.apply_edits for "
-            "it, and tl_directional.edit.hf.apply_edits for plain transformers models")
+            "it (the module hooks here are for plain transformers models)")
     config = getattr(model, "config", None)
     if not isinstance(model, torch.nn.Module) or config is None:
         raise UnsupportedModelError(

@@ -1,8 +1,9 @@
 """tl_directional on plain Hugging Face ``transformers`` models (no TransformerLens needed).
 
-* :func:`apply_edits` / :func:`install_edits`: the package's edits (``ResidualScale``,
-  ``ValueScale`` full / exclusive, ``DiagonalRemoval``, ``EffectiveDiagonal``) as torch module
-  hooks on an ``AutoModelForCausalLM`` (:mod:`tl_directional.edit.hf.edits`).
+* :func:`install_edits`: the package's edits (``ResidualScale``, ``ValueScale`` full / exclusive,
+  ``DiagonalRemoval``, ``EffectiveDiagonal``) as torch module hooks on an
+  ``AutoModelForCausalLM`` until ``handle.remove()`` (:mod:`tl_directional.edit.hf.edits`);
+  :func:`tl_directional.apply_edits` uses it for a context on these models.
 * :class:`DirectionalEditCallback` (``tl_directional.training.hf_callback``): a ``transformers.Trainer``
   callback that keeps an edit active during training, with an ``s_par`` schedule and logging of
   the measured parallel share per layer. Imported lazily (it imports ``transformers``).
@@ -24,7 +25,6 @@ from .edits import (
     HFEditHandle,
     HFSites,
     UnsupportedModelError,
-    apply_edits,
     attention_implementation,
     edit_label,
     install_edits,
@@ -60,7 +60,6 @@ __all__ = [
     "SparSchedule",
     "S_PAR_RANGE",
     "UnsupportedModelError",
-    "apply_edits",
     "attention_implementation",
     "edit_label",
     "install_edits",

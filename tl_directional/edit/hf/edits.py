@@ -39,8 +39,7 @@ sites), :mod:`tl_directional.edit.hf.value_chain` (the value-space and pattern e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxtyping import Float
@@ -249,19 +248,6 @@ def remove_edits(model) -> bool:
     return True
 
 
-@contextmanager
-def apply_edits(model, *edits: Any) -> Iterator[Any]:
-    """Context manager: ``with tl_directional.edit.hf.apply_edits(model, ValueScale(0.0)): model(ids)``.
-
-    Installs ``edits`` (as :func:`install_edits`) for the block and always removes them on exit,
-    also when the block raises."""
-    handle = install_edits(model, *edits)
-    try:
-        yield model
-    finally:
-        handle.remove()
-
-
 def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSites, run: _Run) -> None:
     handle._run = run
     add = handle._handles.append
@@ -431,7 +417,6 @@ __all__ = [
     "HFSites",
     "MODEL_TYPES",
     "UnsupportedModelError",
-    "apply_edits",
     "attention_implementation",
     "edit_label",
     "install_edits",
