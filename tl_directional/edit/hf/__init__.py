@@ -18,20 +18,22 @@ from __future__ import annotations
 
 import importlib
 
-from .edits import (
+from ...model.hf_layout import (
     MODEL_TYPES,
     AttentionPatternUnavailableError,
-    EditsAlreadyInstalledError,
-    HFEditHandle,
     HFSites,
     UnsupportedModelError,
     attention_implementation,
-    edit_label,
+    resolve_hf_sites,
+)
+from .edits import (
+    EditsAlreadyInstalledError,
+    HFEditHandle,
     install_edits,
     installed_edits,
     remove_edits,
-    resolve_hf_sites,
 )
+from .value_chain import edit_label
 
 _CALLBACK = "tl_directional.training.hf_callback"
 _LAZY = {

@@ -48,11 +48,9 @@ from torch import Tensor
 from ...core.errors import TLDirectionalError
 from ...core.geometry import compute_dtype
 from ...model.generation import FORWARD
-from ...model.hf_layout import (  # noqa: F401  (the public names are re-exported)
-    MODEL_TYPES,
+from ...model.hf_layout import (
     AttentionPatternUnavailableError,
     HFSites,
-    UnsupportedModelError,
     attention_implementation,
     resolve_hf_sites,
 )
@@ -411,16 +409,9 @@ def _install_residual_layer(add, sites: HFSites, e: ResidualScale, layer: int, e
 
 
 __all__ = [
-    "AttentionPatternUnavailableError",
     "EditsAlreadyInstalledError",
     "HFEditHandle",
-    "HFSites",
-    "MODEL_TYPES",
-    "UnsupportedModelError",
-    "attention_implementation",
-    "edit_label",
     "install_edits",
     "installed_edits",
     "remove_edits",
-    "resolve_hf_sites",
 ]
