@@ -36,7 +36,7 @@ from .edit import (
     ValueScale,
     apply_edits,
     edit_hooks,
-    hf,  # noqa: F401  plain-transformers edits; its Trainer / lm-eval parts import lazily
+    hf,  # noqa: F401  the plain-transformers lane (install_edits, handles, the supported families)
     scales,
 )
 from .evaluate.patching import directional_patch, split_logit_attribution

@@ -18,6 +18,7 @@ from tl_directional.compression import (
     compression_geometry,
     summarize,
 )
+from tl_directional.compression.accumulate import _token_stats
 from tl_directional.compression.compressors import (
     clone_model,
     compress,
@@ -36,7 +37,6 @@ from tl_directional.compression.compressors import (
     rtn_matrix,
     save_compressed,
 )
-from tl_directional.compression.geometry import _token_stats
 from tl_directional.model.adapter import hf_module
 from tl_directional.model.inputs import TokenBatch
 from tl_directional.model.sites import lane_of, linear_input_hooks, resolve_sites
@@ -349,18 +349,15 @@ def test_identical_model_gives_exact_zero(gpt2, toks, mode, ident):
     assert (df2.err_perp_energy == 0).all()
 
 
-def test_units_is_a_deprecated_alias_of_components(gpt2, toks):
-    with pytest.warns(DeprecationWarning, match="components="):
-        old = compression_geometry(gpt2, gpt2, toks, units=("attn", "attn"))
+def test_units_is_refused_with_the_new_name(gpt2, toks):
+    from tl_directional.core.errors import RenamedArgumentError
+
+    with pytest.raises(RenamedArgumentError, match=r"compression_geometry\(\) has no argument 'units'.*components="):
+        compression_geometry(gpt2, gpt2, toks, units=("attn", "attn"))
     new = compression_geometry(gpt2, gpt2, toks, components="attn")
-    assert old.equals(new)
     assert list(new.unit.unique()) == ["attn"]
     with pytest.raises(ValueError, match="components has unknown entry 'value'"):
         compression_geometry(gpt2, gpt2, toks, components="value")
-    with pytest.raises(ValueError, match="units has unknown entry 'x'"), pytest.warns(DeprecationWarning):
-        compression_geometry(gpt2, gpt2, toks, units="x")
-    with pytest.raises(TypeError, match="components= only"):
-        compression_geometry(gpt2, gpt2, toks, components="attn", units="attn")
 
 
 def test_quantization_8_bits_beats_3_bits(gpt2, toks, rtn3):

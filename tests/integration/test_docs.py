@@ -12,7 +12,6 @@ that need neither the doc toolchain nor a model: tests/unit/test_docs_static.py)
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path

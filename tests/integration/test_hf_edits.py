@@ -1,7 +1,7 @@
 """tl_directional.edit.hf: the package's edits on plain ``transformers`` models (module hooks).
 
 Checked against the TransformerLens lane on the same weights: the same edit object installed on
-the HF model (``tl_directional.edit.hf.apply_edits``) and on the TL model (``tl_directional.apply_edits``)
+the HF model and on the TL model (the one ``tl_directional.apply_edits``)
 gives the same next-token loss (within 1e-5) and the same parameter gradients (within 1e-5; the
 bridge wraps the HF modules, so its gradients are read under the HF names). At scale 1 every edit
 is a bit-exact no-op (``torch.equal`` against the unhooked logits). Families: GPT-2, Llama (GQA),
@@ -129,11 +129,11 @@ def test_scale_one_is_bit_exact(pair, family):
         base = hf(ids).logits
         for e in [ValueScale(1.0), ValueScale(1.0, 1.0, mode="exclusive"), ResidualScale("attn"),
                   ResidualScale("mlp"), ResidualScale("block"), EffectiveDiagonal(1.0)]:
-            with thf.apply_edits(hf, e):
+            with tld.apply_edits(hf, e):
                 got = hf(ids).logits
             assert torch.equal(got, base), f"{family}: {e!r} at scale 1 changed the logits"
         # all of them at once, composed
-        with thf.apply_edits(hf, ValueScale(1.0), ValueScale(1.0, mode="exclusive"), ResidualScale("attn"),
+        with tld.apply_edits(hf, ValueScale(1.0), ValueScale(1.0, mode="exclusive"), ResidualScale("attn"),
                              ResidualScale("block")):
             assert torch.equal(hf(ids).logits, base)
     assert _hooks_count(hf) == before
@@ -152,7 +152,7 @@ def test_equals_transformerlens_edit_loss_and_gradients(pair, family, k):
     loss_tl.backward()
     with torch.no_grad():
         base = _loss(hf(ids).logits, ids)
-    with thf.apply_edits(hf, edit):
+    with tld.apply_edits(hf, edit):
         loss_hf = _loss(hf(ids).logits, ids)
     loss_hf.backward()
     assert abs(float(base) - loss_hf.item()) > 1e-4, "the edit should change the loss (test can fail)"
@@ -185,7 +185,7 @@ def test_gqa_heads_read_their_kv_head(pair):
         with torch.no_grad():
             hf(ids)
             z0, v = seen["z"].view(1, 10, 4, 8), seen["v"].view(1, 10, 2, 8)
-            with thf.apply_edits(hf, ValueScale(0.0, layers=[0], heads=[3])):
+            with tld.apply_edits(hf, ValueScale(0.0, layers=[0], heads=[3])):
                 hf(ids)
     finally:
         h1.remove()
@@ -195,7 +195,7 @@ def test_gqa_heads_read_their_kv_head(pair):
     out: dict = {}
     h4 = attn.register_forward_hook(lambda m, a, o: out.__setitem__("o", o[0].detach()))
     try:
-        with torch.no_grad(), thf.apply_edits(hf, ValueScale(0.0, layers=[0], heads=[3])):
+        with torch.no_grad(), tld.apply_edits(hf, ValueScale(0.0, layers=[0], heads=[3])):
             hf(ids)
     finally:
         h4.remove()
@@ -228,7 +228,7 @@ def test_install_twice_refused_and_remove(pair):
         with pytest.raises(thf.EditsAlreadyInstalledError, match=r"handle\.remove\(\)"):
             thf.install_edits(hf, ResidualScale("attn", 0.0))
         with pytest.raises(thf.EditsAlreadyInstalledError):
-            with thf.apply_edits(hf, ValueScale(0.5)):
+            with tld.apply_edits(hf, ValueScale(0.5)):
                 pass
     finally:
         handle.remove()
@@ -243,7 +243,7 @@ def test_nothing_left_installed_after_an_exception(pair):
     _, hf = pair("llama")
     before = _hooks_count(hf)
     with pytest.raises(ZeroDivisionError):
-        with thf.apply_edits(hf, ValueScale(0.0), ResidualScale("mlp", 0.0)):
+        with tld.apply_edits(hf, ValueScale(0.0), ResidualScale("mlp", 0.0)):
             hf(_ids())
             1 / 0  # noqa: B018
     assert _hooks_count(hf) == before and thf.installed_edits(hf) is None
@@ -267,9 +267,9 @@ def test_pattern_edits_refused_without_eager_attention(family_dir):
     # full-aggregate value edits need no pattern and run on sdpa, equal to eager
     eager = load_hf_model(family_dir("llama"))
     ids = _ids()
-    with torch.no_grad(), thf.apply_edits(sdpa, ValueScale(0.0)):
+    with torch.no_grad(), tld.apply_edits(sdpa, ValueScale(0.0)):
         a = sdpa(ids).logits
-    with torch.no_grad(), thf.apply_edits(eager, ValueScale(0.0)):
+    with torch.no_grad(), tld.apply_edits(eager, ValueScale(0.0)):
         b = eager(ids).logits
     assert float((a - b).abs().max()) < 1e-4
 
@@ -281,7 +281,7 @@ def test_cached_generation_matches_uncached_forward(pair):
     edit = ValueScale(0.0, mode="exclusive", positions=[7])
     with torch.no_grad():
         base = hf.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
-    with torch.no_grad(), thf.apply_edits(hf, edit):
+    with torch.no_grad(), tld.apply_edits(hf, edit):
         out = hf.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
         full = hf(out).logits  # uncached forward over the generated sequence, same edit
     greedy = full[0, 5:-1].argmax(-1)
@@ -301,7 +301,7 @@ def test_negative_positions_follow_right_padding(pair, family):
         base = hf(ids, attention_mask=mask).logits
         with tld.apply_edits(tl, edit):
             a = tl(ids, attention_mask=mask)
-        with thf.apply_edits(hf, edit):
+        with tld.apply_edits(hf, edit):
             b = hf(ids, attention_mask=mask).logits
     real = mask.bool()
     assert float((a - b)[real].abs().max()) < 1e-4
@@ -319,3 +319,34 @@ def test_importing_the_package_does_not_import_lm_eval_or_the_trainer():
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("family", ("gpt2", "llama"))
+def test_one_apply_edits_gives_the_same_logits_on_the_bridge_and_plain_transformers(pair, family):
+    """``tl_directional.apply_edits`` is one verb for every lane: the same edit objects, applied
+    through it to the TransformerLens model and to the plain ``transformers`` model of the same
+    weights, give the same logits; each lane is left as it was (no hook, no handle, bit-identical
+    logits after the block), and a block with no edits is a no-op on both."""
+    tl, hf = pair(family)
+    ids = _ids()
+    # (a pattern edit and a value edit of one layer compose differently on the two lanes today:
+    # the plain-transformers DiagonalRemoval re-aggregates z from the pattern; kept to other layers)
+    composed = (ValueScale(0.0, mode="exclusive", heads=[1], layers=[1]), ResidualScale("mlp", 0.5, 1.2),
+                DiagonalRemoval(layers=[0]))
+    with torch.no_grad():
+        base_tl, base_hf = tl(ids), hf(ids).logits
+        hooks_before = _hooks_count(hf)
+        for edits in [(ValueScale(0.0),), (EffectiveDiagonal(0.0),), (ValueScale(0.3, 1.5, joint=True),), composed]:
+            with tld.apply_edits(tl, *edits) as m_tl:
+                a = m_tl(ids)
+            with tld.apply_edits(hf, *edits) as m_hf:
+                assert m_hf is hf and thf.installed_edits(hf) is not None
+                b = hf(ids).logits
+            assert float((a - base_tl).abs().max()) > 1e-3, "the edit should change the logits (test can fail)"
+            assert float((a - b).abs().max()) <= 1e-4, (family, edits)
+            assert _hooks_count(hf) == hooks_before and thf.installed_edits(hf) is None
+        assert torch.equal(tl(ids), base_tl) and torch.equal(hf(ids).logits, base_hf)
+        with tld.apply_edits(hf):
+            assert torch.equal(hf(ids).logits, base_hf)
+    with pytest.raises(TypeError, match="plain transformers"):
+        tld.edit_hooks(hf, ValueScale(0.0))

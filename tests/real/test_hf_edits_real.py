@@ -11,7 +11,6 @@ import torch
 import tl_directional as tld
 from tests.integration.test_hf_edits import TOL, _loss
 from tl_directional.edit import ResidualScale, ValueScale
-from tl_directional.edit import hf as thf
 from tl_directional.model.adapter import lane_of
 from tl_directional.model.load import catalog, load_hf_model, load_model
 
@@ -34,11 +33,11 @@ def test_real_models_equal_transformerlens_edit(name):
         with torch.no_grad():
             with tld.apply_edits(tl, edit):
                 a = _loss(tl(ids), ids)
-            with thf.apply_edits(hf, edit):
+            with tld.apply_edits(hf, edit):
                 b = _loss(hf(ids).logits, ids)
         tol = TOL if lane_of(tl) == "bridge" else TOL * abs(float(b))
         assert abs(float(a) - float(b)) <= tol, (name, edit, float(a), float(b), "unedited gap", gap)
     with torch.no_grad():
         base = hf(ids).logits
-        with thf.apply_edits(hf, ValueScale(1.0, mode="exclusive"), ResidualScale("mlp")):
+        with tld.apply_edits(hf, ValueScale(1.0, mode="exclusive"), ResidualScale("mlp")):
             assert torch.equal(hf(ids).logits, base)

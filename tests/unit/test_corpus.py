@@ -20,8 +20,8 @@ from tl_directional.io.corpus import (
     heldout_text,
     iter_text_chunks,
     load_split,
-    sha256_file,
 )
+from tl_directional.io.fileio import sha256_file
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "fetch_corpus.py"

@@ -12,7 +12,8 @@ from tl_directional.edit import (
     edit_space,
     edits_for_space,
 )
-from tl_directional.evaluate.sweep import SPACES, Setting
+from tl_directional.evaluate import sweep as sweep_module
+from tl_directional.evaluate.sweep import Setting
 
 #: What each documented space name must build at (s_par=0.5, s_perp=1, layers): written out here,
 #: independently of the registry, so a registry or sweep change that builds other edits fails.
@@ -33,8 +34,8 @@ EXPECTED = {
 
 def test_registry_names_are_the_documented_spaces():
     assert list(EDIT_SPACES) == list(EXPECTED)
-    assert list(SPACES) == list(EXPECTED)  # the sweep's names, in the same order
-    assert all(isinstance(d, str) and d for d in SPACES.values())
+    assert all(isinstance(s.description, str) and s.description for s in EDIT_SPACES.values())
+    assert not hasattr(sweep_module, "SPACES")  # one registry: no second view of it in the sweep
     with pytest.raises(TypeError):
         EDIT_SPACES["value"] = EDIT_SPACES["block"]  # read-only
 
@@ -81,9 +82,9 @@ def test_scope_heads_and_positions_and_the_space_flags():
         edit_space("vpara", "space")
 
 
-def test_sweep_spaces_is_a_read_only_view_of_the_registry():
+def test_the_registry_is_read_only_and_settings_check_their_space():
     with pytest.raises(TypeError):
-        SPACES["new"] = "x"  # type: ignore[index]
+        EDIT_SPACES["new"] = EDIT_SPACES["block"]  # type: ignore[index]
     with pytest.raises(ValueError, match="'eff-diag' scales only the parallel part: s_perp must be 1, got 0.5"):
         Setting("eff-diag", 0.0, 0.5)
     assert Setting("hard-diag").label == "hard-diag[L=all]" and not Setting("hard-diag").is_identity

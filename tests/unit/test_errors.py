@@ -25,6 +25,7 @@ KEEPS = {
     "CorpusIntegrityError": ValueError,
     "EditsAlreadyInstalledError": RuntimeError,
     "NonFiniteEditError": ValueError,
+    "RenamedArgumentError": TypeError,
     "RealModelError": RuntimeError,
     "SiteResolutionError": ValueError,
     "TokenizerMismatchError": ValueError,

@@ -191,7 +191,7 @@ def test_joint_value_delta_is_the_split_of_the_concatenation():
     import torch
 
     from tl_directional.core.geometry import component_delta
-    from tl_directional.edit.tensors import joint_value_delta
+    from tl_directional.edit.forms import joint_value_delta
 
     g = torch.Generator().manual_seed(0)
     y, v = torch.randn(3, 5, 4, 8, generator=g, dtype=torch.float64), torch.randn(3, 5, 4, 8, generator=g, dtype=torch.float64)

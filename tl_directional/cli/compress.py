@@ -80,8 +80,7 @@ def _add_compress_commands(sub, positive_int) -> None:
     p.add_argument("--compressed", required=True, help="compressed model: HF directory")
     p.add_argument("--text", default=None, help="UTF-8 text file (default: bundled held-out KJV slice)")
     p.add_argument("--max-perp-error", type=float, required=True, help="threshold on the metric, e.g. 0.2")
-    p.add_argument("--component", "--unit", dest="component", choices=GATE_COMPONENTS, default="block",
-                   help="which updates to check (--unit is the former name)")
+    p.add_argument("--component", choices=GATE_COMPONENTS, default="block", help="which updates to check")
     p.add_argument("--mode", choices=MODES, default="local")
     p.add_argument("--metric", choices=GATE_METRICS, default="err_perp_energy")
     p.add_argument("--allow-removed-updates", action="store_true",

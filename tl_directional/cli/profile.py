@@ -44,11 +44,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("profile", help="per-layer and per-head geometry over a text", formatter_class=_DefaultsHelp,
                        description="Per-layer (residual) and per-head (value space) geometry of a model over a text.")
     _common(p, max_sequences=32, seq_len=128)
-    first = p.add_mutually_exclusive_group()
-    first.add_argument("--include-first-token", action="store_true",
-                       help="count each sequence's first token (BOS, the attention sink) in the statistics")
-    first.add_argument("--exclude-first-token", action="store_true",
-                       help="leave the first token out (the default; kept for old scripts)")
+    p.add_argument("--include-first-token", action="store_true",
+                   help="count each sequence's first token (BOS, the attention sink) in the statistics "
+                        "(left out by default)")
     p.add_argument("--format", choices=("csv", "parquet"), default="csv", help="table file format")
     p.add_argument("--out", required=True, help="output directory (residual, value tables and metadata.json)")
     p.add_argument("--force", action="store_true", help=_HELP["force"])

@@ -31,7 +31,6 @@ from .compressors import (
 from .gate import (
     GATE_COMPONENTS,
     GATE_METRICS,
-    GATE_UNITS,
     CheckResult,
     compress_check,
     nonfinite_parameters,
@@ -56,7 +55,6 @@ __all__ = [
     # the gate
     "GATE_METRICS",
     "GATE_COMPONENTS",
-    "GATE_UNITS",
     "CheckResult",
     "compress_check",
     "nonfinite_parameters",

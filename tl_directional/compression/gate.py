@@ -6,13 +6,13 @@ The command ``tl-directional compress-check`` (in :mod:`tl_directional.cli`) run
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from ..core.errors import renamed_argument
 from ..figures.gate import compress_check_page
 from ..io.fileio import replace_dir
 from ..model.adapter import hf_state_key
@@ -22,7 +22,6 @@ from .geometry import compression_geometry, normalize_targets
 GATE_METRICS = ("err_perp_energy", "err_perp_over_update", "err_perp_energy_vs_resid")
 #: What ``compress_check(component=...)`` / ``--component`` accepts.
 GATE_COMPONENTS = ("attn", "mlp", "block", "all")
-GATE_UNITS = GATE_COMPONENTS  # the former name, kept for imports
 
 
 @dataclass
@@ -113,15 +112,13 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, componen
             dropped layer: its error is purely parallel, so a perpendicular threshold cannot
             see it).
         geometry: reuse a table from :func:`compression_geometry` instead of measuring.
-        unit: deprecated alias of ``component`` (warns).
+        unit: the former name of ``component``: refused with a
+            :class:`~tl_directional.core.errors.RenamedArgumentError` naming ``component``.
     """
-    argument = "component"
     if unit is not None:
-        warnings.warn("compress_check(unit=...) is deprecated; pass component=...", DeprecationWarning,
-                      stacklevel=2)
-        component, argument = unit, "unit"
+        raise renamed_argument("compress_check", "unit", "component")
     if component not in GATE_COMPONENTS:
-        raise ValueError(f"{argument} must be one of {GATE_COMPONENTS}, got {component!r}")
+        raise ValueError(f"component must be one of {GATE_COMPONENTS}, got {component!r}")
     # Checked before the metric: a NaN / inf weight is a FAIL even where no metric would see it
     # (``ln_f``, the unembedding) and it would otherwise turn the metrics into NaN.
     if metric not in GATE_METRICS:
@@ -179,4 +176,4 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, componen
                        geometry, dense_name, compressed_name)
 
 
-__all__ = ["GATE_COMPONENTS", "GATE_METRICS", "GATE_UNITS", "CheckResult", "compress_check", "nonfinite_parameters"]
+__all__ = ["GATE_COMPONENTS", "GATE_METRICS", "CheckResult", "compress_check", "nonfinite_parameters"]

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 
@@ -54,7 +53,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..core.errors import TLDirectionalError
+from ..core.errors import TLDirectionalError, renamed_argument
 from ..core.geometry import DEFAULT_EPS, check_eps
 from ..io.distributed import rank_and_world
 from ..model.adapter import device_of
@@ -66,7 +65,7 @@ from ..model.sites import (
     normalize_layers,
     verify_sites,
 )
-from .accumulate import (  # noqa: F401 - re-exported: the per-token plumbing lives there
+from .accumulate import (
     _IDX,
     _STATS,
     STAT_INDEX,
@@ -74,15 +73,10 @@ from .accumulate import (  # noqa: F401 - re-exported: the per-token plumbing li
     _all_reduce_sums,
     _choose_plan,
     _components,
-    _dot,
-    _plan,
     _run,
     _Runner,
-    _SideCallMismatch,
     _sites_of,
-    _split_stats,
     _Target,
-    _token_stats,
 )
 from .compressors import CompressionRecord, CompressionResult
 
@@ -256,7 +250,8 @@ def compression_geometry(
             and ``df.attrs["rows"]``), for bootstrap intervals via :func:`summarize`.
         verify: check the additive identity of the dense model's sites first.
         progress: tqdm bar.
-        units: deprecated alias of ``components`` (warns).
+        units: the former name of ``components``: refused with a
+            :class:`~tl_directional.core.errors.RenamedArgumentError` naming ``components``.
 
     Returns:
         One row per (layer, unit) (and per compressed model), columns described in the
@@ -271,14 +266,8 @@ def compression_geometry(
     # Same lane, architecture class and shapes (checked above) mean the same hook names.
     sites, has_resid_post = _sites_of(dense)
     if units is not None:
-        if components is not None:
-            raise TypeError("pass components= only (units= is its deprecated alias)")
-        warnings.warn("compression_geometry(units=...) is deprecated; pass components=...",
-                      DeprecationWarning, stacklevel=2)
-        components, argument = units, "units"
-    else:
-        argument = "components"
-    units = _components(components, sites, argument)
+        raise renamed_argument("compression_geometry", "units", "components")
+    units = _components(components, sites, "components")
     layers = normalize_layers(layers, sites.n_layers)
     batch = prepare_inputs(dense, inputs, attention_mask)
     device = device_of(dense)

@@ -12,4 +12,15 @@ class TLDirectionalError(Exception):
     """
 
 
-__all__ = ["TLDirectionalError"]
+class RenamedArgumentError(TLDirectionalError, TypeError):
+    """A keyword argument under a name it no longer has: the message names the new name. (The
+    old name is refused, not silently taken: 0.1.0 keeps no aliases.)"""
+
+
+def renamed_argument(function: str, old: str, new: str) -> RenamedArgumentError:
+    """The :class:`RenamedArgumentError` for ``function(old=...)``, whose keyword is now ``new``."""
+    return RenamedArgumentError(f"{function}() has no argument {old!r}; it is called {new!r} now: pass "
+                                f"{new}=... instead of {old}=...")
+
+
+__all__ = ["RenamedArgumentError", "TLDirectionalError", "renamed_argument"]

@@ -1,4 +1,6 @@
-"""The arithmetic every edit path shares: scale arguments, scopes, the cast back, the forward state.
+"""The arguments every edit path shares: scale arguments, scopes, the cast back, the forward state.
+
+(Each edit's math itself is in :mod:`tl_directional.edit.forms`.)
 
 Both edit paths build on it: :mod:`tl_directional.edit` (TransformerLens hooks) and
 :mod:`tl_directional.edit.hf.edits` (module hooks on plain ``transformers`` models), so one edit
@@ -25,10 +27,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.errors import TLDirectionalError
-from ..core.geometry import component_delta, compute_dtype
 from ..model.generation import FORWARD
 from ..model.inputs import check_positions_in_range, int_positions, position_mask
-from ..model.sites import expand_kv_heads, normalize_heads
+from ..model.sites import normalize_heads
 
 AXES = ("batch", "layer", "head")
 """The axes a scale tensor can have, in this order."""
@@ -233,89 +234,20 @@ def row_scale(edit: Any, spec: ScaleSpec, layer: int, batch: int, n_q: int, offs
     return s
 
 
+def pattern_scope(head_mask: Tensor | None, query: Tensor | None, device) -> Tensor | None:
+    """The rows of an attention pattern an edit touches, a bool ``[batch|1, n_heads|1, query|1]``
+    (None: all): ``head_mask`` (``[n_heads]``, :func:`heads_mask`) and ``query``
+    (``[batch|1, query]``, :func:`query_mask`) together."""
+    scope = None if head_mask is None else head_mask.to(device).view(1, -1, 1)
+    if query is not None:
+        scope = query.unsqueeze(1) if scope is None else scope & query.unsqueeze(1)
+    return scope
+
+
 def scale_minus_one(s: Tensor) -> Tensor:
     """``s - 1`` with a trailing vector axis: ``[B|1, q|1, H|1]`` -> ``[B|1, q|1, H|1, 1]``, in
     ``s``'s dtype (the factor :func:`tl_directional.core.geometry.component_delta` forms from a scale)."""
     return s.unsqueeze(-1) - 1.0
-
-
-def value_split_scaled(y: Float[Tensor, "*lead n_heads d_head"], v: Float[Tensor, "*lead n_kv_heads d_head"],
-                       sp_minus_one: Tensor | None, sq_minus_one: Tensor | None,
-                       eps: float) -> Float[Tensor, "*lead n_heads d_head"]:
-    """``y + (s_par - 1) y_par + (s_perp - 1) y_perp``, ``y`` split against its own head's value
-    (``v``, one per KV head: query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``),
-    in the compute dtype: V-Para's arithmetic (METHOD.md sec. 4) in fewer passes.
-
-    Bit-identical to ``y + component_delta(y, expand_kv_heads(v), s_par, s_perp, eps)`` (the
-    same products, sums and divisions in the same order; only the sign of a zero can differ):
-    GQA heads are split against their KV head by broadcasting instead of a copy per query
-    head (without autograd; with it, gradients stay bitwise as before too); a perpendicular factor that is exactly 0 (``sq_minus_one=None``, ``s_perp = 1``)
-    skips its term (``x + 0 * y_perp == x``), a parallel factor that is exactly -1
-    (``sp_minus_one=None``, ``s_par = 0``) is a subtraction (``x + (-1) y_par == x - y_par``),
-    and without autograd the temporaries are updated in place.
-
-    Args:
-        y: ``[..., n_heads, d_head]``, the head outputs (``hook_z``).
-        v: ``[..., n_kv_heads, d_head]``, the values of the same positions (``hook_v``).
-        sp_minus_one, sq_minus_one: ``s - 1`` (:func:`scale_minus_one`), ``[..., n_heads|1, 1]``
-            in the compute dtype; None: exactly -1 (parallel) / exactly 0 (perpendicular).
-        eps: the degeneracy threshold on squared norms.
-    """
-    dtype = compute_dtype(torch.promote_types(y.dtype, v.dtype))
-    u, r = y.to(dtype), v.to(dtype)
-    sp, sq = sp_minus_one, sq_minus_one
-    inplace = not torch.is_grad_enabled() or not any(
-        t is not None and t.requires_grad for t in (u, r, sp, sq))
-    n_heads, n_kv = u.shape[-2], r.shape[-2]
-    grouped = n_kv != n_heads
-    if grouped and not inplace:
-        # with autograd, one value per query head as before: the gradient of a broadcast value
-        # would be summed over its query heads in another order (float tolerance, not bitwise)
-        r, grouped = expand_kv_heads(r, n_heads), False
-    if grouped:  # [..., kv, group, d] against [..., kv, 1, d]
-        group = n_heads // n_kv
-        u, r = u.unflatten(-2, (n_kv, group)), r.unsqueeze(-2)
-        sp = None if sp is None else _group_heads(sp, n_kv, group)
-        sq = None if sq is None else _group_heads(sq, n_kv, group)
-    u_sq = (u * u).sum(-1)
-    r_sq = (r * r).sum(-1)
-    dot = (u * r).sum(-1)
-    degenerate = (r_sq <= eps) | (u_sq <= eps)
-    a = torch.where(degenerate, 0.0, dot / torch.where(degenerate, 1.0, r_sq))
-    y_par = a.unsqueeze(-1) * r
-    if sq is None:
-        if sp is None:
-            out = u - y_par
-        elif inplace:
-            out = y_par.mul_(sp).add_(u)
-        else:
-            out = u + sp * y_par
-    else:
-        sp = -torch.ones((), dtype=dtype, device=u.device) if sp is None else sp
-        out = u + (sp * y_par + sq * (u - y_par))
-    return out.flatten(-3, -2) if grouped else out
-
-
-def _group_heads(s: Tensor, n_kv: int, group: int) -> Tensor:
-    """A ``[..., n_heads|1, 1]`` factor laid out as ``[..., n_kv|1, group|1, 1]``."""
-    if s.shape[-2] == 1:
-        return s.unsqueeze(-2)
-    return s.unflatten(-2, (n_kv, group))
-
-
-def joint_value_delta(y: Float[Tensor, "*lead n_heads d_head"], v: Float[Tensor, "*lead n_heads d_head"],
-                      s_par: Tensor | float, s_perp: Tensor | float, eps: float) -> Float[Tensor, "*lead n_heads d_head"]:
-    """The value-space edit of the paper's revision (appendix, "Forward-hook implementation"):
-    one split per token of the *concatenated* heads, ``y`` (every head's aggregate, or cross
-    aggregate) flattened to ``n_heads * d_head`` against the concatenated own values ``v``
-    (KV heads already expanded to the query-head layout), in the compute dtype.
-
-    Returns ``(s_par - 1) y_par + (s_perp - 1) y_perp`` shaped like ``y``; ``s_par`` / ``s_perp``
-    broadcast to ``y``'s leading axes ``[*lead]`` (one scale per token: the joint split has no
-    per-head scale). Exactly zero at ``s_par = s_perp = 1``.
-    """
-    flat = component_delta(y.flatten(-2), v.flatten(-2), s_par, s_perp, eps)
-    return flat.view(*y.shape[:-2], y.shape[-2], y.shape[-1])
 
 
 __all__ = [
@@ -325,11 +257,10 @@ __all__ = [
     "Scales",
     "cast_back",
     "heads_mask",
-    "joint_value_delta",
+    "pattern_scope",
     "query_mask",
     "row_scale",
     "scale_specs",
     "scale_minus_one",
     "scales",
-    "value_split_scaled",
 ]

@@ -1,7 +1,7 @@
 """Evaluate an edited ``transformers`` model with lm-evaluation-harness (``lm_eval``'s Python API).
 
 :func:`evaluate_edited` wraps the model in ``lm_eval``'s ``HFLM``, installs the edits
-(:func:`tl_directional.edit.hf.apply_edits`) for the evaluation only and runs ``simple_evaluate`` on
+(:func:`tl_directional.apply_edits`) for the evaluation only and runs ``simple_evaluate`` on
 local tasks. The bundled task ``tld_kjv_cloze`` (:data:`TASK_NAME`, in :func:`task_dir`) is an
 80-item, 4-way cloze on the held-out KJV text built by ``scripts/make_lm_eval_task.py`` (seed 0);
 its data ships in the package, so evaluation runs offline. ``lm_eval`` is imported only here.
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..edit import Edit
-from ..edit.hf.edits import apply_edits
+from ..edit.apply import apply_edits
 
 TASK_NAME = "tld_kjv_cloze"
 _REQUIRED_KEYS = ("task", "output_type", "doc_to_text", "doc_to_choice", "doc_to_target")

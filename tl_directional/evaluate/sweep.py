@@ -22,11 +22,10 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
@@ -73,10 +72,6 @@ from .metrics import (  # the metric registries; re-exported: `from tl_direction
 )
 from .safe_scale import SafeScaleResult, find_safe_scale  # re-exported
 from .setting import Setting
-
-#: The sweep's space names with their descriptions: a read-only view of
-#: :data:`tl_directional.edit.EDIT_SPACES` (the one registry), kept for ``from sweep import SPACES``.
-SPACES: Mapping[str, str] = MappingProxyType({name: space.description for name, space in EDIT_SPACES.items()})
 
 
 def grid(
@@ -541,6 +536,6 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
     return pd.DataFrame(rows)
 
 
-__all__ = ["METRICS", "METRIC_REGISTRY", "QUANTITIES", "SPACES", "BaselineStats", "Metric", "MetricSums", "Quantity",
+__all__ = ["METRICS", "METRIC_REGISTRY", "QUANTITIES", "BaselineStats", "Metric", "MetricSums", "Quantity",
            "SafeScaleResult", "Setting", "batch_metric_sums", "find_safe_scale", "grid", "prediction_mask", "sweep",
            "sweep_figure", "top1_agreement"]

@@ -24,9 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TLDirectionalError
-from .fileio import (
-    sha256_file,  # the one sha256_file; re-exported for `from corpus import sha256_file`
-)
 
 #: The three splits that ``scripts/fetch_corpus.py`` writes.
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
@@ -274,6 +271,5 @@ __all__ = [
     "iter_text_chunks",
     "load_split",
     "prose_heldout_text",
-    "sha256_file",
     "split_manifest",
 ]

@@ -1,20 +1,22 @@
 """Where the edit spaces live on a plain Hugging Face decoder (:mod:`tl_directional.edit.hf.edits`
-has the full account, METHOD.md sec. 2-4): each supported family's module layout, the sites
-resolved on one model (:class:`HFSites`, :func:`resolve_hf_sites`) and the attention
-implementation a model runs (the edits that need the pattern check it in
-:mod:`tl_directional.edit.hf.edits`).
-
-Re-exported by :mod:`tl_directional.edit.hf.edits` and :mod:`tl_directional.edit.hf`.
+has the full account, METHOD.md sec. 2-4), looked up from the family records: each family file
+says where its modules are (:class:`~tl_directional.model.families.HFModules`, the family's
+``hf_modules``); this module finds the family of one model by ``config.model_type`` and resolves
+its sites (:class:`HFSites`, :func:`resolve_hf_sites`), and tells the attention implementation a
+model runs (the edits that need the pattern check it in :mod:`tl_directional.edit.hf.edits`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from ..core.errors import TLDirectionalError
+from .families import REGISTRY, HFModules
 from .sites import PARALLEL, SEQUENTIAL, ModelSites, WeightProcessing
 
 
@@ -26,45 +28,18 @@ class AttentionPatternUnavailableError(TLDirectionalError, RuntimeError):
     """An edit needs the attention pattern, which this attention implementation does not return."""
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """Module names of one decoder layer of a family (relative to the layer / its attention)."""
-
-    layers: tuple[str, ...]  # dotted paths to the ModuleList of decoder layers (first found)
-    attn: str  # attention module, a child of the layer
-    o_proj: str  # output projection, a child of the attention module
-    v_source: str  # module whose output holds the values, a child of the attention module
-    v_kind: str  # "separate" | "gpt2_fused" | "neox_fused"
-    attn_norm: str  # pre-attention norm (its input is resid_pre)
-    mlp_norm: str | None  # pre-MLP norm (its input is resid_mid); None: parallel block
-    attn_out: str  # module whose output is the attention update added to the stream
-    mlp_out: str  # module whose output is the MLP update added to the stream
-    after_o: tuple[str, ...] = ()  # modules the attention applies after o_proj (GPT-2 dropout)
-    sandwich: bool = False
+#: ``config.model_type`` -> where the family's edit sites live (:class:`HFModules`), read from the
+#: family records (:data:`tl_directional.model.families.REGISTRY`): a family with ``hf_modules`` is
+#: on the plain ``transformers`` lane under each of its ``model_types``.
+MODEL_TYPES: Mapping[str, HFModules] = MappingProxyType(
+    {t: f.hf_modules for f in REGISTRY.values() if f.hf_modules is not None for t in f.model_types})
 
 
-_LLAMA = _Layout(("model.layers",), "self_attn", "o_proj", "v_proj", "separate", "input_layernorm",
-                 "post_attention_layernorm", "self_attn", "mlp")
-_GEMMA3 = _Layout(("model.layers",), "self_attn", "o_proj", "v_proj", "separate", "input_layernorm",
-                  "pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm",
-                  sandwich=True)
-_GPT2 = _Layout(("transformer.h",), "attn", "c_proj", "c_attn", "gpt2_fused", "ln_1", "ln_2", "attn", "mlp",
-                after_o=("resid_dropout",))
-_NEOX = _Layout(("gpt_neox.layers",), "attention", "dense", "query_key_value", "neox_fused", "input_layernorm",
-                None, "attention", "mlp")
-
-#: ``config.model_type`` -> layout. Llama-style decoders share one layout.
-MODEL_TYPES: dict[str, _Layout] = {
-    "gpt2": _GPT2,
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
-    "qwen3": _LLAMA,
-    "gemma3_text": _GEMMA3,
-    "gpt_neox": _NEOX,
-}
-SUPPORTED = ("GPT-2 (gpt2)", "Llama / Mistral / Qwen2 / Qwen3 (llama, mistral, qwen2, qwen3)",
-             "Gemma-3 text (gemma3_text)", "GPT-NeoX / Pythia (gpt_neox)")
+def _supported_text() -> str:
+    """The families the plain ``transformers`` lane edits, as ``label (model types)``, in the
+    registry's order."""
+    return "; ".join(f"{f.hf_modules.label} ({', '.join(f.model_types)})" for f in REGISTRY.values()
+                     if f.hf_modules is not None)
 
 
 @dataclass
@@ -79,7 +54,7 @@ class HFSites:
     d_model: int
     parallel: bool
     sandwich: bool
-    layout: _Layout
+    layout: HFModules
     layers: list[torch.nn.Module] = field(default_factory=list)
 
     def model_sites(self) -> ModelSites:
@@ -106,10 +81,6 @@ def _child(module: torch.nn.Module, dotted: str) -> torch.nn.Module:
     return module
 
 
-def _supported_text() -> str:
-    return "; ".join(SUPPORTED)
-
-
 def resolve_hf_sites(model: Any) -> HFSites:
     """Resolve the edit sites of a plain ``transformers`` causal LM.
 
@@ -121,7 +92,7 @@ def resolve_hf_sites(model: Any) -> HFSites:
     if hasattr(model, "run_with_hooks") and hasattr(model, "hook_dict"):
         raise UnsupportedModelError(
             f"model is a TransformerLens {type(model).__name__}; use tl_directional.apply_edits for "
-            "it, and tl_directional.edit.hf.apply_edits for plain transformers models")
+            "it (the module hooks here are for plain transformers models)")
     config = getattr(model, "config", None)
     if not isinstance(model, torch.nn.Module) or config is None:
         raise UnsupportedModelError(
@@ -151,8 +122,8 @@ def resolve_hf_sites(model: Any) -> HFSites:
     attn0 = _child(layers[0], layout.attn)
     d_head = int(getattr(attn0, "head_dim", None) or getattr(attn0, "head_size", None) or d_model // n_heads)
     parallel = layout.mlp_norm is None and bool(getattr(config, "use_parallel_residual", True))
-    if layout is _NEOX and not parallel:
-        layout = _Layout(**{**layout.__dict__, "mlp_norm": "post_attention_layernorm"})
+    if layout.mlp_norm is None and not parallel:
+        layout = replace(layout, mlp_norm=layout.sequential_mlp_norm)
     return HFSites(model_type=model_type, n_layers=len(layers), n_heads=n_heads, n_kv_heads=n_kv,
                    d_head=d_head, d_model=d_model, parallel=parallel, sandwich=layout.sandwich,
                    layout=layout, layers=list(layers))

@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from ..edit import Edit
-from ..edit.hf.edits import apply_edits, install_edits
+from ..edit.apply import apply_edits
+from ..edit.hf.edits import install_edits
 from ..io.corpus import heldout_text
 from ..model.load import load_hf_model
 from ..training.config import lr_at, variant_edits

@@ -49,7 +49,6 @@ from ..figures.base import (
 )
 from ..figures.gate import compress_check_page
 from ..figures.notebook_output import notebook_libraries, set_notebook_libraries
-from ..figures.page import Report as Report  # the page the views go on (as before the split)
 from ..figures.page import circuitsvis_js, library_script, plotly_js
 from ..figures.patching import split_dla_figure
 from ..figures.plots import (

@@ -1,66 +1,42 @@
 """tl_directional on plain Hugging Face ``transformers`` models (no TransformerLens needed).
 
-* :func:`apply_edits` / :func:`install_edits`: the package's edits (``ResidualScale``,
-  ``ValueScale`` full / exclusive, ``DiagonalRemoval``, ``EffectiveDiagonal``) as torch module
-  hooks on an ``AutoModelForCausalLM`` (:mod:`tl_directional.edit.hf.edits`).
-* :class:`DirectionalEditCallback` (``tl_directional.training.hf_callback``): a ``transformers.Trainer``
-  callback that keeps an edit active during training, with an ``s_par`` schedule and logging of
-  the measured parallel share per layer. Imported lazily (it imports ``transformers``).
-* :mod:`tl_directional.evaluate.lm_eval_task`: a local lm-evaluation-harness task on the bundled
-  held-out texts. Imported lazily (it imports ``lm_eval`` only when evaluating).
-* :mod:`tl_directional.evaluate.lm_eval_model`: the lm-eval model ``tl-directional`` (a local HF
-  model with edits from a sweep label), registered when imported; ``tl-directional-lm-eval``
-  (:mod:`tl_directional.cli.lm_eval`) is lm-eval's command line with it. Imported lazily.
+* :func:`install_edits`: the package's edits (``ResidualScale``, ``ValueScale`` full / exclusive,
+  ``DiagonalRemoval``, ``EffectiveDiagonal``) as torch module hooks on an
+  ``AutoModelForCausalLM`` until ``handle.remove()`` (:mod:`tl_directional.edit.hf.edits`);
+  :func:`tl_directional.apply_edits` uses it for a context on these models.
+
+The ``transformers.Trainer`` callback that keeps an edit active during training is
+:class:`tl_directional.training.hf_callback.DirectionalEditCallback`, and the lm-evaluation-harness
+plug-in is :mod:`tl_directional.evaluate.lm_eval_task` / :mod:`tl_directional.evaluate.lm_eval_model`:
+they build on this lane (training and evaluation depend on the edits, not the reverse).
 """
 
 from __future__ import annotations
 
-import importlib
-
-from .edits import (
+from ...model.hf_layout import (
     MODEL_TYPES,
     AttentionPatternUnavailableError,
-    EditsAlreadyInstalledError,
-    HFEditHandle,
     HFSites,
     UnsupportedModelError,
-    apply_edits,
     attention_implementation,
-    edit_label,
+    resolve_hf_sites,
+)
+from .edits import (
+    EditsAlreadyInstalledError,
+    HFEditHandle,
     install_edits,
     installed_edits,
     remove_edits,
-    resolve_hf_sites,
 )
-
-_CALLBACK = "tl_directional.training.hf_callback"
-_LAZY = {
-    "DirectionalEditCallback": _CALLBACK,
-    "SparSchedule": _CALLBACK,
-    "S_PAR_RANGE": _CALLBACK,
-}
-_LAZY_MODULES = {"callback": _CALLBACK, "lm_eval_task": "tl_directional.evaluate.lm_eval_task"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in _LAZY_MODULES:
-        return importlib.import_module(_LAZY_MODULES[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+from .value_chain import edit_label
 
 __all__ = [
     "AttentionPatternUnavailableError",
-    "DirectionalEditCallback",
     "EditsAlreadyInstalledError",
     "HFEditHandle",
     "HFSites",
     "MODEL_TYPES",
-    "SparSchedule",
-    "S_PAR_RANGE",
     "UnsupportedModelError",
-    "apply_edits",
     "attention_implementation",
     "edit_label",
     "install_edits",

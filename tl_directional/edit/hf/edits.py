@@ -39,38 +39,32 @@ sites), :mod:`tl_directional.edit.hf.value_chain` (the value-space and pattern e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from ...core.errors import TLDirectionalError
-from ...core.geometry import component_delta, compute_dtype
+from ...core.geometry import compute_dtype
 from ...model.generation import FORWARD
-from ...model.hf_layout import (  # noqa: F401  (the public names are re-exported)
-    MODEL_TYPES,
+from ...model.hf_layout import (
     AttentionPatternUnavailableError,
     HFSites,
-    UnsupportedModelError,
     attention_implementation,
     resolve_hf_sites,
 )
 from ...model.sites import expand_kv_heads
-from .. import (
-    DiagonalRemoval,
-    Edit,
-    EffectiveDiagonal,
-    ResidualScale,
-    ValueScale,
-)
+from ..base import Edit
+from ..forms import residual_parts, residual_scaled
+from ..pattern import DiagonalRemoval, EffectiveDiagonal
+from ..residual import ResidualScale
 from ..tensors import (
     ScaleSpec,
     cast_back,
     query_mask,
 )
+from ..value import ValueScale
 from .value_chain import _Run, _value_chain_fn, edit_label
 
 
@@ -252,19 +246,6 @@ def remove_edits(model) -> bool:
     return True
 
 
-@contextmanager
-def apply_edits(model, *edits: Any) -> Iterator[Any]:
-    """Context manager: ``with tl_directional.edit.hf.apply_edits(model, ValueScale(0.0)): model(ids)``.
-
-    Installs ``edits`` (as :func:`install_edits`) for the block and always removes them on exit,
-    also when the block raises."""
-    handle = install_edits(model, *edits)
-    try:
-        yield model
-    finally:
-        handle.remove()
-
-
 def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSites, run: _Run) -> None:
     handle._run = run
     add = handle._handles.append
@@ -381,19 +362,14 @@ def _install_residual(handle: HFEditHandle, sites: HFSites, e: ResidualScale, ru
     label = edit_label(e)
 
     def edited(tensor: Tensor, stream: Tensor, layer: int, is_difference: bool) -> Tensor:
-        ref = stream if e.reference is None else e.reference.to(tensor.device, tensor.dtype)
-        update = tensor - stream if is_difference else tensor
+        update, ref = residual_parts(tensor, stream, e.reference, is_difference)
         run.record(f"{label}/L{layer}", update, ref, e.eps)
         batch, n_q = tensor.shape[:2]
         dtype = compute_dtype(tensor.dtype)
         sp = s_par.at(layer, batch, tensor.device, dtype)[:, :1]
         sq = s_perp.at(layer, batch, tensor.device, dtype)[:, :1]
         pm = query_mask(e, batch, n_q, run.offset, tensor.device)
-        if pm is not None:
-            sp = torch.where(pm, sp, torch.ones_like(sp))
-            sq = torch.where(pm, sq, torch.ones_like(sq))
-        delta = component_delta(update, ref, sp, sq, e.eps)
-        return cast_back(tensor.to(delta.dtype) + delta, tensor, e, layer)
+        return cast_back(residual_scaled(tensor, update, ref, sp, sq, e.eps, pm), tensor, e, layer)
 
     for L in e._layers(ns):
         _install_residual_layer(add, sites, e, L, edited, run)
@@ -433,17 +409,9 @@ def _install_residual_layer(add, sites: HFSites, e: ResidualScale, layer: int, e
 
 
 __all__ = [
-    "AttentionPatternUnavailableError",
     "EditsAlreadyInstalledError",
     "HFEditHandle",
-    "HFSites",
-    "MODEL_TYPES",
-    "UnsupportedModelError",
-    "apply_edits",
-    "attention_implementation",
-    "edit_label",
     "install_edits",
     "installed_edits",
     "remove_edits",
-    "resolve_hf_sites",
 ]

@@ -1,7 +1,8 @@
 """The HF edit path's per-forward state and the edits of value space and of the attention
 pattern as functions of the o_proj input ``z``, the own values ``v`` and the attention weights
-(METHOD.md sec. 4), the math of :mod:`tl_directional.edit.tensors` and
-:mod:`tl_directional.core.geometry`. :mod:`tl_directional.edit.hf.edits` installs them as module hooks.
+(METHOD.md sec. 4): where those tensors come from; the math is :mod:`tl_directional.edit.forms`'s,
+the same functions the TransformerLens hooks call. :mod:`tl_directional.edit.hf.edits` installs
+them as module hooks.
 """
 
 from __future__ import annotations
@@ -12,10 +13,22 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...core.geometry import component_delta, compute_dtype, projection_coefficient
+from ...core.geometry import compute_dtype, projection_coefficient
 from ...model.hf_layout import HFSites
-from .. import DiagonalRemoval, Edit, EffectiveDiagonal, ResidualScale, ValueScale
-from ..tensors import cast_back, heads_mask, joint_value_delta, query_mask, row_scale, scale_specs
+from ..base import Edit
+from ..forms import (
+    cross_aggregate,
+    diagonal_removed,
+    diagonal_removed_aggregate,
+    effective_diagonal_aggregate,
+    joint_value_scaled,
+    self_weights,
+    value_scaled,
+)
+from ..pattern import DiagonalRemoval, EffectiveDiagonal
+from ..residual import ResidualScale
+from ..tensors import cast_back, heads_mask, pattern_scope, query_mask, row_scale, scale_specs
+from ..value import ValueScale
 
 
 class _Run:
@@ -80,56 +93,34 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
             off = offset_of(z, weights)
             sp = row_scale(e, s_par, layer, batch, n_q, off, head_mask, z.device, dtype)
             sq = row_scale(e, s_perp, layer, batch, n_q, off, head_mask, z.device, dtype)
-            if e.mode == "full":
-                y = z
-            else:
-                idx = torch.arange(n_q, device=z.device)
-                a_tt = weights[:, :, idx, off + idx].transpose(1, 2)  # [batch, q, heads]
-                y = z.to(dtype) - a_tt.to(dtype).unsqueeze(-1) * v.to(dtype)
+            y = z if e.mode == "full" else cross_aggregate(z, v, self_weights(weights, off), dtype)
             if e.joint:  # one split over the concatenated heads (the scales are per token)
                 run.record(key, y.flatten(-2), v.flatten(-2), e.eps)
-                delta = joint_value_delta(y.to(dtype), v.to(dtype), sp[..., 0], sq[..., 0], e.eps)
+                edited = joint_value_scaled(z, y.to(dtype), v.to(dtype), sp[..., 0], sq[..., 0], e.eps)
             else:
                 run.record(key, y, v, e.eps)
-                delta = component_delta(y, v, sp, sq, e.eps)
-            return cast_back(z.to(delta.dtype) + delta, z, e, layer)
+                edited = value_scaled(z, y, v, sp, sq, e.eps)
+            return cast_back(edited, z, e, layer)
     elif isinstance(e, EffectiveDiagonal):
         def fn(z, v, weights):
             batch, n_q = z.shape[:2]
             dtype = compute_dtype(z.dtype)
             s = row_scale(e, s_par, layer, batch, n_q, offset_of(z, weights), head_mask, z.device, dtype)
             run.record(key, z, v, e.eps)
-            beta, _, _, _ = projection_coefficient(z, v, e.eps)  # [batch, q, heads]
-            add = ((s - 1.0) * beta).unsqueeze(-1) * v.to(dtype)
-            return cast_back(z.to(dtype) + add, z, e, layer)
-    else:  # DiagonalRemoval: A_tt := 0, row renormalised over s != t, written as an edit of z
+            return cast_back(effective_diagonal_aggregate(z, v, s, e.eps), z, e, layer)
+    else:  # DiagonalRemoval: A_tt := 0, row renormalised over s != t
         def fn(z, v, weights):
             batch, n_q = z.shape[:2]
             dtype = compute_dtype(z.dtype)
             off = offset_of(z, weights)
-            idx = torch.arange(n_q, device=z.device)
             w = weights.to(dtype)
             run.record(key, z, v, 1e-12)
-            diag = w[:, :, idx, off + idx].transpose(1, 2)  # [batch, q, heads]
-            row_sum = w.sum(-1).transpose(1, 2)
-            off_mass = row_sum - diag
-            selected = off_mass > e.eps
-            if head_mask is not None:
-                selected = selected & head_mask.to(z.device).view(1, 1, -1)
-            pm = query_mask(e, batch, n_q, off, z.device)
-            if pm is not None:
-                selected = selected & pm.unsqueeze(-1)
-            factor = row_sum / torch.where(selected, off_mass, torch.ones_like(off_mass))
+            scope = pattern_scope(head_mask, query_mask(e, batch, n_q, off, z.device), z.device)
             if off == 0 and w.shape[-1] == n_q:
                 # every key's value is here (no KV cache): edit the pattern and aggregate again,
                 # the TransformerLens lane's order of operations (A' v as eager attention does it)
-                sel = selected.transpose(1, 2)  # [batch, heads, q]
-                is_diag = torch.eye(n_q, dtype=torch.bool, device=z.device)
-                w_new = w * torch.where(sel, factor.transpose(1, 2), torch.ones_like(factor.transpose(1, 2))).unsqueeze(-1)
-                w_new = torch.where(sel.unsqueeze(-1) & is_diag, torch.zeros_like(w_new), w_new)
+                w_new = diagonal_removed(w, 0, scope, e.eps)
                 z_new = torch.matmul(w_new, v.to(dtype).transpose(1, 2)).transpose(1, 2)
                 return cast_back(z_new, z, e, layer)
-            z32 = z.to(dtype)
-            edited = factor.unsqueeze(-1) * (z32 - diag.unsqueeze(-1) * v.to(dtype))
-            return cast_back(torch.where(selected.unsqueeze(-1), edited, z32), z, e, layer)
+            return cast_back(diagonal_removed_aggregate(z, v, w, off, scope, e.eps), z, e, layer)
     return fn

@@ -5,7 +5,8 @@ its tiny offline config (:func:`tl_directional.model.load.build_tiny_hf_model`),
 config (HF config -> ``HookedTransformerConfig`` fields, read from the local config) and
 TransformerLens weight converter, or why a lane refuses it, and its layout facts
 (:class:`Layout`: pre-LN / post-LN / parallel / sandwich norms / soft-capping / MoE / GQA /
-norm-gain form). Adding a family is one new file plus its row in ``_MODULES`` below; see
+norm-gain form) and where its edit sites live on the plain ``transformers`` model
+(:class:`HFModules`). Adding a family is one new file plus its row in ``_MODULES`` below; see
 ``docs/adding_a_family.md``.
 """
 
@@ -13,7 +14,16 @@ from __future__ import annotations
 
 import importlib
 
-from ._base import HF_SHAPE, HF_SHAPE_GQA, LEGACY_MAX_CTX, Family, Layout, rope_type
+from ._base import (
+    HF_SHAPE,
+    HF_SHAPE_GQA,
+    LEGACY_MAX_CTX,
+    Family,
+    HFModules,
+    Layout,
+    llama_style_modules,
+    rope_type,
+)
 
 #: The family modules, one row each (the order of FAMILIES and of docs/models.md).
 _MODULES: tuple[str, ...] = (
@@ -68,4 +78,4 @@ def lane_families(lane, *, causal_only: bool = False) -> tuple[str, ...]:
 
 
 __all__ = ["BY_ARCH", "BY_MODEL_TYPE", "HF_SHAPE", "HF_SHAPE_GQA", "LEGACY_MAX_CTX", "REGISTRY", "Family",
-           "Layout", "get_family", "lane_families", "rope_type"]
+           "HFModules", "Layout", "llama_style_modules", "get_family", "lane_families", "rope_type"]

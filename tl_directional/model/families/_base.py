@@ -64,6 +64,56 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class HFModules:
+    """Where the split's tensors live in one decoder layer of the family's plain ``transformers``
+    model: the third lane's edit sites (:mod:`tl_directional.edit.hf`, METHOD.md sec. 2-4). Module
+    names are dotted paths relative to the decoder layer (``attn``, the norms, ``attn_out``,
+    ``mlp_out``) or to its attention module (``o_proj``, ``v_source``).
+
+    Attributes:
+        label: How the supported-families message names the family (``"GPT-2"``).
+        layers: Dotted paths from the causal-LM model to the ``ModuleList`` of decoder layers
+            (the first that exists is used).
+        attn: The attention module.
+        o_proj: The attention output projection; its input is ``z`` (``attn.hook_z``).
+        v_source: The module whose output holds the values.
+        v_kind: How the values sit in ``v_source``'s output: ``"separate"`` (a value projection),
+            ``"gpt2_fused"`` (the last third of GPT-2's ``c_attn``) or ``"neox_fused"`` (the last
+            third of each head's slice of GPT-NeoX's ``query_key_value``).
+        attn_norm: The pre-attention norm (its input is ``resid_pre``).
+        mlp_norm: The pre-MLP norm (its input is ``resid_mid``); None for a parallel block.
+        attn_out: The module whose output is the attention update added to the stream.
+        mlp_out: The module whose output is the MLP update added to the stream.
+        after_o: Modules the attention applies after ``o_proj`` (GPT-2's ``resid_dropout``).
+        sandwich: The updates are normalised before the residual add (Gemma-3).
+        sequential_mlp_norm: The pre-MLP norm when the config turns a parallel block off
+            (GPT-NeoX with ``use_parallel_residual=False``).
+    """
+
+    label: str
+    layers: tuple[str, ...]
+    attn: str
+    o_proj: str
+    v_source: str
+    v_kind: str
+    attn_norm: str
+    mlp_norm: str | None
+    attn_out: str
+    mlp_out: str
+    after_o: tuple[str, ...] = ()
+    sandwich: bool = False
+    sequential_mlp_norm: str | None = None
+
+
+def llama_style_modules(label: str) -> HFModules:
+    """The :class:`HFModules` of a Llama-style decoder (``model.layers``, ``self_attn`` with
+    ``v_proj`` / ``o_proj``, ``input_layernorm`` / ``post_attention_layernorm``, ``mlp``), which
+    Llama, Mistral, Qwen2 and Qwen3 share."""
+    return HFModules(label, ("model.layers",), "self_attn", "o_proj", "v_proj", "separate", "input_layernorm",
+                     "post_attention_layernorm", "self_attn", "mlp")
+
+
+@dataclass(frozen=True)
 class Family:
     """One model family: everything the package needs to build, load and split it.
 
@@ -93,6 +143,8 @@ class Family:
             ``legacy_config`` is ``None``.
         legacy_encoder: The legacy model is a ``HookedEncoder`` (BERT), not a ``HookedTransformer``.
         bridge_refusal: Why the bridge lane refuses it ("" if it loads).
+        hf_modules: Where the edit sites live on the plain ``transformers`` model (the third
+            lane, :class:`HFModules`); ``None`` when that lane does not edit the family.
         bridge_pattern_after_z: On the TL 4 bridge, ``hook_pattern`` fires after ``hook_z`` (the
             HF attention module computes the output before the bridge sees the pattern), so
             pattern edits (``EffectiveDiagonal``, ``DiagonalRemoval``, ``ValueScale`` with
@@ -121,6 +173,7 @@ class Family:
     legacy_refusal: str = ""
     legacy_encoder: bool = False
     bridge_refusal: str = ""
+    hf_modules: HFModules | None = None
     causal: bool = True
     bridge_pattern_after_z: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)

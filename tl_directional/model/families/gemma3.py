@@ -3,7 +3,7 @@ after the MLP, before each residual add), q/k RMSNorm, RMSNorm gain ``1 + w``, a
 sliding-window (6 tokens in the tiny model, so short test sequences exercise both) and full
 attention, one KV head, tied embeddings. The sec. 3 factorization is NaN (sandwich-norm note)."""
 
-from ._base import HF_SHAPE_GQA, Family, Layout, refuse_if, rotary_fields, shape_fields
+from ._base import HF_SHAPE_GQA, Family, HFModules, Layout, refuse_if, rotary_fields, shape_fields
 
 
 def config_extra(shape):
@@ -80,5 +80,8 @@ FAMILY = Family(
     layout=Layout(norm="sandwich", gqa=True, norm_gain="RMS 1+w", qk_norm=True, local_attn=True),
     legacy_config=legacy_config,
     legacy_converter="convert_gemma_weights",
+    hf_modules=HFModules("Gemma-3 text", ("model.layers",), "self_attn", "o_proj", "v_proj", "separate",
+                         "input_layernorm", "pre_feedforward_layernorm", "post_attention_layernorm",
+                         "post_feedforward_layernorm", sandwich=True),
     notes=("Sandwich norms: the sec. 3 factorization columns are NaN with the sandwich-norm note.",),
 )

@@ -1,6 +1,6 @@
 """GPT-2 (``GPT2LMHeadModel``): pre-LN, learned positions, tied embed/unembed, ``gelu_new``."""
 
-from ._base import Family, Layout
+from ._base import Family, HFModules, Layout
 
 
 def legacy_config(c):
@@ -36,4 +36,6 @@ FAMILY = Family(
     layout=Layout(norm_gain="LN", positions="learned"),
     legacy_config=legacy_config,
     legacy_converter="convert_gpt2_weights",
+    hf_modules=HFModules("GPT-2", ("transformer.h",), "attn", "c_proj", "c_attn", "gpt2_fused", "ln_1", "ln_2", "attn",
+                         "mlp", after_o=("resid_dropout",)),
 )

@@ -7,6 +7,7 @@ from ._base import (
     Layout,
     head_dim,
     kv_heads_field,
+    llama_style_modules,
     require_default_rope,
     rope_theta,
     rotary_fields,
@@ -44,4 +45,5 @@ FAMILY = Family(
     layout=Layout(gqa=True),
     legacy_config=legacy_config,
     legacy_converter="convert_mistral_weights",
+    hf_modules=llama_style_modules("Mistral"),
 )

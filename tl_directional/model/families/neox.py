@@ -4,6 +4,7 @@ quarter of each head's dims rotate), untied unembed; trained without BOS."""
 from ._base import (
     HF_SHAPE,
     Family,
+    HFModules,
     Layout,
     partial_rotary,
     refuse_if,
@@ -40,4 +41,7 @@ FAMILY = Family(
     layout=Layout(parallel=True, norm_gain="LN", positions="rotary (partial)"),
     legacy_config=legacy_config,
     legacy_converter="convert_neox_weights",
+    hf_modules=HFModules("GPT-NeoX / Pythia", ("gpt_neox.layers",), "attention", "dense", "query_key_value",
+                         "neox_fused", "input_layernorm", None, "attention", "mlp",
+                         sequential_mlp_norm="post_attention_layernorm"),
 )

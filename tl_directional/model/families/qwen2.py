@@ -6,6 +6,7 @@ from ._base import (
     Family,
     Layout,
     kv_heads_field,
+    llama_style_modules,
     refuse_if,
     require_default_rope,
     rope_theta,
@@ -42,4 +43,5 @@ FAMILY = Family(
     layout=Layout(gqa=True),
     legacy_config=legacy_config,
     legacy_converter="convert_qwen2_weights",
+    hf_modules=llama_style_modules("Qwen2"),
 )

@@ -7,6 +7,7 @@ from ._base import (
     Layout,
     head_dim,
     kv_heads_field,
+    llama_style_modules,
     refuse_if,
     require_default_rope,
     rope_theta,
@@ -45,4 +46,5 @@ FAMILY = Family(
     layout=Layout(gqa=True, qk_norm=True),
     legacy_config=legacy_config,
     legacy_converter="convert_qwen3_weights",
+    hf_modules=llama_style_modules("Qwen3"),
 )

@@ -1,4 +1,5 @@
-"""The two TransformerLens lanes, one object each, chosen once per model.
+"""The two TransformerLens lanes, one object each, chosen once per model (and
+:func:`is_plain_transformers`, which tells the third: a plain ``transformers`` model).
 
 :func:`lane_of` returns the :class:`~tl_directional.model.lanes.base.Lane` of a model:
 :data:`BRIDGE` (TL 4 ``TransformerBridge``, :mod:`tl_directional.model.lanes.bridge`) or
@@ -15,6 +16,8 @@ Lanes are frozen singletons and ``str`` subclasses whose value is the name (``"b
 from __future__ import annotations
 
 import importlib.util
+
+import torch
 
 from .base import BlockInput, Lane, LinearSpec, Unembedding, quiet_transformers
 from .bridge import BridgeLane
@@ -46,6 +49,14 @@ def lane_of(model) -> Lane:
     """:data:`BRIDGE` for a TL 4 ``TransformerBridge``, :data:`LEGACY` for a ``HookedTransformer``
     (told from the class hierarchy; nothing is imported)."""
     return BRIDGE if BRIDGE.claims(model) else LEGACY
+
+
+def is_plain_transformers(model) -> bool:
+    """Whether ``model`` is on the third lane: a plain ``transformers`` model (an ``nn.Module``
+    with a ``config``) with no TransformerLens hook points, neither a bridge nor a
+    ``HookedTransformer``; the edits go on it as torch module hooks (:mod:`tl_directional.edit.hf`)."""
+    return (isinstance(model, torch.nn.Module) and getattr(model, "config", None) is not None
+            and not BRIDGE.claims(model) and not hasattr(model, "run_with_hooks"))
 
 
 def is_bridge(model) -> bool:
@@ -81,6 +92,7 @@ __all__ = [
     "Unembedding",
     "installed_lane",
     "is_bridge",
+    "is_plain_transformers",
     "lane_named",
     "lane_of",
     "quiet_transformers",
