@@ -35,16 +35,10 @@ from torch import Tensor
 
 from ..edit import EDIT_SPACES, NonFiniteEditError, apply_edits, scales
 from ..figures.sweep import sweep_figure  # the figure lives in the views; re-exported
+from ..io.atomic import ArtefactError, atomic_write_bytes, fault_point
 from ..io.distributed import rank_and_world, release_captured_groups
-from ..io.fileio import (
-    SEAL_KEY,
-    ArtefactError,
-    atomic_write_bytes,
-    exclusive_lock,
-    fault_point,
-    sealed_json_dumps,
-    sealed_json_loads,
-)
+from ..io.locks import exclusive_lock
+from ..io.records import SEAL_KEY, sealed_json_dumps, sealed_json_loads
 from ..model.adapter import (
     BlockInput,
     StopForward,

@@ -24,9 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import TLDirectionalError
-from .fileio import (
-    sha256_file,  # the one sha256_file; re-exported for `from corpus import sha256_file`
-)
+from .records import sha256_file
 
 #: The three splits that ``scripts/fetch_corpus.py`` writes.
 SPLITS: tuple[str, ...] = ("train", "validation", "test")

@@ -42,11 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import TLDirectionalError
-from ...io.fileio import (  # sha256_file: the one, re-exported
-    fault_point,
-    read_manifest,
-    sha256_file,
-)
+from ...io.atomic import fault_point
+from ...io.records import read_manifest, sha256_file
 from ..adapter import quiet_transformers
 from ..families.hf import from_pretrained_kwargs
 from .paths import bundled_model_dir, cache_dir

@@ -23,10 +23,8 @@ from typing import Any
 import torch
 
 from ...core.errors import TLDirectionalError
-from ...io.fileio import (
-    ArtefactError,  # the one home; re-exported here
-    check_model_dir,  # the one home; re-exported here
-)
+from ...io.atomic import ArtefactError
+from ...io.model_files import check_model_dir
 from ..adapter import Lane, installed_lane, quiet_transformers
 from ..families.hf import from_pretrained_kwargs, hf_architecture
 from ..generation import fix_generate
@@ -379,7 +377,7 @@ def check_model_weights(path: str | os.PathLike[str], argument: str = "path", *,
 
     Args:
         path: A Hugging Face model directory (already checked by
-            :func:`~tl_directional.io.fileio.check_model_dir`).
+            :func:`~tl_directional.io.model_files.check_model_dir`).
         argument: The argument's name, for the message (``"--candidate"``).
         damaged_weights: ``"error"`` raises, ``"warn"`` emits a :class:`DamagedWeightsWarning`.
         dtype: The dtype the caller loads in.
