@@ -45,14 +45,9 @@ from .measure import Profile, profile
 from .measure.cache_hooks import required_hooks
 from .model.inputs import TokenBatch, first_token_mask, prepare_inputs
 from .model.load import load_default_model, load_model
-from .model.sites import (
-    ModelSites,
-    SiteResolutionError,
-    WeightProcessingWarning,
-    resolve_sites,
-    verify_sites,
-)
+from .model.sites import ModelSites, SiteResolutionError, WeightProcessingWarning, resolve_sites
 from .model.split_hooks import attach_split_hook_points, split_hook_points
+from .model.verify import verify_sites
 
 __version__ = "0.1.0"
 

@@ -22,7 +22,8 @@ from tests._reference import _coef, _kv_index, _residual_removal_hooks, _vpara_h
 from tl_directional.evaluate.patching import split_logit_attribution
 from tl_directional.measure import profile
 from tl_directional.model.load import build_tiny_hf_model, catalog, load_model
-from tl_directional.model.sites import is_sandwich_norm, resolve_sites
+from tl_directional.model.sites import resolve_sites
+from tl_directional.model.structure import is_sandwich_norm
 
 # ---------------------------------------------------------------------------------------------
 # tiny Gemma-3 (offline, every run)

@@ -48,8 +48,10 @@ from torch import Tensor
 from ..io.atomic import ArtefactError
 from ..io.outputs import replace_dir
 from ..model.adapter import clone_model, device_of, is_encoder, save_hf_directory
+from ..model.indices import normalize_layers
 from ..model.inputs import iter_batches, prepare_inputs
-from ..model.sites import lane_of, linear_input_hooks, normalize_layers
+from ..model.sites import lane_of
+from ..model.weights import linear_input_hooks
 from .methods import (  # the per-matrix math
     _check_bits,
     _check_group,

@@ -57,15 +57,11 @@ from torch import Tensor
 from ..core.errors import TLDirectionalError
 from ..core.geometry import DEFAULT_EPS, check_eps
 from ..io.distributed import rank_and_world
-from ..model.adapter import device_of
+from ..model.adapter import architecture_name, device_of
+from ..model.indices import check_hook_api, normalize_layers
 from ..model.inputs import first_token_mask, iter_batches, prepare_inputs
-from ..model.sites import (
-    architecture_name,
-    check_hook_api,
-    lane_of,
-    normalize_layers,
-    verify_sites,
-)
+from ..model.sites import lane_of
+from ..model.verify import verify_sites
 from .accumulate import (  # noqa: F401 - re-exported: the per-token plumbing lives there
     _IDX,
     _STATS,

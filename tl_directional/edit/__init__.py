@@ -32,13 +32,8 @@ from torch import Tensor
 
 from ..core.geometry import DEFAULT_EPS, component_delta, compute_dtype, projection_coefficient
 from ..model.generation import FORWARD
-from ..model.sites import (
-    COMPONENTS,
-    ModelSites,
-    check_component,
-    normalize_layers,
-    resolve_sites,
-)
+from ..model.indices import normalize_layers
+from ..model.sites import COMPONENTS, ModelSites, check_component, resolve_sites
 from .tensors import (
     NonFiniteEditError,
     Scales,

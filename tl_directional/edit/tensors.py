@@ -27,8 +27,9 @@ from torch import Tensor
 from ..core.errors import TLDirectionalError
 from ..core.geometry import component_delta, compute_dtype
 from ..model.generation import FORWARD
+from ..model.indices import normalize_heads
 from ..model.inputs import check_positions_in_range, int_positions, position_mask
-from ..model.sites import expand_kv_heads, normalize_heads
+from ..model.sites import expand_kv_heads
 
 AXES = ("batch", "layer", "head")
 """The axes a scale tensor can have, in this order."""

@@ -41,11 +41,8 @@ from ..model.inputs import (
     prepare_inputs,
     resolve_exclude_first_token,
 )
-from ..model.sites import (
-    ModelSites,
-    resolve_sites,
-    verify_sites,
-)
+from ..model.sites import ModelSites, resolve_sites
+from ..model.verify import verify_sites
 from .stream import EXCLUSIVE_METRICS as EXCLUSIVE_METRICS  # re-exported
 from .stream import RESIDUAL_METRICS as RESIDUAL_METRICS
 from .stream import VALUE_METRICS as VALUE_METRICS

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from ..core.errors import TLDirectionalError
-from .sites import PARALLEL, SEQUENTIAL, ModelSites, WeightProcessing
+from .sites import PARALLEL, SEQUENTIAL, ModelSites
+from .structure import WeightProcessing
 
 
 class UnsupportedModelError(TLDirectionalError, TypeError):

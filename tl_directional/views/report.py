@@ -29,8 +29,9 @@ from ..evaluate.sweep import grid, sweep
 from ..figures.page import Report
 from ..io.outputs import check_output_path, check_replaceable, replace_dir
 from ..measure import profile
+from ..model.indices import normalize_index
 from ..model.inputs import prepare_inputs
-from ..model.sites import normalize_index, resolve_sites
+from ..model.sites import resolve_sites
 from . import (
     attention_triptych,
     attention_triptych_figure,
