@@ -59,7 +59,8 @@ from ..core.geometry import DEFAULT_EPS, check_eps
 from ..io.distributed import rank_and_world
 from ..model.adapter import architecture_name, device_of
 from ..model.indices import check_hook_api, normalize_layers
-from ..model.inputs import first_token_mask, iter_batches, prepare_inputs
+from ..model.inputs import iter_batches, prepare_inputs
+from ..model.positions import first_token_mask
 from ..model.sites import lane_of
 from ..model.verify import verify_sites
 from .accumulate import (  # noqa: F401 - re-exported: the per-token plumbing lives there

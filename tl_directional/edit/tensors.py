@@ -28,7 +28,7 @@ from ..core.errors import TLDirectionalError
 from ..core.geometry import component_delta, compute_dtype
 from ..model.generation import FORWARD
 from ..model.indices import normalize_heads
-from ..model.inputs import check_positions_in_range, int_positions, position_mask
+from ..model.positions import check_positions_in_range, int_positions, position_mask
 from ..model.sites import expand_kv_heads
 
 AXES = ("batch", "layer", "head")

@@ -50,8 +50,8 @@ from ..model.adapter import (
     unembedding,
     unembedding_matches,
 )
-from ..model.indices import normalize_layers
-from ..model.inputs import TokenBatch, iter_batches, prepare_inputs, scale_list
+from ..model.indices import normalize_layers, scale_list
+from ..model.inputs import TokenBatch, iter_batches, prepare_inputs
 from ..model.sites import resolve_sites
 from . import metrics as _metrics
 from .metrics import (  # the metric registries; re-exported: `from tl_directional.evaluate.sweep import ...`

@@ -32,13 +32,11 @@ from ..io.locks import recover_interrupted_swap
 from ..io.outputs import replace_dir
 from ..io.records import verify_manifest
 from ..model.adapter import StopForward, device_of
-from ..model.inputs import (
-    TokenBatch,
+from ..model.inputs import TokenBatch, iter_batches, prepare_inputs
+from ..model.positions import (
     check_positions_select,
     first_token_mask,
-    iter_batches,
     position_mask,
-    prepare_inputs,
     resolve_exclude_first_token,
 )
 from ..model.sites import ModelSites, resolve_sites

@@ -1,4 +1,4 @@
-"""Layer and head arguments checked against a model's size, and the hook-API check.
+"""Arguments checked: layer and head indices against a model's size, scale lists, the hook API.
 
 Negative indices count from the end, as in Python and TransformerLens; every error names the
 argument, the value and the valid range.
@@ -78,3 +78,33 @@ def normalize_heads(heads, n_heads: int, argument: str = "heads") -> list[int] |
     """``None`` -> None (all heads); an int or sequence of query-head indices (negative ones
     count from the end) -> sorted unique list in ``0 .. n_heads - 1``."""
     return _index_list(heads, n_heads, argument, "head")
+
+
+def scale_list(value, argument: str) -> list[float]:
+    """Scales given as a number (``0.5``), a comma string (``"-1,0,0.5"``) or a sequence of
+    numbers -> a list of finite floats; errors name ``argument`` and the value."""
+    import math
+    import numbers
+
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        try:
+            value = [float(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"{argument}={value!r}: expected comma-separated numbers, e.g. '-1,0,0.5'") from None
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = [value]
+    elif isinstance(value, Tensor):
+        value = value.reshape(-1).tolist()
+    try:
+        out = [float(v) for v in value]
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"{argument} must be a number, a list of numbers or a string like '-1,0,0.5', got {value!r}"
+        ) from None
+    if not out:
+        raise ValueError(f"{argument} is empty; pass at least one scale")
+    bad = [v for v in out if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"{argument} must be a finite number, got {bad[0]} (every scale must be finite)")
+    return out
