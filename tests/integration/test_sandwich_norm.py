@@ -119,12 +119,12 @@ def fake_catalog(tmp_path, monkeypatch):
     monkeypatch.setenv("TL_DIRECTIONAL_CACHE", str(tmp_path / "cache"))
     calls = []
 
-    def convert(model, out, work, progress):  # noqa: ARG001 - same signature as the real one
+    def fake_convert(model, out, work, progress):  # noqa: ARG001 - same signature as the real one
         calls.append(out)
         build_tiny_hf_model("gpt2", out, n_layers=1, d_model=16, n_heads=2, vocab_size=300)
         return {"name": model.name, "source": {"sha256": "x"}, "files": catalog.manifest_files(out)}
 
-    monkeypatch.setattr(convert, "_convert_into", convert)
+    monkeypatch.setattr(convert, "_convert_into", fake_convert)
     monkeypatch.setattr(catalog, "find_module_dir", lambda module: tmp_path)
     monkeypatch.setattr(convert, "find_module_dir", lambda module: tmp_path)
     return calls
