@@ -38,14 +38,14 @@ PEER_COMPONENTS = ("attn", "mlp")
 
 def _hf_dir(source: str) -> Path:
     """The Hugging Face directory ``load_model(source)`` reads: the bundled default model, a
-    catalogue model's converted cache entry (:func:`tl_directional.model.load.catalog.real_model_dir`,
+    catalogue model's converted cache entry (:func:`tl_directional.model.load.convert.real_model_dir`,
     converting on first use) or ``source`` itself (a directory)."""
-    from tl_directional.model.load import catalog, default_model_dir
+    from tl_directional.model.load import catalog, convert, default_model_dir
 
     if source == "default":
         return Path(default_model_dir())
     if source in catalog.REAL_MODELS:
-        return Path(catalog.real_model_dir(source, progress=False))
+        return Path(convert.real_model_dir(source, progress=False))
     return Path(source)
 
 

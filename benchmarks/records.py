@@ -11,7 +11,8 @@ import torch
 
 from tl_directional import Profile, ValueScale, apply_edits, profile
 from tl_directional.model.inputs import TokenBatch
-from tl_directional.model.sites import resolve_sites, verify_sites
+from tl_directional.model.sites import resolve_sites
+from tl_directional.model.verify import verify_sites
 
 from .memory import memory_scaling
 from .registry import Bench, register

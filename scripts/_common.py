@@ -7,7 +7,7 @@ error exit.
   (``head[+dirty]``, ``unknown`` outside a checkout). Only ``tl_directional/`` and ``scripts/``
   count as dirty: the result pages a run rewrites do not make the code that wrote them dirty.
 * Hashing and atomic writes: :func:`sha256_bytes` here; ``sha256_file``, ``atomic_write_bytes``
-  and ``atomic_write_text`` are :mod:`tl_directional.io.fileio`'s (re-exported, loaded on first use).
+  and ``atomic_write_text`` are :mod:`tl_directional.io.atomic`'s and :mod:`tl_directional.io.records`'s (re-exported, loaded on first use).
 * Data manifests (``docs/results/data/<stem>.manifest.json``): :func:`write_data` writes the data
   files and the manifest naming their sha256 (atomically, the manifest last);
   :func:`read_data_manifest` and :func:`checked_bytes` read them back, raising the caller's error
@@ -46,9 +46,9 @@ CODE_DIRS = ("tl_directional", "scripts")
 def __getattr__(name: str):
     # tl_directional (and torch) load on first use: the fetch scripts need neither
     if name in ("atomic_write_bytes", "atomic_write_text", "sha256_file"):
-        from tl_directional.io import fileio
+        from tl_directional.io import atomic, records
 
-        return getattr(fileio, name)
+        return getattr(records if name == "sha256_file" else atomic, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -95,7 +95,7 @@ def git_commit() -> str:
 def model_manifest(name: str) -> dict:
     """The manifest of catalogue model ``name``'s converted directory in the cache
     (:data:`tl_directional.model.load.catalog.MANIFEST_FILE`), ``{}`` when it is not converted."""
-    from tl_directional.io.fileio import read_manifest
+    from tl_directional.io.records import read_manifest
     from tl_directional.model.load.catalog import MANIFEST_FILE, entry_dir
 
     return read_manifest(entry_dir(name), name=MANIFEST_FILE, strict=False) or {}
@@ -105,7 +105,7 @@ def write_data(data: Path, files: dict[str, bytes], manifest: dict, manifest_nam
     """Write each of ``files`` (name -> bytes) into ``data``, record its sha256 in
     ``manifest["files"]``, then write ``manifest`` as ``data/manifest_name`` (indented JSON),
     every file atomically and the manifest last."""
-    from tl_directional.io.fileio import atomic_write_bytes
+    from tl_directional.io.atomic import atomic_write_bytes
 
     data.mkdir(parents=True, exist_ok=True)
     for name, b in files.items():
@@ -139,7 +139,7 @@ def checked_bytes(path: Path, want: str, shown: str, manifest_name: str, error: 
 def write_pages(pages: dict, check: bool, root: Path, command: str) -> int:
     """Write every built page (atomically), or with ``check`` compare each with the file on disk
     and fail (exit status 1), naming the pages that differ and ``command`` to rebuild them."""
-    from tl_directional.io.fileio import atomic_write_text
+    from tl_directional.io.atomic import atomic_write_text
 
     bad = []
     for path, text in pages.items():

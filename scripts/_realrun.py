@@ -34,7 +34,7 @@ ROOT, git_commit, sha256_file = _common.ROOT, _common.git_commit, _common.sha256
 
 import tl_directional.evaluate.metrics as M  # noqa: E402  (the sweep's metric registries)
 from tl_directional.evaluate.sweep import Setting, prediction_mask  # noqa: E402
-from tl_directional.io.fileio import atomic_write_bytes, atomic_write_text  # noqa: E402
+from tl_directional.io.atomic import atomic_write_bytes, atomic_write_text  # noqa: E402
 
 TEXTS = {
     "kjv": "bundled held-out KJV slice (test-split books: Ruth, Proverbs, Amos, Mark, James)",

@@ -256,7 +256,7 @@ sha256_bytes = _common.sha256_bytes
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (:func:`tl_directional.io.fileio.atomic_write_bytes`)."""
+    """Write ``data`` to ``path`` atomically (:func:`tl_directional.io.atomic.atomic_write_bytes`)."""
     _common.atomic_write_bytes(path, data)
 
 

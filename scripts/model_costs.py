@@ -50,7 +50,7 @@ def run_phase(name: str, phase: str, batch: int, seq: int, repeats: int) -> dict
     out: dict = {"model": name, "phase": phase, "tokens": f"{batch}x{seq}"}
     t0 = time.perf_counter()
     if phase == "convert":
-        from tl_directional.model.load.catalog import real_model_dir
+        from tl_directional.model.load.convert import real_model_dir
 
         real_model_dir(name, progress=False)
         out["seconds"] = time.perf_counter() - t0

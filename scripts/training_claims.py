@@ -45,12 +45,12 @@ class DataError(ValueError):
     """A committed training data file is missing, corrupt or does not match its manifest."""
 
 
-_sha256 = _common.sha256_file  # the one (tl_directional.io.fileio)
+_sha256 = _common.sha256_file  # the one (tl_directional.io.records)
 
 
 def collect(args) -> int:
     """Copy a finished experiment's tables into ``docs/results/data`` with a manifest."""
-    from tl_directional.io.fileio import atomic_write_text
+    from tl_directional.io.atomic import atomic_write_text
 
     run, launch_path = Path(args.run), Path(args.launch)
     try:

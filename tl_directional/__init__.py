@@ -43,16 +43,12 @@ from .evaluate.patching import directional_patch, split_logit_attribution
 from .evaluate.sweep import Setting, find_safe_scale, grid, sweep
 from .measure import Profile, profile
 from .measure.cache_hooks import required_hooks
-from .model.inputs import TokenBatch, first_token_mask, prepare_inputs
+from .model.inputs import TokenBatch, prepare_inputs
 from .model.load import load_default_model, load_model
-from .model.sites import (
-    ModelSites,
-    SiteResolutionError,
-    WeightProcessingWarning,
-    resolve_sites,
-    verify_sites,
-)
+from .model.positions import first_token_mask
+from .model.sites import ModelSites, SiteResolutionError, WeightProcessingWarning, resolve_sites
 from .model.split_hooks import attach_split_hook_points, split_hook_points
+from .model.verify import verify_sites
 
 __version__ = "0.1.0"
 

@@ -188,7 +188,7 @@ def test_no_command_writes_into_another_commands_directory(tiny_model_dir, tmp_p
 
 
 def test_library_writers_follow_the_same_policy(tiny_model, tmp_path):
-    from tl_directional.io.fileio import ArtefactError
+    from tl_directional.io.atomic import ArtefactError
     from tl_directional.views.report import build_report
 
     model = tiny_model("gpt2")
@@ -255,7 +255,7 @@ def test_sweep_never_suggests_deleting_a_file_it_did_not_write(tiny_model, tmp_p
     import torch
 
     from tl_directional.evaluate.sweep import grid, sweep
-    from tl_directional.io.fileio import ArtefactError
+    from tl_directional.io.atomic import ArtefactError
 
     theirs = tmp_path / "hosts"
     theirs.write_text("127.0.0.1 localhost\n")

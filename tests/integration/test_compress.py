@@ -39,7 +39,8 @@ from tl_directional.compression.compressors import (
 )
 from tl_directional.model.adapter import hf_module
 from tl_directional.model.inputs import TokenBatch
-from tl_directional.model.sites import lane_of, linear_input_hooks, resolve_sites
+from tl_directional.model.sites import lane_of, resolve_sites
+from tl_directional.model.weights import linear_input_hooks
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,8 @@ import tl_directional as tld
 from tl_directional.model.families import REGISTRY
 from tl_directional.model.inputs import pad_sequences
 from tl_directional.model.lanes import lane_named
-from tl_directional.model.sites import PARALLEL, SANDWICH_NOTE, SEQUENTIAL
+from tl_directional.model.sites import PARALLEL, SEQUENTIAL
+from tl_directional.model.structure import SANDWICH_NOTE
 
 from ._families import EXTRA, REFUSED
 from .test_edit import _batch, _edits_for, _run

@@ -2,7 +2,7 @@
 two concurrent writers, NaN / inf weights into the gate. Each test asserts that nothing is
 lost and the exact error (docs/reliability.md lists the guarantees these tests hold).
 
-Crash points are ``tl_directional.io.fileio.fault_point`` names, armed in a subprocess through
+Crash points are ``tl_directional.io.atomic.fault_point`` names, armed in a subprocess through
 ``TL_DIRECTIONAL_FAULT=name[:n]`` (the process kills itself with SIGKILL there).
 """
 
@@ -24,13 +24,9 @@ import torch
 import tl_directional as tld
 from tl_directional import training as T
 from tl_directional.cli.train import train_main
-from tl_directional.io.fileio import (
-    ArtefactError,
-    ArtefactLockedError,
-    exclusive_lock,
-    seal,
-    verify_manifest,
-)
+from tl_directional.io.atomic import ArtefactError, ArtefactLockedError
+from tl_directional.io.locks import exclusive_lock
+from tl_directional.io.records import seal, verify_manifest
 from tl_directional.model.load import build_tiny_hf_model, load_hf_model, load_model, tl_lane
 
 from ._training import TINY
@@ -501,7 +497,7 @@ def test_concurrent_writers_are_refused_and_a_dead_owner_is_taken_over(tmp_path,
     ckpt = tmp_path / "sweep.progress.json"
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from tl_directional.io.fileio import exclusive_lock\n"
+         "import sys, time; from tl_directional.io.locks import exclusive_lock\n"
          "with exclusive_lock(sys.argv[1], 'holder'), exclusive_lock(sys.argv[2], 'holder'):\n"
          "    print('locked', flush=True); time.sleep(600)", str(target), str(ckpt)],
         env=_env(), cwd=ROOT, stdout=subprocess.PIPE, text=True)

@@ -14,7 +14,8 @@ import tl_directional as tld
 from tests.unit.test_kernels import _OldSummary
 from tl_directional.core.geometry import decompose
 from tl_directional.measure import EXCLUSIVE_METRICS, RESIDUAL_METRICS, VALUE_METRICS
-from tl_directional.model.sites import attention_output_weights, resolve_sites
+from tl_directional.model.sites import resolve_sites
+from tl_directional.model.weights import attention_output_weights
 
 TEXTS = [
     "In the beginning God created the heaven and the earth.",

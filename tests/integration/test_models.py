@@ -289,7 +289,7 @@ def test_unknown_architecture_is_rejected(tmp_path, lane):
 def test_default_model_is_built_once_and_cached(tmp_path, monkeypatch, capfd):
     # The stand-in is the fallback for a missing bundled model (tests/integration/test_default_model.py
     # covers the bundled one).
-    import tl_directional.model.load.loader as models_mod
+    import tl_directional.model.load.default as models_mod
 
     monkeypatch.setattr(models_mod, "bundled_model_dir", lambda: None)
     monkeypatch.setenv("TL_DIRECTIONAL_CACHE", str(tmp_path))

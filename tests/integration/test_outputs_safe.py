@@ -267,19 +267,15 @@ def test_failed_train_and_experiment_leave_nothing(tmp_path):
 def test_the_output_lock_is_cross_platform_records_its_owner_and_is_taken_over(tmp_path):
     import inspect
 
-    from tl_directional.io import fileio
-    from tl_directional.io.fileio import (
-        ArtefactLockedError,
-        exclusive_lock,
-        lock_path_for,
-        owner_path_for,
-    )
+    from tl_directional.io import locks
+    from tl_directional.io.atomic import ArtefactLockedError
+    from tl_directional.io.locks import exclusive_lock, lock_path_for, owner_path_for
 
-    assert "fcntl" not in inspect.getsource(fileio)  # filelock: flock on POSIX, msvcrt on Windows
+    assert "fcntl" not in inspect.getsource(locks)  # filelock: flock on POSIX, msvcrt on Windows
     target = tmp_path / "p"
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from tl_directional.io.fileio import exclusive_lock\n"
+         "import sys, time; from tl_directional.io.locks import exclusive_lock\n"
          "with exclusive_lock(sys.argv[1], 'tl-directional holder'):\n"
          "    print('locked', flush=True); time.sleep(600)", str(target)],
         env=_env(), stdout=subprocess.PIPE, text=True)
@@ -403,7 +399,7 @@ def test_a_model_directory_cut_between_its_renames_is_recovered_by_the_next_read
     assert rc == 0, err
     record = json.loads((out / "tl_directional_compression.json").read_text())
     assert record["params"]["bits"] == 4  # the complete new model, verified against its manifest
-    from tl_directional.io.fileio import verify_manifest
+    from tl_directional.io.records import verify_manifest
 
     verify_manifest(out, kind="compressed-model")
     assert _hidden_leftovers(tmp_path) == []
@@ -412,7 +408,7 @@ def test_a_model_directory_cut_between_its_renames_is_recovered_by_the_next_read
 def test_library_writers_refuse_the_same_paths(tmp_path, monkeypatch):
     import pandas as pd
 
-    from tl_directional.io.fileio import ArtefactError
+    from tl_directional.io.atomic import ArtefactError
 
     work = tmp_path / "s"
     work.mkdir()

@@ -21,8 +21,9 @@ import tl_directional as tld
 from tests._reference import _coef, _kv_index, _residual_removal_hooks, _vpara_hooks
 from tl_directional.evaluate.patching import split_logit_attribution
 from tl_directional.measure import profile
-from tl_directional.model.load import build_tiny_hf_model, catalog, load_model
-from tl_directional.model.sites import is_sandwich_norm, resolve_sites
+from tl_directional.model.load import build_tiny_hf_model, catalog, convert, load_model
+from tl_directional.model.sites import resolve_sites
+from tl_directional.model.structure import is_sandwich_norm
 
 # ---------------------------------------------------------------------------------------------
 # tiny Gemma-3 (offline, every run)
@@ -118,13 +119,14 @@ def fake_catalog(tmp_path, monkeypatch):
     monkeypatch.setenv("TL_DIRECTIONAL_CACHE", str(tmp_path / "cache"))
     calls = []
 
-    def convert(model, out, work, progress):  # noqa: ARG001 - same signature as the real one
+    def fake_convert(model, out, work, progress):  # noqa: ARG001 - same signature as the real one
         calls.append(out)
         build_tiny_hf_model("gpt2", out, n_layers=1, d_model=16, n_heads=2, vocab_size=300)
         return {"name": model.name, "source": {"sha256": "x"}, "files": catalog.manifest_files(out)}
 
-    monkeypatch.setattr(catalog, "_convert_into", convert)
-    monkeypatch.setattr(catalog, "_find_module_dir", lambda module: tmp_path)
+    monkeypatch.setattr(convert, "_convert_into", fake_convert)
+    monkeypatch.setattr(catalog, "find_module_dir", lambda module: tmp_path)
+    monkeypatch.setattr(convert, "find_module_dir", lambda module: tmp_path)
     return calls
 
 
@@ -133,8 +135,8 @@ def _leftovers(root: Path) -> list[str]:
 
 
 def test_cache_converts_once_and_verifies(fake_catalog):
-    a = catalog.real_model_dir("smollm2-135m", progress=False)
-    b = catalog.real_model_dir("smollm2-135m", progress=False)
+    a = convert.real_model_dir("smollm2-135m", progress=False)
+    b = convert.real_model_dir("smollm2-135m", progress=False)
     assert a == b and len(fake_catalog) == 1
     assert catalog.verify_entry(a) == (True, "")
     manifest = json.loads((a / catalog.MANIFEST_FILE).read_text())
@@ -146,7 +148,7 @@ def test_cache_converts_once_and_verifies(fake_catalog):
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
 def test_corrupt_cache_entry_is_reconverted_not_loaded(fake_catalog, damage):
-    path = catalog.real_model_dir("smollm2-135m", progress=False)
+    path = convert.real_model_dir("smollm2-135m", progress=False)
     weights = path / "model.safetensors"
     data = weights.read_bytes()
     if damage == "truncate":
@@ -158,7 +160,7 @@ def test_corrupt_cache_entry_is_reconverted_not_loaded(fake_catalog, damage):
     ok, reason = catalog.verify_entry(path)
     assert not ok and "model.safetensors" in reason
     with pytest.warns(UserWarning, match="failed verification"):
-        again = catalog.real_model_dir("smollm2-135m", progress=False)
+        again = convert.real_model_dir("smollm2-135m", progress=False)
     assert again == path and len(fake_catalog) == 2 and catalog.verify_entry(path)[0]
     assert _leftovers(path.parent) == []
 
@@ -168,9 +170,9 @@ def test_crash_during_conversion_leaves_nothing(fake_catalog, monkeypatch):
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(catalog, "_convert_into", crash)
+    monkeypatch.setattr(convert, "_convert_into", crash)
     with pytest.raises(KeyboardInterrupt):
-        catalog.real_model_dir("gemma-3-270m", progress=False)
+        convert.real_model_dir("gemma-3-270m", progress=False)
     root = catalog.entry_dir("gemma-3-270m").parent
     assert not catalog.entry_dir("gemma-3-270m").exists() and _leftovers(root) == []
 
@@ -183,7 +185,7 @@ def test_leftovers_of_a_killed_build_are_removed(fake_catalog):
     os.utime(old, (1, 1))
     live = root / ".smollm2-135m-v1.building.running"  # another process, still converting
     live.mkdir()
-    catalog.real_model_dir("smollm2-135m", progress=False)
+    convert.real_model_dir("smollm2-135m", progress=False)
     assert not old.exists() and live.exists()
 
 
@@ -191,9 +193,10 @@ def test_unwritable_cache_dir_is_a_clear_error(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     monkeypatch.setenv("TL_DIRECTIONAL_CACHE", str(blocker / "cache"))
-    monkeypatch.setattr(catalog, "_find_module_dir", lambda module: tmp_path)
+    monkeypatch.setattr(catalog, "find_module_dir", lambda module: tmp_path)
+    monkeypatch.setattr(convert, "find_module_dir", lambda module: tmp_path)
     with pytest.raises(catalog.RealModelError, match="not writable.*TL_DIRECTIONAL_CACHE"):
-        catalog.real_model_dir("smollm2-135m", progress=False)
+        convert.real_model_dir("smollm2-135m", progress=False)
 
 
 def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
@@ -211,9 +214,9 @@ def test_unknown_real_model_name():
 
 
 def test_portable_config_gives_transformers_4_the_rotary_base():
-    llama = catalog._portable_config({"rope_parameters": {"rope_type": "default", "rope_theta": 1e5}})
+    llama = convert._portable_config({"rope_parameters": {"rope_type": "default", "rope_theta": 1e5}})
     assert llama["rope_theta"] == 1e5 and "rope_scaling" not in llama
-    gemma = catalog._portable_config({"rope_parameters": {
+    gemma = convert._portable_config({"rope_parameters": {
         "full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}})
     assert (gemma["rope_theta"], gemma["rope_local_base_freq"]) == (1e6, 1e4)
 

@@ -115,7 +115,7 @@ def test_model_without_needed_hooks_is_reported(tiny_model):
 def test_verification_is_kept_per_model_until_a_hook_changes(tiny_model, monkeypatch):
     """verify_sites runs its forward once per model; a hook added later (which can break the
     identity) makes the next call verify again, and a breaking one is still caught."""
-    import tl_directional.model.sites as S
+    import tl_directional.model.verify as S
 
     model = tiny_model("gpt2", fresh=True)
     sites = tld.resolve_sites(model)

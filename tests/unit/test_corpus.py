@@ -21,7 +21,7 @@ from tl_directional.io.corpus import (
     iter_text_chunks,
     load_split,
 )
-from tl_directional.io.fileio import sha256_file
+from tl_directional.io.records import sha256_file
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "fetch_corpus.py"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from tl_directional.model.adapter import is_encoder
 from tl_directional.model.families import REGISTRY
-from tl_directional.model.sites import is_sandwich_norm
+from tl_directional.model.structure import is_sandwich_norm
 
 
 def _model(architecture: str) -> SimpleNamespace:

@@ -16,7 +16,8 @@ import torch
 
 from tl_directional.core.geometry import decompose
 from tl_directional.core.kernels import split_stats, value_stats
-from tl_directional.core.stats import BIN_SCALES, EXACT_QUANTILE_LIMIT, QUANTILES, StreamingSummary
+from tl_directional.core.quantiles import BIN_SCALES, QUANTILES
+from tl_directional.core.stats import EXACT_QUANTILE_LIMIT, StreamingSummary
 
 # -- the old computation (reference) ---------------------------------------------------------
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from tl_directional.core.stats import BIN_SCALES, EXACT_QUANTILE_LIMIT, QUANTILES, StreamingSummary
+from tl_directional.core.quantiles import BIN_SCALES, QUANTILES
+from tl_directional.core.stats import EXACT_QUANTILE_LIMIT, StreamingSummary
 
 NAMES = {0.05: "q05", 0.25: "q25", 0.5: "median", 0.75: "q75", 0.95: "q95"}
 SAMPLERS = {

@@ -8,7 +8,8 @@ from .errors import UsageError
 def _cmd_models(args) -> int:
     import json
 
-    from ..model.load.catalog import RealModelError, listing, real_model_dir
+    from ..model.load.catalog import RealModelError, listing
+    from ..model.load.convert import real_model_dir
 
     if args.convert:
         try:

@@ -15,7 +15,7 @@ from .errors import USER_ERRORS, UsageError
 def _check_model_arg(name, option: str) -> None:
     """Fail at once, offline, on a ``--model`` / ``--dense`` value that cannot load: a path
     that does not exist, or a name that is neither a catalogue entry nor a TransformerLens name."""
-    from ..io.fileio import recover_interrupted_swap
+    from ..io.locks import recover_interrupted_swap
     from ..model.load import UnknownModelError, catalogue_names, check_model_name
     from ..model.load.loader import looks_like_path
 
@@ -87,7 +87,7 @@ def _loading_failure(exc: BaseException) -> str:
 #: that is absent, empty, or a previous output of the same command (its manifest says so);
 #: --force also replaces another tl-directional command's output; a directory holding files
 #: the library did not write, the current / home directory, a root or an ancestor of the
-#: current directory are always refused (tl_directional.io.fileio.check_output_path).
+#: current directory are always refused (tl_directional.io.outputs.check_output_path).
 _OUTPUT_KINDS = {"profile": "profile", "sweep": "sweep", "report": "report",
                  "compress-check": "compress-check-report", "compress": "compressed-model"}
 #: Files an output of that kind held before outputs carried a manifest.
@@ -100,9 +100,9 @@ _LEGACY_NAMES = {
 @contextmanager
 def _claim_out(path: str, command: str, force: bool, option: str = "--out") -> Iterator[Path]:
     """Check ``path`` against the output policy before any work is done and hold its lock
-    for the whole run (:func:`tl_directional.io.fileio.claim_output`): a second writer is
+    for the whole run (:func:`tl_directional.io.outputs.claim_output`): a second writer is
     refused at start, never overwritten at the end. Yields the path as the user gave it."""
-    from ..io.fileio import claim_output
+    from ..io.outputs import claim_output
 
     with claim_output(path, _OUTPUT_KINDS[command], force=force, force_hint="pass --force",
                       command=f"tl-directional {command}", legacy_names=_LEGACY_NAMES.get(command, frozenset()),
@@ -201,7 +201,8 @@ def _common(p, *, max_sequences: int, seq_len: int) -> None:
 def _load_checked(path, argument: str):
     """Load a model for the CLI; a missing, corrupt or truncated file is a user error
     (exit 2) naming the argument and the file, never the gate's FAIL status."""
-    from ..io.fileio import ArtefactError, check_model_dir
+    from ..io.atomic import ArtefactError
+    from ..io.model_files import check_model_dir
     from ..model.load import check_model_weights, load_model
 
     _check_model_arg(path, argument)

@@ -21,7 +21,7 @@ def _cmd_report(args) -> int:
 
 
 def _report_locked(args) -> int:
-    from ..model.sites import normalize_index
+    from ..model.indices import normalize_index
     from ..views.report import build_report
 
     spaces = _check_spaces(args.space)

@@ -30,7 +30,8 @@ def _sweep_locked(args, out: Path) -> int:
     import shutil
 
     from ..evaluate.sweep import CheckpointMismatch, grid, sweep, sweep_figure
-    from ..io.fileio import atomic_path, fault_point, write_manifest
+    from ..io.atomic import atomic_path, fault_point
+    from ..io.records import write_manifest
 
     spaces = _check_spaces(args.space)
     model = _load_model_arg(args.model)
@@ -76,7 +77,8 @@ def _sweep_locked(args, out: Path) -> int:
 
 
 def _is_sweep_dir(out: Path) -> bool:
-    from ..io.fileio import ArtefactError, read_manifest
+    from ..io.atomic import ArtefactError
+    from ..io.records import read_manifest
 
     try:
         doc = read_manifest(out)

@@ -21,7 +21,7 @@ import torch
 
 from ..cli.errors import USER_ERRORS, UsageError, report_user_error
 from ..cli.options import _Parser
-from ..io.fileio import check_output_path, claim_output
+from ..io.outputs import check_output_path, claim_output
 from ..training.checkpoint import checkpoint_paths
 from ..training.config import (
     CHECKPOINT_DIR,

@@ -21,13 +21,8 @@ from ..core.errors import TLDirectionalError
 from ..core.geometry import compute_dtype, dtype_tolerance
 from ..model.adapter import capture_hooks, run_hooked
 from ..model.inputs import TokenBatch, iter_batches
-from ..model.sites import (
-    SEQUENTIAL,
-    ModelSites,
-    UnitSite,
-    mlp_branch,
-    resolve_sites,
-)
+from ..model.sites import SEQUENTIAL, ModelSites, UnitSite, resolve_sites
+from ..model.weights import mlp_branch
 from .compressors import CompressionRecord
 
 # Per-token statistics accumulated as exact float64 sums (columns of the accumulator).

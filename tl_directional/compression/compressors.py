@@ -45,10 +45,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..io.fileio import ArtefactError, replace_dir
+from ..io.atomic import ArtefactError
+from ..io.outputs import replace_dir
 from ..model.adapter import clone_model, device_of, is_encoder, save_hf_directory
+from ..model.indices import normalize_layers
 from ..model.inputs import iter_batches, prepare_inputs
-from ..model.sites import lane_of, linear_input_hooks, normalize_layers
+from ..model.sites import lane_of
+from ..model.weights import linear_input_hooks
 from .methods import (  # the per-matrix math
     _check_bits,
     _check_group,
@@ -538,7 +541,7 @@ def save_compressed(model, path, record: CompressionRecord | None = None, *, for
     """Write a (compressed) bridge-lane model as a Hugging Face directory.
 
     Written into a temporary sibling with a ``manifest.json`` and swapped in
-    (:func:`tl_directional.io.fileio.replace_dir`): an interrupted save leaves the previous
+    (:func:`tl_directional.io.outputs.replace_dir`): an interrupted save leaves the previous
     directory intact, and a non-empty ``path`` that is not a previous compressed model is
     refused unless ``force``.
 

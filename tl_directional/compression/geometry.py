@@ -56,15 +56,12 @@ from torch import Tensor
 from ..core.errors import TLDirectionalError, renamed_argument
 from ..core.geometry import DEFAULT_EPS, check_eps
 from ..io.distributed import rank_and_world
-from ..model.adapter import device_of
-from ..model.inputs import first_token_mask, iter_batches, prepare_inputs
-from ..model.sites import (
-    architecture_name,
-    check_hook_api,
-    lane_of,
-    normalize_layers,
-    verify_sites,
-)
+from ..model.adapter import architecture_name, device_of
+from ..model.indices import check_hook_api, normalize_layers
+from ..model.inputs import iter_batches, prepare_inputs
+from ..model.positions import first_token_mask
+from ..model.sites import lane_of
+from ..model.verify import verify_sites
 from .accumulate import (
     _IDX,
     _STATS,
@@ -283,6 +280,40 @@ def compression_geometry(
                 torch.zeros(len(batch), len(runner.rows), K, dtype=torch.float64) if per_sequence else None)
         for name, model, record in targets_in
     ]
+    n_tokens, dense_seconds = _stream_batches(
+        dense, targets, runner, batch, batch_size=batch_size, units=units, mode=mode,
+        stop_at=stop_at, exclude_first_token=exclude_first_token, progress=progress)
+    out = _error_table(targets, runner, mode)
+    out.attrs.update({
+        "mode": mode,
+        "tokens": n_tokens,
+        "sequences": len(batch),
+        "units": list(units),
+        "layers": list(layers),
+        "architecture": sites.arch,
+        "lane": sites.lane,
+        "headline": "err_perp_energy",
+        "dense_seconds": dense_seconds,
+        "compressed_seconds": {t.name: t.seconds for t in targets},
+        "compressed_forwards_per_batch": {t.name: len(t.plan or ()) for t in targets},
+        "records": {t.name: (t.record.as_dict() if t.record is not None else None) for t in targets},
+        "rows": list(runner.rows),
+        "stat_names": list(_STATS),
+    })
+    if per_sequence:
+        out.attrs["per_sequence"] = {t.name: t.per_seq for t in targets}
+    return out
+
+
+def _stream_batches(dense, targets: list[_Target], runner: _Runner, batch, *, batch_size: int,
+                    units, mode: str, stop_at: str | None, exclude_first_token: bool,
+                    progress: bool) -> tuple[int, float]:
+    """Run the dense model, then every compressed one, batch by batch, adding each batch's
+    per-token statistics into the targets' float64 sums. Returns ``(tokens measured, seconds
+    of the dense forwards)``; under torchrun each rank takes every world-th batch and the sums
+    are all-reduced at the end."""
+    sites = runner.sites
+    device = device_of(dense)
     batches = list(iter_batches(batch, batch_size))
     iterator = batches
     if progress:
@@ -324,6 +355,13 @@ def compression_geometry(
             del store
     if world > 1:
         n_tokens = _all_reduce_sums(targets, n_tokens)
+    return n_tokens, dense_seconds
+
+
+def _error_table(targets: list[_Target], runner: _Runner, mode: str) -> pd.DataFrame:
+    """One row per (layer, unit) and compressed model from the targets' sums (:func:`summarize`),
+    sorted by model, unit (attn, mlp, block) and layer; a dropped layer's rows are parallel by
+    construction."""
     frames = []
     for target in targets:
         rows = []
@@ -338,28 +376,9 @@ def compression_geometry(
             df.insert(0, "compressed", target.name)
         frames.append(df)
     out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    out = out.sort_values(([ "compressed"] if len(targets) > 1 else []) + ["unit", "layer"],
-                          key=lambda c: c.map({"attn": 0, "mlp": 1, "block": 2}) if c.name == "unit" else c,
-                          kind="stable").reset_index(drop=True)
-    out.attrs.update({
-        "mode": mode,
-        "tokens": n_tokens,
-        "sequences": len(batch),
-        "units": list(units),
-        "layers": list(layers),
-        "architecture": sites.arch,
-        "lane": sites.lane,
-        "headline": "err_perp_energy",
-        "dense_seconds": dense_seconds,
-        "compressed_seconds": {t.name: t.seconds for t in targets},
-        "compressed_forwards_per_batch": {t.name: len(t.plan or ()) for t in targets},
-        "records": {t.name: (t.record.as_dict() if t.record is not None else None) for t in targets},
-        "rows": list(runner.rows),
-        "stat_names": list(_STATS),
-    })
-    if per_sequence:
-        out.attrs["per_sequence"] = {t.name: t.per_seq for t in targets}
-    return out
+    return out.sort_values(([ "compressed"] if len(targets) > 1 else []) + ["unit", "layer"],
+                           key=lambda c: c.map({"attn": 0, "mlp": 1, "block": 2}) if c.name == "unit" else c,
+                           kind="stable").reset_index(drop=True)
 
 
 def pooled_sums(sums: Tensor, rows: Sequence[tuple[int, str]], unit: str, layers=None) -> Tensor:

@@ -19,14 +19,11 @@ Memory is ``O(groups x metrics x bins)``, independent of the number of tokens, p
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-QUANTILES: tuple[float, ...] = (0.05, 0.25, 0.5, 0.75, 0.95)
+from .quantiles import BIN_SCALES, QUANTILES, histogram_quantiles, linear_quantiles
 
 #: Up to this many values per metric in every group, a summary keeps the values and reports
 #: exact quantiles (numpy's default, linear); beyond it, only the histograms (the values are
@@ -45,56 +42,6 @@ def energy_ratio(par_sq: Tensor, perp_sq: Tensor) -> Tensor:
             torch.where(par > 0, torch.tensor(float("inf"), dtype=torch.float64, device=par.device),
                         torch.tensor(float("nan"), dtype=torch.float64, device=par.device)),
         )
-
-
-@dataclass(frozen=True)
-class BinScale:
-    """A fixed histogram grid on a transformed axis.
-
-    ``kind``: ``"unit"`` linear on [0, 1]; ``"positive"`` log10-spaced on
-    [lo, hi] (0 and tiny values go to the underflow bin, ``inf`` to the
-    overflow bin); ``"signed"`` linear in ``asinh(x / scale)`` on [-hi, hi].
-    """
-
-    kind: str
-    n_bins: int
-    lo: float = 0.0
-    hi: float = 1.0
-    scale: float = 1e-3
-
-    def transform(self, x: Tensor) -> Tensor:
-        if self.kind == "unit":
-            return x
-        if self.kind == "positive":
-            return torch.log10(x.clamp_min(self.lo * 0.5))
-        return torch.asinh(x / self.scale)
-
-    def inverse(self, t: float) -> float:
-        if self.kind == "unit":
-            return t
-        if self.kind == "positive":
-            return 10.0**t
-        return math.sinh(t) * self.scale
-
-    @property
-    def edges(self) -> tuple[float, float]:
-        """Bounds of the grid in transformed space."""
-        if self.kind == "unit":
-            return 0.0, 1.0
-        if self.kind == "positive":
-            return math.log10(self.lo), math.log10(self.hi)
-        top = math.asinh(self.hi / self.scale)
-        return -top, top
-
-
-# unit: bin width 1/1000. positive: 1e-6..1e6 (12 decades) in 2400 bins = 0.005 decades, ~1.2% relative width.
-# signed: asinh(x/1e-3) on |x| <= 1e4 (+-16.8) in 4000 bins: ~0.8% relative width
-# above |x| ~ 1e-2, absolute width ~1e-5 near 0.
-BIN_SCALES: dict[str, BinScale] = {
-    "unit": BinScale("unit", 1000),
-    "positive": BinScale("positive", 2400, lo=1e-6, hi=1e6),
-    "signed": BinScale("signed", 4000, hi=1e4, scale=1e-3),
-}
 
 
 class StreamingSummary:
@@ -414,39 +361,11 @@ class StreamingSummary:
             use = torch.cat([e[2][cols] for e in self._exact], dim=1).cpu().numpy()[:, by_group]
             counts = np.stack([np.bincount(group[use[j]], minlength=n_g) for j in range(len(batch))])
             width = max(int(counts.max()), 1)
-            v = self._interpolated(group, x, use, counts, width, qs)
+            v = linear_quantiles(group, x, use, counts, width, qs, n_g)
             out.update({m: [torch.from_numpy(np.ascontiguousarray(v[k, j])) for k in range(len(qs))]
                         for j, m in enumerate(batch)})
             del x, use, v
         return out
-
-    def _interpolated(self, group, x, use, counts, width: int, qs):
-        """``[n_q, n_metrics, n_groups]`` linear quantiles of the metrics in ``x`` (see
-        :meth:`_exact_quantile_table`): their values sorted per group in one call, every
-        quantile read at once."""
-        import numpy as np
-
-        n_m, n_g = len(x), self.n_groups
-        sorted_rows = np.full((n_m, n_g, width), np.nan)
-        for j in range(n_m):
-            g, values = group[use[j]], x[j][use[j]]
-            starts = np.concatenate([[0], np.cumsum(counts[j])[:-1]])
-            sorted_rows[j, g, np.arange(g.size) - starts[g]] = values  # in original order per group
-        sorted_rows.sort(axis=2, kind="stable")
-        n = np.maximum(counts, 1)[None]
-        h = (n - 1) * np.asarray([float(q) for q in qs], dtype=np.float64)[:, None, None]
-        lo = np.floor(h).astype(np.int64)
-        hi = np.minimum(lo + 1, n - 1)
-        frac = h - lo
-        mi, gi = np.arange(n_m)[None, :, None], np.arange(n_g)[None, None, :]
-        a, b = sorted_rows[mi, gi, lo], sorted_rows[mi, gi, hi]
-        with np.errstate(invalid="ignore"):
-            v = a + frac * (b - a)
-        # an infinite neighbour wins the interpolation (nan only between -inf and +inf)
-        v = np.where(np.isinf(b) & np.isfinite(a), b, v)
-        v = np.where(np.isinf(a) & np.isfinite(b), a, v)
-        v = np.where((a == b) | (frac == 0), a, v)
-        return np.where(counts[None] > 0, v, np.nan).astype(np.float64)
 
     def quantile(self, metric: str, q: float) -> Float[Tensor, " n_groups"]:
         """``q``-quantile per group (NaN for empty groups).
@@ -460,38 +379,13 @@ class StreamingSummary:
         self.flush()
         if self._exact_valid():
             return self._exact_quantiles(metric, (q,))[0]
-        return self._quantiles(metric, (q,), self.hist[metric].cpu().double())[0]
+        return histogram_quantiles(BIN_SCALES[self.metrics[metric]], (q,), self.hist[metric].cpu().double())[0]
 
     @property
     def quantiles_exact(self) -> bool:
         """Whether :meth:`quantile` and :meth:`table` report exact quantiles (small sample)."""
         self.flush()
         return self._exact_valid()
-
-    def _quantiles(self, metric: str, qs, hist: Tensor) -> list[Tensor]:
-        scale = BIN_SCALES[self.metrics[metric]]
-        lo, hi = scale.edges
-        width = (hi - lo) / scale.n_bins
-        total = hist.sum(-1, keepdim=True)  # [groups, 1]
-        cum = torch.cumsum(hist, -1)
-        target = torch.tensor(list(qs), dtype=hist.dtype) * total  # [groups, n_q]
-        b = torch.searchsorted(cum, target).clamp(max=scale.n_bins + 1)
-        before = torch.where(b > 0, cum.gather(-1, (b - 1).clamp(min=0)), torch.zeros_like(target))
-        in_bin = hist.gather(-1, b).clamp_min(1e-300)
-        frac = ((target - before) / in_bin).clamp(0.0, 1.0)
-        t = lo + (b - 1 + frac) * width
-        if scale.kind == "unit":
-            values = t
-        elif scale.kind == "positive":
-            values = torch.pow(10.0, t)
-        else:
-            values = torch.sinh(t) * scale.scale
-        under = 0.0 if scale.kind == "positive" else scale.inverse(lo)
-        over = float("inf") if scale.kind == "positive" else scale.inverse(hi)
-        values = torch.where(b == 0, torch.full_like(values, under), values)
-        values = torch.where(b == scale.n_bins + 1, torch.full_like(values, over), values)
-        values = torch.where(total > 0, values, torch.full_like(values, float("nan")))
-        return list(values.unbind(-1))
 
     def table(self) -> dict[str, Tensor]:
         """Column name -> per-group values (float64, CPU): count, degenerate,
@@ -522,7 +416,7 @@ class StreamingSummary:
             else:
                 off = self._offsets[m]
                 h = hist[off:off + self.hist[m].numel()].view(self.n_groups, -1)
-                qs = self._quantiles(m, QUANTILES, h)
+                qs = histogram_quantiles(BIN_SCALES[self.metrics[m]], QUANTILES, h)
             for name, v in zip(names, qs, strict=True):
                 cols[f"{m}_{name}"] = v
         return cols

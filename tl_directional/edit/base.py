@@ -13,10 +13,8 @@ import torch
 from torch import Tensor
 
 from ..model.generation import FORWARD
-from ..model.sites import (
-    ModelSites,
-    normalize_layers,
-)
+from ..model.indices import normalize_layers
+from ..model.sites import ModelSites
 
 HookList = list[tuple[str, Callable]]
 

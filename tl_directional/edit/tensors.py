@@ -28,8 +28,8 @@ from torch import Tensor
 
 from ..core.errors import TLDirectionalError
 from ..model.generation import FORWARD
-from ..model.inputs import check_positions_in_range, int_positions, position_mask
-from ..model.sites import normalize_heads
+from ..model.indices import normalize_heads
+from ..model.positions import check_positions_in_range, int_positions, position_mask
 
 AXES = ("batch", "layer", "head")
 """The axes a scale tensor can have, in this order."""

@@ -19,7 +19,7 @@ import re
 
 from ..core.errors import TLDirectionalError
 from ..edit import EDIT_SPACES
-from ..model.sites import normalize_layers
+from ..model.indices import normalize_layers
 from .setting import Setting
 
 _KEYS = ("s_par", "s_perp", "L")

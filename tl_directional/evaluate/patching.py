@@ -33,15 +33,10 @@ from ..model.adapter import (
     forward_recording_block_input,
     from_block,
 )
+from ..model.indices import normalize_heads, normalize_layers
 from ..model.inputs import prepare_inputs, token_ids
-from ..model.sites import (
-    ModelSites,
-    final_norm_weight,
-    kv_head_index,
-    normalize_heads,
-    normalize_layers,
-    resolve_sites,
-)
+from ..model.sites import ModelSites, kv_head_index, resolve_sites
+from ..model.weights import final_norm_weight
 
 WHICH = ("par", "perp", "full")
 

@@ -34,16 +34,10 @@ from torch import Tensor
 
 from ..edit import EDIT_SPACES, NonFiniteEditError, apply_edits, scales
 from ..figures.sweep import sweep_figure  # the figure lives in the views; re-exported
+from ..io.atomic import ArtefactError, atomic_write_bytes, fault_point
 from ..io.distributed import rank_and_world, release_captured_groups
-from ..io.fileio import (
-    SEAL_KEY,
-    ArtefactError,
-    atomic_write_bytes,
-    exclusive_lock,
-    fault_point,
-    sealed_json_dumps,
-    sealed_json_loads,
-)
+from ..io.locks import exclusive_lock
+from ..io.records import SEAL_KEY, sealed_json_dumps, sealed_json_loads
 from ..model.adapter import (
     BlockInput,
     StopForward,
@@ -55,8 +49,9 @@ from ..model.adapter import (
     unembedding,
     unembedding_matches,
 )
-from ..model.inputs import TokenBatch, iter_batches, prepare_inputs, scale_list
-from ..model.sites import normalize_layers, resolve_sites
+from ..model.indices import normalize_layers, scale_list
+from ..model.inputs import TokenBatch, iter_batches, prepare_inputs
+from ..model.sites import resolve_sites
 from . import metrics as _metrics
 from .metrics import (  # the metric registries; re-exported: `from tl_directional.evaluate.sweep import ...`
     METRIC_REGISTRY,

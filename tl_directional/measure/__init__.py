@@ -26,23 +26,21 @@ from ..core.components import ALL_COMPONENTS, check_components
 from ..core.geometry import DEFAULT_EPS, check_eps, compute_dtype
 from ..core.kernels import split_stats
 from ..core.stats import EXACT_QUANTILE_LIMIT
+from ..io.atomic import ArtefactError
 from ..io.distributed import rank_and_world
-from ..io.fileio import ArtefactError, recover_interrupted_swap, replace_dir, verify_manifest
+from ..io.locks import recover_interrupted_swap
+from ..io.outputs import replace_dir
+from ..io.records import verify_manifest
 from ..model.adapter import StopForward, device_of
-from ..model.inputs import (
-    TokenBatch,
+from ..model.inputs import TokenBatch, iter_batches, prepare_inputs
+from ..model.positions import (
     check_positions_select,
     first_token_mask,
-    iter_batches,
     position_mask,
-    prepare_inputs,
     resolve_exclude_first_token,
 )
-from ..model.sites import (
-    ModelSites,
-    resolve_sites,
-    verify_sites,
-)
+from ..model.sites import ModelSites, resolve_sites
+from ..model.verify import verify_sites
 from .stream import EXCLUSIVE_METRICS as EXCLUSIVE_METRICS  # re-exported
 from .stream import RESIDUAL_METRICS as RESIDUAL_METRICS
 from .stream import VALUE_METRICS as VALUE_METRICS
@@ -119,7 +117,7 @@ class Profile:
         every file) into directory ``path``. ``format``: "parquet" or "csv".
 
         The directory is built beside ``path`` and swapped in under an exclusive lock
-        (:func:`tl_directional.io.fileio.replace_dir`): an interrupted save leaves the previous
+        (:func:`tl_directional.io.outputs.replace_dir`): an interrupted save leaves the previous
         profile, a second concurrent save is refused, no stale table survives, and a
         non-empty ``path`` that is not a previous profile is refused unless ``overwrite``."""
         if format not in ("parquet", "csv"):

@@ -14,13 +14,8 @@ from ..core.geometry import projection_coefficient
 from ..core.kernels import Scratch, split_stats, squared_norm, value_stats
 from ..core.stats import StreamingSummary
 from ..model.adapter import StopForward
-from ..model.sites import (
-    ModelSites,
-    UnitSite,
-    ValueSite,
-    attention_output_weights,
-    expand_kv_heads,
-)
+from ..model.sites import ModelSites, UnitSite, ValueSite, expand_kv_heads
+from ..model.weights import attention_output_weights
 
 RESIDUAL_METRICS = {
     "par_frac": "unit",

@@ -17,7 +17,8 @@ import torch
 
 from ..core.errors import TLDirectionalError
 from .families import REGISTRY, HFModules
-from .sites import PARALLEL, SEQUENTIAL, ModelSites, WeightProcessing
+from .sites import PARALLEL, SEQUENTIAL, ModelSites
+from .structure import WeightProcessing
 
 
 class UnsupportedModelError(TLDirectionalError, TypeError):

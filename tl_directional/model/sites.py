@@ -1,7 +1,12 @@
 """Which update, against which reference: hook-site resolution (METHOD.md sec. 2-3).
 
-This is the one module that knows TransformerLens hook names. Everything else
-asks :func:`resolve_sites` for a :class:`ModelSites` and uses its names.
+The site records (:class:`ModelSites`, :class:`UnitSite`, :class:`ValueSite`) and their
+resolution: everything else asks :func:`resolve_sites` for a :class:`ModelSites` and uses its
+names. The other sites modules of ``model/`` take what they need from here:
+:mod:`~tl_directional.model.indices` (layer / head arguments),
+:mod:`~tl_directional.model.structure` (sandwich norms, weight processing),
+:mod:`~tl_directional.model.weights` (weights and linear inputs of a block) and
+:mod:`~tl_directional.model.verify` (the additive identities checked on real activations).
 
 Sites are resolved once per model: :func:`resolve_sites` keeps its result per model instance
 and returns the same :class:`ModelSites` until something that matters changes (the model's
@@ -17,51 +22,30 @@ never the bridge's internal aliases (``blocks.3.hook_in``).
 
 from __future__ import annotations
 
-import numbers
 import warnings
 import weakref
 from dataclasses import dataclass, field
 
-import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from ..core.components import RESIDUAL_COMPONENTS
 from ..core.errors import TLDirectionalError
-from ..core.geometry import dtype_tolerance
-
-# Lane internals live in the lanes (lane_of / architecture_name are re-exported here).
-from .adapter import architecture_name, capture, hook_state, is_encoder, is_parallel, lane_of
-from .families import BY_ARCH
+from .adapter import is_encoder, is_parallel, lane_of
+from .indices import check_hook_api, check_layer
+from .structure import (
+    SANDWICH_NOTE,
+    WeightProcessing,
+    config_value,
+    detect_weight_processing,
+    is_sandwich_norm,
+)
 
 COMPONENTS = RESIDUAL_COMPONENTS  # the residual components, in their order (one home: components.py)
 
 SEQUENTIAL = "sequential"  # pre-LN, attn then MLP (GPT-2, Llama, Qwen, Mistral)
 PARALLEL = "parallel"  # pre-LN, attn and MLP read the same stream (GPT-J, Pythia/NeoX)
 POST_LN = "post_ln"  # BERT: each update is added before a LayerNorm
-
-# Sandwich-norm decoders: each sub-layer's output is normalised (a norm after W_O and after the
-# MLP) before the residual add, so the update is not linear in hook_z. Residual-space identities
-# still hold (the hooked update is what is added); the value-space factorization does not.
-# A registered family says so in its record (Family.sandwich); these are the architectures of
-# that kind outside the registry.
-SANDWICH_ARCHITECTURES = frozenset({
-    "Gemma3ForConditionalGeneration",
-    "Olmo3ForCausalLM",
-})
-# Module names of a post-sub-layer norm: TransformerLens (both lanes) calls them ln1_post /
-# ln2_post; HF Gemma-2/3 and OLMo-2 layers call the MLP one post_feedforward_layernorm (HF Llama
-# has a post_attention_layernorm too, but it is the pre-MLP norm, so it is not a sign).
-_POST_NORM_CHILDREN = ("ln1_post", "ln2_post", "post_feedforward_layernorm")
-
-#: Why the sec. 3 factorization columns are NaN on a sandwich-norm model (Profile.metadata).
-SANDWICH_NOTE = (
-    "sandwich-norm model: a norm follows W_O (and the MLP) before each residual add, so the "
-    "attention update is not linear in hook_z; the value-space factorization of METHOD sec. 3 "
-    "(phi, alpha_head, self_term, cross_term, factorization_error_max) is not applicable and "
-    "reported as NaN. Residual-space splits, beta, A_tt, gamma, the value-space splits and all "
-    "edits are unaffected."
-)
 
 
 class WeightProcessingWarning(UserWarning):
@@ -107,28 +91,6 @@ class ValueSite:
     pattern_hook: str  # [batch, n_heads, query, key]
     z_hook: str  # [batch, pos, n_heads, d_head]
     resid_hook: str  # x_t, the residual reference of the attention update
-
-
-@dataclass(frozen=True)
-class WeightProcessing:
-    """What was done to the weights, as far as can be told from the model."""
-
-    centered_writing_weights: bool
-    folded_value_biases: bool
-    folded_layer_norm: bool
-    flagged_processed: bool | None = None  # the bridge's own record, where it has one
-
-    @property
-    def any(self) -> bool:
-        return self.centered_writing_weights or self.folded_value_biases or self.folded_layer_norm
-
-    def as_dict(self) -> dict:
-        return {
-            "centered_writing_weights": self.centered_writing_weights,
-            "folded_value_biases": self.folded_value_biases,
-            "folded_layer_norm": self.folded_layer_norm,
-            "flagged_processed": self.flagged_processed,
-        }
 
 
 @dataclass(frozen=True)
@@ -197,35 +159,6 @@ def expand_kv_heads(v: Float[Tensor, "*lead n_kv_heads d_head"], n_heads: int) -
     return v.repeat_interleave(group, dim=-2) if group > 1 else v
 
 
-def is_sandwich_norm(model) -> bool:
-    """Whether ``model`` normalises each sub-layer output before the residual add (Gemma-2/3,
-    OLMo-2 style): the legacy ``cfg.use_normalization_before_and_after`` flag, a known
-    architecture's family record (``Family.sandwich``),
-    a known architecture outside the registry, or a post-norm child module in the first block (the
-    bridge has no flag)."""
-    if bool(getattr(model.cfg, "use_normalization_before_and_after", False)):
-        return True
-    name = architecture_name(model)
-    family = BY_ARCH.get(name)
-    if (family is not None and family.sandwich) or name in SANDWICH_ARCHITECTURES:
-        return True
-    blocks = getattr(model, "blocks", None)
-    if blocks is None or len(blocks) == 0:
-        return False
-    return any(getattr(blocks[0], n, None) is not None for n in _POST_NORM_CHILDREN)
-
-
-def check_hook_api(model, argument: str = "model") -> None:
-    """Raise a TypeError unless ``model`` has TransformerLens's hook API."""
-    missing = [a for a in ("run_with_hooks", "hooks", "hook_dict", "cfg") if not hasattr(model, a)]
-    if missing:
-        raise TypeError(
-            f"{argument} must be a TransformerLens model (TransformerBridge or HookedTransformer); "
-            f"{type(model).__name__} lacks {', '.join(missing)}. Load one with "
-            "tl_directional.load_model(...) or TransformerBridge.boot_transformers(...)."
-        )
-
-
 def check_component(component: str, sites: ModelSites | None = None) -> None:
     if component not in COMPONENTS:
         raise ValueError(
@@ -238,105 +171,6 @@ def check_component(component: str, sites: ModelSites | None = None) -> None:
             + ("Post-LN blocks add each update before a LayerNorm, so there is no single "
                "block update; use 'attn' and 'mlp'." if sites.arch == POST_LN else "")
         )
-
-
-def normalize_index(index, size: int, argument: str, what: str = "layer", *, in_list: bool = False) -> int:
-    """One layer / head index in ``-size .. size - 1`` -> ``0 .. size - 1`` (negative
-    indices count from the end, as in Python and TransformerLens: ``-1`` is the last)."""
-    if isinstance(index, Tensor) and index.numel() == 1 and not index.is_floating_point():
-        index = int(index)
-    if not isinstance(index, numbers.Integral) or isinstance(index, bool):
-        raise TypeError(f"{argument} must hold ints, got {index!r} ({type(index).__name__})")
-    index = int(index)
-    if not -size <= index < size:
-        if in_list:  # "layers has layer 7" / "heads has 9"
-            shown = f"{argument} has {what} {index}," if what == "layer" else f"{argument} has {index},"
-        else:
-            shown = f"{argument}={index} is"
-        raise ValueError(
-            f"{shown} out of range for a model with {size} {what}s "
-            f"(valid: 0..{size - 1}, or -{size}..-1 counting from the end)"
-        )
-    return index % size
-
-
-def check_layer(layer: int, n_layers: int, argument: str = "layers") -> int:
-    """Validate one layer index; returns it in ``0 .. n_layers - 1`` (see :func:`normalize_index`)."""
-    return normalize_index(layer, n_layers, argument, "layer", in_list=argument.endswith("s"))
-
-
-def _index_list(values, size: int, argument: str, what: str) -> list[int] | None:
-    if values is None:
-        return None
-    if isinstance(values, int) and not isinstance(values, bool):
-        values = [values]
-    if isinstance(values, Tensor):
-        values = values.reshape(-1).tolist()
-    if isinstance(values, (str, bytes)):
-        raise TypeError(f"{argument} must be None, an int or a sequence of ints, got the string {values!r}")
-    try:
-        values = list(values)
-    except TypeError:
-        raise TypeError(
-            f"{argument} must be None, an int or a sequence of ints, got {type(values).__name__}"
-        ) from None
-    if not values:
-        raise ValueError(f"{argument} is empty; pass None for all {what}s")
-    return sorted({normalize_index(v, size, argument, what, in_list=True) for v in values})
-
-
-def normalize_layers(layers, n_layers: int, argument: str = "layers") -> list[int]:
-    """``None`` -> all layers; an int, range or sequence of ints (negative ones count from
-    the end) -> sorted unique list in ``0 .. n_layers - 1``."""
-    out = _index_list(layers, n_layers, argument, "layer")
-    return list(range(n_layers)) if out is None else out
-
-
-def normalize_heads(heads, n_heads: int, argument: str = "heads") -> list[int] | None:
-    """``None`` -> None (all heads); an int or sequence of query-head indices (negative ones
-    count from the end) -> sorted unique list in ``0 .. n_heads - 1``."""
-    return _index_list(heads, n_heads, argument, "head")
-
-
-def _cfg(model, *names, default=None):
-    for n in names:
-        v = getattr(model.cfg, n, None)
-        if v is not None:
-            return v
-    return default
-
-
-def detect_weight_processing(model) -> WeightProcessing:
-    """Tell from the weights whether writing weights were centred, value biases
-    folded, or LayerNorm folded (METHOD.md sec. 2, "Weight processing")."""
-    centered = True
-    any_b_v_nonzero = False
-    any_b_o_nonzero = False
-    n_layers = model.cfg.n_layers
-    with torch.no_grad():
-        for layer in range(n_layers):
-            attn = model.blocks[layer].attn
-            w_o = attn.W_O
-            mean = w_o.float().mean(-1).abs().max()
-            if mean > 1e-6 * max(float(w_o.float().abs().max()), 1e-30):
-                centered = False
-            b_v = getattr(attn, "b_V", None)
-            b_o = getattr(attn, "b_O", None)
-            if b_v is not None and bool((b_v != 0).any()):
-                any_b_v_nonzero = True
-            if b_o is not None and bool((b_o != 0).any()):
-                any_b_o_nonzero = True
-    family = BY_ARCH.get(architecture_name(model))
-    has_value_bias = family is None or family.layout.value_bias  # GPT-Neo: b_O but no b_V
-    norm = str(_cfg(model, "normalization_type", default="") or "")
-    folded_ln = norm.endswith("Pre") or bool(getattr(model.cfg, "layer_norm_folding", False))
-    return WeightProcessing(
-        centered_writing_weights=centered,
-        # value biases folded: none left in b_V while b_O carries them
-        folded_value_biases=has_value_bias and (not any_b_v_nonzero) and any_b_o_nonzero,
-        folded_layer_norm=folded_ln,
-        flagged_processed=lane_of(model).weights_processed_flag(model),
-    )
 
 
 def _require_hooks(model, names: list[str]) -> None:
@@ -427,7 +261,7 @@ def _resolve(model) -> ModelSites:
     lane = lane_of(model)
     n_layers = int(cfg.n_layers)
     n_heads = int(cfg.n_heads)
-    n_kv = int(_cfg(model, "n_key_value_heads", default=n_heads) or n_heads)
+    n_kv = int(config_value(model, "n_key_value_heads", default=n_heads) or n_heads)
     if n_heads % n_kv:
         raise SiteResolutionError(f"n_heads={n_heads} is not a multiple of n_key_value_heads={n_kv}")
     is_post_ln = is_encoder(model)
@@ -444,7 +278,7 @@ def _resolve(model) -> ModelSites:
         arch = SEQUENTIAL
     sandwich = is_sandwich_norm(model)
     weights = detect_weight_processing(model)
-    model_name = str(_cfg(model, "model_name", default=type(model).__name__))
+    model_name = str(config_value(model, "model_name", default=type(model).__name__))
     units: dict[str, list[UnitSite]] = {"attn": [], "mlp": []}
     if arch != POST_LN:
         units["block"] = []
@@ -498,151 +332,3 @@ def _resolve(model) -> ModelSites:
         notes=notes,
     )
     return sites
-
-
-def final_norm_weight(model) -> Tensor | None:
-    """Effective gain of the final norm (``ln_final``), ``[d_model]``, or None without a gain.
-
-    HF's ``Gemma*RMSNorm`` computes ``x * (1 + weight)``: on the bridge (which wraps the HF
-    module and exposes its raw ``weight`` as ``w``) the gain is ``1 + weight``; the legacy
-    converters fold the 1 into ``ln_final.w`` already.
-    """
-    return lane_of(model).final_norm_weight(model)
-
-
-def attention_output_weights(model, layer: int) -> tuple[Float[Tensor, "n_heads d_head d_model"], Float[Tensor, " d_model"] | None]:
-    """``(W_O, b_O)`` of one layer; ``b_O`` is None when the model has no output bias."""
-    attn = model.blocks[layer].attn
-    b_o = getattr(attn, "b_O", None)
-    return attn.W_O, b_o
-
-
-@dataclass(frozen=True)
-class LinearInput:
-    """Where the input of one attention / MLP linear layer can be read (compression calibration).
-
-    ``key`` names the linear within its block (``"attn.q"``, ``"attn.k"``, ``"attn.v"``,
-    ``"attn.o"``, ``"mlp.in"``, ``"mlp.gate"``, ``"mlp.out"``); ``hook`` is the hook point whose
-    activation, with heads flattened when it is ``[batch, pos, head, d_head]`` and multiplied by
-    ``scale`` along the last axis when ``scale`` is not None, is that linear's input.
-    """
-
-    key: str
-    hook: str
-    scale: Tensor | None = None
-
-
-def linear_input_hooks(model, layer: int) -> dict[str, LinearInput]:
-    """``{key: LinearInput}`` for the attention and MLP linears of one block.
-
-    Bridge (TL 4): each wrapped linear has its own ``blocks.L.<attn|mlp>.<name>.hook_in``; the
-    combined ``qkv`` of GPT-2 / NeoX is skipped (its split ``q``, ``k``, ``v`` are what forward
-    reads). Legacy (``HookedTransformer``): ``W_Q/W_K/W_V`` read ``ln1.hook_normalized``
-    (times ``ln1.w`` for RMSNorm, whose hook fires before the weight), ``W_O`` reads
-    ``attn.hook_z``, ``W_in``/``W_gate`` read ``ln2.hook_normalized``, ``W_out`` reads
-    ``mlp.hook_post``.
-    """
-    layer = check_layer(layer, int(model.cfg.n_layers), "layer")
-    hook_dict = model.hook_dict
-    out = {key: LinearInput(key, hook, scale)
-           for key, (hook, scale) in lane_of(model).linear_inputs(model, layer, hook_dict).items()}
-    missing = [li.hook for li in out.values() if li.hook not in hook_dict]
-    if missing:
-        raise SiteResolutionError(f"layer {layer}: no hook point(s) {sorted(set(missing))} for linear inputs")
-    return out
-
-
-def mlp_branch(model, layer: int):
-    """A callable mapping a sequential pre-LN block's MLP reference stream (``resid_mid``)
-    to its MLP update (``ln2`` then ``mlp``), or None where that is not the structure
-    (parallel / post-LN blocks, sandwich norms). Callers should still check it against the
-    block's own ``hook_mlp_out`` once before trusting it."""
-    if is_encoder(model) or is_parallel(model):
-        return None
-    if is_sandwich_norm(model):
-        return None
-    block = model.blocks[layer]
-    ln2, mlp = getattr(block, "ln2", None), getattr(block, "mlp", None)
-    if ln2 is None or mlp is None or getattr(block, "ln2_post", None) is not None:
-        return None
-    return lambda x: mlp(ln2(x))
-
-
-def verify_sites(
-    model,
-    sites: ModelSites,
-    tokens: Int[Tensor, "batch pos"],
-    attention_mask: Int[Tensor, "batch pos"] | None = None,
-) -> dict[str, float]:
-    """Check ``next == reference + update`` on real activations, for every layer.
-
-    Runs one forward on ``tokens`` with read-only hooks. Returns the worst relative
-    error per unit (``"attn.3"``, ...). Raises :class:`SiteResolutionError`, naming the
-    layer, the hooks and the mismatch, when an identity fails.
-
-    The identity is a property of the hook wiring, not of the weights or the inputs, so a
-    model that passed keeps its result and later calls skip the forward (a notebook
-    profiling one sentence at a time pays it once, not per call), for as long as the model
-    instance, its hook layout, its train/eval mode and the hooks attached to those hook
-    points stay the same: adding or removing a hook there (which can break the identity)
-    makes the next call verify again.
-    """
-    names = set()
-    for comp in sites.components:
-        for u in sites.units[comp]:
-            names |= {u.update_hook, u.reference_hook, u.sum_hook}
-    layout = (sites.lane, sites.arch, bool(getattr(model, "training", False)),
-           tuple((u.update_hook, u.reference_hook, u.sum_hook)
-                 for comp in sites.components for u in sites.units[comp]),
-           hook_state(model, names))
-    try:
-        known = _VERIFIED.get(model)
-    except TypeError:  # not weak-referenceable: verify every time
-        known = None
-    if known is not None and known[0] == layout:
-        return dict(known[1])
-    _, store = capture(model, tokens, names, attention_mask=attention_mask)
-    errors: dict[str, float] = {}
-    for L in range(sites.n_layers):
-        checks: list[tuple[str, Tensor, Tensor, str]] = []
-        if sites.arch == PARALLEL:
-            a, m = sites.units["attn"][L], sites.units["mlp"][L]
-            lhs = store[a.sum_hook]
-            rhs = store[a.reference_hook] + store[a.update_hook] + store[m.update_hook]
-            desc = f"{a.sum_hook} == {a.reference_hook} + {a.update_hook} + {m.update_hook}"
-            checks.append((f"attn.{L}", lhs, rhs, desc))
-            checks.append((f"mlp.{L}", lhs, rhs, desc))
-        else:
-            for comp in ("attn", "mlp"):
-                u = sites.units[comp][L]
-                lhs = store[u.sum_hook]
-                rhs = store[u.reference_hook] + store[u.update_hook]
-                checks.append((f"{comp}.{L}", lhs, rhs, f"{u.sum_hook} == {u.reference_hook} + {u.update_hook}"))
-        for key, lhs, rhs, desc in checks:
-            if lhs.shape != rhs.shape:
-                raise SiteResolutionError(
-                    f"layer {L}: additive identity {desc} has mismatched shapes "
-                    f"{tuple(lhs.shape)} vs {tuple(rhs.shape)}; this architecture is not understood."
-                )
-            scale = float(lhs.abs().max()) + 1.0
-            err = float((lhs.double() - rhs.double()).abs().max()) / scale
-            errors[key] = err
-            tol = dtype_tolerance(lhs.dtype)
-            if not err <= tol:
-                raise SiteResolutionError(
-                    f"layer {L}: additive identity {desc} fails (max relative error {err:.3g} > "
-                    f"{tol:g}); the hook layout of {sites.model_name} ({sites.arch}) is not "
-                    "understood, so no numbers are produced. Check dropout is off (model.eval()) "
-                    "and that the model is a standard residual transformer."
-                )
-        if "block" in sites.units:
-            errors[f"block.{L}"] = 0.0  # a difference of two hooks: exact by construction
-    try:
-        _VERIFIED[model] = (layout, dict(errors))
-    except TypeError:
-        pass
-    return errors
-
-
-#: model -> (hook layout key, errors) of its last passed :func:`verify_sites`.
-_VERIFIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

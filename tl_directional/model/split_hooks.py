@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from ..core.components import check_components
 from ..core.geometry import DEFAULT_EPS, check_eps, parallel_part
 from .adapter import add_hook_point, lane_of, remove_hook_point
-from .sites import expand_kv_heads, normalize_layers, resolve_sites
+from .indices import normalize_layers
+from .sites import expand_kv_heads, resolve_sites
 
 #: The updates that can carry split hook points (residual attention / MLP, value space).
 SPLIT_COMPONENTS = ("attn", "mlp", "value")

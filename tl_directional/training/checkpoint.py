@@ -20,7 +20,8 @@ from typing import Any
 
 from torch import Tensor
 
-from ..io.fileio import ArtefactError, atomic_write_bytes, fault_point, seal, sealed_json_loads
+from ..io.atomic import ArtefactError, atomic_write_bytes, fault_point
+from ..io.records import seal, sealed_json_loads
 from .config import CHECKPOINT_DIR, INIT_DIR, OPERATIONAL_KEYS, TOKENIZER_DIR, TrainConfig
 from .data import TokenizerMismatchError
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..core.errors import TLDirectionalError
 from ..io.corpus import heldout_info, heldout_text, load_split, split_manifest
-from ..io.fileio import sha256_file
+from ..io.records import sha256_file
 from ..model.load import ENDOFTEXT, train_tokenizer
 from .config import BUILTIN_CORPUS, TOKENIZER_DIR, TrainConfig
 

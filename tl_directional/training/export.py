@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..edit import Edit, edit_hooks
-from ..io.fileio import replace_dir
+from ..io.outputs import replace_dir
 from ..model.adapter import device_of, quiet_transformers
 from ..model.load import BUILD_INFO_FILE
 from ..model.sites import lane_of
@@ -29,7 +29,7 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
     The directory loads with ``TransformerBridge.boot_transformers(path)``,
     ``transformers.GPT2LMHeadModel.from_pretrained(path)`` and, on the legacy lane,
     :func:`tl_directional.model.load.load_model`. Written to a temporary sibling with a
-    ``manifest.json`` and swapped in (:func:`tl_directional.io.fileio.replace_dir`); a
+    ``manifest.json`` and swapped in (:func:`tl_directional.io.outputs.replace_dir`); a
     non-empty ``path`` that is not a previous export (e.g. the run directory itself) is
     refused unless ``force``, so no user file is ever deleted.
     """

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..io.fileio import check_model_dir, write_manifest
+from ..io.model_files import check_model_dir
+from ..io.records import write_manifest
 from ..model.adapter import lane_of, quiet_transformers
 from ..model.load import ENDOFTEXT, hf_config, load_model
 from .checkpoint import CheckpointError

@@ -24,8 +24,9 @@ import torch
 from torch import Tensor
 
 from ..edit import edit_hooks
+from ..io.atomic import atomic_write_bytes
 from ..io.distributed import destroy_process_group
-from ..io.fileio import atomic_write_bytes, exclusive_lock
+from ..io.locks import exclusive_lock
 from ..model.sites import lane_of
 from .checkpoint import (
     CHECKPOINT_FORMAT,

@@ -27,10 +27,11 @@ import pandas as pd
 
 from ..evaluate.sweep import grid, sweep
 from ..figures.page import Report
-from ..io.fileio import check_output_path, check_replaceable, replace_dir
+from ..io.outputs import check_output_path, check_replaceable, replace_dir
 from ..measure import profile
+from ..model.indices import normalize_index
 from ..model.inputs import prepare_inputs
-from ..model.sites import normalize_index, resolve_sites
+from ..model.sites import resolve_sites
 from . import (
     attention_triptych,
     attention_triptych_figure,
@@ -141,7 +142,7 @@ def build_report(
 
     ``out_dir`` must be absent, empty or a previous report (its ``manifest.json`` says so);
     another command's output or other files are refused unless ``overwrite``. The page is
-    built beside ``out_dir`` and swapped in complete (:func:`tl_directional.io.fileio.replace_dir`).
+    built beside ``out_dir`` and swapped in complete (:func:`tl_directional.io.outputs.replace_dir`).
     """
     t0 = time.time()
     out = Path(out_dir)

@@ -40,7 +40,7 @@ class Layout:
         value_bias: the attention has a value bias ``b_V``. ``False`` where it has none but may
             still have an output bias ``b_O`` (GPT-Neo), so that an all-zero ``b_V`` with a
             non-zero ``b_O`` is not read as "value biases were folded into ``b_O``"
-            (:func:`tl_directional.model.sites.detect_weight_processing`).
+            (:func:`tl_directional.model.structure.detect_weight_processing`).
     """
 
     norm: str = "pre-LN"

