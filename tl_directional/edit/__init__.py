@@ -34,11 +34,11 @@ from ..core.geometry import DEFAULT_EPS, component_delta, compute_dtype, project
 from ..model.generation import FORWARD
 from ..model.sites import (
     COMPONENTS,
-    ModelSites,
     check_component,
-    normalize_layers,
     resolve_sites,
 )
+from .base import Edit, HookList
+from .carrier import MLPCarrierScale
 from .tensors import (
     NonFiniteEditError,
     Scales,
@@ -53,9 +53,6 @@ from .tensors import (
     scales,
     value_split_scaled,
 )
-
-HookList = list[tuple[str, Callable]]
-
 
 _MISSING = object()
 
@@ -94,17 +91,6 @@ def track_attention_mask(model) -> None:
         return  # someone else's instance forward: leave it (negative positions count from the end)
     object.__setattr__(model, "forward", _MaskTrackingForward(model))
 
-
-class Edit:
-    """Base class: an edit turns into TransformerLens forward hooks for one model."""
-
-    positions = None
-
-    def fwd_hooks(self, model) -> HookList:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _layers(self, sites: ModelSites) -> list[int]:
-        return normalize_layers(self.layers, sites.n_layers, "layers")
 
 def _check_eps(eps) -> float:
     if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
@@ -520,6 +506,10 @@ def _residual(*components: str):
     return lambda sp, sq, **scope: [ResidualScale(c, sp, sq, **scope) for c in components]
 
 
+def _carrier(site: str):
+    return lambda sp, sq, **scope: [MLPCarrierScale(sp, sq, site=site, **scope)]
+
+
 _SPACE_LIST = (
     EditSpace("value", "value space, full aggregate vs own value (V-Para), attn.hook_z", _value("full")),
     EditSpace("value-exclusive", "value space, cross aggregate vs own value, self message kept, attn.hook_z",
@@ -538,6 +528,10 @@ _SPACE_LIST = (
               lambda sp, sq, **scope: [DiagonalRemoval(**scope)], scaled=False, perp=False),
     EditSpace("eff-diag", "effective diagonal in the pattern, A_tt += (s_par - 1) beta_t (s_perp must be 1)",
               lambda sp, sq, **scope: [EffectiveDiagonal(sp, **scope)], perp=False),
+    EditSpace("mlp-carrier-input", "MLP carrier, each d_model-wide block of the carrier h split against the MLP "
+              "input x, before W_down (mlp.hook_post)", _carrier("input"), heads=False),
+    EditSpace("mlp-carrier-block", "MLP carrier, each block's contribution W_down[:, I_g] h_g split against "
+              "h_g, before the sum (the down projection's output)", _carrier("block"), heads=False),
 )
 
 #: The named edit spaces (read-only), by name: the sweep's spaces, the training variants' edits,
@@ -627,6 +621,7 @@ __all__ = [
     "Edit",
     "EditSpace",
     "EffectiveDiagonal",
+    "MLPCarrierScale",
     "NonFiniteEditError",
     "ResidualScale",
     "Scales",
