@@ -102,7 +102,7 @@ def down_blocks(w_down: Float[Tensor, "d_mlp d_out"], d: int,
     return w_down.unflatten(0, (g, d))
 
 
-def block_contributions(h: Float[Tensor, "*lead d_mlp"], w_down: Float[Tensor, "d_mlp d_out"],
+def block_contributions(h: Float[Tensor, "*lead d_mlp"], w_down: Float[Tensor, "rows d_out"],
                         remainder: str = "pad") -> Float[Tensor, "*lead G d_out"]:
     """``y_g = W_down[:, I_g] h_g`` for every block, ``[*lead, G, d_out]`` (``d_out`` must be the
     block width ``d``), in the compute dtype of ``h`` and ``w_down``; ``sum_g y_g = h @ W_down``."""
@@ -115,6 +115,8 @@ def block_contributions(h: Float[Tensor, "*lead d_mlp"], w_down: Float[Tensor, "
 
 
 def _check_down(h: Tensor, w_down: Tensor) -> None:
+    # checked here rather than by the shape annotation (rows, not d_mlp), so that the error names the fix
+
     if w_down.ndim != 2 or w_down.shape[0] != h.shape[-1]:
         raise CarrierShapeError(
             f"w_down must be [d_mlp, d_model] = [{h.shape[-1]}, d_model] (TransformerLens orientation, "
@@ -141,8 +143,9 @@ def carrier_input_delta(h: Float[Tensor, "*lead d_mlp"], x: Float[Tensor, "*lead
         h: ``[*lead, d_mlp]``, the post-activation carrier (TransformerLens ``mlp.hook_post``).
         x: ``[*lead, d]``, the input the MLP reads (the normalised stream), broadcastable.
         s_par, s_perp: floats or tensors broadcastable to ``[*lead]`` (one scale per token).
-        eps: degeneracy threshold on squared norms (a block with ``||h_g||^2 <= eps`` or a token
-            with ``||x||^2 <= eps`` is left unscaled).
+        eps: degeneracy threshold on squared norms (a block with ``||h_g||^2 <= eps``, or every
+            block of a token with ``||x||^2 <= eps``, has no parallel part: it is all perpendicular,
+            as for every split of the library, METHOD.md sec. 1).
         remainder: see the module docstring.
     """
     d = x.shape[-1]
@@ -152,7 +155,7 @@ def carrier_input_delta(h: Float[Tensor, "*lead d_mlp"], x: Float[Tensor, "*lead
     return delta.flatten(-2)[..., : h.shape[-1]]
 
 
-def carrier_block_delta(h: Float[Tensor, "*lead d_mlp"], w_down: Float[Tensor, "d_mlp d"],
+def carrier_block_delta(h: Float[Tensor, "*lead d_mlp"], w_down: Float[Tensor, "rows d"],
                         s_par: float | Tensor = 1.0, s_perp: float | Tensor = 1.0,
                         eps: float = DEFAULT_EPS, remainder: str = "pad") -> Float[Tensor, "*lead d"]:
     """The change of the MLP output at the **block** site:
@@ -171,7 +174,7 @@ def carrier_block_delta(h: Float[Tensor, "*lead d_mlp"], w_down: Float[Tensor, "
 
 
 def carrier_split_energy(h: Float[Tensor, "*lead d_mlp"], reference: Float[Tensor, "*lead d"] | None = None,
-                         w_down: Float[Tensor, "d_mlp d"] | None = None, eps: float = DEFAULT_EPS,
+                         w_down: Float[Tensor, "rows d"] | None = None, eps: float = DEFAULT_EPS,
                          remainder: str = "pad") -> tuple[Float[Tensor, "*lead"], Float[Tensor, "*lead"]]:
     """Per token, the parallel and total squared norms summed over the carrier blocks, in the
     compute dtype: ``(sum_g ||u_g,par||^2, sum_g ||u_g||^2)``.

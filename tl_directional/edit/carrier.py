@@ -57,7 +57,7 @@ class MLPCarrierScale(Edit):
             ``"block"`` (``y_g = W_down[:, I_g] h_g`` against ``h_g``, before the sum over blocks).
         layers: None (all) or layer indices.
         positions: absolute query positions (as in the other edits), or None for all.
-        eps: degeneracy threshold on squared norms (such blocks are left unscaled).
+        eps: degeneracy threshold on squared norms (such a block has no parallel part).
         remainder: ``"pad"`` (default) zero-pads the last block when ``d_mlp`` is not a multiple
             of ``d_model`` (the MLP read with extra zero hidden units; METHOD.md), ``"error"``
             refuses such a model.
