@@ -206,3 +206,48 @@ def test_mixture_of_experts_is_refused(tiny_model_dir):
     model = load_model(tiny_model_dir("mixtral")).eval()
     with pytest.raises(CarrierUnavailableError, match="mixture-of-experts MLP.*ResidualScale\\('mlp'\\)"):
         tld.MLPCarrierScale(0.0).fwd_hooks(model)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_carrier_profile_equals_a_loop_over_the_cache(tiny_model, family):
+    from tl_directional.measure.carrier import carrier_profile
+
+    model = tiny_model(family)
+    d = model.cfg.d_model
+    table = carrier_profile(model, TEXTS, exclude_first_token=True)
+    batch = tld.prepare_inputs(model, TEXTS)
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask)
+    mask = batch.attention_mask.bool()
+    mask &= ~tld.first_token_mask(batch.attention_mask)
+    for L in range(model.cfg.n_layers):
+        x_name, gain = _x_hook(model, L)
+        x = cache[x_name] if gain is None else cache[x_name] * gain
+        x, h = x[mask].double(), cache[f"blocks.{L}.mlp.hook_post"][mask].double()
+        w = model.blocks[L].mlp.W_out.detach().double()
+        par_in = tot_in = par_blk = tot_blk = 0.0
+        for start, stop, hg in _blocks(h, d):
+            par_in += float((_proj(hg, x) ** 2).sum())
+            tot_in += float((hg ** 2).sum())
+            yg = h[:, start:stop] @ w[start:stop]
+            par_blk += float((_proj(yg, hg) ** 2).sum())
+            tot_blk += float((yg ** 2).sum())
+        row = table[table["layer"] == L].iloc[0]
+        assert row["carrier_tokens"] == int(mask.sum()) and row["carrier_blocks"] == 4
+        assert row["carrier_input_par_share"] == pytest.approx(par_in / tot_in, rel=1e-4)
+        assert row["carrier_block_par_share"] == pytest.approx(par_blk / tot_blk, rel=1e-4)
+        assert row["carrier_input_energy_ratio"] == pytest.approx((par_in / (tot_in - par_in)) ** 0.5, rel=1e-4)
+
+
+def test_profile_carries_the_carrier_columns_on_the_mlp_rows(tiny_model):
+    from tl_directional.measure.carrier import CARRIER_COLUMNS, carrier_profile
+
+    model = tiny_model("llama")
+    prof = tld.profile(model, TEXTS, carrier=True, progress=False)
+    mlp = prof.residual[prof.residual["component"] == "mlp"].sort_values("layer")
+    other = prof.residual[prof.residual["component"] != "mlp"]
+    want = carrier_profile(model, TEXTS).sort_values("layer")
+    for col in CARRIER_COLUMNS:
+        assert mlp[col].to_numpy().tolist() == pytest.approx(want[col].to_numpy().tolist(), rel=1e-6)
+        assert other[col].isna().all()
+    assert ((mlp["carrier_input_par_share"] > 0) & (mlp["carrier_input_par_share"] < 1)).all()
+    assert "carrier_input_par_share" not in tld.profile(model, TEXTS, progress=False).residual

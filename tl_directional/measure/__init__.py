@@ -43,6 +43,7 @@ from ..model.sites import (
     resolve_sites,
     verify_sites,
 )
+from .carrier import add_carrier_columns, carrier_table
 from .stream import EXCLUSIVE_METRICS as EXCLUSIVE_METRICS  # re-exported
 from .stream import RESIDUAL_METRICS as RESIDUAL_METRICS
 from .stream import VALUE_METRICS as VALUE_METRICS
@@ -386,6 +387,7 @@ def profile(
     per_token: bool = False,
     verify: bool = True,
     progress: bool = True,
+    carrier: bool = False,
 ) -> Profile:
     """Stream ``inputs`` through ``model`` and summarise the geometry of every update.
 
@@ -410,6 +412,9 @@ def profile(
         verify: check the additive identity (METHOD.md sec. 2) on the first batch
             before measuring; raises ``SiteResolutionError`` if it fails.
         progress: show a tqdm bar.
+        carrier: also measure the MLP carrier blocks' parallel share per layer (one more
+            forward per batch; :mod:`tl_directional.measure.carrier`): the ``mlp`` rows of the
+            residual table get :data:`~tl_directional.measure.carrier.CARRIER_COLUMNS`.
 
     Returns:
         A :class:`Profile`.
@@ -466,7 +471,12 @@ def profile(
     acc.tokens_seen = int(tokens_seen)
     if world > 1:
         _all_reduce_accumulator(acc)
-    return _finish(acc, model, sites, components, eps, positions, exclude_first_token)
+    out = _finish(acc, model, sites, components, eps, positions, exclude_first_token)
+    if carrier:
+        table = carrier_table(model, ((p, _token_mask(p.attention_mask, positions, exclude_first_token))
+                                      for p in batches), eps=eps)
+        out.residual = add_carrier_columns(out.residual, table)
+    return out
 
 
 __all__ = ["Profile", "profile", "ALL_COMPONENTS", "compute_dtype"]
