@@ -222,7 +222,7 @@ def test_carrier_profile_equals_a_loop_over_the_cache(tiny_model, family):
     for L in range(model.cfg.n_layers):
         x_name, gain = _x_hook(model, L)
         x = cache[x_name] if gain is None else cache[x_name] * gain
-        x, h = x[mask].double(), cache[f"blocks.{L}.mlp.hook_post"][mask].double()
+        x, h = x[mask].detach().double(), cache[f"blocks.{L}.mlp.hook_post"][mask].detach().double()
         w = model.blocks[L].mlp.W_out.detach().double()
         par_in = tot_in = par_blk = tot_blk = 0.0
         for start, stop, hg in _blocks(h, d):

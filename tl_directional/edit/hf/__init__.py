@@ -3,6 +3,8 @@
 * :func:`apply_edits` / :func:`install_edits`: the package's edits (``ResidualScale``,
   ``ValueScale`` full / exclusive, ``DiagonalRemoval``, ``EffectiveDiagonal``) as torch module
   hooks on an ``AutoModelForCausalLM`` (:mod:`tl_directional.edit.hf.edits`).
+* :func:`apply_carrier_edits` / :func:`install_carrier_edits`: the MLP carrier edits
+  (``MLPCarrierScale``) as module hooks (:mod:`tl_directional.edit.hf.carrier`).
 * :class:`DirectionalEditCallback` (``tl_directional.training.hf_callback``): a ``transformers.Trainer``
   callback that keeps an edit active during training, with an ``s_par`` schedule and logging of
   the measured parallel share per layer. Imported lazily (it imports ``transformers``).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 
+from .carrier import apply_carrier_edits, install_carrier_edits
 from .edits import (
     MODEL_TYPES,
     AttentionPatternUnavailableError,
@@ -60,10 +63,12 @@ __all__ = [
     "SparSchedule",
     "S_PAR_RANGE",
     "UnsupportedModelError",
+    "apply_carrier_edits",
     "apply_edits",
     "attention_implementation",
     "edit_label",
     "install_edits",
+    "install_carrier_edits",
     "installed_edits",
     "remove_edits",
     "resolve_hf_sites",
