@@ -251,3 +251,21 @@ def test_profile_carries_the_carrier_columns_on_the_mlp_rows(tiny_model):
         assert other[col].isna().all()
     assert ((mlp["carrier_input_par_share"] > 0) & (mlp["carrier_input_par_share"] < 1)).all()
     assert "carrier_input_par_share" not in tld.profile(model, TEXTS, progress=False).residual
+
+
+@pytest.mark.parametrize("site", ["input", "block"])
+def test_training_variant_trains_with_the_carrier_edit(tmp_path, tok_dir, data, site):
+    from tests.integration._training import cfg
+    from tl_directional import training as T
+
+    (e,) = T.variant_edits(f"carrier-{site}-para")
+    assert type(e) is tld.MLPCarrierScale and (e.s_par, e.s_perp, e.site, e.layers) == (0.0, 1.0, site, None)
+    tr = T.Trainer(cfg(tok_dir, variant=f"carrier-{site}-para"), tmp_path / site, data=data)
+    tr.model.train()
+    with tr.model.hooks(fwd_hooks=tr.hooks):
+        loss = tr.model(tr.batch(0), return_type="loss")
+    with torch.no_grad():
+        plain = tr.model(tr.batch(0), return_type="loss")
+    assert torch.isfinite(loss) and loss.item() != plain.item()  # the edit is on during training
+    loss.backward()
+    assert all(p.grad is not None for _, p in tr.named_params)
