@@ -269,3 +269,21 @@ def test_training_variant_trains_with_the_carrier_edit(tmp_path, tok_dir, data, 
     assert torch.isfinite(loss) and loss.item() != plain.item()  # the edit is on during training
     loss.backward()
     assert all(p.grad is not None for _, p in tr.named_params)
+
+
+def test_cli_sweep_and_view_take_the_carrier_spaces(tiny_model_dir, tmp_path):
+    import pandas as pd
+
+    from tests.integration.test_habits import _cli
+    from tl_directional.views import sweep_curves
+
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(TEXTS * 4))
+    rc, err = _cli("sweep", "--model", tiny_model_dir("gpt2"), "--text", text, "--space",
+                   "mlp-carrier-input,mlp-carrier-block", "--s-par=0,0.5", "--out", tmp_path / "o", "--quiet",
+                   "--max-sequences", "2", "--seq-len", "32")
+    assert rc == 0, err
+    table = pd.read_csv(tmp_path / "o" / "sweep.csv")
+    assert {"mlp-carrier-input", "mlp-carrier-block"} <= set(table["space"])
+    assert (table["status"] == "ok").all()
+    assert sweep_curves(table) is not None
