@@ -287,3 +287,22 @@ def test_cli_sweep_and_view_take_the_carrier_spaces(tiny_model_dir, tmp_path):
     assert {"mlp-carrier-input", "mlp-carrier-block"} <= set(table["space"])
     assert (table["status"] == "ok").all()
     assert sweep_curves(table) is not None
+
+
+@pytest.mark.parametrize("site", ["input", "block"])
+def test_position_scoping_during_cached_generation(tiny_model, lane, site):
+    # as in test_edit.py: TL 4.3 bridges give wrong cached logits for GPT-2 / Llama, so NeoX there
+    model = tiny_model("neox" if lane == "bridge" else "gpt2")
+    prompt = tld.prepare_inputs(model, TEXTS[:1]).tokens
+    p = prompt.shape[1] + 2  # a generated position: seen alone, at slice index 0, when cached
+
+    def generate(use_cache, *edits):
+        with tld.apply_edits(model, *edits):
+            return model.generate(prompt, max_new_tokens=6, do_sample=False, use_past_kv_cache=use_cache,
+                                  stop_at_eos=False, verbose=False)
+
+    edit = tld.MLPCarrierScale(-3.0, 4.0, site=site, positions=[p])
+    assert torch.equal(generate(True, edit), generate(False, edit))
+    plain, edited = generate(False), generate(False, edit)
+    assert torch.equal(plain[:, : p + 1], edited[:, : p + 1])  # nothing before p changes
+    assert not torch.equal(plain, edited)
