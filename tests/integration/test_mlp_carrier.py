@@ -19,7 +19,7 @@ from tl_directional.evaluate.sweep import find_safe_scale, grid, sweep
 from tl_directional.model.load import build_tiny_hf_model, load_model, tl_lane
 from tl_directional.model.mlp_carrier import CarrierUnavailableError, carrier_site, down_weight
 
-from ._families import CAUSAL, LOADABLE
+from ._families import CAUSAL, EXTRA, LOADABLE
 
 TEXTS = ["In the beginning God created the heaven and the earth.", "And God said, Let there be light."]
 
@@ -306,3 +306,47 @@ def test_position_scoping_during_cached_generation(tiny_model, lane, site):
     plain, edited = generate(False), generate(False, edit)
     assert torch.equal(plain[:, : p + 1], edited[:, : p + 1])  # nothing before p changes
     assert not torch.equal(plain, edited)
+
+
+MOE = ("mixtral", "qwen3_moe", "gpt_oss")
+
+
+@pytest.mark.parametrize("family", [f for f in EXTRA if f not in MOE])
+def test_every_dense_family_reads_its_carrier_right(tiny_model_dir, family):
+    """On every other loadable family: the hook points the edit uses are the MLP's (x @ W_in gives
+    the up projection's output, h @ W_out + b the down projection's output), scale 1 is bit-exact,
+    and parallel removal at the input site leaves each edited block orthogonal to x."""
+    model = load_model(tiny_model_dir(family)).eval()
+    d = model.cfg.d_model
+    batch = tld.prepare_inputs(model, TEXTS)
+    L = 1
+    site = carrier_site(model, L)
+    mlp = model.blocks[L].mlp
+    up = f"blocks.{L}.mlp.in.hook_out" if tl_lane() == "bridge" else \
+        f"blocks.{L}.mlp.hook_pre{'_linear' if site.gated else ''}"
+    names = {site.input_hook, site.carrier_hook, site.output_hook, up}
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.attention_mask,
+                                    names_filter=lambda n: n in names)
+    x = cache[site.input_hook] * (1 if site.input_scale is None else site.input_scale.detach())
+    b_in, b_out = getattr(mlp, "b_in", None), getattr(mlp, "b_out", None)
+    w_in = mlp.W_in.detach()
+    if w_in.shape[1] == cache[up].shape[-1]:  # (a fused gate-up weight has no separate W_in to check)
+        torch.testing.assert_close(x @ w_in + (0 if b_in is None else b_in.detach()), cache[up], rtol=1e-4, atol=1e-4)
+    if site.output_hook is not None:
+        want = cache[site.carrier_hook] @ down_weight(model, L).detach() + (0 if b_out is None else b_out.detach())
+        torch.testing.assert_close(want, cache[site.output_hook], rtol=1e-4, atol=1e-4)
+    base = _run(model)
+    for s in ("input", "block"):
+        if s == "block" and site.output_hook is None:
+            continue
+        assert torch.equal(_run(model, tld.MLPCarrierScale(1.0, 1.0, site=s)), base)
+    got: dict = {}
+    hooks = tld.MLPCarrierScale(0.0, 1.0, site="input", layers=[L]).fwd_hooks(model)
+    hooks.append((site.carrier_hook, lambda t, hook: got.setdefault("h", t.detach())))
+    with torch.no_grad():
+        model.run_with_hooks(batch.tokens, attention_mask=batch.attention_mask, fwd_hooks=hooks)
+    h = got["h"].double()
+    full = (h.shape[-1] // d) * d  # the whole blocks (a padded last block is not orthogonal by design)
+    dots = (h[..., :full].unflatten(-1, (-1, d)) * x.double().unsqueeze(-2)).sum(-1)
+    scale = h.norm(dim=-1, keepdim=True) * x.double().norm(dim=-1, keepdim=True)
+    assert float((dots.abs() / scale).max()) < 1e-5
