@@ -206,6 +206,8 @@ def test_mixture_of_experts_is_refused(tiny_model_dir):
     model = load_model(tiny_model_dir("mixtral")).eval()
     with pytest.raises(CarrierUnavailableError, match="mixture-of-experts MLP.*ResidualScale\\('mlp'\\)"):
         tld.MLPCarrierScale(0.0).fwd_hooks(model)
+    with pytest.raises(CarrierUnavailableError, match="mixture-of-experts MLP"):
+        tld.profile(model, TEXTS, carrier=True, progress=False)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

@@ -38,6 +38,7 @@ from ..model.inputs import (
     prepare_inputs,
     resolve_exclude_first_token,
 )
+from ..model.mlp_carrier import carrier_site
 from ..model.sites import (
     ModelSites,
     resolve_sites,
@@ -425,6 +426,8 @@ def profile(
     batch = prepare_inputs(model, inputs, attention_mask)
     exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
     check_positions_select(positions, batch)
+    if carrier:  # refuse a model without a separable MLP carrier before measuring anything
+        carrier_site(model, 0)
     device = device_of(model)
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
@@ -472,7 +475,7 @@ def profile(
     if world > 1:
         _all_reduce_accumulator(acc)
     out = _finish(acc, model, sites, components, eps, positions, exclude_first_token)
-    if carrier:
+    if carrier:  # every rank measures every batch: the carrier sums need no all-reduce
         table = carrier_table(model, ((p, _token_mask(p.attention_mask, positions, exclude_first_token))
                                       for p in batches), eps=eps)
         out.residual = add_carrier_columns(out.residual, table)
