@@ -7,6 +7,7 @@ from tl_directional.edit import (
     EDIT_SPACES,
     DiagonalRemoval,
     EffectiveDiagonal,
+    MLPCarrierScale,
     ResidualScale,
     ValueScale,
     edit_space,
@@ -29,6 +30,8 @@ EXPECTED = {
     "block": [(ResidualScale, {"component": "block", "s_par": 0.5, "s_perp": 1.0})],
     "hard-diag": [(DiagonalRemoval, {})],
     "eff-diag": [(EffectiveDiagonal, {"s_par": 0.5})],
+    "mlp-carrier-input": [(MLPCarrierScale, {"s_par": 0.5, "s_perp": 1.0, "site": "input", "remainder": "pad"})],
+    "mlp-carrier-block": [(MLPCarrierScale, {"s_par": 0.5, "s_perp": 1.0, "site": "block", "remainder": "pad"})],
 }
 
 
@@ -60,7 +63,7 @@ def test_v_para_and_attention_removal():
 
 
 def test_bad_space_and_bad_scale_are_named():
-    with pytest.raises(ValueError, match=r"edit space must be one of value, .*eff-diag, got 'vpara'"):
+    with pytest.raises(ValueError, match=r"edit space must be one of value, .*eff-diag, mlp-carrier-input, mlp-carrier-block, got 'vpara'"):
         edits_for_space("vpara", s_par=0.0)
     with pytest.raises(ValueError, match="'eff-diag' scales only the parallel part: s_perp must be 1, got 0.5"):
         edits_for_space("eff-diag", 0.0, 0.5)

@@ -29,6 +29,7 @@ from ..training.config import (
     METRICS_FILE,
     SUMMARY_FILE,
     TOKENIZER_DIR,
+    VARIANT_SPACES,
     VARIANTS,
     TrainConfig,
 )
@@ -45,7 +46,7 @@ def add_config_arguments(p: argparse.ArgumentParser, defaults: TrainConfig | Non
         flag = "--" + f.name.replace("_", "-")
         value = getattr(d, f.name)
         if f.name == "variant":
-            p.add_argument(flag, choices=VARIANTS, default=value)
+            p.add_argument(flag, choices=tuple(VARIANT_SPACES), default=value)
         elif f.name in ("tokenizer", "corpus"):
             p.add_argument(flag, default=value)
         elif f.name == "d_mlp":

@@ -30,6 +30,7 @@ from __future__ import annotations
 from ..model.sites import COMPONENTS
 from .apply import apply_edits, edit_hooks
 from .base import Edit, restore_instance_dict, track_attention_mask
+from .carrier import MLPCarrierScale
 from .pattern import DiagonalRemoval, EffectiveDiagonal
 from .residual import ResidualScale
 from .spaces import EDIT_SPACES, EditSpace, edit_space, edits_for_space
@@ -43,6 +44,7 @@ __all__ = [
     "Edit",
     "EditSpace",
     "EffectiveDiagonal",
+    "MLPCarrierScale",
     "NonFiniteEditError",
     "ResidualScale",
     "Scales",

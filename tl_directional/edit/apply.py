@@ -16,6 +16,8 @@ from typing import Any
 
 from ..model.lanes import is_plain_transformers
 from .base import Edit, HookList, restore_instance_dict, track_attention_mask
+from .carrier import MLPCarrierScale
+from .hf.carrier import install_carrier_edits
 from .hf.edits import install_edits
 
 
@@ -73,11 +75,19 @@ def apply_edits(model, *edits: Any) -> Iterator[Any]:
             already carries installed edits.
     """
     if is_plain_transformers(model):
-        handle = install_edits(model, *edits) if edits else None
+        # The carrier edits act inside the MLP, on modules the other edits never hook, so
+        # installing them as a second group keeps the composition order that matters.
+        carrier = [e for e in edits if isinstance(e, MLPCarrierScale)]
+        others = [e for e in edits if not isinstance(e, MLPCarrierScale)]
+        handles = []
         try:
+            if others:
+                handles.append(install_edits(model, *others))
+            if carrier:
+                handles.append(install_carrier_edits(model, *carrier))
             yield model
         finally:
-            if handle is not None:
+            for handle in reversed(handles):
                 handle.remove()
         return
     before = dict(model.__dict__)

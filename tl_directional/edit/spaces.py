@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from .base import Edit
+from .carrier import MLPCarrierScale
 from .pattern import DiagonalRemoval, EffectiveDiagonal
 from .residual import ResidualScale
 from .value import ValueScale
@@ -49,6 +50,10 @@ def _residual(*components: str):
     return lambda sp, sq, **scope: [ResidualScale(c, sp, sq, **scope) for c in components]
 
 
+def _carrier(site: str):
+    return lambda sp, sq, **scope: [MLPCarrierScale(sp, sq, site=site, **scope)]
+
+
 _SPACE_LIST = (
     EditSpace("value", "value space, full aggregate vs own value (V-Para), attn.hook_z", _value("full")),
     EditSpace("value-exclusive", "value space, cross aggregate vs own value, self message kept, attn.hook_z",
@@ -67,6 +72,10 @@ _SPACE_LIST = (
               lambda sp, sq, **scope: [DiagonalRemoval(**scope)], scaled=False, perp=False),
     EditSpace("eff-diag", "effective diagonal in the pattern, A_tt += (s_par - 1) beta_t (s_perp must be 1)",
               lambda sp, sq, **scope: [EffectiveDiagonal(sp, **scope)], perp=False),
+    EditSpace("mlp-carrier-input", "MLP carrier, each d_model-wide block of the carrier h split against the MLP "
+              "input x, before W_down (mlp.hook_post)", _carrier("input"), heads=False),
+    EditSpace("mlp-carrier-block", "MLP carrier, each block's contribution W_down[:, I_g] h_g split against "
+              "h_g, before the sum (the down projection's output)", _carrier("block"), heads=False),
 )
 
 #: The named edit spaces (read-only), by name: the sweep's spaces, the training variants' edits,

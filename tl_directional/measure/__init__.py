@@ -33,6 +33,7 @@ from ..io.outputs import replace_dir
 from ..io.records import verify_manifest
 from ..model.adapter import StopForward, device_of
 from ..model.inputs import TokenBatch, iter_batches, prepare_inputs
+from ..model.mlp_carrier import carrier_site
 from ..model.positions import (
     check_positions_select,
     first_token_mask,
@@ -41,6 +42,7 @@ from ..model.positions import (
 )
 from ..model.sites import ModelSites, resolve_sites
 from ..model.verify import verify_sites
+from .carrier import add_carrier_columns, carrier_table
 from .stream import EXCLUSIVE_METRICS as EXCLUSIVE_METRICS  # re-exported
 from .stream import RESIDUAL_METRICS as RESIDUAL_METRICS
 from .stream import VALUE_METRICS as VALUE_METRICS
@@ -384,6 +386,7 @@ def profile(
     per_token: bool = False,
     verify: bool = True,
     progress: bool = True,
+    carrier: bool = False,
 ) -> Profile:
     """Stream ``inputs`` through ``model`` and summarise the geometry of every update.
 
@@ -408,6 +411,9 @@ def profile(
         verify: check the additive identity (METHOD.md sec. 2) on the first batch
             before measuring; raises ``SiteResolutionError`` if it fails.
         progress: show a tqdm bar.
+        carrier: also measure the MLP carrier blocks' parallel share per layer (one more
+            forward per batch; :mod:`tl_directional.measure.carrier`): the ``mlp`` rows of the
+            residual table get :data:`~tl_directional.measure.carrier.CARRIER_COLUMNS`.
 
     Returns:
         A :class:`Profile`.
@@ -418,6 +424,8 @@ def profile(
     batch = prepare_inputs(model, inputs, attention_mask)
     exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
     check_positions_select(positions, batch)
+    if carrier:  # refuse a model without a separable MLP carrier before measuring anything
+        carrier_site(model, 0)
     device = device_of(model)
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
@@ -464,7 +472,12 @@ def profile(
     acc.tokens_seen = int(tokens_seen)
     if world > 1:
         _all_reduce_accumulator(acc)
-    return _finish(acc, model, sites, components, eps, positions, exclude_first_token)
+    out = _finish(acc, model, sites, components, eps, positions, exclude_first_token)
+    if carrier:  # every rank measures every batch: the carrier sums need no all-reduce
+        table = carrier_table(model, ((p, _token_mask(p.attention_mask, positions, exclude_first_token))
+                                      for p in batches), eps=eps)
+        out.residual = add_carrier_columns(out.residual, table)
+    return out
 
 
 __all__ = ["Profile", "profile", "ALL_COMPONENTS", "compute_dtype"]

@@ -29,8 +29,12 @@ SUMMARY_FILE = "summary.json"
 OPERATIONAL_KEYS = frozenset({"ckpt_every", "keep_checkpoints"})
 
 #: Each variant's edit, as a space of :data:`tl_directional.edit.EDIT_SPACES` with ``s_par = 0``
-#: in every layer (``None``: no edit).
-VARIANT_SPACES: dict[str, str | None] = {"baseline": None, "vpara": "value", "attn-para": "resid-attn"}
+#: in every layer (``None``: no edit). Its keys are the variants a run may train; the carrier
+#: variants (MLP carrier edits, METHOD.md sec. 4) are trainable but not in :data:`VARIANTS`, the
+#: experiment's default set.
+VARIANT_SPACES: dict[str, str | None] = {"baseline": None, "vpara": "value", "attn-para": "resid-attn",
+                                         "carrier-input-para": "mlp-carrier-input",
+                                         "carrier-block-para": "mlp-carrier-block"}
 
 
 @dataclass
@@ -72,8 +76,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}.")
+        if self.variant not in VARIANT_SPACES:
+            raise ValueError(f"variant must be one of {tuple(VARIANT_SPACES)}, got {self.variant!r}.")
         for name in ("vocab_size", "n_layers", "d_model", "n_heads", "n_ctx", "batch_size",
                      "max_steps", "eval_every", "ckpt_every", "keep_checkpoints"):
             value = getattr(self, name)
@@ -109,8 +113,8 @@ class TrainConfig:
 def variant_edits(variant: str) -> list[Edit]:
     """The edits active during training and evaluation of ``variant``: none for ``baseline``,
     the parallel part removed (``s_par = 0``) in every layer of the variant's edit space otherwise."""
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
+    if variant not in VARIANT_SPACES:
+        raise ValueError(f"variant must be one of {tuple(VARIANT_SPACES)}, got {variant!r}.")
     space = VARIANT_SPACES[variant]
     return [] if space is None else edits_for_space(space, s_par=0.0)
 

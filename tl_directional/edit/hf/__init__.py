@@ -4,6 +4,8 @@
   ``DiagonalRemoval``, ``EffectiveDiagonal``) as torch module hooks on an
   ``AutoModelForCausalLM`` until ``handle.remove()`` (:mod:`tl_directional.edit.hf.edits`);
   :func:`tl_directional.apply_edits` uses it for a context on these models.
+* :func:`apply_carrier_edits` / :func:`install_carrier_edits`: the MLP carrier edits
+  (``MLPCarrierScale``) as module hooks (:mod:`tl_directional.edit.hf.carrier`).
 
 The ``transformers.Trainer`` callback that keeps an edit active during training is
 :class:`tl_directional.training.hf_callback.DirectionalEditCallback`, and the lm-evaluation-harness
@@ -21,6 +23,7 @@ from ...model.hf_layout import (
     attention_implementation,
     resolve_hf_sites,
 )
+from .carrier import apply_carrier_edits, install_carrier_edits
 from .edits import (
     EditsAlreadyInstalledError,
     HFEditHandle,
@@ -37,9 +40,11 @@ __all__ = [
     "HFSites",
     "MODEL_TYPES",
     "UnsupportedModelError",
+    "apply_carrier_edits",
     "attention_implementation",
     "edit_label",
     "install_edits",
+    "install_carrier_edits",
     "installed_edits",
     "remove_edits",
     "resolve_hf_sites",
