@@ -12,6 +12,8 @@ import tl_directional as tld
 # the built-in each error was before the common base (what ``except`` clauses in the wild catch)
 KEEPS = {
     "ArtefactError": ValueError,
+    "CalibrationRequiredError": ValueError,
+    "WeightingError": ValueError,
     "DamagedWeightsError": ValueError,
     "EditSpecError": ValueError,
     "HookRegistryChangedError": RuntimeError,
