@@ -14,6 +14,7 @@ KEEPS = {
     "ArtefactError": ValueError,
     "CalibrationRequiredError": ValueError,
     "WeightingError": ValueError,
+    "RandomScaleError": ValueError,
     "DamagedWeightsError": ValueError,
     "EditSpecError": ValueError,
     "HookRegistryChangedError": RuntimeError,

@@ -1,0 +1,99 @@
+"""Random per-layer scales (tl_directional.evaluate.random_scales): seeded draws checked against an
+independent implementation, run by sweep as a setting, resumable, with clear errors."""
+
+from __future__ import annotations
+
+from statistics import NormalDist
+
+import pytest
+import torch
+
+import tl_directional as tld
+from tl_directional.edit import apply_edits, edits_for_space
+from tl_directional.evaluate.random_scales import RandomScaleError, prefill_positions
+from tl_directional.evaluate.sweep import CheckpointMismatch
+
+TEXTS = ["In the beginning God created the heaven and the earth.", "And the earth was without form, and void."]
+
+
+def test_draws_are_seeded_and_match_an_independent_inverse_cdf():
+    a = tld.random_scales(8, "uniform", seed=4)
+    assert torch.equal(a, tld.random_scales(8, "uniform", seed=4))
+    assert not torch.equal(a, tld.random_scales(8, "uniform", seed=5))
+    assert a.shape == (8,) and a.dtype == torch.float64 and bool(((a >= 0) & (a <= 2)).all())
+    u = torch.rand(8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    torch.testing.assert_close(a, 2 * u)
+    g = tld.random_scales(8, "gaussian", seed=4)
+    nd = NormalDist(1.0, 1 / 3)
+    lo, hi = nd.cdf(0.0), nd.cdf(2.0)
+    expect = torch.tensor([nd.inv_cdf(lo + (hi - lo) * float(x)) for x in u], dtype=torch.float64)
+    torch.testing.assert_close(g, expect, rtol=1e-9, atol=1e-9)
+    # a narrow truncation stays inside its range
+    n = tld.random_scales(200, "gaussian", seed=1, low=0.4, high=0.6, mean=1.0, sd=0.1)
+    assert bool(((n >= 0.4) & (n <= 0.6)).all())
+
+
+def test_constant_per_layer_scales_equal_the_scalar_setting(tiny_model):
+    """A setting whose per-layer draw is 0.5 everywhere is the fixed-0.5 setting; a real draw
+    equals the edits applied by hand with that [n_layers] tensor."""
+    model = tiny_model("gpt2")
+    n = int(model.cfg.n_layers)
+    flat = tld.Setting("value-exclusive", 0.5, 1.0, layer_s_par=(0.5,) * n, tag="flat")
+    drawn = tld.random_setting("resid-attn", n, "uniform", seed=2)
+    df = tld.sweep(model, TEXTS, [tld.Setting("value-exclusive", 0.5), flat, drawn], progress=False)
+    rows = df.set_index("label")
+    assert rows.loc[flat.label, "loss"] == pytest.approx(rows.loc["value-exclusive[s_par=0.5,s_perp=1,L=all]", "loss"],
+                                                         rel=1e-6)
+    batch = tld.prepare_inputs(model, TEXTS)
+    edits = edits_for_space("resid-attn", tld.random_scales(n, seed=2), 1.0)
+    with torch.no_grad(), apply_edits(model, *edits):
+        logits = model(batch.tokens, attention_mask=batch.attention_mask)
+    logp = torch.log_softmax(logits[:, :-1].double(), -1)
+    nll = -logp.gather(-1, batch.tokens[:, 1:, None]).squeeze(-1)
+    m = batch.attention_mask[:, 1:].bool() & batch.attention_mask[:, :-1].bool()
+    assert rows.loc[drawn.label, "loss"] == pytest.approx(float(nll[m].mean()), rel=1e-5)
+    assert "random=uniform,seed=2" in drawn.label and rows.loc[drawn.label, "status"] == "ok"
+
+
+def test_random_setting_resumes_and_a_new_seed_is_a_new_fingerprint(tiny_model, tmp_path):
+    model = tiny_model("gpt2")
+    n = int(model.cfg.n_layers)
+    ckpt = tmp_path / "ckpt.json"
+    s = [tld.random_setting("value", n, "gaussian", seed=7)]
+    first = tld.sweep(model, TEXTS, s, batch_size=1, checkpoint=ckpt, progress=False)
+    again = tld.sweep(model, TEXTS, s, batch_size=1, checkpoint=ckpt, progress=False)
+    assert first.equals(again)
+    with pytest.raises(CheckpointMismatch):
+        tld.sweep(model, TEXTS, [tld.random_setting("value", n, "gaussian", seed=8)], batch_size=1,
+                  checkpoint=ckpt, progress=False)
+
+
+def test_prefill_positions_scope_the_edit_to_the_prompt(tiny_model):
+    model = tiny_model("llama")
+    batch = tld.prepare_inputs(model, TEXTS[:1])
+    n, p = int(model.cfg.n_layers), 4
+    s = tld.random_scales(n, seed=0)
+    mask = torch.arange(batch.tokens.shape[1]) < p
+    with torch.no_grad():
+        with apply_edits(model, tld.ValueScale(s, positions=prefill_positions(p))):
+            a = model(batch.tokens)
+        with apply_edits(model, tld.ValueScale(s, positions=mask)):
+            b = model(batch.tokens)
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"dist": "beta"}, r"dist must be one of \('uniform', 'gaussian'\), got 'beta'"),
+    ({"low": -0.5}, r"inside \[0, 2\] with positive width"),
+    ({"high": 3.0}, r"inside \[0, 2\]"),
+    ({"low": 1.0, "high": 1.0}, r"positive width"),
+    ({"dist": "gaussian", "sd": 0.0}, r"sd must be positive"),
+    ({"seed": None}, r"seed must be an int"),
+])
+def test_bad_distributions_name_the_argument(kwargs, match):
+    kw = {"seed": 0, **kwargs}
+    with pytest.raises(RandomScaleError, match=match):
+        tld.random_scales(4, **kw)
+    assert issubclass(RandomScaleError, tld.TLDirectionalError) and issubclass(RandomScaleError, ValueError)
+    with pytest.raises(RandomScaleError, match="prompt_length"):
+        prefill_positions(0)
