@@ -175,3 +175,21 @@ def test_errors_name_the_argument_and_the_fix(tiny_model):
         ranking_overlap(model, _tokens(), n_null=1)
     assert issubclass(CalibrationRequiredError, tld.TLDirectionalError)
     assert issubclass(WeightingError, ValueError)
+
+
+def test_cli_compress_and_compress_check_take_the_weighted_specs(tiny_model_dir, lane, tmp_path, capsys):
+    """``tl-directional compress --spec wanda_perp:...`` writes a model (bridge lane) whose record
+    carries the flip fraction, and ``compress-check`` reads it like any compressed model."""
+    if lane != "bridge":
+        pytest.skip("compress writes Hugging Face directories from the bridge lane only")
+    from tl_directional.cli import main
+
+    dense = tiny_model_dir("gpt2")
+    text = tmp_path / "t.txt"
+    text.write_text("In the beginning was the word, and the word was with God. " * 20)
+    out = tmp_path / "perp"
+    assert main(["compress", "--model", str(dense), "--spec", "wanda_perp:sparsity=0.5", "--out", str(out),
+                 "--calib-text", str(text), "--calib-sequences", "4", "--seq-len", "32"]) == 0
+    assert "flipped_vs_wanda" in capsys.readouterr().out
+    assert main(["compress-check", "--dense", str(dense), "--compressed", str(out), "--text", str(text),
+                 "--max-sequences", "2", "--seq-len", "32", "--max-perp-error", "100"]) == 0
