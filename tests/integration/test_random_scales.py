@@ -97,3 +97,20 @@ def test_bad_distributions_name_the_argument(kwargs, match):
     assert issubclass(RandomScaleError, tld.TLDirectionalError) and issubclass(RandomScaleError, ValueError)
     with pytest.raises(RandomScaleError, match="prompt_length"):
         prefill_positions(0)
+
+
+def test_prefill_only_generation_equals_the_manual_loop(tiny_model):
+    """Generating under a prefill-only random edit gives the tokens of a greedy loop of full
+    forwards under the same edit: the new tokens' positions lie past the prompt, so they run
+    unedited while the prompt's stay edited."""
+    model = tiny_model("gpt2")
+    prompt = tld.prepare_inputs(model, ["In the beginning God created"]).tokens
+    p = prompt.shape[1]
+    edit = tld.ValueScale(tld.random_scales(int(model.cfg.n_layers), "gaussian", seed=1),
+                          positions=prefill_positions(p))
+    tokens = prompt
+    with torch.no_grad(), apply_edits(model, edit):
+        for _ in range(4):
+            tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        got = model.generate(prompt, max_new_tokens=4, do_sample=False, stop_at_eos=False, verbose=False)
+    assert torch.equal(got.cpu(), tokens.cpu())
