@@ -12,6 +12,7 @@ import tl_directional as tld
 from tl_directional.edit import apply_edits, edits_for_space
 from tl_directional.evaluate.random_scales import RandomScaleError, prefill_positions
 from tl_directional.evaluate.sweep import CheckpointMismatch
+from tl_directional.figures.sweep import sweep_figure
 
 TEXTS = ["In the beginning God created the heaven and the earth.", "And the earth was without form, and void."]
 
@@ -114,3 +115,14 @@ def test_prefill_only_generation_equals_the_manual_loop(tiny_model):
             tokens = torch.cat([tokens, model(tokens)[:, -1].argmax(-1, keepdim=True)], dim=1)
         got = model.generate(prompt, max_new_tokens=4, do_sample=False, stop_at_eos=False, verbose=False)
     assert torch.equal(got.cpu(), tokens.cpu())
+
+
+def test_sweep_figure_draws_random_settings_apart(tiny_model):
+    model = tiny_model("gpt2")
+    n = int(model.cfg.n_layers)
+    settings = [tld.Setting("value", 0.0), tld.Setting("value", 1.0), tld.random_setting("value", n, seed=0),
+                tld.random_setting("value", n, seed=1)]
+    df = tld.sweep(model, TEXTS[:1], settings, progress=False)
+    traces = {t.name: t for t in sweep_figure(df).data}
+    assert len(traces["value"].x) == 2 and len(traces["value random per-layer"].x) == 2
+    assert traces["value random per-layer"].mode == "markers"
