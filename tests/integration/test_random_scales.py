@@ -3,12 +3,14 @@ independent implementation, run by sweep as a setting, resumable, with clear err
 
 from __future__ import annotations
 
+import json
 from statistics import NormalDist
 
 import pytest
 import torch
 
 import tl_directional as tld
+from tl_directional.cli import main
 from tl_directional.edit import apply_edits, edits_for_space
 from tl_directional.evaluate.random_scales import RandomScaleError, prefill_positions
 from tl_directional.evaluate.sweep import CheckpointMismatch
@@ -126,3 +128,21 @@ def test_sweep_figure_draws_random_settings_apart(tiny_model):
     traces = {t.name: t for t in sweep_figure(df).data}
     assert len(traces["value"].x) == 2 and len(traces["value random per-layer"].x) == 2
     assert traces["value random per-layer"].mode == "markers"
+
+
+def test_cli_sweep_runs_random_settings_and_records_them(tiny_model_dir, tiny_model, tmp_path, capsys):
+    n = int(tiny_model("gpt2").cfg.n_layers)
+    model_dir = tiny_model_dir("gpt2")
+    text = tmp_path / "t.txt"
+    text.write_text("In the beginning was the word, and the word was with God. " * 20)
+    out = tmp_path / "sw"
+    args = ["sweep", "--model", str(model_dir), "--text", str(text), "--space", "resid-attn", "--s-par", "0.5",
+            "--max-sequences", "2", "--seq-len", "16", "--out", str(out), "--quiet"]
+    assert main(args + ["--random", "uniform:0,1;gaussian:3"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    label = "resid-attn[random=gaussian,seed=3,s_perp=1,L=all]"
+    assert manifest["random_scales"][label] == tld.random_scales(n, "gaussian", seed=3).tolist()
+    assert label in manifest["settings"] and len(manifest["random_scales"]) == 3
+    capsys.readouterr()
+    assert main(args[:-2] + [str(tmp_path / "other"), "--quiet", "--random", "beta:0"]) == 2
+    assert "--random item 'beta:0' must be DIST:SEED" in capsys.readouterr().err
