@@ -19,6 +19,8 @@ from .compression.compressors import (
     quantize_rtn,
     save_compressed,
 )
+from .compression.ranking import ranking_overlap
+from .compression.weighted import prune_wanda_weighted
 from .core.errors import TLDirectionalError
 from .core.geometry import (
     Decomposition,
@@ -41,6 +43,7 @@ from .edit import (
     scales,
 )
 from .evaluate.patching import directional_patch, split_logit_attribution
+from .evaluate.random_scales import random_scales, random_setting
 from .evaluate.sweep import Setting, find_safe_scale, grid, sweep
 from .measure import Profile, profile
 from .measure.cache_hooks import required_hooks
@@ -92,6 +95,8 @@ __all__ = [
     "Setting",
     "grid",
     "sweep",
+    "random_scales",
+    "random_setting",
     "find_safe_scale",
     "directional_patch",
     "split_logit_attribution",
@@ -104,6 +109,8 @@ __all__ = [
     "low_rank",
     "prune_magnitude",
     "prune_wanda",
+    "prune_wanda_weighted",
+    "ranking_overlap",
     "quantize_awq",
     "quantize_rtn",
     "save_compressed",

@@ -43,8 +43,13 @@ def _old_tables(model, cache, mask, eps=1e-12):
                 upd = upd - ref
             d = decompose(upd[mask], ref[mask], eps)
             grp = torch.full((d.alpha.shape[0],), i * sites.n_layers + L)
+            r, x = ref[mask].double(), upd[mask].double()
+            # the layer-drop cosine columns, directly: 1 - cos(r, r + u), rho = beta / |1 + alpha|
+            drop = 1 - torch.nn.functional.cosine_similarity(r, r + x, dim=-1)
+            rho = d.perp_sq.sqrt() / r.norm(dim=-1) / (1 + d.alpha).abs()
             res.update(grp, {"par_frac": d.par_frac, "par_perp_ratio": d.par_perp_ratio,
-                             "alpha": d.alpha, "rel_update": d.rel_update},
+                             "alpha": d.alpha, "rel_update": d.rel_update,
+                             "drop_rho": rho, "drop_cos_distance": drop},
                        degenerate=d.degenerate, par_sq=d.par_sq, perp_sq=d.perp_sq)
         vs = sites.value[L]
         v = cache[vs.v_hook]

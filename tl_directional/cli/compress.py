@@ -53,7 +53,7 @@ def _compress_locked(args) -> int:
 
     model = _load_checked(args.model, "--model")
     calibration = None
-    if args.spec.split(":")[0].strip().lower() in ("wanda", "awq"):
+    if args.spec.split(":")[0].strip().lower() in ("wanda", "wanda_perp", "wanda_par", "awq"):
         calibration = load_text_sequences(model, args.calib_text, max_sequences=args.calib_sequences,
                                           seq_len=args.seq_len, text_argument="--calib-text",
                                           seq_len_argument="--seq-len")

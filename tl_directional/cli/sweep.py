@@ -39,6 +39,7 @@ def _sweep_locked(args, out: Path) -> int:
     batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len,
                                 text_argument="--text", seq_len_argument="--seq-len")
     settings = grid(spaces, s_par=args.s_par, s_perp=args.s_perp, layers=layer_sets)
+    settings += _random_settings(args.random, spaces, args.s_perp, layer_sets, int(model.cfg.n_layers))
     ours = out.is_dir() and (_is_sweep_dir(out) or not any(out.iterdir()))
     if args.force and out.exists() and not ours:
         shutil.rmtree(out)  # --force: another command's output (checked by _claim_out), replaced
@@ -62,7 +63,9 @@ def _sweep_locked(args, out: Path) -> int:
     with atomic_path(out / "sweep.html") as tmp:
         sweep_figure(df).write_html(tmp, include_plotlyjs=True)
         fault_point("sweep.html_written")  # crash tests: a kill leaves .sweep.html.XXXXXXXX.tmp
-    write_manifest(out, "sweep", {"settings": [s.label for s in settings]})
+    write_manifest(out, "sweep", {"settings": [s.label for s in settings],
+                                  "random_scales": {s.label: list(s.layer_s_par) for s in settings
+                                                    if s.layer_s_par is not None}})
     cols = ["label", "status", "tokens", "loss", "delta_loss", "delta_ppl", "kl", "top1_agree"]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     print(f"\nwrote {out}/sweep.csv and {out}/sweep.html")
@@ -74,6 +77,34 @@ def _sweep_locked(args, out: Path) -> int:
               "sweep.csv); exit status 1", file=sys.stderr)
         return 1
     return 0
+
+
+def _random_settings(spec: str | None, spaces, s_perps, layer_sets, n_layers: int) -> list:
+    """``--random "uniform:0,1;gaussian:0"``: one random per-layer setting per scaled space, s_perp,
+    layer set, distribution and seed (tl_directional.evaluate.random_scales)."""
+    from ..edit import EDIT_SPACES
+    from ..evaluate.random_scales import DISTRIBUTIONS, random_setting
+
+    if not spec:
+        return []
+    out = []
+    for item in filter(None, (x.strip() for x in spec.split(";"))):
+        dist, sep, seeds = item.partition(":")
+        try:
+            seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+        except ValueError:
+            seed_list = []
+        if not sep or dist.strip() not in DISTRIBUTIONS or not seed_list:
+            raise UsageError(f"--random item {item!r} must be DIST:SEED[,SEED...] with DIST one of {DISTRIBUTIONS}, "
+                             "e.g. --random 'uniform:0,1,2;gaussian:0'")
+        for space in spaces:
+            if not EDIT_SPACES[space].scaled:
+                continue
+            for sq in s_perps:
+                for layers in layer_sets:
+                    out += [random_setting(space, n_layers, dist.strip(), seed=seed, s_perp=sq, layers=layers)
+                            for seed in seed_list]
+    return out
 
 
 def _is_sweep_dir(out: Path) -> bool:
@@ -101,6 +132,10 @@ def add_parser(sub) -> None:
     p.add_argument("--s-perp", type=_float_list, default=[1.0], help="comma-separated perpendicular scales")
     p.add_argument("--layers", default="all",
                    help="layer sets: 'all', '0-3', '0,2;4-5', '-1' (';' separates sets; negative = from the end)")
+    p.add_argument("--random", default=None,
+                   help="random per-layer s_par settings beside the grid: 'DIST:SEED[,SEED...]' items separated by "
+                        "';', DIST uniform (on [0, 2]) or gaussian (mean 1, sd 1/3, truncated to [0, 2]), "
+                        "e.g. 'uniform:0,1,2;gaussian:0'")
     _common(p, max_sequences=32, seq_len=128)
     p.add_argument("--stack", type=_positive_int, default=1, help="settings per forward (stacked on the batch)")
     p.add_argument("--out", required=True, help="output directory (sweep.csv, sweep.html; resumes if interrupted)")

@@ -10,6 +10,10 @@
   by :mod:`tl_directional.compression.compressors`);
 - :mod:`~tl_directional.compression.gate`: the label-free gate (:func:`compress_check`,
   :class:`CheckResult`);
+- :mod:`~tl_directional.compression.weighted`: component-weighted Wanda
+  (:func:`prune_wanda_weighted`; spec methods ``wanda_perp`` / ``wanda_par``);
+- :mod:`~tl_directional.compression.ranking`: the total-vs-perpendicular ranking overlap
+  beside its norm-matched isotropic null (:func:`ranking_overlap`);
 
 The compressors themselves live in :mod:`tl_directional.compression.compressors` (re-exported here);
 the commands ``compress`` and ``compress-check`` in :mod:`tl_directional.cli`.
@@ -43,6 +47,15 @@ from .geometry import (
     pooled_sums,
     summarize,
 )
+from .ranking import ranking_overlap
+from .weighted import (
+    WEIGHTINGS,
+    CalibrationRequiredError,
+    ErrorEnergy,
+    WeightingError,
+    collect_error_energy,
+    prune_wanda_weighted,
+)
 
 __all__ = [
     # error geometry
@@ -70,4 +83,12 @@ __all__ = [
     "quantize_awq",
     "quantize_rtn",
     "save_compressed",
+    # component-weighted Wanda and its ranking diagnostic
+    "WEIGHTINGS",
+    "CalibrationRequiredError",
+    "ErrorEnergy",
+    "WeightingError",
+    "collect_error_energy",
+    "prune_wanda_weighted",
+    "ranking_overlap",
 ]

@@ -454,10 +454,15 @@ def identity(model) -> CompressionResult:
 # Spec strings
 # ---------------------------------------------------------------------------------------------
 
+# spec methods that other modules of this folder register (weighted.py: wanda_perp, wanda_par):
+# name -> function(model, calibration=..., **spec keys), which checks its own arguments
+REGISTERED_METHODS: dict[str, Callable[..., CompressionResult]] = {}
+
 SPEC_HELP = (
     "METHOD[:key=value,...] with METHOD one of: rtn (bits, group, sym), awq (bits, group, sym), "
     "magnitude (sparsity | nm=N:M), wanda (sparsity | nm=N:M), svd (rank), drop (layers=1+2), "
-    "identity. Examples: rtn:bits=4,group=128,sym=0  wanda:nm=2:4  svd:rank=0.5  drop:layers=2"
+    "identity, wanda_perp / wanda_par (as wanda; component-weighted). Examples: rtn:bits=4,group=128,sym=0  "
+    "wanda:nm=2:4  svd:rank=0.5  drop:layers=2  wanda_perp:sparsity=0.5"
 )
 
 
@@ -470,9 +475,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     aliases = {"quant": "rtn", "rtn": "rtn", "awq": "awq", "magnitude": "magnitude", "mag": "magnitude",
                "wanda": "wanda", "svd": "low_rank", "low_rank": "low_rank", "lowrank": "low_rank",
                "drop": "drop", "identity": "identity"}
-    if method not in aliases:
+    if method not in aliases and method not in REGISTERED_METHODS:
         raise ValueError(f"unknown compression method {method!r}; {SPEC_HELP}")
-    method = aliases[method]
+    method = aliases.get(method, method)
     out: dict[str, Any] = {}
     for item in filter(None, (x.strip() for x in rest.split(","))):
         key, sep, value = item.partition("=")
@@ -514,6 +519,8 @@ def compress(model, spec: str, *, calibration=None, stats: InputStats | None = N
     kw.update(overrides)
     if method in ("wanda", "awq") and calibration is None and stats is None:
         raise ValueError(f"{method} needs calibration text (calibration=...)")
+    if method in REGISTERED_METHODS:
+        return REGISTERED_METHODS[method](model, calibration=calibration, **kw)
     if method == "rtn":
         return quantize_rtn(model, **kw)
     if method == "awq":
@@ -577,6 +584,7 @@ __all__ = [
     "CompressionResult",
     "InputStats",
     "LinearWeight",
+    "REGISTERED_METHODS",
     "SPEC_HELP",
     "clone_model",
     "collect_input_stats",

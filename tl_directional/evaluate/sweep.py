@@ -130,11 +130,12 @@ def _stack_groups(settings: Sequence[Setting], width: int) -> list[list[Setting]
     """Group settings that differ only in scales (same space and layers), in chunks of ``width``."""
     groups: dict[tuple, list[Setting]] = {}
     for s in settings:
-        key = (s.space, s.layers)
+        key = (s.space, s.layers, s.layer_s_par is not None)
         groups.setdefault(key, []).append(s)
     out = []
     for members in groups.values():
-        if not EDIT_SPACES[members[0].space].scaled:  # nothing to stack (hard-diag)
+        # nothing to stack (hard-diag); per-layer scales have no batch axis to stack along
+        if not EDIT_SPACES[members[0].space].scaled or members[0].layer_s_par is not None:
             out += [[m] for m in members]
             continue
         for i in range(0, len(members), width):
@@ -433,7 +434,9 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
     fingerprint = {
         "settings": [s.label for s in settings],
         "settings_exact": [[s.space, repr(float(s.s_par)), repr(float(s.s_perp)),
-                            None if s.layers is None else list(s.layers)] for s in settings],
+                            None if s.layers is None else list(s.layers)]
+                           + ([] if s.layer_s_par is None else [[repr(v) for v in s.layer_s_par]])
+                           for s in settings],
         "n_sequences": len(batch),
         "n_tokens": batch.n_tokens,
         "batch_size": batch_size,

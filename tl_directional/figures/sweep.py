@@ -12,10 +12,16 @@ def sweep_figure(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl
     go, _ = plotly_api()
     fig = go.Figure()
     df = results[results["space"] != "baseline"]
-    for (space, layers), part in df.groupby(["space", "layers"], sort=False):
+    # random per-layer scales (evaluate/random_scales.py): markers at their mean s_par, not on the fixed-scale lines
+    drawn = df["label"].astype(str).str.contains("[random=", regex=False)
+    for (space, layers), part in df[~drawn].groupby(["space", "layers"], sort=False):
         part = part.sort_values(x)
         name = space if layers == "all" else f"{space} L={layers}"
         fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="lines+markers", name=name))
+    for (space, layers), part in df[drawn].groupby(["space", "layers"], sort=False):
+        name = f"{space} random per-layer" + ("" if layers == "all" else f" L={layers}")
+        fig.add_trace(go.Scatter(x=part[x], y=part[y], mode="markers", name=name, text=part["label"],
+                                 marker={"symbol": "x", "size": 9}))
     fig.add_hline(y=0.0, line_dash="dot", line_color="gray")
     fig.update_layout(xaxis_title=x, yaxis_title=y, title=f"{y} vs {x} per edit space",
                       template="plotly_white", legend_title="space")

@@ -74,7 +74,10 @@ class Profile:
             ``energy_ratio`` (``sqrt(sum ||u_par||^2 / sum ||u_perp||^2)`` over
             non-degenerate tokens, the headline figure) and
             ``<metric>_{mean,std,q05,q25,median,q75,q95}`` for ``par_frac``,
-            ``par_perp_ratio``, ``alpha``, ``rel_update``.
+            ``par_perp_ratio``, ``alpha``, ``rel_update``, and the layer-drop cosine link
+            (:mod:`~tl_directional.measure.cosine`): ``drop_rho`` (``beta / |1 + alpha|``) and
+            ``drop_cos_distance`` (``1 - cos(r, r + u)``; for ``block`` the cosine
+            layer-dropping methods score).
         value: one row per (layer, head): ``beta``, ``A_tt``, ``gamma``, the full and
             exclusive splits' ``par_frac`` / ``par_perp_ratio`` and energy ratios,
             ``phi``, ``alpha_head``, ``self_term`` (``A_tt * phi``), ``cross_term``,

@@ -16,12 +16,16 @@ from ..core.stats import StreamingSummary
 from ..model.adapter import StopForward
 from ..model.sites import ModelSites, UnitSite, ValueSite, expand_kv_heads
 from ..model.weights import attention_output_weights
+from .cosine import drop_cosine, stream_beta
 
 RESIDUAL_METRICS = {
     "par_frac": "unit",
     "par_perp_ratio": "positive",
     "alpha": "signed",
     "rel_update": "positive",
+    # the layer-drop cosine link (measure/cosine.py): rho = beta / |1 + alpha| and 1 - cos(x, x + u)
+    "drop_rho": "positive",
+    "drop_cos_distance": "positive",
 }
 # Full-aggregate split o_t vs v_t (its energy ratio is the table's energy_ratio_full),
 # plus the attention-side factorization in residual coordinates.
@@ -125,14 +129,15 @@ class _Accumulator:
         """Split the masked tokens of one unit (:func:`~tl_directional.core.kernels.split_stats`);
         returns their ``alpha`` (for the factorization check)."""
         ref = self._select(reference, mask)
-        d = split_stats(self._select(update, mask), ref, self.eps,
-                        reference_sq=self._reference_sq(reference, ref), scratch=self.scratch)
+        ref_sq = self._reference_sq(reference, ref)
+        d = split_stats(self._select(update, mask), ref, self.eps, reference_sq=ref_sq, scratch=self.scratch)
+        rho, cos_distance = drop_cosine(d.alpha, stream_beta(d.perp_sq, ref_sq.to(d.perp_sq.dtype), self.eps))
         row = self.row_of[(layer, component)]
         group = torch.full(d.alpha.shape, row, dtype=torch.long, device=d.alpha.device)
         self.residual.update(
             group,
             {"par_frac": d.par_frac, "par_perp_ratio": d.par_perp_ratio, "alpha": d.alpha,
-             "rel_update": d.rel_update},
+             "rel_update": d.rel_update, "drop_rho": rho, "drop_cos_distance": cos_distance},
             degenerate=d.degenerate, par_sq=d.par_sq, perp_sq=d.perp_sq,
         )
         if self.per_token:
