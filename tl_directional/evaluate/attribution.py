@@ -42,18 +42,27 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.bootstrap import random_subspace_share
-from ..core.errors import TLDirectionalError
 from ..core.geometry import DEFAULT_EPS, check_eps
-from ..model.adapter import device_of
+from ..model.adapter import capture_hooks, device_of
 from ..model.inputs import prepare_inputs
-from ..model.sites import ModelSites, attention_output_weights, expand_kv_heads, is_sandwich_norm, resolve_sites
+from ..model.sites import (
+    ModelSites,
+    attention_output_weights,
+    expand_kv_heads,
+    is_sandwich_norm,
+    resolve_sites,
+)
+from .cache_input import PatchingInputError, cache_tensor, check_names_filter, is_cache
 from .result import DirectionalResult
+
+_CACHE_HINT = ("model.run_with_cache(clean_tokens, names_filter=tl_directional.attribution_hooks(model, "
+               "node_types))")
 
 #: The node types :func:`attribution_patch` scores, in the order of its result.
 NODE_TYPES = ("resid", "attn", "mlp", "head", "value")
 
 
-class AttributionError(TLDirectionalError, ValueError):
+class AttributionError(PatchingInputError):
     """Attribution patching was called with inputs it cannot score (see the message for the fix)."""
 
 
@@ -98,53 +107,6 @@ def attribution_hooks(model, node_types: Sequence[str] = NODE_TYPES) -> list[str
     sites = resolve_sites(model, warn=False)
     names = _clean_hooks(sites, _check_node_types(node_types))
     return sorted({h for hs in names.values() for h in hs})
-
-
-def _as_predicate(names_filter) -> Callable[[str], bool] | None:
-    if names_filter is None:
-        return None
-    if isinstance(names_filter, str):
-        return lambda name: name == names_filter
-    if callable(names_filter):
-        return names_filter
-    try:
-        wanted = set(names_filter)
-    except TypeError:
-        raise AttributionError(
-            f"names_filter must be None, a hook name, a list of hook names or a function name -> bool, "
-            f"got {type(names_filter).__name__}") from None
-    return lambda name: name in wanted
-
-
-def _check_names_filter(names_filter, needed: dict[str, list[str]]) -> None:
-    """A ``names_filter`` that drops a hook point a requested node reads is an error, not a
-    silent zero."""
-    keep = _as_predicate(names_filter)
-    if keep is None:
-        return
-    for n, names in needed.items():
-        dropped = [h for h in names if not keep(h)]
-        if dropped:
-            raise AttributionError(
-                f"names_filter drops {dropped[:3]}{' ...' if len(dropped) > 3 else ''}, which node type {n!r} "
-                f"reads; keep them (tl_directional.attribution_hooks(model, {list(needed)!r}) lists every "
-                f"hook needed) or leave {n!r} out of node_types")
-
-
-def _is_cache(x) -> bool:
-    return not isinstance(x, (Tensor, str, list, tuple)) and hasattr(x, "__getitem__") and hasattr(x, "keys")
-
-
-def _cache_get(cache, name: str, argument: str) -> Tensor:
-    try:
-        t = cache[name]
-    except (KeyError, IndexError, ValueError):
-        t = None
-    if not isinstance(t, Tensor):
-        raise AttributionError(
-            f"{argument} has no {name!r}; cache the clean run with "
-            "model.run_with_cache(clean_tokens, names_filter=tl_directional.attribution_hooks(model, node_types))")
-    return t
 
 
 def _check_eval_mode(model) -> None:
@@ -234,7 +196,7 @@ def _forward_backward(model, tokens: Tensor, mask: Tensor, act_names: set[str], 
         returned = torch.autograd.grad(value.sum(), [live[n] for n in inputs], allow_unused=True)
     # the most upstream point's backward hook need not fire (nothing requested lies above it);
     # its gradient is what autograd.grad returned for it
-    for n, g in zip(inputs, returned):
+    for n, g in zip(inputs, returned, strict=True):
         if n in grad_names and n not in grads and g is not None:
             grads[n] = g.detach().clone()
     missing = sorted(grad_names - set(grads))
@@ -326,7 +288,7 @@ def attribution_patch(
         AttributionError: unequal shapes, a model in training mode, a non-scalar / non-[batch] or
             gradient-free metric, a cache missing a needed hook, a ``names_filter`` that drops one.
     """
-    if _is_cache(corrupted_tokens):  # TransformerLens shape: (model, corrupted_tokens, clean_cache, metric)
+    if is_cache(corrupted_tokens):  # TransformerLens shape: (model, corrupted_tokens, clean_cache, metric)
         if clean_cache is not None:
             raise AttributionError("clean_cache was given twice (positionally and by keyword); pass it once")
         clean_cache, corrupted_tokens, clean_tokens = corrupted_tokens, clean_tokens, None
@@ -341,7 +303,7 @@ def attribution_patch(
     sites = resolve_sites(model, warn=False)
     sandwich = is_sandwich_norm(model)
     needed = _clean_hooks(sites, node_types)
-    _check_names_filter(names_filter, needed)
+    check_names_filter(names_filter, needed, f"tl_directional.attribution_hooks(model, {list(node_types)!r}) lists them")
     x_batch = prepare_inputs(model, corrupted_tokens, attention_mask, argument="corrupted_tokens")
     device = device_of(model)
     xt, am = x_batch.tokens.to(device), x_batch.attention_mask.to(device)
@@ -358,11 +320,7 @@ def attribution_patch(
         ct = None
         for hs in needed.values():
             for h in hs:
-                t = _cache_get(clean_cache, h, "clean_cache")
-                if t.shape[:2] != (b, n_pos):
-                    raise AttributionError(
-                        f"clean_cache[{h!r}] has batch and positions {tuple(t.shape[:2])}, corrupted_tokens "
-                        f"{(b, n_pos)}; cache the clean run of tokens of the corrupted run's shape")
+                cache_tensor(clean_cache, h, (b, n_pos), "clean_cache", _CACHE_HINT)
     if batch_size is None:
         batch_size = b
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -398,20 +356,13 @@ def attribution_patch(
         k = rows.stop - rows.start
         if ct is not None:
             clean: dict[str, Tensor] = {}
-
-            def keep(name, store=clean):
-                def hook(t, hook):  # noqa: ARG001
-                    store[name] = t.detach().clone()
-                    return t
-                return hook
-
-            with torch.no_grad(), model.hooks(fwd_hooks=[(n, keep(n)) for n in sorted(clean_names)]):
+            with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(clean_names, clean, clone=True)):
                 logits = model(ct[rows], attention_mask=am[rows])
                 cm = metric(logits)
             del logits
             clean_metric.append(_per_row(cm, k))
         else:
-            clean = {h: _cache_get(clean_cache, h, "clean_cache")[rows].to(device) for h in clean_names}
+            clean = {h: cache_tensor(clean_cache, h, (b, n_pos), "clean_cache", _CACHE_HINT)[rows].to(device) for h in clean_names}
             clean_metric.append(np.full(k, np.nan))
         value, acts, grads = _forward_backward(model, xt[rows], am[rows], act_names, grad_names, metric)
         corrupted_metric.append(_per_row(value, k))
@@ -473,7 +424,7 @@ def _score_chunk(model, sites: ModelSites, sandwich: bool, node_types, clean: di
                     res = split_dot(dz, v, gz, eps)
                 else:
                     res = _head_split(model, sites, sandwich, L, dz, gz, z, acts, grads, eps)
-            for w, t in zip(("full", "par", "perp", "frac"), res):
+            for w, t in zip(("full", "par", "perp", "frac"), res, strict=True):
                 out[n][w].append(t)
     return {n: {w: torch.stack(ts, dim=1) for w, ts in d.items()} for n, d in out.items()}
 
