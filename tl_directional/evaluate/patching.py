@@ -188,7 +188,7 @@ def _masked(new: Tensor, old: Tensor, pos: int | None) -> Tensor:
     return out
 
 
-def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
     """``(update, reference)`` of residual unit ``c`` at layer ``L`` in a cached run."""
     if c in STREAM_COMPONENTS:
         x = cache[f"blocks.{L}.hook_resid_pre"]
