@@ -19,6 +19,7 @@ from .compression.compressors import (
     quantize_rtn,
     save_compressed,
 )
+from .core.bootstrap import bootstrap_mean_interval, random_subspace_share
 from .core.errors import TLDirectionalError
 from .core.geometry import (
     Decomposition,
@@ -39,7 +40,10 @@ from .edit import (
     hf,  # noqa: F401  plain-transformers edits; its Trainer / lm-eval parts import lazily
     scales,
 )
+from .evaluate.attribution import AttributionError, attribution_hooks, attribution_patch
+from .evaluate.cache_input import PatchingInputError
 from .evaluate.patching import directional_patch, split_logit_attribution
+from .evaluate.result import DirectionalResult
 from .evaluate.sweep import Setting, find_safe_scale, grid, sweep
 from .measure import Profile, profile
 from .measure.cache_hooks import required_hooks
@@ -97,6 +101,14 @@ __all__ = [
     "find_safe_scale",
     "directional_patch",
     "split_logit_attribution",
+    # evaluate: directional attribution patching and the one result type
+    "attribution_patch",
+    "attribution_hooks",
+    "DirectionalResult",
+    "AttributionError",
+    "PatchingInputError",
+    "bootstrap_mean_interval",
+    "random_subspace_share",
     # compress: compressors, their error geometry and the label-free gate
     "CompressionRecord",
     "CompressionResult",

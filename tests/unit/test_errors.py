@@ -12,6 +12,10 @@ import tl_directional as tld
 # the built-in each error was before the common base (what ``except`` clauses in the wild catch)
 KEEPS = {
     "ArtefactError": ValueError,
+    "AttributionError": ValueError,
+    "BootstrapError": ValueError,
+    "PatchingInputError": ValueError,
+    "ResultError": KeyError,
     "DamagedWeightsError": ValueError,
     "EditSpecError": ValueError,
     "HookRegistryChangedError": RuntimeError,
