@@ -238,3 +238,24 @@ def test_bootstrap_and_random_share():
     mc = (r @ u).abs() / (r.norm(dim=-1) * u.norm())
     assert random_subspace_share(d) == pytest.approx(float(mc.mean()), rel=0.02)
     assert random_subspace_share(d) == pytest.approx(np.sqrt(2 / (np.pi * d)), rel=0.01)
+
+
+@pytest.mark.bridge
+def test_benchmark_record_is_registered_and_its_check_passes(gpt2):
+    """The record is registered beside the others; its equality check runs on a stand-in of the
+    harness's ``Bench`` (the harness itself is not run here)."""
+    from types import SimpleNamespace
+
+    import benchmarks.run  # noqa: F401 - importing registers every record
+    from benchmarks.attribution import ATTRIB_PAIRS, ATTRIB_SEQ, attribution_vs_transformer_lens
+    from benchmarks.registry import REGISTRY
+
+    spec = REGISTRY["attribution_vs_transformer_lens"]
+    assert spec.target == 1.2 and spec.op == "<=" and spec.primary_only
+    tokens = torch.randint(5, 500, (ATTRIB_PAIRS, ATTRIB_SEQ), generator=torch.Generator().manual_seed(0))
+    calls = []
+    bench = SimpleNamespace(model=gpt2, inputs=SimpleNamespace(tokens=tokens), device=torch.device("cpu"),
+                            check=True, extra={}, measure=lambda base, run: calls.append((base, run)) or "timed")
+    assert attribution_vs_transformer_lens(bench) == "timed" and len(calls) == 1
+    assert bench.extra["check_max_abs_diff_vs_transformer_lens"] < 1e-6
+    assert bench.extra["tl_nodes"] == ATTRIB_SEQ * (1 + gpt2.cfg.n_layers * (gpt2.cfg.n_heads + 1))
