@@ -40,12 +40,16 @@ def _pairs(model, tokens: torch.Tensor):
 
 
 @register(
-    "attribution_vs_transformer_lens", target=1.2, op="<=", precision=0.10, primary_only=True,
+    "attribution_vs_transformer_lens",
+    target=1.2,
+    op="<=",
+    precision=0.10,
+    primary_only=True,
     floor_pairs=3,
     baseline="transformer_lens.tools.analysis.attribution_patching.attribution_patch(model, clean, corrupt, "
-             "metric_fn): node granularity, two forwards and one backward per pair, no split",
+    "metric_fn): node granularity, two forwards and one backward per pair, no split",
     candidate="tl_directional.attribution_patch(model, clean, corrupted, metric): every node type split into "
-              "parallel and perpendicular parts, two forwards and one backward per batch of pairs",
+    "parallel and perpendicular parts, two forwards and one backward per batch of pairs",
 )
 def attribution_vs_transformer_lens(bench: Bench):
     """Attribution patching of every node of a few prompt pairs: ``attribution_patch`` (split) /
@@ -53,14 +57,18 @@ def attribution_vs_transformer_lens(bench: Bench):
     try:
         tl_ap = importlib.import_module("transformer_lens.tools.analysis.attribution_patching")
     except ImportError as exc:
-        raise NotAvailable(f"TransformerLens has no attribution_patching here (needs 4.3): {exc}") from None
+        raise NotAvailable(
+            f"TransformerLens has no attribution_patching here (needs 4.3): {exc}"
+        ) from None
     from tl_directional.evaluate.attribution import attribution_patch
     from tl_directional.model.sites import resolve_sites
 
     model = bench.model
     sites = resolve_sites(model, warn=False)
     if not sites.causal:
-        raise NotAvailable(f"{sites.model_name} is not a causal LM: the metric is a next-token logit difference")
+        raise NotAvailable(
+            f"{sites.model_name} is not a causal LM: the metric is a next-token logit difference"
+        )
     tokens = bench.inputs.tokens.to(bench.device)
     if tokens.shape[1] < ATTRIB_SEQ:
         raise NotAvailable(f"the setting's sequences are shorter than {ATTRIB_SEQ} tokens")
@@ -74,7 +82,11 @@ def attribution_vs_transformer_lens(bench: Bench):
 
     if bench.check:
         want, got = base(), run()
-        head, mlp, resid = got.mean("head", "full"), got.mean("mlp", "full"), got.mean("resid", "full")
+        head, mlp, resid = (
+            got.mean("head", "full"),
+            got.mean("mlp", "full"),
+            got.mean("resid", "full"),
+        )
         diff = 0.0
         for node, score in want.node_scores.items():
             if node.kind == "attn_head_out":
@@ -86,14 +98,18 @@ def attribution_vs_transformer_lens(bench: Bench):
             diff = max(diff, abs(float(ours) - score))
         scale = max(1.0, max(abs(s) for s in want.node_scores.values()))
         if not diff <= 1e-4 * scale:
-            raise AssertionError(f"attribution_patch's full estimate differs from TransformerLens's by {diff:g}")
-        bench.extra.update({
-            "check_max_abs_diff_vs_transformer_lens": diff,
-            "pairs": int(clean.shape[0]),
-            "prompt_tokens": int(clean.shape[1]),
-            "tl_nodes": len(want.node_scores),
-            "node_types": list(got.node_types),
-        })
+            raise AssertionError(
+                f"attribution_patch's full estimate differs from TransformerLens's by {diff:g}"
+            )
+        bench.extra.update(
+            {
+                "check_max_abs_diff_vs_transformer_lens": diff,
+                "pairs": int(clean.shape[0]),
+                "prompt_tokens": int(clean.shape[1]),
+                "tl_nodes": len(want.node_scores),
+                "node_types": list(got.node_types),
+            }
+        )
     return bench.measure(base, run)
 
 

@@ -12,8 +12,16 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.core.bootstrap import BootstrapError, bootstrap_mean_interval, random_subspace_share
-from tl_directional.evaluate.attribution import AttributionError, attribution_hooks, attribution_patch
+from tl_directional.core.bootstrap import (
+    BootstrapError,
+    bootstrap_mean_interval,
+    random_subspace_share,
+)
+from tl_directional.evaluate.attribution import (
+    AttributionError,
+    attribution_hooks,
+    attribution_patch,
+)
 from tl_directional.evaluate.cache_input import PatchingInputError
 from tl_directional.evaluate.patching import directional_patch
 from tl_directional.evaluate.result import DirectionalResult, ResultError
@@ -42,14 +50,22 @@ def gpt2(tiny_model):
 
 
 @pytest.mark.bridge
-@pytest.mark.parametrize("family", ["gpt2", "llama"])  # tiny llama is GQA: 4 query heads, 2 KV heads
+@pytest.mark.parametrize(
+    "family", ["gpt2", "llama"]
+)  # tiny llama is GQA: 4 query heads, 2 KV heads
 def test_full_estimate_equals_transformer_lens_attribution_patch(tiny_model, family):
     tl_ap = pytest.importorskip("transformer_lens.tools.analysis.attribution_patching")
     model = tiny_model(family)
     ours = attribution_patch(model, CLEAN, CORRUPTED, metric)
     theirs = tl_ap.attribution_patch(model, CLEAN, CORRUPTED, lambda logits: metric(logits)[0])
-    head, mlp, resid = ours.mean("head", "full"), ours.mean("mlp", "full"), ours.mean("resid", "full")
-    assert len(theirs.node_scores) == CLEAN.shape[1] * (1 + model.cfg.n_layers * (model.cfg.n_heads + 1))
+    head, mlp, resid = (
+        ours.mean("head", "full"),
+        ours.mean("mlp", "full"),
+        ours.mean("resid", "full"),
+    )
+    assert len(theirs.node_scores) == CLEAN.shape[1] * (
+        1 + model.cfg.n_layers * (model.cfg.n_heads + 1)
+    )
     for node, score in theirs.node_scores.items():
         if node.kind == "attn_head_out":
             got = head[node.layer, node.position, node.head]
@@ -68,7 +84,9 @@ def test_parallel_plus_perpendicular_is_full_for_every_node(tiny_model, family):
     for node in res.node_types:
         v = res.values[node]
         assert v["full"].dtype == np.float64
-        assert np.abs(v["par"] + v["perp"] - v["full"]).max() <= 1e-12 * max(1.0, np.abs(v["full"]).max())
+        assert np.abs(v["par"] + v["perp"] - v["full"]).max() <= 1e-12 * max(
+            1.0, np.abs(v["full"]).max()
+        )
         assert np.isfinite(v["full"]).all()
     # the head node and the value node score the same hook_z difference: equal full estimates
     assert np.array_equal(res.values["head"]["full"], res.values["value"]["full"])
@@ -113,14 +131,17 @@ def test_split_estimate_is_the_small_step_limit_of_directional_patching(tiny_mod
     runs = {}
     for sign in (1, -1):
         cache = _interpolated_cache(model, sign * STEP)
-        runs[sign] = directional_patch(model, CORRUPTED, cache, metric, components=("attn", "mlp", "value"),
-                                       result=True)
+        runs[sign] = directional_patch(
+            model, CORRUPTED, cache, metric, components=("attn", "mlp", "value"), result=True
+        )
     for node in ("attn", "mlp", "value"):
         for part in ("par", "perp", "full"):
             want = est.values[node][part].sum(axis=2)  # the patch moves every position at once
             got = (runs[1].values[node][part] - runs[-1].values[node][part]) / (2 * STEP)
             scale = max(1e-2, np.abs(est.values[node]["full"]).sum(axis=2).max())
-            np.testing.assert_allclose(got, want, atol=2e-3 * scale, err_msg=f"{family} {node} {part}")
+            np.testing.assert_allclose(
+                got, want, atol=2e-3 * scale, err_msg=f"{family} {node} {part}"
+            )
 
 
 def test_head_split_is_the_small_step_limit_of_a_hand_written_patch(tiny_model_dir):
@@ -137,9 +158,13 @@ def test_head_split_is_the_small_step_limit_of_a_hand_written_patch(tiny_model_d
     for part, delta in (("par", par), ("perp", write - par)):
         out = {}
         for sign in (1, -1):
+
             def add(t, hook, delta=delta, sign=sign):  # noqa: ARG001
                 return t + sign * STEP * delta
-            out[sign] = metric(model.run_with_hooks(CORRUPTED, fwd_hooks=[(f"blocks.{L}.hook_attn_out", add)]))
+
+            out[sign] = metric(
+                model.run_with_hooks(CORRUPTED, fwd_hooks=[(f"blocks.{L}.hook_attn_out", add)])
+            )
         got = ((out[1] - out[-1]) / (2 * STEP)).detach().numpy()
         want = est.values["head"][part][:, L, :, h].sum(-1)
         np.testing.assert_allclose(got, want, atol=1e-5 * max(1.0, np.abs(want).max()))
@@ -157,12 +182,16 @@ def test_transformer_lens_call_shape_with_a_filtered_cache(gpt2):
     for node in a.node_types:
         np.testing.assert_array_equal(a.values[node]["par"], b.values[node]["par"])
     assert np.isnan(b.clean_metric).all() and not np.isnan(a.clean_metric).any()
-    np.testing.assert_allclose(a.corrupted_metric, metric(gpt2(CORRUPTED)).detach().numpy(), atol=1e-6)
+    np.testing.assert_allclose(
+        a.corrupted_metric, metric(gpt2(CORRUPTED)).detach().numpy(), atol=1e-6
+    )
 
 
 def test_directional_patch_result_and_cache_shape_match_the_tuple(gpt2):
     comps = ("attn", "mlp", "value", "resid_pre")
-    results, table = directional_patch(gpt2, CLEAN, CORRUPTED, lambda lg: metric(lg).mean(), components=comps)
+    results, table = directional_patch(
+        gpt2, CLEAN, CORRUPTED, lambda lg: metric(lg).mean(), components=comps
+    )
     res = directional_patch(gpt2, CLEAN, CORRUPTED, metric, components=comps, result=True)
     assert isinstance(res, DirectionalResult) and res.kind == "patch" and res.n_examples == 3
     _, cache = gpt2.run_with_cache(CLEAN)
@@ -170,21 +199,40 @@ def test_directional_patch_result_and_cache_shape_match_the_tuple(gpt2):
     for c in comps:
         for w in ("par", "perp", "full"):
             # the mean of per-example effects is the effect on the mean metric
-            np.testing.assert_allclose(res.mean(c, w), (results[c][w] - table["corrupted_metric"][0]).numpy(),
-                                       atol=1e-5)
+            np.testing.assert_allclose(
+                res.mean(c, w), (results[c][w] - table["corrupted_metric"][0]).numpy(), atol=1e-5
+            )
             np.testing.assert_allclose(res_tl.values[c][w], res.values[c][w], atol=1e-6)
     frame = res.to_frame(n_resamples=200)
-    assert {"node_type", "layer", "head", "par", "par_low", "par_high", "par_frac", "random_share"} <= set(frame)
-    assert (frame["par_low"] <= frame["par"] + 1e-12).all() and (frame["par"] <= frame["par_high"] + 1e-12).all()
+    assert {
+        "node_type",
+        "layer",
+        "head",
+        "par",
+        "par_low",
+        "par_high",
+        "par_frac",
+        "random_share",
+    } <= set(frame)
+    assert (frame["par_low"] <= frame["par"] + 1e-12).all() and (
+        frame["par"] <= frame["par_high"] + 1e-12
+    ).all()
     assert frame.loc[frame.node_type == "value", "random_share"].iloc[0] == pytest.approx(
-        random_subspace_share(gpt2.cfg.d_head))
+        random_subspace_share(gpt2.cfg.d_head)
+    )
 
 
 def test_names_filter_that_drops_a_needed_hook_is_an_error(gpt2):
     with pytest.raises(PatchingInputError, match="names_filter drops .*hook_z"):
         attribution_patch(gpt2, CLEAN, CORRUPTED, metric, names_filter=lambda n: "hook_z" not in n)
-    attribution_patch(gpt2, CLEAN, CORRUPTED, metric, node_types=("mlp",),
-                      names_filter=attribution_hooks(gpt2, ("mlp",)))
+    attribution_patch(
+        gpt2,
+        CLEAN,
+        CORRUPTED,
+        metric,
+        node_types=("mlp",),
+        names_filter=attribution_hooks(gpt2, ("mlp",)),
+    )
     with pytest.raises(PatchingInputError, match="names_filter drops"):
         directional_patch(gpt2, CLEAN, CORRUPTED, metric, names_filter=["blocks.0.hook_resid_pre"])
 
@@ -215,14 +263,20 @@ def test_bad_input_errors(gpt2, tiny_model):
         attribution_patch(gpt2, CLEAN, CORRUPTED, lambda lg: metric(lg).detach())
     with pytest.raises(AttributionError, match="must return a tensor"):
         attribution_patch(gpt2, CLEAN, CORRUPTED, lambda lg: metric(lg)[0].item())
-    with pytest.raises(PatchingInputError, match="clean_cache has no 'blocks.1.hook_resid_pre'.*attribution_hooks"):
-        attribution_patch(gpt2, CORRUPTED, {"blocks.0.hook_resid_pre": torch.zeros(3, 8, 32)}, metric)
+    with pytest.raises(
+        PatchingInputError, match="clean_cache has no 'blocks.1.hook_resid_pre'.*attribution_hooks"
+    ):
+        attribution_patch(
+            gpt2, CORRUPTED, {"blocks.0.hook_resid_pre": torch.zeros(3, 8, 32)}, metric
+        )
     with pytest.raises(AttributionError, match="node_types"):
         attribution_patch(gpt2, CLEAN, CORRUPTED, metric, node_types=("heads",))
     model = tiny_model("gpt2", fresh=True).train()
     with pytest.raises(AttributionError, match="training mode.*model.eval\\(\\)"):
         attribution_patch(model, CLEAN, CORRUPTED, metric)
-    assert issubclass(AttributionError, tld.TLDirectionalError) and issubclass(AttributionError, ValueError)
+    assert issubclass(AttributionError, tld.TLDirectionalError) and issubclass(
+        AttributionError, ValueError
+    )
 
 
 def test_bootstrap_and_random_share():
@@ -252,10 +306,18 @@ def test_benchmark_record_is_registered_and_its_check_passes(gpt2):
 
     spec = REGISTRY["attribution_vs_transformer_lens"]
     assert spec.target == 1.2 and spec.op == "<=" and spec.primary_only
-    tokens = torch.randint(5, 500, (ATTRIB_PAIRS, ATTRIB_SEQ), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        5, 500, (ATTRIB_PAIRS, ATTRIB_SEQ), generator=torch.Generator().manual_seed(0)
+    )
     calls = []
-    bench = SimpleNamespace(model=gpt2, inputs=SimpleNamespace(tokens=tokens), device=torch.device("cpu"),
-                            check=True, extra={}, measure=lambda base, run: calls.append((base, run)) or "timed")
+    bench = SimpleNamespace(
+        model=gpt2,
+        inputs=SimpleNamespace(tokens=tokens),
+        device=torch.device("cpu"),
+        check=True,
+        extra={},
+        measure=lambda base, run: calls.append((base, run)) or "timed",
+    )
     assert attribution_vs_transformer_lens(bench) == "timed" and len(calls) == 1
     assert bench.extra["check_max_abs_diff_vs_transformer_lens"] < 1e-6
     assert bench.extra["tl_nodes"] == ATTRIB_SEQ * (1 + gpt2.cfg.n_layers * (gpt2.cfg.n_heads + 1))

@@ -26,13 +26,22 @@ class BootstrapError(TLDirectionalError, ValueError):
 
 def _check_args(n_resamples, level) -> None:
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
-        raise BootstrapError(f"n_resamples must be a positive integer, got {n_resamples!r}; e.g. 2000")
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0.0 < float(level) < 1.0:
-        raise BootstrapError(f"level must be a number in (0, 1), got {level!r}; e.g. 0.95 for a 95% interval")
+        raise BootstrapError(
+            f"n_resamples must be a positive integer, got {n_resamples!r}; e.g. 2000"
+        )
+    if (
+        isinstance(level, bool)
+        or not isinstance(level, (int, float))
+        or not 0.0 < float(level) < 1.0
+    ):
+        raise BootstrapError(
+            f"level must be a number in (0, 1), got {level!r}; e.g. 0.95 for a 95% interval"
+        )
 
 
-def bootstrap_mean_interval(values, *, n_resamples: int = 2000, level: float = 0.95,
-                            seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def bootstrap_mean_interval(
+    values, *, n_resamples: int = 2000, level: float = 0.95, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Percentile bootstrap interval of the mean over the first axis.
 
     Args:
@@ -50,7 +59,9 @@ def bootstrap_mean_interval(values, *, n_resamples: int = 2000, level: float = 0
     _check_args(n_resamples, level)
     x = np.asarray(values, dtype=np.float64)
     if x.ndim == 0 or x.shape[0] == 0:
-        raise BootstrapError(f"values must hold at least one example along axis 0, got shape {x.shape}")
+        raise BootstrapError(
+            f"values must hold at least one example along axis 0, got shape {x.shape}"
+        )
     n = x.shape[0]
     rng = np.random.default_rng(seed)
     flat = x.reshape(n, -1)
@@ -62,7 +73,7 @@ def bootstrap_mean_interval(values, *, n_resamples: int = 2000, level: float = 0
         idx = rng.integers(0, n, size=(k, n))
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            means[start:start + k] = np.nanmean(flat[idx], axis=1)
+            means[start : start + k] = np.nanmean(flat[idx], axis=1)
     tail = (1.0 - float(level)) / 2.0
     with warnings.catch_warnings():  # an all-NaN node stays NaN, which is the answer
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -82,7 +93,9 @@ def random_subspace_share(d: int) -> float:
     difference perpendicular to it in a 576-dimensional stream.
     """
     if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise BootstrapError(f"d must be a positive integer dimension (d_model or d_head), got {d!r}")
+        raise BootstrapError(
+            f"d must be a positive integer dimension (d_model or d_head), got {d!r}"
+        )
     if d == 1:
         return 1.0
     return math.exp(math.lgamma(d / 2) - math.lgamma((d + 1) / 2)) / math.sqrt(math.pi)
@@ -93,8 +106,15 @@ def random_subspace_sq_share(d: int) -> float:
     ||u||^2``) carried by a uniformly random line in ``d`` dimensions; the baseline for shares of
     a dot product or an energy, as attribution scores' parallel share is."""
     if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise BootstrapError(f"d must be a positive integer dimension (d_model or d_head), got {d!r}")
+        raise BootstrapError(
+            f"d must be a positive integer dimension (d_model or d_head), got {d!r}"
+        )
     return 1.0 / d
 
 
-__all__ = ["BootstrapError", "bootstrap_mean_interval", "random_subspace_share", "random_subspace_sq_share"]
+__all__ = [
+    "BootstrapError",
+    "bootstrap_mean_interval",
+    "random_subspace_share",
+    "random_subspace_sq_share",
+]

@@ -55,8 +55,10 @@ from ..model.sites import (
 from .cache_input import PatchingInputError, cache_tensor, check_names_filter, is_cache
 from .result import DirectionalResult
 
-_CACHE_HINT = ("model.run_with_cache(clean_tokens, names_filter=tl_directional.attribution_hooks(model, "
-               "node_types))")
+_CACHE_HINT = (
+    "model.run_with_cache(clean_tokens, names_filter=tl_directional.attribution_hooks(model, "
+    "node_types))"
+)
 
 #: The node types :func:`attribution_patch` scores, in the order of its result.
 NODE_TYPES = ("resid", "attn", "mlp", "head", "value")
@@ -77,10 +79,14 @@ def _check_node_types(node_types) -> tuple[str, ...]:
     try:
         out = tuple(dict.fromkeys(node_types))
     except TypeError:
-        raise AttributionError(f"node_types must be a sequence of {NODE_TYPES}, got {node_types!r}") from None
+        raise AttributionError(
+            f"node_types must be a sequence of {NODE_TYPES}, got {node_types!r}"
+        ) from None
     bad = [n for n in out if n not in NODE_TYPES]
     if bad or not out:
-        raise AttributionError(f"node_types={node_types!r} has unknown or no entries {bad}; choose from {NODE_TYPES}")
+        raise AttributionError(
+            f"node_types={node_types!r} has unknown or no entries {bad}; choose from {NODE_TYPES}"
+        )
     return out
 
 
@@ -114,7 +120,8 @@ def _check_eval_mode(model) -> None:
     if training:
         raise AttributionError(
             f"model is in training mode ({training[0] or 'the model itself'} and {len(training) - 1} more "
-            "modules): dropout would make the clean and corrupted runs differ by chance; call model.eval()")
+            "modules): dropout would make the clean and corrupted runs differ by chance; call model.eval()"
+        )
 
 
 def _metric_vector(metric, logits: Tensor, batch: int) -> Tensor:
@@ -123,16 +130,19 @@ def _metric_vector(metric, logits: Tensor, batch: int) -> Tensor:
     if not isinstance(value, Tensor):
         raise AttributionError(
             f"metric must return a tensor computed from the logits (one number per pair, shape [batch], or "
-            f"one for the batch), got {type(value).__name__}; e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]")
+            f"one for the batch), got {type(value).__name__}; e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]"
+        )
     if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != batch):
         raise AttributionError(
             f"metric returned shape {tuple(value.shape)}; it must return shape [batch] (={batch}, one number "
-            "per pair) or a scalar, e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]")
+            "per pair) or a scalar, e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]"
+        )
     if not value.requires_grad:
         raise AttributionError(
             "metric has no gradient with respect to the logits (it returned a tensor that does not require "
             "grad: detached, built from .item(), or computed under torch.no_grad()); build it from the "
-            "logits tensor with torch operations")
+            "logits tensor with torch operations"
+        )
     return value
 
 
@@ -141,8 +151,12 @@ def _metric_vector(metric, logits: Tensor, batch: int) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-def split_dot(delta: Float[Tensor, "*lead d"], reference: Float[Tensor, "*lead d"], grad: Float[Tensor, "*lead d"],
-              eps: float = DEFAULT_EPS) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def split_dot(
+    delta: Float[Tensor, "*lead d"],
+    reference: Float[Tensor, "*lead d"],
+    grad: Float[Tensor, "*lead d"],
+    eps: float = DEFAULT_EPS,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(full, par, perp, par_frac)`` of the estimate ``delta . grad`` against ``reference``, in
     float64, each shaped ``lead``: ``par = (delta . r)(r . g) / ||r||^2``, ``perp = full - par``,
     ``par_frac = |cos(delta, r)|`` (the share of the difference along ``r``). A reference with
@@ -155,7 +169,11 @@ def split_dot(delta: Float[Tensor, "*lead d"], reference: Float[Tensor, "*lead d
     ok = (rr > eps) & (dd > eps)
     safe = torch.where(ok, rr, torch.ones_like(rr))
     par = torch.where(ok, dr * (r * g).sum(-1) / safe, torch.zeros_like(full))
-    frac = torch.where(ok, dr.abs() / torch.sqrt(safe * torch.where(ok, dd, torch.ones_like(dd))), torch.zeros_like(full))
+    frac = torch.where(
+        ok,
+        dr.abs() / torch.sqrt(safe * torch.where(ok, dd, torch.ones_like(dd))),
+        torch.zeros_like(full),
+    )
     return full, par, full - par, frac
 
 
@@ -164,7 +182,9 @@ def split_dot(delta: Float[Tensor, "*lead d"], reference: Float[Tensor, "*lead d
 # ---------------------------------------------------------------------------------------------
 
 
-def _forward_backward(model, tokens: Tensor, mask: Tensor, act_names: set[str], grad_names: set[str], metric):
+def _forward_backward(
+    model, tokens: Tensor, mask: Tensor, act_names: set[str], grad_names: set[str], metric
+):
     """One forward of ``tokens`` keeping ``act_names`` (detached copies) and one backward of the
     metric's sum keeping ``d metric / d a`` at ``grad_names``. Returns ``(metric, acts, grads)``."""
     acts: dict[str, Tensor] = {}
@@ -177,19 +197,26 @@ def _forward_backward(model, tokens: Tensor, mask: Tensor, act_names: set[str], 
             if name in grad_names or name == first:
                 live[name] = t
             return t
+
         return hook
 
     def bwd(name):
         def hook(g, hook):  # noqa: ARG001
             if isinstance(g, Tensor):
                 grads[name] = g.detach().clone()
+
         return hook
 
     # the first stream is always a backward input, so the backward runs through every layer
     first = "blocks.0.hook_resid_pre"
     names = sorted(act_names | grad_names | {first})
-    with torch.enable_grad(), model.hooks(fwd_hooks=[(n, fwd(n)) for n in names],
-                                          bwd_hooks=[(n, bwd(n)) for n in sorted(grad_names)]):
+    with (
+        torch.enable_grad(),
+        model.hooks(
+            fwd_hooks=[(n, fwd(n)) for n in names],
+            bwd_hooks=[(n, bwd(n)) for n in sorted(grad_names)],
+        ),
+    ):
         logits = model(tokens, attention_mask=mask)
         value = _metric_vector(metric, logits, tokens.shape[0])
         inputs = [n for n in sorted(live) if live[n].requires_grad]
@@ -201,8 +228,10 @@ def _forward_backward(model, tokens: Tensor, mask: Tensor, act_names: set[str], 
             grads[n] = g.detach().clone()
     missing = sorted(grad_names - set(grads))
     if missing:
-        raise AttributionError(f"no gradient reached {missing[:3]}: the metric does not depend on them "
-                               "(check that metric reads the logits of the corrupted run)")
+        raise AttributionError(
+            f"no gradient reached {missing[:3]}: the metric does not depend on them "
+            "(check that metric reads the logits of the corrupted run)"
+        )
     return value.detach(), acts, grads
 
 
@@ -216,7 +245,8 @@ def _post_attention_norm(model, layer: int):
     if norm is None:
         raise AttributionError(
             f"model is a sandwich-norm model but block {layer} has no ln1_post module; the head nodes "
-            "need the post-attention norm (leave 'head' out of node_types)")
+            "need the post-attention norm (leave 'head' out of node_types)"
+        )
     return norm
 
 
@@ -227,7 +257,14 @@ def _linearised_norm(model, layer: int, pre: Tensor, vectors: Tensor) -> Tensor:
     norm = _post_attention_norm(model, layer)
     with torch.enable_grad():
         dtype = next((p.dtype for p in norm.parameters()), pre.dtype)
-        y = pre.detach().to(dtype).unsqueeze(2).expand(*vectors.shape[:3], pre.shape[-1]).contiguous().requires_grad_(True)
+        y = (
+            pre.detach()
+            .to(dtype)
+            .unsqueeze(2)
+            .expand(*vectors.shape[:3], pre.shape[-1])
+            .contiguous()
+            .requires_grad_(True)
+        )
         out = norm(y)
         u = torch.zeros_like(out, requires_grad=True)
         (vjp,) = torch.autograd.grad(out, y, grad_outputs=u, create_graph=True)
@@ -288,22 +325,34 @@ def attribution_patch(
         AttributionError: unequal shapes, a model in training mode, a non-scalar / non-[batch] or
             gradient-free metric, a cache missing a needed hook, a ``names_filter`` that drops one.
     """
-    if is_cache(corrupted_tokens):  # TransformerLens shape: (model, corrupted_tokens, clean_cache, metric)
+    if is_cache(
+        corrupted_tokens
+    ):  # TransformerLens shape: (model, corrupted_tokens, clean_cache, metric)
         if clean_cache is not None:
-            raise AttributionError("clean_cache was given twice (positionally and by keyword); pass it once")
+            raise AttributionError(
+                "clean_cache was given twice (positionally and by keyword); pass it once"
+            )
         clean_cache, corrupted_tokens, clean_tokens = corrupted_tokens, clean_tokens, None
     if corrupted_tokens is None:
-        raise AttributionError("corrupted_tokens is missing; call attribution_patch(model, clean_tokens, "
-                               "corrupted_tokens, metric) or attribution_patch(model, corrupted_tokens, clean_cache, metric)")
+        raise AttributionError(
+            "corrupted_tokens is missing; call attribution_patch(model, clean_tokens, "
+            "corrupted_tokens, metric) or attribution_patch(model, corrupted_tokens, clean_cache, metric)"
+        )
     if metric is None or not callable(metric):
-        raise AttributionError(f"metric must be a function logits -> [batch] tensor, got {metric!r}")
+        raise AttributionError(
+            f"metric must be a function logits -> [batch] tensor, got {metric!r}"
+        )
     node_types = _check_node_types(node_types)
     eps = check_eps(eps)
     _check_eval_mode(model)
     sites = resolve_sites(model, warn=False)
     sandwich = is_sandwich_norm(model)
     needed = _clean_hooks(sites, node_types)
-    check_names_filter(names_filter, needed, f"tl_directional.attribution_hooks(model, {list(node_types)!r}) lists them")
+    check_names_filter(
+        names_filter,
+        needed,
+        f"tl_directional.attribution_hooks(model, {list(node_types)!r}) lists them",
+    )
     x_batch = prepare_inputs(model, corrupted_tokens, attention_mask, argument="corrupted_tokens")
     device = device_of(model)
     xt, am = x_batch.tokens.to(device), x_batch.attention_mask.to(device)
@@ -314,7 +363,8 @@ def attribution_patch(
             raise AttributionError(
                 f"clean_tokens and corrupted_tokens must have the same [batch, pos] shape, got "
                 f"{tuple(c_batch.tokens.shape)} and {tuple(x_batch.tokens.shape)}; pad or pick prompts of equal "
-                "token length (the estimate pairs activations position by position)")
+                "token length (the estimate pairs activations position by position)"
+            )
         ct = c_batch.tokens.to(device)
     else:
         ct = None
@@ -324,8 +374,10 @@ def attribution_patch(
     if batch_size is None:
         batch_size = b
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise AttributionError(f"batch_size must be a positive integer (pairs per forward/backward) or None, "
-                               f"got {batch_size!r}")
+        raise AttributionError(
+            f"batch_size must be a positive integer (pairs per forward/backward) or None, "
+            f"got {batch_size!r}"
+        )
 
     clean_names = {h for hs in needed.values() for h in hs}
     act_names = set(clean_names)
@@ -347,8 +399,9 @@ def attribution_patch(
             grad_names.add(sites.units["attn"][L].update_hook)
             act_names.add(sites.value[L].z_hook)
 
-    parts: dict[str, dict[str, list[np.ndarray]]] = {n: {"full": [], "par": [], "perp": [], "frac": []}
-                                                    for n in node_types}
+    parts: dict[str, dict[str, list[np.ndarray]]] = {
+        n: {"full": [], "par": [], "perp": [], "frac": []} for n in node_types
+    }
     clean_metric: list[np.ndarray] = []
     corrupted_metric: list[np.ndarray] = []
     for start in range(0, b, batch_size):
@@ -356,31 +409,51 @@ def attribution_patch(
         k = rows.stop - rows.start
         if ct is not None:
             clean: dict[str, Tensor] = {}
-            with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(clean_names, clean, clone=True)):
+            with (
+                torch.no_grad(),
+                model.hooks(fwd_hooks=capture_hooks(clean_names, clean, clone=True)),
+            ):
                 logits = model(ct[rows], attention_mask=am[rows])
                 cm = metric(logits)
             del logits
             clean_metric.append(_per_row(cm, k))
         else:
-            clean = {h: cache_tensor(clean_cache, h, (b, n_pos), "clean_cache", _CACHE_HINT)[rows].to(device) for h in clean_names}
+            clean = {
+                h: cache_tensor(clean_cache, h, (b, n_pos), "clean_cache", _CACHE_HINT)[rows].to(
+                    device
+                )
+                for h in clean_names
+            }
             clean_metric.append(np.full(k, np.nan))
-        value, acts, grads = _forward_backward(model, xt[rows], am[rows], act_names, grad_names, metric)
+        value, acts, grads = _forward_backward(
+            model, xt[rows], am[rows], act_names, grad_names, metric
+        )
         corrupted_metric.append(_per_row(value, k))
-        for n, res in _score_chunk(model, sites, sandwich, node_types, clean, acts, grads, eps).items():
+        for n, res in _score_chunk(
+            model, sites, sandwich, node_types, clean, acts, grads, eps
+        ).items():
             for w, t in res.items():
                 parts[n][w].append(t.cpu().numpy())
         del acts, grads, clean
 
-    values = {n: {w: np.concatenate(parts[n][w]) for w in ("full", "par", "perp")} for n in node_types}
+    values = {
+        n: {w: np.concatenate(parts[n][w]) for w in ("full", "par", "perp")} for n in node_types
+    }
     par_frac = {n: np.concatenate(parts[n]["frac"]) for n in node_types}
-    dims = {n: ("example", "layer", "pos", "head") if n in ("head", "value") else ("example", "layer", "pos")
-            for n in node_types}
+    dims = {
+        n: ("example", "layer", "pos", "head")
+        if n in ("head", "value")
+        else ("example", "layer", "pos")
+        for n in node_types
+    }
     d_of = {n: sites.d_head if n == "value" else sites.d_model for n in node_types}
     notes = []
     if sandwich and "head" in node_types:
-        notes.append("sandwich-norm model: a head's residual-space difference is W_O[h]^T dz_h pushed through "
-                     "the post-attention norm linearised at the corrupted run (what reaches the stream to first "
-                     "order); the full estimate is dz_h . g_z as on any model.")
+        notes.append(
+            "sandwich-norm model: a head's residual-space difference is W_O[h]^T dz_h pushed through "
+            "the post-attention norm linearised at the corrupted run (what reaches the stream to first "
+            "order); the full estimate is dz_h . g_z as on any model."
+        )
     if clean_cache is not None:
         notes.append("clean activations from clean_cache: the clean metric is not known (NaN).")
     return DirectionalResult(
@@ -401,10 +474,20 @@ def _per_row(value, k: int) -> np.ndarray:
     return t.numpy() if t.numel() == k else np.full(k, float(t.reshape(-1)[0]))
 
 
-def _score_chunk(model, sites: ModelSites, sandwich: bool, node_types, clean: dict, acts: dict, grads: dict,
-                 eps: float) -> dict[str, dict[str, Tensor]]:
+def _score_chunk(
+    model,
+    sites: ModelSites,
+    sandwich: bool,
+    node_types,
+    clean: dict,
+    acts: dict,
+    grads: dict,
+    eps: float,
+) -> dict[str, dict[str, Tensor]]:
     """Every node's ``full``, ``par``, ``perp`` and ``frac``, stacked over layers on axis 1."""
-    out: dict[str, dict[str, list[Tensor]]] = {n: {"full": [], "par": [], "perp": [], "frac": []} for n in node_types}
+    out: dict[str, dict[str, list[Tensor]]] = {
+        n: {"full": [], "par": [], "perp": [], "frac": []} for n in node_types
+    }
     for L in range(sites.n_layers):
         for n in node_types:
             if n == "resid":
@@ -412,15 +495,21 @@ def _score_chunk(model, sites: ModelSites, sandwich: bool, node_types, clean: di
                 res = split_dot(clean[h].to(acts[h].device) - acts[h], acts[h], grads[h], eps)
             elif n in ("attn", "mlp"):
                 u = sites.units[n][L]
-                res = split_dot(clean[u.update_hook].to(acts[u.update_hook].device) - acts[u.update_hook],
-                                acts[u.reference_hook], grads[u.update_hook], eps)
+                res = split_dot(
+                    clean[u.update_hook].to(acts[u.update_hook].device) - acts[u.update_hook],
+                    acts[u.reference_hook],
+                    grads[u.update_hook],
+                    eps,
+                )
             else:
                 vs = sites.value[L]
                 z = acts[vs.z_hook]
                 dz = (clean[vs.z_hook].to(z.device) - z).double()
                 gz = grads[vs.z_hook].double()
                 if n == "value":
-                    v = expand_kv_heads(acts[vs.v_hook], sites.n_heads)  # GQA: the KV head each query head reads
+                    v = expand_kv_heads(
+                        acts[vs.v_hook], sites.n_heads
+                    )  # GQA: the KV head each query head reads
                     res = split_dot(dz, v, gz, eps)
                 else:
                     res = _head_split(model, sites, sandwich, L, dz, gz, z, acts, grads, eps)
@@ -429,8 +518,18 @@ def _score_chunk(model, sites: ModelSites, sandwich: bool, node_types, clean: di
     return {n: {w: torch.stack(ts, dim=1) for w, ts in d.items()} for n, d in out.items()}
 
 
-def _head_split(model, sites: ModelSites, sandwich: bool, L: int, dz: Tensor, gz: Tensor, z: Tensor, acts: dict,
-                grads: dict, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _head_split(
+    model,
+    sites: ModelSites,
+    sandwich: bool,
+    L: int,
+    dz: Tensor,
+    gz: Tensor,
+    z: Tensor,
+    acts: dict,
+    grads: dict,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One layer's head nodes: the residual-space split of ``W_O[h]^T dz_h`` (sandwich norms: after
     the linearised post-attention norm) against ``hook_resid_pre``, gradient at the attention
     update; ``full`` is ``dz_h . g_z`` (TransformerLens's head node score)."""

@@ -22,7 +22,11 @@ class PatchingInputError(TLDirectionalError, ValueError):
 def is_cache(x) -> bool:
     """Whether ``x`` is a cache (``ActivationCache`` or any mapping of hook names to tensors) rather
     than tokens or texts: the third argument of TransformerLens's patching shape."""
-    return not isinstance(x, (Tensor, str, list, tuple)) and hasattr(x, "__getitem__") and hasattr(x, "keys")
+    return (
+        not isinstance(x, (Tensor, str, list, tuple))
+        and hasattr(x, "__getitem__")
+        and hasattr(x, "keys")
+    )
 
 
 def names_predicate(names_filter) -> Callable[[str], bool] | None:
@@ -39,7 +43,8 @@ def names_predicate(names_filter) -> Callable[[str], bool] | None:
     except TypeError:
         raise PatchingInputError(
             "names_filter must be None, a hook name, a list of hook names or a function name -> bool, "
-            f"got {type(names_filter).__name__}") from None
+            f"got {type(names_filter).__name__}"
+        ) from None
     return lambda name: name in wanted
 
 
@@ -54,7 +59,8 @@ def check_names_filter(names_filter, needed: dict[str, Iterable[str]], hint: str
         if dropped:
             raise PatchingInputError(
                 f"names_filter drops {dropped[:3]}{' ...' if len(dropped) > 3 else ''}, which {kind!r} reads; "
-                f"keep them ({hint}) or leave {kind!r} out")
+                f"keep them ({hint}) or leave {kind!r} out"
+            )
 
 
 def cache_tensor(cache, name: str, shape: tuple[int, int], argument: str, hint: str) -> Tensor:
@@ -68,8 +74,15 @@ def cache_tensor(cache, name: str, shape: tuple[int, int], argument: str, hint: 
     if tuple(t.shape[:2]) != tuple(shape):
         raise PatchingInputError(
             f"{argument}[{name!r}] has batch and positions {tuple(t.shape[:2])}, the corrupted tokens {tuple(shape)}; "
-            "cache the clean run of tokens of the corrupted run's shape")
+            "cache the clean run of tokens of the corrupted run's shape"
+        )
     return t
 
 
-__all__ = ["PatchingInputError", "cache_tensor", "check_names_filter", "is_cache", "names_predicate"]
+__all__ = [
+    "PatchingInputError",
+    "cache_tensor",
+    "check_names_filter",
+    "is_cache",
+    "names_predicate",
+]

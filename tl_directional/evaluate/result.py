@@ -73,7 +73,9 @@ class DirectionalResult:
         if node not in self.values:
             raise ResultError(f"node={node!r} is not in this result; it holds {self.node_types}")
         if part not in self.values[node]:
-            raise ResultError(f"part={part!r} is not in this result for {node!r}; it holds {tuple(self.values[node])}")
+            raise ResultError(
+                f"part={part!r} is not in this result for {node!r}; it holds {tuple(self.values[node])}"
+            )
         return self.values[node][part]
 
     def mean(self, node: str | None = None, part: str | None = None):
@@ -82,19 +84,37 @@ class DirectionalResult:
         if node is None:
             return {n: self.mean(n) for n in self.values}
         if part is None:
-            return {p: self.mean(node, p) for p in self.values[node]} if node in self.values else self._get(node, "")
+            return (
+                {p: self.mean(node, p) for p in self.values[node]}
+                if node in self.values
+                else self._get(node, "")
+            )
         with np.errstate(invalid="ignore"):
             arr = self._get(node, part)
-            return np.nanmean(arr, axis=0) if np.isfinite(arr).any() else np.full(arr.shape[1:], np.nan)
+            return (
+                np.nanmean(arr, axis=0)
+                if np.isfinite(arr).any()
+                else np.full(arr.shape[1:], np.nan)
+            )
 
-    def interval(self, node: str, part: str = "full", *, n_resamples: int = 2000, level: float = 0.95,
-                 seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def interval(
+        self,
+        node: str,
+        part: str = "full",
+        *,
+        n_resamples: int = 2000,
+        level: float = 0.95,
+        seed: int = 0,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Percentile bootstrap interval of the mean over examples, ``(low, high)`` shaped
         ``dims[node][1:]``, seeded (same seed, same interval)."""
-        return bootstrap_mean_interval(self._get(node, part), n_resamples=n_resamples, level=level, seed=seed)
+        return bootstrap_mean_interval(
+            self._get(node, part), n_resamples=n_resamples, level=level, seed=seed
+        )
 
-    def to_frame(self, *, intervals: bool = True, n_resamples: int = 2000, level: float = 0.95,
-                 seed: int = 0) -> pd.DataFrame:
+    def to_frame(
+        self, *, intervals: bool = True, n_resamples: int = 2000, level: float = 0.95, seed: int = 0
+    ) -> pd.DataFrame:
         """One row per node: ``node_type``, ``layer``, ``pos``, ``head`` (``<NA>`` where the node type
         has no such axis), the mean of ``full`` / ``par`` / ``perp`` over examples, their bootstrap
         ``*_low`` / ``*_high`` (when ``intervals``), ``par_frac`` (mean share of the difference along
@@ -106,17 +126,24 @@ class DirectionalResult:
             grid = np.indices(shape).reshape(len(shape), -1)
             cols: dict[str, object] = {"node_type": node}
             for axis in ("layer", "pos", "head"):
-                cols[axis] = grid[names.index(axis)] if axis in names else np.full(grid.shape[1], -1)
+                cols[axis] = (
+                    grid[names.index(axis)] if axis in names else np.full(grid.shape[1], -1)
+                )
             for part in self.values[node]:
                 cols[part] = self.mean(node, part).reshape(-1)
                 if intervals:
-                    lo, hi = self.interval(node, part, n_resamples=n_resamples, level=level, seed=seed)
+                    lo, hi = self.interval(
+                        node, part, n_resamples=n_resamples, level=level, seed=seed
+                    )
                     cols[f"{part}_low"], cols[f"{part}_high"] = lo.reshape(-1), hi.reshape(-1)
             if node in self.par_frac:
                 with np.errstate(invalid="ignore"):
                     frac = self.par_frac[node]
-                    cols["par_frac"] = (np.nanmean(frac, axis=0) if np.isfinite(frac).any()
-                                        else np.full(shape, np.nan)).reshape(-1)
+                    cols["par_frac"] = (
+                        np.nanmean(frac, axis=0)
+                        if np.isfinite(frac).any()
+                        else np.full(shape, np.nan)
+                    ).reshape(-1)
             cols["random_share"] = self.random_share.get(node, np.nan)
             cols["n_examples"] = self.n_examples
             frames.append(pd.DataFrame(cols))
@@ -132,8 +159,12 @@ class DirectionalResult:
         """Heat map of the mean ``full`` / ``par`` / ``perp`` of one node type side by side (layer x
         position, or layer x head with ``reduce_pos="sum"`` for head / value nodes); see
         :func:`tl_directional.figures.directional.directional_heatmap`."""
-        return directional_heatmap(self.to_frame(intervals=False), node, reduce_pos=reduce_pos,
-                                   title=title or f"{self.kind}: {node}")
+        return directional_heatmap(
+            self.to_frame(intervals=False),
+            node,
+            reduce_pos=reduce_pos,
+            title=title or f"{self.kind}: {node}",
+        )
 
 
 __all__ = ["PARTS", "DirectionalResult", "ResultError"]
