@@ -321,3 +321,49 @@ def test_benchmark_record_is_registered_and_its_check_passes(gpt2):
     assert attribution_vs_transformer_lens(bench) == "timed" and len(calls) == 1
     assert bench.extra["check_max_abs_diff_vs_transformer_lens"] < 1e-6
     assert bench.extra["tl_nodes"] == ATTRIB_SEQ * (1 + gpt2.cfg.n_layers * (gpt2.cfg.n_heads + 1))
+
+
+def test_sandwich_norm_head_split_is_the_small_step_limit_of_the_normalised_write(tiny_model_dir):
+    """Gemma-3 normalises the attention write before the residual add. A head's residual-space
+    difference is what reaches the stream to first order: the post-norm change from moving the
+    pre-norm write (``ln1_post.hook_in``) by ``W_O[h]^T dz_h``, measured here by a central
+    difference; its part along ``resid_pre`` moved into the stream must give the ``par`` estimate."""
+    model = _float64(tiny_model_dir, "gemma3")
+    est = attribution_patch(model, CLEAN, CORRUPTED, metric, node_types=("head",))
+    _, clean = model.run_with_cache(CLEAN)
+    _, corr = model.run_with_cache(CORRUPTED)
+    L, h = 1, 1
+    dz = clean[f"blocks.{L}.attn.hook_z"][:, :, h] - corr[f"blocks.{L}.attn.hook_z"][:, :, h]
+    write = dz @ model.blocks[L].attn.W_O[h]
+    post = {}
+    for sign in (1, -1):
+        seen = {}
+
+        def move(t, hook, sign=sign):  # noqa: ARG001
+            return t + sign * STEP * write
+
+        def keep(t, hook, seen=seen):  # noqa: ARG001
+            seen["out"] = t.detach()
+            return t
+
+        model.run_with_hooks(
+            CORRUPTED,
+            fwd_hooks=[(f"blocks.{L}.ln1_post.hook_in", move), (f"blocks.{L}.hook_attn_out", keep)],
+        )
+        post[sign] = seen["out"]
+    stream = (post[1] - post[-1]) / (2 * STEP)  # J W_O[h]^T dz_h
+    x = corr[f"blocks.{L}.hook_resid_pre"]
+    par = (stream * x).sum(-1, keepdim=True) / (x * x).sum(-1, keepdim=True) * x
+    out = {}
+    for sign in (1, -1):
+
+        def add(t, hook, sign=sign):  # noqa: ARG001
+            return t + sign * STEP * par
+
+        out[sign] = metric(
+            model.run_with_hooks(CORRUPTED, fwd_hooks=[(f"blocks.{L}.hook_attn_out", add)])
+        )
+    got = ((out[1] - out[-1]) / (2 * STEP)).detach().numpy()
+    want = est.values["head"]["par"][:, L, :, h].sum(-1)
+    np.testing.assert_allclose(got, want, atol=2e-3 * max(1.0, np.abs(want).max()))
+    assert any("sandwich-norm" in n for n in est.notes)
