@@ -326,7 +326,7 @@ def test_benchmark_record_is_registered_and_its_check_passes(gpt2):
 def test_sandwich_norm_head_split_is_the_small_step_limit_of_the_normalised_write(tiny_model_dir):
     """Gemma-3 normalises the attention write before the residual add. A head's residual-space
     difference is what reaches the stream to first order: the post-norm change from moving the
-    pre-norm write (``ln1_post.hook_in``) by ``W_O[h]^T dz_h``, measured here by a central
+    pre-norm write by ``W_O[h]^T dz_h`` (through ``hook_z``), measured here by a central
     difference; its part along ``resid_pre`` moved into the stream must give the ``par`` estimate."""
     model = _float64(tiny_model_dir, "gemma3")
     est = attribution_patch(model, CLEAN, CORRUPTED, metric, node_types=("head",))
@@ -334,13 +334,14 @@ def test_sandwich_norm_head_split_is_the_small_step_limit_of_the_normalised_writ
     _, corr = model.run_with_cache(CORRUPTED)
     L, h = 1, 1
     dz = clean[f"blocks.{L}.attn.hook_z"][:, :, h] - corr[f"blocks.{L}.attn.hook_z"][:, :, h]
-    write = dz @ model.blocks[L].attn.W_O[h]
     post = {}
     for sign in (1, -1):
         seen = {}
 
-        def move(t, hook, sign=sign):  # noqa: ARG001
-            return t + sign * STEP * write
+        def move(z, hook, sign=sign):  # noqa: ARG001 - moves the pre-norm write by sign * STEP * write
+            z = z.clone()
+            z[:, :, h] = z[:, :, h] + sign * STEP * dz
+            return z
 
         def keep(t, hook, seen=seen):  # noqa: ARG001
             seen["out"] = t.detach()
@@ -348,7 +349,7 @@ def test_sandwich_norm_head_split_is_the_small_step_limit_of_the_normalised_writ
 
         model.run_with_hooks(
             CORRUPTED,
-            fwd_hooks=[(f"blocks.{L}.ln1_post.hook_in", move), (f"blocks.{L}.hook_attn_out", keep)],
+            fwd_hooks=[(f"blocks.{L}.attn.hook_z", move), (f"blocks.{L}.hook_attn_out", keep)],
         )
         post[sign] = seen["out"]
     stream = (post[1] - post[-1]) / (2 * STEP)  # J W_O[h]^T dz_h
