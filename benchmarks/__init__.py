@@ -12,6 +12,7 @@ Modules:
 * :mod:`benchmarks.planned`  records of features not built yet (sweep, train, compress);
   emitted as ``not_available`` until their module lands.
 * :mod:`benchmarks.patching` ``directional_patch`` against ``transformer_lens.patching``.
+* :mod:`benchmarks.attribution` ``attribution_patch`` against TransformerLens 4.3's ``attribution_patch``.
 * :mod:`benchmarks.memory`   peak-memory worker, one subprocess per corpus size.
 * :mod:`benchmarks.training` standalone training-step timing (:func:`step_time_ratio`).
 * :mod:`benchmarks.run`      the command line: settings, table, JSON.

@@ -83,6 +83,7 @@ from pathlib import Path
 
 import torch
 
+from . import attribution as _attribution  # noqa: F401
 from . import patching as _patching  # noqa: F401
 from . import peers as _peers  # noqa: F401
 from . import planned as _planned  # noqa: F401 - importing registers the records

@@ -21,6 +21,7 @@ from .compression.compressors import (
 )
 from .compression.ranking import ranking_overlap
 from .compression.weighted import prune_wanda_weighted
+from .core.bootstrap import bootstrap_mean_interval, random_subspace_share
 from .core.errors import TLDirectionalError
 from .core.geometry import (
     Decomposition,
@@ -42,8 +43,11 @@ from .edit import (
     hf,  # noqa: F401  the plain-transformers lane (install_edits, handles, the supported families)
     scales,
 )
+from .evaluate.attribution import AttributionError, attribution_hooks, attribution_patch
+from .evaluate.cache_input import PatchingInputError
 from .evaluate.patching import directional_patch, split_logit_attribution
 from .evaluate.random_scales import random_scales, random_setting
+from .evaluate.result import DirectionalResult
 from .evaluate.sweep import Setting, find_safe_scale, grid, sweep
 from .measure import Profile, profile
 from .measure.cache_hooks import required_hooks
@@ -100,6 +104,14 @@ __all__ = [
     "find_safe_scale",
     "directional_patch",
     "split_logit_attribution",
+    # evaluate: directional attribution patching and the one result type
+    "attribution_patch",
+    "attribution_hooks",
+    "DirectionalResult",
+    "AttributionError",
+    "PatchingInputError",
+    "bootstrap_mean_interval",
+    "random_subspace_share",
     # compress: compressors, their error geometry and the label-free gate
     "CompressionRecord",
     "CompressionResult",

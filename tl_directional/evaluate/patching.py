@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..core.bootstrap import random_subspace_share
 from ..core.components import ALL_COMPONENTS, check_components
 from ..core.geometry import DEFAULT_EPS, check_eps, decompose, patch_components
 from ..figures.patching import split_dla_figure  # the figure lives in the views; re-exported
@@ -35,8 +37,10 @@ from ..model.adapter import (
 )
 from ..model.indices import normalize_heads, normalize_layers
 from ..model.inputs import prepare_inputs, token_ids
-from ..model.sites import ModelSites, kv_head_index, resolve_sites
+from ..model.sites import ModelSites, expand_kv_heads, kv_head_index, resolve_sites
 from ..model.weights import final_norm_weight
+from .cache_input import cache_tensor, check_names_filter, is_cache
+from .result import DirectionalResult
 
 WHICH = ("par", "perp", "full")
 
@@ -74,6 +78,24 @@ def _scalar_metric(metric, logits) -> float:
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"metric must return a number or a 1-element tensor, got {type(value).__name__}") from None
+
+
+def _scalar_metric_array(metric, logits) -> np.ndarray:
+    """:func:`_scalar_metric` as a one-element float64 array (the tuple-returning call shape)."""
+    return np.array([_scalar_metric(metric, logits)])
+
+
+def _metric_array(metric, logits) -> np.ndarray:
+    """``metric(logits)`` as float64 ``[batch]`` (one number per sequence) or ``[1]`` (the batch's)."""
+    value = metric(logits)
+    if isinstance(value, Tensor):
+        if value.ndim > 1 or (value.ndim == 1 and value.shape[0] not in (1, logits.shape[0])):
+            raise ValueError(
+                f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number per "
+                f"sequence (shape [{logits.shape[0]}]) or one for the batch, e.g. "
+                "lambda logits: logits[:, -1, a] - logits[:, -1, b]")
+        return value.detach().double().cpu().reshape(-1).numpy()
+    return np.array([_scalar_metric(metric, logits)])
 
 
 def _patch_residual_hooks(unit, clean_update: Tensor, which: str, pos_mask: Tensor | None, eps: float):
@@ -160,14 +182,18 @@ def _masked(new: Tensor, old: Tensor, pos: int | None) -> Tensor:
     return out
 
 
-def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
     """``(update, reference)`` of residual unit ``c`` at layer ``L`` in a cached run."""
     if c in STREAM_COMPONENTS:
         x = cache[f"blocks.{L}.hook_resid_pre"]
         return x, x
     u = sites.units[c][L]
-    upd, ref = cache[u.update_hook], cache[u.reference_hook]
-    return (upd - ref if u.update_is_difference else upd), ref
+    upd = cache[u.update_hook]
+    if u.update_is_difference:
+        ref = cache[u.reference_hook]
+        return upd - ref, ref
+    # a cache of the clean run may hold the update alone (only the corrupted reference is read)
+    return upd, cache.get(u.reference_hook) if isinstance(cache, dict) else cache[u.reference_hook]
 
 
 def _is_identity(sites: ModelSites, c: str, L: int, v: _Variant, clean: dict, corr: dict, eps: float) -> bool:
@@ -246,7 +272,7 @@ def directional_patch(
     model,
     clean,
     corrupted,
-    metric: Callable[[Float[Tensor, "batch pos vocab"]], Tensor | float],
+    metric: Callable[[Float[Tensor, "batch pos vocab"]], float | Tensor],
     *,
     components: Sequence[str] = ("attn", "mlp", "value"),
     layers=None,
@@ -257,7 +283,9 @@ def directional_patch(
     progress: bool = False,
     which: str | Sequence[str] = WHICH,
     batch_size: int | None = None,
-) -> tuple[dict[str, dict[str, Tensor]], pd.DataFrame]:
+    names_filter=None,
+    result: bool = False,
+):
     """Patch parallel-only, perpendicular-only and full updates from ``clean`` into ``corrupted``.
 
     For each component (``attn``, ``mlp``, ``block`` in residual space; ``value`` per
@@ -281,9 +309,21 @@ def directional_patch(
     run, and gets its metric without a forward. Results equal patching one full forward
     at a time to float tolerance (not bitwise: stacked matrix products round differently).
 
+    Two call shapes: ``directional_patch(model, clean, corrupted, metric)`` and
+    TransformerLens's patching shape ``directional_patch(model, corrupted_tokens, clean_cache,
+    metric)``, where ``clean_cache`` is a cache of the clean run (``model.run_with_cache(clean,
+    names_filter=...)``, any mapping) holding the hooks the patches read (a missing one is an
+    error naming it); the clean forward is then skipped and the clean metric is NaN.
+
     Args:
         clean, corrupted: inputs of identical token shape (strings or token tensors).
-        metric: ``logits -> scalar`` (e.g. a logit difference).
+        metric: ``logits -> scalar`` (e.g. a logit difference); with ``result=True`` it may
+            also return one number per sequence (shape ``[batch]``): per-example values.
+        names_filter: the hook points the library may cache, as in ``run_with_cache`` (a name,
+            a list, or a predicate); one that drops a hook a requested patch reads is an error.
+        result: return a :class:`~tl_directional.evaluate.result.DirectionalResult` (effects
+            per example, means, bootstrap intervals, ``to_frame()``, ``figure()``) instead of
+            ``(results, table)``.
         per_position: patch one position at a time (results gain a ``pos`` axis).
         which: the patches to run, any of ``"par"``, ``"perp"``, ``"full"`` (default all
             three; ``par_plus_perp_minus_full`` is reported only with all three).
@@ -297,63 +337,52 @@ def directional_patch(
         has one row per patch with ``metric``, plus the clean and corrupted baselines
         and ``par_plus_perp_minus_full`` (the interaction, reported not assumed zero).
     """
+    clean_cache = None
+    if is_cache(corrupted):  # TransformerLens shape: (model, corrupted_tokens, clean_cache, metric)
+        clean_cache, corrupted, clean = corrupted, clean, None
     which = _check_which(which)
     batch_size = _check_batch_size(batch_size)
     eps = check_eps(eps)
     sites = resolve_sites(model)
-    c_batch = prepare_inputs(model, clean, attention_mask, argument="clean")
     x_batch = prepare_inputs(model, corrupted, attention_mask, argument="corrupted")
-    if c_batch.tokens.shape != x_batch.tokens.shape or not torch.equal(c_batch.attention_mask, x_batch.attention_mask):
-        raise ValueError(
-            f"clean and corrupted must have the same token shape and padding, got {tuple(c_batch.tokens.shape)} "
-            f"and {tuple(x_batch.tokens.shape)}; pad or choose prompts of equal token length"
-        )
     components = check_components(components, sites.components + ("value",) + STREAM_COMPONENTS,
                                   allowed=ALL_COMPONENTS + STREAM_COMPONENTS, arch=sites.arch)
     layer_list = normalize_layers(layers, sites.n_layers)
     head_list = normalize_heads(heads, sites.n_heads) or list(range(sites.n_heads))
+    clean_names, names = _patch_hook_names(sites, components, layer_list)
+    check_names_filter(names_filter, {"directional_patch": names},
+                       "directional_patch caches hook_resid_pre and the patched units' update, reference, z and v hooks")
+    metric_values = _metric_array if result else _scalar_metric_array
     device = device_of(model)
-    ct, am = c_batch.tokens.to(device), c_batch.attention_mask.to(device)
-    xt = x_batch.tokens.to(device)
-    b, n_pos = ct.shape
-
-    names = set()
-    for L in layer_list:
-        names.add(f"blocks.{L}.hook_resid_pre")
-        for c in components:
-            if c == "value":
-                names |= {sites.value[L].z_hook, sites.value[L].v_hook}
-            elif c not in STREAM_COMPONENTS:
-                u = sites.units[c][L]
-                names |= {u.update_hook, u.reference_hook}
-    # Each run's logits are reduced to the metric at once and dropped, so at most one
-    # [batch, pos, vocab] tensor per stacked forward is alive at a time (Gemma-3: 262k vocabulary).
-    clean_logits, clean_cache = capture(model, ct, names, attention_mask=am, clone=True, logits=True)
-    clean_metric = _scalar_metric(metric, clean_logits)
-    del clean_logits
+    xt, am = x_batch.tokens.to(device), x_batch.attention_mask.to(device)
+    if clean_cache is None:
+        c_batch = prepare_inputs(model, clean, attention_mask, argument="clean")
+        if c_batch.tokens.shape != x_batch.tokens.shape or not torch.equal(c_batch.attention_mask, x_batch.attention_mask):
+            raise ValueError(
+                f"clean and corrupted must have the same token shape and padding, got {tuple(c_batch.tokens.shape)} "
+                f"and {tuple(x_batch.tokens.shape)}; pad or choose prompts of equal token length"
+            )
+        # Each run's logits are reduced to the metric at once and dropped, so at most one
+        # [batch, pos, vocab] tensor per stacked forward is alive at a time (Gemma-3: 262k vocabulary).
+        clean_logits, clean_store = capture(model, c_batch.tokens.to(device), names,
+                                            attention_mask=c_batch.attention_mask.to(device), clone=True, logits=True)
+        clean_metric = metric_values(metric, clean_logits)
+        del clean_logits
+    else:
+        clean_store = _clean_from_cache(clean_cache, clean_names, tuple(xt.shape), device)
+        clean_metric = None
     corr_cache: dict[str, Tensor] = {}
     with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(names, corr_cache, clone=True)):
         corr_logits, block0 = forward_recording_block_input(model, xt, am, 0)
-    corrupted_metric = _scalar_metric(metric, corr_logits)
+    corrupted_metric = metric_values(metric, corr_logits)
+    if clean_metric is None:
+        clean_metric = np.full_like(corrupted_metric, np.nan)
     d_vocab = int(corr_logits.shape[-1])
     del corr_logits
+    b, n_pos = xt.shape
     k_max = batch_size or _auto_batch_size(b, n_pos, d_vocab)
 
-    positions = list(range(n_pos)) if per_position else [None]
-    results: dict[str, dict[str, Tensor]] = {}
-    # variants per (component, layer), in the table's order
-    work: list[tuple[str, int, list[_Variant]]] = []
-    for c in components:
-        if c == "value":
-            shape = (sites.n_layers, n_pos, sites.n_heads) if per_position else (sites.n_layers, sites.n_heads)
-        else:
-            shape = (sites.n_layers, n_pos) if per_position else (sites.n_layers,)
-        results[c] = {w: torch.full(shape, float("nan")) for w in which}
-        for L in layer_list:
-            variants = [_Variant(w, p, h) for p in positions for h in (head_list if c == "value" else [None])
-                        for w in which]
-            work.append((c, L, variants))
-
+    work = _plan(sites, components, layer_list, head_list, which, n_pos if per_position else None)
     iterator = work
     if progress:
         from tqdm.auto import tqdm
@@ -363,19 +392,64 @@ def directional_patch(
         for c, L, variants in iterator:
             todo = []
             for v in variants:
-                if _is_identity(sites, c, L, v, clean_cache, corr_cache, eps):
+                if _is_identity(sites, c, L, v, clean_store, corr_cache, eps):
                     v.value = corrupted_metric
                 else:
                     todo.append(v)
             for start in range(0, len(todo), k_max):
-                _run_chunk(model, sites, c, L, todo[start:start + k_max], clean_cache, corr_cache,
-                           block0, xt, am, metric, eps)
+                _run_chunk(model, sites, c, L, todo[start:start + k_max], clean_store, corr_cache,
+                           block0, xt, am, metric_values, metric, eps)
+    if result:
+        return _as_result(sites, work, components, which, n_pos if per_position else None, clean_store,
+                          corr_cache, clean_metric, corrupted_metric, clean_cache is not None, eps)
+    return _as_tables(sites, work, components, which, n_pos if per_position else None,
+                      float(clean_metric[0]), float(corrupted_metric[0]))
 
+
+def _patch_hook_names(sites: ModelSites, components, layer_list) -> tuple[set[str], set[str]]:
+    """``(clean, all)``: the hook points whose clean activations the patches read, and every hook
+    point the two cached runs keep."""
+    clean, names = set(), set()
+    for L in layer_list:
+        names.add(f"blocks.{L}.hook_resid_pre")
+        for c in components:
+            if c == "value":
+                names |= {sites.value[L].z_hook, sites.value[L].v_hook}
+                clean.add(sites.value[L].z_hook)
+            elif c in STREAM_COMPONENTS:
+                clean.add(f"blocks.{L}.hook_resid_pre")
+            else:
+                u = sites.units[c][L]
+                names |= {u.update_hook, u.reference_hook}
+                clean |= {u.update_hook, u.reference_hook} if u.update_is_difference else {u.update_hook}
+    return clean, names
+
+
+def _plan(sites: ModelSites, components, layer_list, head_list, which, n_pos: int | None):
+    """The patched runs per (component, layer), in the table's order."""
+    positions = list(range(n_pos)) if n_pos is not None else [None]
+    work: list[tuple[str, int, list[_Variant]]] = []
+    for c in components:
+        for L in layer_list:
+            variants = [_Variant(w, p, h) for p in positions for h in (head_list if c == "value" else [None])
+                        for w in which]
+            work.append((c, L, variants))
+    return work
+
+
+def _shape(sites: ModelSites, c: str, n_pos: int | None) -> tuple[int, ...]:
+    return (sites.n_layers,) + ((n_pos,) if n_pos is not None else ()) + ((sites.n_heads,) if c == "value" else ())
+
+
+def _as_tables(sites: ModelSites, work, components, which, n_pos: int | None, clean_metric: float,
+               corrupted_metric: float) -> tuple[dict[str, dict[str, Tensor]], pd.DataFrame]:
+    """``(results, table)``: tensors shaped like TransformerLens patching results and the tidy table."""
+    results = {c: {w: torch.full(_shape(sites, c, n_pos), float("nan")) for w in which} for c in components}
     rows = []
     for c, L, variants in work:
         by_key: dict[tuple, dict[str, float]] = {}
         for v in variants:
-            by_key.setdefault((v.pos, v.head), {})[v.which] = v.value
+            by_key.setdefault((v.pos, v.head), {})[v.which] = float(v.value[0])
         for (p, h), values in by_key.items():
             idx = (L,) + ((p,) if p is not None else ()) + ((h,) if h is not None else ())
             for w, val in values.items():
@@ -394,8 +468,55 @@ def directional_patch(
     return results, table
 
 
+def _as_result(sites: ModelSites, work, components, which, n_pos: int | None, clean: dict, corr: dict,
+               clean_metric: np.ndarray, corrupted_metric: np.ndarray, from_cache: bool,
+               eps: float) -> DirectionalResult:
+    """The patched runs as a :class:`DirectionalResult`: effects (metric minus the corrupted
+    metric) per example, and each difference's share along its reference."""
+    n_ex = corrupted_metric.shape[0]
+    values = {c: {w: np.full((n_ex,) + _shape(sites, c, n_pos), np.nan) for w in which} for c in components}
+    fracs = {c: np.full((n_ex,) + _shape(sites, c, n_pos), np.nan) for c in components}
+    for c, L, variants in work:
+        frac = _difference_share(sites, c, L, clean, corr, eps)  # [batch, pos(, head)]
+        for v in variants:
+            idx = (slice(None), L) + ((v.pos,) if v.pos is not None else ()) + ((v.head,) if v.head is not None else ())
+            values[c][v.which][idx] = v.value - corrupted_metric
+            f = frac if v.head is None else frac[..., v.head]
+            f = f.mean(-1) if v.pos is None else f[:, v.pos]
+            fracs[c][idx] = f if n_ex == f.shape[0] else f.mean()
+    dims = {c: ("example", "layer") + (("pos",) if n_pos is not None else ()) + (("head",) if c == "value" else ())
+            for c in components}
+    return DirectionalResult(
+        kind="patch", values=values, dims=dims, par_frac=fracs,
+        random_share={c: random_subspace_share(sites.d_head if c == "value" else sites.d_model) for c in components},
+        clean_metric=clean_metric, corrupted_metric=corrupted_metric,
+        notes=("clean activations from clean_cache: the clean metric is not known (NaN).",) if from_cache else (),
+    )
+
+
+def _difference_share(sites: ModelSites, c: str, L: int, clean: dict, corr: dict, eps: float) -> np.ndarray:
+    """``|cos(u_clean - u_corrupt, r)|`` per sequence and position (and head), ``r`` the corrupted
+    reference: the share of the patched difference along the reference."""
+    if c == "value":
+        vs = sites.value[L]
+        z = corr[vs.z_hook]
+        delta = clean[vs.z_hook].to(z.device) - z
+        ref = expand_kv_heads(corr[vs.v_hook], sites.n_heads)
+    else:
+        upd_x, ref = _unit_tensors(sites, c, L, corr)
+        upd_c, _ = _unit_tensors(sites, c, L, clean)
+        delta = upd_c.to(upd_x.device) - upd_x
+    return decompose(delta, ref, eps).par_frac.double().cpu().numpy()
+
+
+def _clean_from_cache(cache, names, shape: tuple[int, int], device) -> dict[str, Tensor]:
+    """The hooks ``names`` of a user's clean cache, checked (present, of the corrupted run's shape)."""
+    hint = f"model.run_with_cache(clean_tokens, names_filter=lambda n: n in {sorted(names)!r})"
+    return {n: cache_tensor(cache, n, shape, "clean_cache", hint).detach().to(device) for n in sorted(names)}
+
+
 def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[_Variant], clean: dict, corr: dict,
-               block0: BlockInput, xt: Tensor, am: Tensor, metric, eps: float) -> None:
+               block0: BlockInput, xt: Tensor, am: Tensor, metric_values, metric, eps: float) -> None:
     """One forward from block ``L`` of ``len(chunk)`` stacked patched copies of the corrupted
     batch; stores each copy's metric in its variant."""
     k, b = len(chunk), xt.shape[0]
@@ -418,7 +539,7 @@ def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[_Variant], 
     with from_block(model, BlockInput(L, stacked, block0.output_form)) as run, model.hooks(fwd_hooks=hooks):
         logits = run(tokens, mask)
     for i, v in enumerate(chunk):
-        v.value = _scalar_metric(metric, logits[i * b:(i + 1) * b])
+        v.value = metric_values(metric, logits[i * b:(i + 1) * b])
     del logits
 
 

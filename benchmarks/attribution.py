@@ -1,0 +1,116 @@
+"""Directional attribution patching against TransformerLens's own ``attribution_patch``.
+
+``attribution_vs_transformer_lens``: :func:`tl_directional.attribution_patch` over every node type
+(``resid``, ``attn``, ``mlp``, ``head``, ``value``, each split into parallel and perpendicular
+parts) / ``transformer_lens.tools.analysis.attribution_patching.attribution_patch`` at node
+granularity (embed, heads, MLPs; no split) on the same prompt pairs and metric. Equal node scores
+are checked (the full estimate of heads and MLPs, and ``resid`` at layer 0 for TL's embed node).
+
+The pairs: the first :data:`ATTRIB_PAIRS` rows of the setting's tokens cut to :data:`ATTRIB_SEQ`
+tokens (clean) and the same rows with the token at ``ATTRIB_SEQ // 2`` replaced (corrupted); the
+metric is the last position's logit difference between two fixed tokens. TransformerLens runs one
+pair at a time (two forwards and one backward each); tl_directional runs the pairs as one batch.
+The target is the issue's: at most 1.2x TransformerLens's time, although it also computes the split.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from .registry import Bench, NotAvailable, register
+
+#: Prompt pairs and tokens per prompt.
+ATTRIB_PAIRS = 4
+ATTRIB_SEQ = 16
+
+
+def _pairs(model, tokens: torch.Tensor):
+    clean = tokens[:ATTRIB_PAIRS, :ATTRIB_SEQ].clone()
+    corrupted = clean.clone()
+    pos = clean.shape[1] // 2
+    corrupted[:, pos] = (corrupted[:, pos] + 1) % int(model.cfg.d_vocab)
+    a, b = 1, 2
+
+    def metric(logits):  # one number per pair
+        return logits[:, -1, a] - logits[:, -1, b]
+
+    return clean, corrupted, metric
+
+
+@register(
+    "attribution_vs_transformer_lens",
+    target=1.2,
+    op="<=",
+    precision=0.10,
+    primary_only=True,
+    floor_pairs=3,
+    baseline="transformer_lens.tools.analysis.attribution_patching.attribution_patch(model, clean, corrupt, "
+    "metric_fn): node granularity, two forwards and one backward per pair, no split",
+    candidate="tl_directional.attribution_patch(model, clean, corrupted, metric): every node type split into "
+    "parallel and perpendicular parts, two forwards and one backward per batch of pairs",
+)
+def attribution_vs_transformer_lens(bench: Bench):
+    """Attribution patching of every node of a few prompt pairs: ``attribution_patch`` (split) /
+    TransformerLens's ``attribution_patch`` (unsplit), equal full estimates checked."""
+    try:
+        tl_ap = importlib.import_module("transformer_lens.tools.analysis.attribution_patching")
+    except ImportError as exc:
+        raise NotAvailable(
+            f"TransformerLens has no attribution_patching here (needs 4.3): {exc}"
+        ) from None
+    from tl_directional.evaluate.attribution import attribution_patch
+    from tl_directional.model.sites import resolve_sites
+
+    model = bench.model
+    sites = resolve_sites(model, warn=False)
+    if not sites.causal:
+        raise NotAvailable(
+            f"{sites.model_name} is not a causal LM: the metric is a next-token logit difference"
+        )
+    tokens = bench.inputs.tokens.to(bench.device)
+    if tokens.shape[1] < ATTRIB_SEQ:
+        raise NotAvailable(f"the setting's sequences are shorter than {ATTRIB_SEQ} tokens")
+    clean, corrupted, metric = _pairs(model, tokens)
+
+    def base():
+        return tl_ap.attribution_patch(model, clean, corrupted, lambda logits: metric(logits)[0])
+
+    def run():
+        return attribution_patch(model, clean, corrupted, metric)
+
+    if bench.check:
+        want, got = base(), run()
+        head, mlp, resid = (
+            got.mean("head", "full"),
+            got.mean("mlp", "full"),
+            got.mean("resid", "full"),
+        )
+        diff = 0.0
+        for node, score in want.node_scores.items():
+            if node.kind == "attn_head_out":
+                ours = head[node.layer, node.position, node.head]
+            elif node.kind == "mlp_out":
+                ours = mlp[node.layer, node.position]
+            else:
+                ours = resid[0, node.position]
+            diff = max(diff, abs(float(ours) - score))
+        scale = max(1.0, max(abs(s) for s in want.node_scores.values()))
+        if not diff <= 1e-4 * scale:
+            raise AssertionError(
+                f"attribution_patch's full estimate differs from TransformerLens's by {diff:g}"
+            )
+        bench.extra.update(
+            {
+                "check_max_abs_diff_vs_transformer_lens": diff,
+                "pairs": int(clean.shape[0]),
+                "prompt_tokens": int(clean.shape[1]),
+                "tl_nodes": len(want.node_scores),
+                "node_types": list(got.node_types),
+            }
+        )
+    return bench.measure(base, run)
+
+
+__all__ = ["ATTRIB_PAIRS", "ATTRIB_SEQ", "attribution_vs_transformer_lens"]

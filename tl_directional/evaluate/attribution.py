@@ -1,0 +1,546 @@
+"""Directional attribution patching: the first-order patching estimate of every node, split.
+
+For a clean run and a corrupted run of the same token shape, the attribution estimate of patching
+node ``a`` from corrupted to clean is ``(a_clean - a_corrupt) . g`` with ``g = d metric / d a`` at
+the corrupted run (TransformerLens's denoising convention). The difference ``delta = a_clean -
+a_corrupt`` is split against the node's reference ``r`` read in the corrupted run (METHOD.md
+sec. 5, the reference of directional activation patching):
+
+    par  = (delta . r)(r . g) / ||r||^2        the estimate of the parallel-only patch
+    perp = full - par                          the estimate of the perpendicular-only patch
+
+computed in float64, so ``par + perp == full`` to float64 rounding for every node and example.
+In the small-step limit these are the derivatives of :func:`~tl_directional.directional_patch`'s
+parallel-only and perpendicular-only patches along the straight line from corrupted to patched.
+
+Nodes (``node_types``), each per layer and position:
+
+* ``resid``: the residual stream entering the block (``hook_resid_pre``), reference itself;
+* ``attn`` / ``mlp``: the sub-layer's update (the tensor added to the stream; on sandwich-norm
+  models the *normalised* write) against the stream it is added to (METHOD.md sec. 2);
+* ``head``: one head's ``hook_z`` contribution in residual coordinates, ``W_O[h]^T dz_h`` (on
+  sandwich-norm models pushed through the post-attention norm linearised at the corrupted run,
+  ``J W_O[h]^T dz_h``, which is what reaches the stream to first order), split against
+  ``hook_resid_pre`` with the gradient at the attention update; ``full`` is ``dz_h . g_z``, the
+  node score of TransformerLens's ``attribution_patch``;
+* ``value``: the same ``hook_z`` difference in value space, split against the token's own value
+  vector ``v_t`` (grouped-query attention: the KV head the query head reads), gradient at
+  ``hook_z``.
+
+Cost: two forwards and one backward per batch of pairs, whatever the number of nodes (one
+forward and one backward when the clean activations come from a cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from ..core.bootstrap import random_subspace_share
+from ..core.geometry import DEFAULT_EPS, check_eps
+from ..model.adapter import capture_hooks, device_of
+from ..model.inputs import prepare_inputs
+from ..model.sites import ModelSites, expand_kv_heads, is_sandwich_norm, resolve_sites
+from ..model.weights import attention_output_weights
+from .cache_input import PatchingInputError, cache_tensor, check_names_filter, is_cache
+from .result import DirectionalResult
+
+_CACHE_HINT = (
+    "model.run_with_cache(clean_tokens, names_filter=tl_directional.attribution_hooks(model, "
+    "node_types))"
+)
+
+#: The node types :func:`attribution_patch` scores, in the order of its result.
+NODE_TYPES = ("resid", "attn", "mlp", "head", "value")
+
+
+class AttributionError(PatchingInputError):
+    """Attribution patching was called with inputs it cannot score (see the message for the fix)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# which hook points a node type reads
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_node_types(node_types) -> tuple[str, ...]:
+    if isinstance(node_types, str):
+        node_types = (node_types,)
+    try:
+        out = tuple(dict.fromkeys(node_types))
+    except TypeError:
+        raise AttributionError(
+            f"node_types must be a sequence of {NODE_TYPES}, got {node_types!r}"
+        ) from None
+    bad = [n for n in out if n not in NODE_TYPES]
+    if bad or not out:
+        raise AttributionError(
+            f"node_types={node_types!r} has unknown or no entries {bad}; choose from {NODE_TYPES}"
+        )
+    return out
+
+
+def _clean_hooks(sites: ModelSites, node_types: Sequence[str]) -> dict[str, list[str]]:
+    """Per node type, the hook points whose *clean* activations the estimate needs."""
+    out: dict[str, list[str]] = {}
+    for n in node_types:
+        names: list[str] = []
+        for L in range(sites.n_layers):
+            if n == "resid":
+                names.append(f"blocks.{L}.hook_resid_pre")
+            elif n in ("attn", "mlp"):
+                names.append(sites.units[n][L].update_hook)
+            else:
+                names.append(sites.value[L].z_hook)
+        out[n] = names
+    return out
+
+
+def attribution_hooks(model, node_types: Sequence[str] = NODE_TYPES) -> list[str]:
+    """The hook points a clean cache must hold for :func:`attribution_patch`'s ``node_types``: pass
+    them as ``names_filter`` to ``model.run_with_cache(clean_tokens, names_filter=...)`` to cache
+    only those (``hook_resid_pre``, the attention / MLP update hooks, ``attn.hook_z``)."""
+    sites = resolve_sites(model, warn=False)
+    names = _clean_hooks(sites, _check_node_types(node_types))
+    return sorted({h for hs in names.values() for h in hs})
+
+
+def _check_eval_mode(model) -> None:
+    training = [n for n, m in model.named_modules() if m.training]
+    if training:
+        raise AttributionError(
+            f"model is in training mode ({training[0] or 'the model itself'} and {len(training) - 1} more "
+            "modules): dropout would make the clean and corrupted runs differ by chance; call model.eval()"
+        )
+
+
+def _metric_vector(metric, logits: Tensor, batch: int) -> Tensor:
+    """The metric as a differentiable ``[batch]`` tensor (per pair) or a 0-d tensor (the batch's)."""
+    value = metric(logits)
+    if not isinstance(value, Tensor):
+        raise AttributionError(
+            f"metric must return a tensor computed from the logits (one number per pair, shape [batch], or "
+            f"one for the batch), got {type(value).__name__}; e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]"
+        )
+    if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != batch):
+        raise AttributionError(
+            f"metric returned shape {tuple(value.shape)}; it must return shape [batch] (={batch}, one number "
+            "per pair) or a scalar, e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]"
+        )
+    if not value.requires_grad:
+        raise AttributionError(
+            "metric has no gradient with respect to the logits (it returned a tensor that does not require "
+            "grad: detached, built from .item(), or computed under torch.no_grad()); build it from the "
+            "logits tensor with torch operations"
+        )
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# the split of one dot product
+# ---------------------------------------------------------------------------------------------
+
+
+def split_dot(
+    delta: Float[Tensor, "*lead d"],
+    reference: Float[Tensor, "*lead d"],
+    grad: Float[Tensor, "*lead d"],
+    eps: float = DEFAULT_EPS,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(full, par, perp, par_frac)`` of the estimate ``delta . grad`` against ``reference``, in
+    float64, each shaped ``lead``: ``par = (delta . r)(r . g) / ||r||^2``, ``perp = full - par``,
+    ``par_frac = |cos(delta, r)|`` (the share of the difference along ``r``). A reference with
+    ``||r||^2 <= eps`` (or a zero difference) is degenerate: ``par = 0``, ``par_frac = 0``."""
+    d, r, g = delta.double(), reference.double(), grad.double()
+    full = (d * g).sum(-1)
+    rr = (r * r).sum(-1)
+    dd = (d * d).sum(-1)
+    dr = (d * r).sum(-1)
+    ok = (rr > eps) & (dd > eps)
+    safe = torch.where(ok, rr, torch.ones_like(rr))
+    par = torch.where(ok, dr * (r * g).sum(-1) / safe, torch.zeros_like(full))
+    frac = torch.where(
+        ok,
+        dr.abs() / torch.sqrt(safe * torch.where(ok, dd, torch.ones_like(dd))),
+        torch.zeros_like(full),
+    )
+    return full, par, full - par, frac
+
+
+# ---------------------------------------------------------------------------------------------
+# the corrupted run: activations and gradients in one forward and one backward
+# ---------------------------------------------------------------------------------------------
+
+
+def _forward_backward(
+    model, tokens: Tensor, mask: Tensor, act_names: set[str], grad_names: set[str], metric
+):
+    """One forward of ``tokens`` keeping ``act_names`` (detached copies) and one backward of the
+    metric's sum keeping ``d metric / d a`` at ``grad_names``. Returns ``(metric, acts, grads)``."""
+    acts: dict[str, Tensor] = {}
+    live: dict[str, Tensor] = {}
+    grads: dict[str, Tensor] = {}
+
+    def fwd(name):
+        def hook(t, hook):  # noqa: ARG001 - TL hook signature
+            acts[name] = t.detach().clone()
+            if name in grad_names or name == first:
+                live[name] = t
+            return t
+
+        return hook
+
+    def bwd(name):
+        def hook(g, hook):  # noqa: ARG001
+            if isinstance(g, Tensor):
+                grads[name] = g.detach().clone()
+
+        return hook
+
+    # the first stream is always a backward input, so the backward runs through every layer
+    first = "blocks.0.hook_resid_pre"
+    names = sorted(act_names | grad_names | {first})
+    with (
+        torch.enable_grad(),
+        model.hooks(
+            fwd_hooks=[(n, fwd(n)) for n in names],
+            bwd_hooks=[(n, bwd(n)) for n in sorted(grad_names)],
+        ),
+    ):
+        logits = model(tokens, attention_mask=mask)
+        value = _metric_vector(metric, logits, tokens.shape[0])
+        inputs = [n for n in sorted(live) if live[n].requires_grad]
+        returned = torch.autograd.grad(value.sum(), [live[n] for n in inputs], allow_unused=True)
+    # the most upstream point's backward hook need not fire (nothing requested lies above it);
+    # its gradient is what autograd.grad returned for it
+    for n, g in zip(inputs, returned, strict=True):
+        if n in grad_names and n not in grads and g is not None:
+            grads[n] = g.detach().clone()
+    missing = sorted(grad_names - set(grads))
+    if missing:
+        raise AttributionError(
+            f"no gradient reached {missing[:3]}: the metric does not depend on them "
+            "(check that metric reads the logits of the corrupted run)"
+        )
+    return value.detach(), acts, grads
+
+
+# ---------------------------------------------------------------------------------------------
+# sandwich norms: what one head's write becomes after the post-attention norm, to first order
+# ---------------------------------------------------------------------------------------------
+
+
+def _post_attention_norm(model, layer: int):
+    norm = getattr(model.blocks[layer], "ln1_post", None)
+    if norm is None:
+        raise AttributionError(
+            f"model is a sandwich-norm model but block {layer} has no ln1_post module; the head nodes "
+            "need the post-attention norm (leave 'head' out of node_types)"
+        )
+    return norm
+
+
+def _linearised_norm(model, layer: int, pre: Tensor, vectors: Tensor) -> Tensor:
+    """``J vectors``: the post-attention norm's Jacobian at the corrupted pre-norm write ``pre``
+    (``[b, p, d]``) applied to ``vectors`` (``[b, p, h, d]``), by a double backward (a local
+    Jacobian-vector product through one norm, no model forward)."""
+    norm = _post_attention_norm(model, layer)
+    with torch.enable_grad():
+        dtype = next((p.dtype for p in norm.parameters()), pre.dtype)
+        y = (
+            pre.detach()
+            .to(dtype)
+            .unsqueeze(2)
+            .expand(*vectors.shape[:3], pre.shape[-1])
+            .contiguous()
+            .requires_grad_(True)
+        )
+        out = norm(y)
+        u = torch.zeros_like(out, requires_grad=True)
+        (vjp,) = torch.autograd.grad(out, y, grad_outputs=u, create_graph=True)
+        (jvp,) = torch.autograd.grad(vjp, u, grad_outputs=vectors.to(vjp.dtype))
+    return jvp.detach()
+
+
+# ---------------------------------------------------------------------------------------------
+# the public function
+# ---------------------------------------------------------------------------------------------
+
+
+def attribution_patch(
+    model,
+    clean_tokens,
+    corrupted_tokens=None,
+    metric: Callable[[Tensor], Tensor] | None = None,
+    *,
+    clean_cache: Mapping[str, Tensor] | None = None,
+    node_types: Sequence[str] = NODE_TYPES,
+    names_filter: Any = None,
+    batch_size: int | None = None,
+    attention_mask: Tensor | None = None,
+    eps: float = DEFAULT_EPS,
+) -> DirectionalResult:
+    """First-order (attribution) patching estimate of every node, split into the part along the
+    node's reference and the part perpendicular to it (module docstring; METHOD.md sec. 5).
+
+    Two call shapes:
+
+    * ``attribution_patch(model, clean_tokens, corrupted_tokens, metric)``;
+    * TransformerLens's patching shape ``attribution_patch(model, corrupted_tokens, clean_cache,
+      metric)``, with ``clean_cache`` from ``model.run_with_cache(clean_tokens, names_filter=
+      tl_directional.attribution_hooks(model))`` (or any mapping holding those hooks); the clean
+      forward is then skipped.
+
+    Args:
+        clean_tokens, corrupted_tokens: ``[batch, pos]`` token ids (or texts) of equal shape; row
+            ``i`` of each is pair ``i``.
+        metric: ``logits [batch, pos, vocab] -> [batch]`` (one number per pair; per-example values
+            in the result) or a scalar (the batch's metric: each row then holds that pair's share
+            of the batch's estimate). It must be differentiable in the logits.
+        node_types: any of :data:`NODE_TYPES`.
+        names_filter: the hook points the library may cache, as in ``run_with_cache`` (a name, a
+            list, or a predicate); one that drops a hook a requested node reads is an error.
+        batch_size: pairs per forward/backward (default: all at once).
+        attention_mask: ``[batch, pos]`` padding mask, shared by both runs.
+        eps: degenerate threshold on squared norms (METHOD.md sec. 1).
+
+    Returns:
+        A :class:`~tl_directional.evaluate.result.DirectionalResult` of kind ``"attribution"``:
+        ``values[node][which]`` with ``which`` in ``("full", "par", "perp")``, float64 arrays
+        ``[example, layer, pos]`` (``head`` / ``value``: ``[example, layer, pos, head]``), and
+        ``par_frac[node]`` (the share ``|cos(delta, r)|`` of each difference along its reference)
+        with ``random_share[node]``, what a random line of that space carries.
+
+    Raises:
+        AttributionError: unequal shapes, a model in training mode, a non-scalar / non-[batch] or
+            gradient-free metric, a cache missing a needed hook, a ``names_filter`` that drops one.
+    """
+    if is_cache(
+        corrupted_tokens
+    ):  # TransformerLens shape: (model, corrupted_tokens, clean_cache, metric)
+        if clean_cache is not None:
+            raise AttributionError(
+                "clean_cache was given twice (positionally and by keyword); pass it once"
+            )
+        clean_cache, corrupted_tokens, clean_tokens = corrupted_tokens, clean_tokens, None
+    if corrupted_tokens is None:
+        raise AttributionError(
+            "corrupted_tokens is missing; call attribution_patch(model, clean_tokens, "
+            "corrupted_tokens, metric) or attribution_patch(model, corrupted_tokens, clean_cache, metric)"
+        )
+    if metric is None or not callable(metric):
+        raise AttributionError(
+            f"metric must be a function logits -> [batch] tensor, got {metric!r}"
+        )
+    node_types = _check_node_types(node_types)
+    eps = check_eps(eps)
+    _check_eval_mode(model)
+    sites = resolve_sites(model, warn=False)
+    sandwich = is_sandwich_norm(model)
+    needed = _clean_hooks(sites, node_types)
+    check_names_filter(
+        names_filter,
+        needed,
+        f"tl_directional.attribution_hooks(model, {list(node_types)!r}) lists them",
+    )
+    x_batch = prepare_inputs(model, corrupted_tokens, attention_mask, argument="corrupted_tokens")
+    device = device_of(model)
+    xt, am = x_batch.tokens.to(device), x_batch.attention_mask.to(device)
+    b, n_pos = xt.shape
+    if clean_cache is None:
+        c_batch = prepare_inputs(model, clean_tokens, attention_mask, argument="clean_tokens")
+        if c_batch.tokens.shape != x_batch.tokens.shape:
+            raise AttributionError(
+                f"clean_tokens and corrupted_tokens must have the same [batch, pos] shape, got "
+                f"{tuple(c_batch.tokens.shape)} and {tuple(x_batch.tokens.shape)}; pad or pick prompts of equal "
+                "token length (the estimate pairs activations position by position)"
+            )
+        ct = c_batch.tokens.to(device)
+    else:
+        ct = None
+        for hs in needed.values():
+            for h in hs:
+                cache_tensor(clean_cache, h, (b, n_pos), "clean_cache", _CACHE_HINT)
+    if batch_size is None:
+        batch_size = b
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise AttributionError(
+            f"batch_size must be a positive integer (pairs per forward/backward) or None, "
+            f"got {batch_size!r}"
+        )
+
+    clean_names = {h for hs in needed.values() for h in hs}
+    act_names = set(clean_names)
+    grad_names: set[str] = set()
+    for L in range(sites.n_layers):
+        if "resid" in node_types:
+            grad_names.add(f"blocks.{L}.hook_resid_pre")
+        for n in ("attn", "mlp"):
+            if n in node_types:
+                u = sites.units[n][L]
+                act_names |= {u.update_hook, u.reference_hook}
+                grad_names.add(u.update_hook)
+        if "head" in node_types or "value" in node_types:
+            grad_names.add(sites.value[L].z_hook)
+        if "value" in node_types:
+            act_names.add(sites.value[L].v_hook)
+        if "head" in node_types:
+            act_names.add(sites.value[L].resid_hook)
+            grad_names.add(sites.units["attn"][L].update_hook)
+            act_names.add(sites.value[L].z_hook)
+
+    parts: dict[str, dict[str, list[np.ndarray]]] = {
+        n: {"full": [], "par": [], "perp": [], "frac": []} for n in node_types
+    }
+    clean_metric: list[np.ndarray] = []
+    corrupted_metric: list[np.ndarray] = []
+    for start in range(0, b, batch_size):
+        rows = slice(start, min(b, start + batch_size))
+        k = rows.stop - rows.start
+        if ct is not None:
+            clean: dict[str, Tensor] = {}
+            with (
+                torch.no_grad(),
+                model.hooks(fwd_hooks=capture_hooks(clean_names, clean, clone=True)),
+            ):
+                logits = model(ct[rows], attention_mask=am[rows])
+                cm = metric(logits)
+            del logits
+            clean_metric.append(_per_row(cm, k))
+        else:
+            clean = {
+                h: cache_tensor(clean_cache, h, (b, n_pos), "clean_cache", _CACHE_HINT)[rows].to(
+                    device
+                )
+                for h in clean_names
+            }
+            clean_metric.append(np.full(k, np.nan))
+        value, acts, grads = _forward_backward(
+            model, xt[rows], am[rows], act_names, grad_names, metric
+        )
+        corrupted_metric.append(_per_row(value, k))
+        for n, res in _score_chunk(
+            model, sites, sandwich, node_types, clean, acts, grads, eps
+        ).items():
+            for w, t in res.items():
+                parts[n][w].append(t.cpu().numpy())
+        del acts, grads, clean
+
+    values = {
+        n: {w: np.concatenate(parts[n][w]) for w in ("full", "par", "perp")} for n in node_types
+    }
+    par_frac = {n: np.concatenate(parts[n]["frac"]) for n in node_types}
+    dims = {
+        n: ("example", "layer", "pos", "head")
+        if n in ("head", "value")
+        else ("example", "layer", "pos")
+        for n in node_types
+    }
+    d_of = {n: sites.d_head if n == "value" else sites.d_model for n in node_types}
+    notes = []
+    if sandwich and "head" in node_types:
+        notes.append(
+            "sandwich-norm model: a head's residual-space difference is W_O[h]^T dz_h pushed through "
+            "the post-attention norm linearised at the corrupted run (what reaches the stream to first "
+            "order); the full estimate is dz_h . g_z as on any model."
+        )
+    if clean_cache is not None:
+        notes.append("clean activations from clean_cache: the clean metric is not known (NaN).")
+    return DirectionalResult(
+        kind="attribution",
+        values=values,
+        dims=dims,
+        par_frac=par_frac,
+        random_share={n: random_subspace_share(d_of[n]) for n in node_types},
+        clean_metric=np.concatenate(clean_metric),
+        corrupted_metric=np.concatenate(corrupted_metric),
+        notes=tuple(notes),
+    )
+
+
+def _per_row(value, k: int) -> np.ndarray:
+    """Per-pair metric values (a scalar metric is the batch's: each row gets it, as NaN-free)."""
+    t = torch.as_tensor(value).detach().double().cpu().reshape(-1)
+    return t.numpy() if t.numel() == k else np.full(k, float(t.reshape(-1)[0]))
+
+
+def _score_chunk(
+    model,
+    sites: ModelSites,
+    sandwich: bool,
+    node_types,
+    clean: dict,
+    acts: dict,
+    grads: dict,
+    eps: float,
+) -> dict[str, dict[str, Tensor]]:
+    """Every node's ``full``, ``par``, ``perp`` and ``frac``, stacked over layers on axis 1."""
+    out: dict[str, dict[str, list[Tensor]]] = {
+        n: {"full": [], "par": [], "perp": [], "frac": []} for n in node_types
+    }
+    for L in range(sites.n_layers):
+        for n in node_types:
+            if n == "resid":
+                h = f"blocks.{L}.hook_resid_pre"
+                res = split_dot(clean[h].to(acts[h].device) - acts[h], acts[h], grads[h], eps)
+            elif n in ("attn", "mlp"):
+                u = sites.units[n][L]
+                res = split_dot(
+                    clean[u.update_hook].to(acts[u.update_hook].device) - acts[u.update_hook],
+                    acts[u.reference_hook],
+                    grads[u.update_hook],
+                    eps,
+                )
+            else:
+                vs = sites.value[L]
+                z = acts[vs.z_hook]
+                dz = (clean[vs.z_hook].to(z.device) - z).double()
+                gz = grads[vs.z_hook].double()
+                if n == "value":
+                    v = expand_kv_heads(
+                        acts[vs.v_hook], sites.n_heads
+                    )  # GQA: the KV head each query head reads
+                    res = split_dot(dz, v, gz, eps)
+                else:
+                    res = _head_split(model, sites, sandwich, L, dz, gz, z, acts, grads, eps)
+            for w, t in zip(("full", "par", "perp", "frac"), res, strict=True):
+                out[n][w].append(t)
+    return {n: {w: torch.stack(ts, dim=1) for w, ts in d.items()} for n, d in out.items()}
+
+
+def _head_split(
+    model,
+    sites: ModelSites,
+    sandwich: bool,
+    L: int,
+    dz: Tensor,
+    gz: Tensor,
+    z: Tensor,
+    acts: dict,
+    grads: dict,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One layer's head nodes: the residual-space split of ``W_O[h]^T dz_h`` (sandwich norms: after
+    the linearised post-attention norm) against ``hook_resid_pre``, gradient at the attention
+    update; ``full`` is ``dz_h . g_z`` (TransformerLens's head node score)."""
+    W_O, b_O = attention_output_weights(model, L)
+    W = W_O.detach().double()
+    write = torch.einsum("bphe,hed->bphd", dz, W)  # [b, p, h, d_model]
+    if sandwich:
+        pre = torch.einsum("bphe,hed->bpd", z.double(), W)
+        if b_O is not None:
+            pre = pre + b_O.detach().double()
+        write = _linearised_norm(model, L, pre, write).double()
+    x = acts[sites.value[L].resid_hook].double().unsqueeze(2)
+    g = grads[sites.units["attn"][L].update_hook].double().unsqueeze(2)
+    _, par, _, frac = split_dot(write, x.expand_as(write), g.expand_as(write), eps)
+    full = (dz * gz).sum(-1)
+    return full, par, full - par, frac
+
+
+__all__ = ["NODE_TYPES", "AttributionError", "attribution_hooks", "attribution_patch", "split_dot"]

@@ -1,0 +1,88 @@
+"""TransformerLens-style inputs of the patching functions: a user's clean cache and a ``names_filter``.
+
+``transformer_lens.patching`` takes ``(model, corrupted_tokens, clean_cache, metric)`` and
+``run_with_cache`` takes a ``names_filter``; these helpers let :func:`~tl_directional.directional_patch`
+and :func:`~tl_directional.attribution_patch` accept the same, and fail with a message naming the
+missing hook (never a silent zero) when a cache or a filter leaves out what a patch reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from torch import Tensor
+
+from ..core.errors import TLDirectionalError
+
+
+class PatchingInputError(TLDirectionalError, ValueError):
+    """A clean cache or a ``names_filter`` lacks a hook point a requested patch or node reads."""
+
+
+def is_cache(x) -> bool:
+    """Whether ``x`` is a cache (``ActivationCache`` or any mapping of hook names to tensors) rather
+    than tokens or texts: the third argument of TransformerLens's patching shape."""
+    return (
+        not isinstance(x, (Tensor, str, list, tuple))
+        and hasattr(x, "__getitem__")
+        and hasattr(x, "keys")
+    )
+
+
+def names_predicate(names_filter) -> Callable[[str], bool] | None:
+    """``names_filter`` as ``run_with_cache`` reads it (None: keep all; a name; a list of names; a
+    predicate ``name -> bool``) turned into a predicate (None for "keep all")."""
+    if names_filter is None:
+        return None
+    if isinstance(names_filter, str):
+        return lambda name: name == names_filter
+    if callable(names_filter):
+        return names_filter
+    try:
+        wanted = set(names_filter)
+    except TypeError:
+        raise PatchingInputError(
+            "names_filter must be None, a hook name, a list of hook names or a function name -> bool, "
+            f"got {type(names_filter).__name__}"
+        ) from None
+    return lambda name: name in wanted
+
+
+def check_names_filter(names_filter, needed: dict[str, Iterable[str]], hint: str) -> None:
+    """Raise :class:`PatchingInputError` when ``names_filter`` drops a hook point that one of the
+    requested kinds (``needed``: kind -> hook names) reads; ``hint`` says how to list them."""
+    keep = names_predicate(names_filter)
+    if keep is None:
+        return
+    for kind, names in needed.items():
+        dropped = sorted(h for h in names if not keep(h))
+        if dropped:
+            raise PatchingInputError(
+                f"names_filter drops {dropped[:3]}{' ...' if len(dropped) > 3 else ''}, which {kind!r} reads; "
+                f"keep them ({hint}) or leave {kind!r} out"
+            )
+
+
+def cache_tensor(cache, name: str, shape: tuple[int, int], argument: str, hint: str) -> Tensor:
+    """``cache[name]``, checked: present, a tensor, and of the corrupted run's ``(batch, pos)``."""
+    try:
+        t = cache[name]
+    except (KeyError, IndexError, ValueError):
+        t = None
+    if not isinstance(t, Tensor):
+        raise PatchingInputError(f"{argument} has no {name!r}; cache the clean run with {hint}")
+    if tuple(t.shape[:2]) != tuple(shape):
+        raise PatchingInputError(
+            f"{argument}[{name!r}] has batch and positions {tuple(t.shape[:2])}, the corrupted tokens {tuple(shape)}; "
+            "cache the clean run of tokens of the corrupted run's shape"
+        )
+    return t
+
+
+__all__ = [
+    "PatchingInputError",
+    "cache_tensor",
+    "check_names_filter",
+    "is_cache",
+    "names_predicate",
+]
