@@ -39,6 +39,7 @@ from .edit import (
     hf,  # noqa: F401  plain-transformers edits; its Trainer / lm-eval parts import lazily
     scales,
 )
+from .evaluate.lens import SplitLensResult, split_logit_lens
 from .evaluate.patching import directional_patch, split_logit_attribution
 from .evaluate.sweep import Setting, find_safe_scale, grid, sweep
 from .measure import Profile, profile
@@ -97,6 +98,8 @@ __all__ = [
     "find_safe_scale",
     "directional_patch",
     "split_logit_attribution",
+    "split_logit_lens",
+    "SplitLensResult",
     # compress: compressors, their error geometry and the label-free gate
     "CompressionRecord",
     "CompressionResult",

@@ -269,17 +269,21 @@ class _Reader:
 
     def __init__(self, model, targets: Tensor):
         self.ln_final = getattr(model, "ln_final", None) if model.cfg.normalization_type is not None else None
-        w_u = model.W_U
-        self.w = w_u[:, targets.to(w_u.device)].permute(1, 2, 0)  # [batch, pos, d_model]
+        self.w_u = model.W_U
+        # Only the distinct target columns are unembedded; a row-times-columns matmul (as
+        # TransformerLens's readout does over the full vocabulary) keeps parity to float rounding.
+        ids, self.index = torch.unique(targets.to(self.w_u.device), return_inverse=True)
+        self.columns = self.w_u[:, ids]
         b_u = getattr(model, "b_U", None)
-        self.b = b_u[targets.to(w_u.device)] if b_u is not None else torch.zeros_like(self.w[..., 0])
+        self.bias = b_u[ids] if b_u is not None else torch.zeros_like(self.columns[0])
         self.transform = _soft_cap(model)
 
     def __call__(self, x: Tensor) -> Tensor:
-        x = x.to(self.w.dtype)
+        x = x.to(self.w_u.dtype)
         if self.ln_final is not None:
             x = self.ln_final(x)
-        return self.transform((x * self.w).sum(-1) + self.b).double()
+        logits = self.transform(x @ self.columns + self.bias)  # [batch, pos, n_distinct]
+        return logits.gather(-1, self.index.unsqueeze(-1)).squeeze(-1).double()
 
 
 def _steps(sites, layer: int) -> list[_Step]:
@@ -297,7 +301,7 @@ def _steps(sites, layer: int) -> list[_Step]:
 @torch.no_grad()
 def split_logit_lens(
     model,
-    tokens: Tensor,
+    tokens,
     *,
     target_tokens,
     ordering: str = "shapley",
