@@ -39,18 +39,26 @@ def model64(tiny_model):
 @pytest.mark.parametrize("family", ["gpt2", "llama", "gemma3"])
 def test_unsplit_lens_equals_transformer_lens_logit_lens(tiny_model, lane, family):
     if lane != "bridge":
-        pytest.skip("transformer_lens.tools.analysis.logit_lens is TransformerLens 4.3 (bridge lane)")
+        pytest.skip(
+            "transformer_lens.tools.analysis.logit_lens is TransformerLens 4.3 (bridge lane)"
+        )
     from transformer_lens.tools.analysis.logit_lens import logit_lens
 
     model = tiny_model(family)
     result = split_logit_lens(model, TOKENS, target_tokens=TARGETS)
     theirs = logit_lens(model, TOKENS, positions=None, targets=TARGETS)
     assert theirs.labels[0] == "0_pre" and theirs.labels[-1] == "final_post"
-    torch.testing.assert_close(result.lens_logits, theirs.values[..., 0].double(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        result.lens_logits, theirs.values[..., 0].double(), atol=1e-6, rtol=0
+    )
     # a shared target (one id for every position) reads the same column
     shared = split_logit_lens(model, TOKENS, target_tokens=7)
-    torch.testing.assert_close(shared.lens_logits, logit_lens(model, TOKENS, positions=None, targets=7).values[..., 0].double(),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        shared.lens_logits,
+        logit_lens(model, TOKENS, positions=None, targets=7).values[..., 0].double(),
+        atol=1e-6,
+        rtol=0,
+    )
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "neox", "gemma3"])
@@ -58,10 +66,16 @@ def test_parts_add_up_to_the_lens_change_exactly_in_float64(model64, family):
     model = model64(family)
     result = split_logit_lens(model, TOKENS, target_tokens=TARGETS)
     n_layers = model.cfg.n_layers
-    assert result.full.shape == (n_layers, 2, 7) and result.lens_logits.shape == (n_layers + 1, 2, 7)
+    assert result.full.shape == (n_layers, 2, 7) and result.lens_logits.shape == (
+        n_layers + 1,
+        2,
+        7,
+    )
     assert result.components == (("attn+mlp",) if family == "neox" else ("attn", "mlp"))
     torch.testing.assert_close(result.step_full.sum(1), result.full, atol=1e-12, rtol=0)
-    torch.testing.assert_close(result.full.sum(0), result.lens_logits[-1] - result.lens_logits[0], atol=1e-12, rtol=0)
+    torch.testing.assert_close(
+        result.full.sum(0), result.lens_logits[-1] - result.lens_logits[0], atol=1e-12, rtol=0
+    )
     for ordering in ("shapley", "parallel_first", "perpendicular_first"):
         total = result.parallel(ordering) + result.perpendicular(ordering)
         torch.testing.assert_close(total, result.full, atol=1e-12, rtol=0)
@@ -69,11 +83,17 @@ def test_parts_add_up_to_the_lens_change_exactly_in_float64(model64, family):
         assert (frame["parallel"] + frame["perpendicular"] - frame["full"]).abs().max() < 1e-12
         steps = result.to_frame(ordering, by_component=True)
         assert (steps["parallel"] + steps["perpendicular"] - steps["full"]).abs().max() < 1e-12
-        summed = steps.groupby(["layer", "batch", "position"])[["full", "parallel"]].sum().reset_index()
+        summed = (
+            steps.groupby(["layer", "batch", "position"])[["full", "parallel"]].sum().reset_index()
+        )
         assert (summed["full"].to_numpy() - frame["full"].to_numpy()).__abs__().max() < 1e-12
-        assert (summed["parallel"].to_numpy() - frame["parallel"].to_numpy()).__abs__().max() < 1e-12
+        assert (
+            summed["parallel"].to_numpy() - frame["parallel"].to_numpy()
+        ).__abs__().max() < 1e-12
     shapley = result.parallel("shapley")
-    torch.testing.assert_close(shapley, 0.5 * (result.parallel("parallel_first") + result.parallel("perpendicular_first")))
+    torch.testing.assert_close(
+        shapley, 0.5 * (result.parallel("parallel_first") + result.parallel("perpendicular_first"))
+    )
     assert float(result.additive_error.max()) < 1e-10
     share = result.shares(position=-1, batch=1)
     assert share["parallel_share"] + share["perpendicular_share"] == pytest.approx(1.0, abs=1e-9)
@@ -104,7 +124,9 @@ def test_a_pure_parallel_update_only_rescales_the_norms_eps(model64, family):
     result = split_logit_lens(model, TOKENS, target_tokens=TARGETS)
     _, cache = model.run_with_cache(TOKENS)
     for layer in range(model.cfg.n_layers):
-        for c, (start, update) in enumerate((("hook_resid_pre", "hook_attn_out"), ("hook_resid_mid", "hook_mlp_out"))):
+        for c, (start, update) in enumerate(
+            (("hook_resid_pre", "hook_attn_out"), ("hook_resid_mid", "hook_mlp_out"))
+        ):
             x, u = cache[f"blocks.{layer}.{start}"], cache[f"blocks.{layer}.{update}"]
             scale = 1 + (u * x).sum(-1) / (x * x).sum(-1)
             # the identity itself, on the model's real streams
@@ -117,15 +139,21 @@ def test_a_pure_parallel_update_only_rescales_the_norms_eps(model64, family):
             # and the library's parallel-first parallel part is exactly that eps / sign effect
             f0 = _hand_logit(model, x, TARGETS, eps)
             w_u = model.W_U[:, TARGETS].permute(1, 2, 0)
-            f_scaled = ((flip * (_hand_norm(model, x, eps / scale[..., None] ** 2) - shift) + shift) * w_u).sum(-1) \
-                + model.b_U[TARGETS]
+            f_scaled = (
+                (flip * (_hand_norm(model, x, eps / scale[..., None] ** 2) - shift) + shift) * w_u
+            ).sum(-1) + model.b_U[TARGETS]
             # 1e-6, not 1e-12: HF's LlamaRMSNorm (which the bridge runs) normalises in float32 even
             # in a float64 model, so the library's lens carries float32 rounding of logits ~1
-            torch.testing.assert_close(result.parallel_if_first[layer, c], f_scaled - f0, atol=1e-6, rtol=0)
+            torch.testing.assert_close(
+                result.parallel_if_first[layer, c], f_scaled - f0, atol=1e-6, rtol=0
+            )
             # where the stream keeps its sign and eps is small next to its mean square, ~0
             keep = (scale > 0) & ((x * x).mean(-1) > 1e3 * eps)
             assert keep.any()
-            assert result.parallel_if_first[layer, c][keep].abs().max() < 1e-2 * result.full.abs().max()
+            assert (
+                result.parallel_if_first[layer, c][keep].abs().max()
+                < 1e-2 * result.full.abs().max()
+            )
 
 
 def test_no_gradients_are_needed(tiny_model):
@@ -148,26 +176,43 @@ def test_target_forms_and_the_frame_and_figure(tiny_model):
     # (float32 batch-size rounding only)
     torch.testing.assert_close(one.lens_logits[:, 0], per_seq.lens_logits[:, 0], atol=1e-6, rtol=0)
     frame = per_seq.to_frame()
-    assert {"layer", "position", "full", "parallel", "perpendicular", "parallel_if_first",
-            "parallel_if_last"} <= set(frame.columns)
+    assert {
+        "layer",
+        "position",
+        "full",
+        "parallel",
+        "perpendicular",
+        "parallel_if_first",
+        "parallel_if_last",
+    } <= set(frame.columns)
     assert len(frame) == model.cfg.n_layers * 2 * 7
     assert (frame["parallel"] - frame["parallel_if_first"]).abs().max() == 0  # the ordering chosen
     view = per_seq.figure(batch=1)
     assert len(view.figure.data) == 3
-    assert [a.text for a in view.figure.layout.annotations] == ["full change", "parallel part", "perpendicular part"]
+    assert [a.text for a in view.figure.layout.annotations] == [
+        "full change",
+        "parallel part",
+        "perpendicular part",
+    ]
     assert isinstance(per_seq, SplitLensResult)
     assert tld.split_logit_lens is split_logit_lens
 
 
-@pytest.mark.parametrize(("kwargs", "needle"), [
-    ({"target_tokens": 10**7}, "target_tokens must be ids in [0, 512)"),
-    ({"target_tokens": -1}, "target_tokens must be ids in [0, 512)"),
-    ({"target_tokens": torch.tensor([1.0, 2.0])}, "target_tokens must hold integer token ids"),
-    ({"target_tokens": torch.zeros(3, 7, dtype=torch.long)}, "fits neither [batch]=2 nor [batch, pos]=[2, 7]"),
-    ({"target_tokens": [1, 2, 3]}, "target_tokens has 3 entries but tokens has batch=2"),
-    ({"target_tokens": None}, "target_tokens is required"),
-    ({"target_tokens": 1, "ordering": "random"}, "ordering must be one of"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"target_tokens": 10**7}, "target_tokens must be ids in [0, 512)"),
+        ({"target_tokens": -1}, "target_tokens must be ids in [0, 512)"),
+        ({"target_tokens": torch.tensor([1.0, 2.0])}, "target_tokens must hold integer token ids"),
+        (
+            {"target_tokens": torch.zeros(3, 7, dtype=torch.long)},
+            "fits neither [batch]=2 nor [batch, pos]=[2, 7]",
+        ),
+        ({"target_tokens": [1, 2, 3]}, "target_tokens has 3 entries but tokens has batch=2"),
+        ({"target_tokens": None}, "target_tokens is required"),
+        ({"target_tokens": 1, "ordering": "random"}, "ordering must be one of"),
+    ],
+)
 def test_bad_targets_name_the_argument_and_the_fix(tiny_model, kwargs, needle):
     with pytest.raises(LensInputError) as info:
         split_logit_lens(tiny_model("gpt2"), TOKENS, **kwargs)
@@ -175,13 +220,16 @@ def test_bad_targets_name_the_argument_and_the_fix(tiny_model, kwargs, needle):
     assert isinstance(info.value, ValueError) and isinstance(info.value, tld.TLDirectionalError)
 
 
-@pytest.mark.parametrize(("tokens", "needle"), [
-    (TOKENS.float(), "tokens must be an integer tensor [batch, pos]"),
-    ([[1, 2, 3]], "tokens must be an integer tensor [batch, pos]"),
-    (TOKENS[None], "tokens must be shaped [batch, pos]"),
-    (torch.zeros(2, 0, dtype=torch.long), "tokens must be shaped [batch, pos]"),
-    (TOKENS + 1000, "tokens must be ids in [0, 512)"),
-])
+@pytest.mark.parametrize(
+    ("tokens", "needle"),
+    [
+        (TOKENS.float(), "tokens must be an integer tensor [batch, pos]"),
+        ([[1, 2, 3]], "tokens must be an integer tensor [batch, pos]"),
+        (TOKENS[None], "tokens must be shaped [batch, pos]"),
+        (torch.zeros(2, 0, dtype=torch.long), "tokens must be shaped [batch, pos]"),
+        (TOKENS + 1000, "tokens must be ids in [0, 512)"),
+    ],
+)
 def test_bad_tokens_name_the_argument_and_the_fix(tiny_model, tokens, needle):
     with pytest.raises(LensInputError, match=None) as info:
         split_logit_lens(tiny_model("gpt2"), tokens, target_tokens=1)

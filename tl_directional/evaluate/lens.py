@@ -80,7 +80,9 @@ class SplitLensResult:
     ordering: str = "shapley"
     notes: list[str] = field(default_factory=list)
 
-    def parallel_steps(self, ordering: str | None = None) -> Float[Tensor, "layers steps batch pos"]:
+    def parallel_steps(
+        self, ordering: str | None = None
+    ) -> Float[Tensor, "layers steps batch pos"]:
         """Per-step parallel contribution under ``ordering`` (default: the result's own)."""
         ordering = _check_ordering(ordering or self.ordering)
         if ordering == "parallel_first":
@@ -110,14 +112,20 @@ class SplitLensResult:
         ordering = _check_ordering(ordering or self.ordering)
         par_steps = self.parallel_steps(ordering)
         n_layers, n_steps, batch, pos = self.step_full.shape
-        layer, b, p = torch.meshgrid(torch.arange(n_layers), torch.arange(batch), torch.arange(pos), indexing="ij")
+        layer, b, p = torch.meshgrid(
+            torch.arange(n_layers), torch.arange(batch), torch.arange(pos), indexing="ij"
+        )
         if not by_component:
             before, after = self.lens_logits[:-1], self.lens_logits[1:]
             cols = {
-                "layer": layer, "batch": b, "position": p,
+                "layer": layer,
+                "batch": b,
+                "position": p,
                 "target": self.targets.expand(n_layers, batch, pos),
-                "logit_before": before, "logit_after": after,
-                "full": self.full, "parallel": par_steps.sum(1),
+                "logit_before": before,
+                "logit_after": after,
+                "full": self.full,
+                "parallel": par_steps.sum(1),
                 "perpendicular": (self.step_full - par_steps).sum(1),
                 "parallel_if_first": self.parallel_if_first.sum(1),
                 "parallel_if_last": self.parallel_if_last.sum(1),
@@ -127,10 +135,14 @@ class SplitLensResult:
         before = self.lens_logits[:-1]
         for c, name in enumerate(self.components):
             cols = {
-                "layer": layer, "batch": b, "position": p,
+                "layer": layer,
+                "batch": b,
+                "position": p,
                 "target": self.targets.expand(n_layers, batch, pos),
-                "logit_before": before, "logit_after": before + self.step_full[:, c],
-                "full": self.step_full[:, c], "parallel": par_steps[:, c],
+                "logit_before": before,
+                "logit_after": before + self.step_full[:, c],
+                "full": self.step_full[:, c],
+                "parallel": par_steps[:, c],
                 "perpendicular": self.step_full[:, c] - par_steps[:, c],
                 "parallel_if_first": self.parallel_if_first[:, c],
                 "parallel_if_last": self.parallel_if_last[:, c],
@@ -139,10 +151,15 @@ class SplitLensResult:
             frame.insert(3, "component", name)
             frames.append(frame)
             before = before + self.step_full[:, c]
-        return pd.concat(frames, ignore_index=True).sort_values(
-            ["layer", "batch", "position"], kind="stable").reset_index(drop=True)
+        return (
+            pd.concat(frames, ignore_index=True)
+            .sort_values(["layer", "batch", "position"], kind="stable")
+            .reset_index(drop=True)
+        )
 
-    def shares(self, position: int = -1, batch: int = 0, ordering: str | None = None) -> dict[str, float]:
+    def shares(
+        self, position: int = -1, batch: int = 0, ordering: str | None = None
+    ) -> dict[str, float]:
         """How the final lens logit at one position was built: the embedding's lens logit, the sum
         over layers of the parallel and of the perpendicular parts (under ``ordering``), and each
         part's share of the total change ``final - embedding``."""
@@ -152,7 +169,9 @@ class SplitLensResult:
         return {
             "embedding_logit": float(self.lens_logits[0, batch, position]),
             "final_logit": float(self.lens_logits[-1, batch, position]),
-            "parallel": par, "perpendicular": perp, "change": total,
+            "parallel": par,
+            "perpendicular": perp,
+            "change": total,
             "parallel_share": par / total if total else float("nan"),
             "perpendicular_share": perp / total if total else float("nan"),
         }
@@ -165,8 +184,10 @@ class SplitLensResult:
 
 def _check_ordering(ordering) -> str:
     if ordering not in ORDERINGS:
-        raise LensInputError(f"ordering must be one of {ORDERINGS}, got {ordering!r}; "
-                             "'shapley' averages the two path orderings")
+        raise LensInputError(
+            f"ordering must be one of {ORDERINGS}, got {ordering!r}; "
+            "'shapley' averages the two path orderings"
+        )
     return ordering
 
 
@@ -175,28 +196,37 @@ def _check_tokens(model, tokens) -> Tensor:
         raise LensInputError(
             f"tokens must be an integer tensor [batch, pos] of token ids, got "
             f"{type(tokens).__name__}{'' if not isinstance(tokens, Tensor) else ' of dtype ' + str(tokens.dtype)}; "
-            "tokenize first, e.g. tokens = model.to_tokens(prompts)")
+            "tokenize first, e.g. tokens = model.to_tokens(prompts)"
+        )
     if tokens.ndim == 1:
         tokens = tokens.unsqueeze(0)
     if tokens.ndim != 2 or tokens.shape[1] == 0 or tokens.shape[0] == 0:
-        raise LensInputError(f"tokens must be shaped [batch, pos] with pos >= 1, got shape {tuple(tokens.shape)}; "
-                             "pass a 2-D tensor (a 1-D tensor is read as one sequence)")
+        raise LensInputError(
+            f"tokens must be shaped [batch, pos] with pos >= 1, got shape {tuple(tokens.shape)}; "
+            "pass a 2-D tensor (a 1-D tensor is read as one sequence)"
+        )
     d_vocab = int(model.cfg.d_vocab)
     lo, hi = int(tokens.min()), int(tokens.max())
     if lo < 0 or hi >= d_vocab:
-        raise LensInputError(f"tokens must be ids in [0, {d_vocab}), got values in [{lo}, {hi}]; "
-                             "tokenize with this model's tokenizer")
+        raise LensInputError(
+            f"tokens must be ids in [0, {d_vocab}), got values in [{lo}, {hi}]; "
+            "tokenize with this model's tokenizer"
+        )
     return tokens.long()
 
 
 def _one_token(model, text: str, where: str) -> int:
     tok = getattr(model, "tokenizer", None)
     if tok is None:
-        raise LensInputError(f"{where} = {text!r} is a string but the model has no tokenizer; pass token ids")
+        raise LensInputError(
+            f"{where} = {text!r} is a string but the model has no tokenizer; pass token ids"
+        )
     ids = list(tok(text, add_special_tokens=False)["input_ids"])
     if len(ids) != 1:
-        raise LensInputError(f"{where} = {text!r} is {len(ids)} tokens {ids}, not one; pass a single-token "
-                             "string (often with a leading space, e.g. ' Paris') or a token id")
+        raise LensInputError(
+            f"{where} = {text!r} is {len(ids)} tokens {ids}, not one; pass a single-token "
+            "string (often with a leading space, e.g. ' Paris') or a token id"
+        )
     return int(ids[0])
 
 
@@ -206,8 +236,10 @@ def _check_targets(model, target_tokens, batch: int, pos: int) -> Tensor:
     d_vocab = int(model.cfg.d_vocab)
     shapes = f"an int or single-token string, a [batch]={batch} list/tensor, or a [batch, pos]=[{batch}, {pos}] tensor"
     if target_tokens is None:
-        raise LensInputError(f"target_tokens is required: {shapes}; for next-token targets pass "
-                             "tokens[:, 1:] and tokens[:, :-1] as tokens")
+        raise LensInputError(
+            f"target_tokens is required: {shapes}; for next-token targets pass "
+            "tokens[:, 1:] and tokens[:, :-1] as tokens"
+        )
     if isinstance(target_tokens, bool):
         raise LensInputError(f"target_tokens must be token ids, got a bool; pass {shapes}")
     if isinstance(target_tokens, str):
@@ -216,7 +248,9 @@ def _check_targets(model, target_tokens, batch: int, pos: int) -> Tensor:
         ids = torch.tensor([[target_tokens]])
     elif isinstance(target_tokens, Tensor):
         if target_tokens.is_floating_point() or target_tokens.dtype == torch.bool:
-            raise LensInputError(f"target_tokens must hold integer token ids, got dtype {target_tokens.dtype}; pass {shapes}")
+            raise LensInputError(
+                f"target_tokens must hold integer token ids, got dtype {target_tokens.dtype}; pass {shapes}"
+            )
         t = target_tokens.long().cpu()
         if t.ndim == 0:
             ids = t.reshape(1, 1)
@@ -225,15 +259,21 @@ def _check_targets(model, target_tokens, batch: int, pos: int) -> Tensor:
         elif t.ndim == 2 and tuple(t.shape) == (batch, pos):
             ids = t
         else:
-            raise LensInputError(f"target_tokens has shape {tuple(t.shape)}, which fits neither [batch]={batch} nor "
-                                 f"[batch, pos]=[{batch}, {pos}]; pass {shapes}")
+            raise LensInputError(
+                f"target_tokens has shape {tuple(t.shape)}, which fits neither [batch]={batch} nor "
+                f"[batch, pos]=[{batch}, {pos}]; pass {shapes}"
+            )
     else:
         try:
             values = list(target_tokens)
         except TypeError:
-            raise LensInputError(f"target_tokens must be {shapes}, got {type(target_tokens).__name__}") from None
+            raise LensInputError(
+                f"target_tokens must be {shapes}, got {type(target_tokens).__name__}"
+            ) from None
         if len(values) != batch:
-            raise LensInputError(f"target_tokens has {len(values)} entries but tokens has batch={batch}; pass {shapes}")
+            raise LensInputError(
+                f"target_tokens has {len(values)} entries but tokens has batch={batch}; pass {shapes}"
+            )
         out = []
         for i, v in enumerate(values):
             if isinstance(v, str):
@@ -241,12 +281,16 @@ def _check_targets(model, target_tokens, batch: int, pos: int) -> Tensor:
             elif isinstance(v, int) and not isinstance(v, bool):
                 out.append(v)
             else:
-                raise LensInputError(f"target_tokens[{i}] = {v!r} is not a token id or a single-token string")
+                raise LensInputError(
+                    f"target_tokens[{i}] = {v!r} is not a token id or a single-token string"
+                )
         ids = torch.tensor(out).unsqueeze(1)
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= d_vocab:
-        raise LensInputError(f"target_tokens must be ids in [0, {d_vocab}) (the model's d_vocab), got values in "
-                             f"[{lo}, {hi}]; pass ids from this model's tokenizer")
+        raise LensInputError(
+            f"target_tokens must be ids in [0, {d_vocab}) (the model's d_vocab), got values in "
+            f"[{lo}, {hi}]; pass ids from this model's tokenizer"
+        )
     return ids.expand(batch, pos).clone()
 
 
@@ -268,7 +312,9 @@ class _Reader:
     the model's own final norm module (statistics recomputed on the given stream) and unembedding."""
 
     def __init__(self, model, targets: Tensor):
-        self.ln_final = getattr(model, "ln_final", None) if model.cfg.normalization_type is not None else None
+        self.ln_final = (
+            getattr(model, "ln_final", None) if model.cfg.normalization_type is not None else None
+        )
         self.w_u = model.W_U
         # Only the distinct target columns are unembedded; a row-times-columns matmul (as
         # TransformerLens's readout does over the full vocabulary) keeps parity to float rounding.
@@ -290,12 +336,19 @@ def _steps(sites, layer: int) -> list[_Step]:
     b = f"blocks.{layer}"
     if sites.arch == SEQUENTIAL:
         attn, mlp = sites.units["attn"][layer], sites.units["mlp"][layer]
-        return [_Step("attn", attn.reference_hook, (attn.update_hook,)),
-                _Step("mlp", mlp.reference_hook, (mlp.update_hook,))]
+        return [
+            _Step("attn", attn.reference_hook, (attn.update_hook,)),
+            _Step("mlp", mlp.reference_hook, (mlp.update_hook,)),
+        ]
     # Parallel attention + MLP: both are split against resid_pre, and the split is linear in the
     # update, so the block's parallel part is the sum of the two (a pure rescale of resid_pre).
-    return [_Step("attn+mlp", f"{b}.hook_resid_pre",
-                  (sites.units["attn"][layer].update_hook, sites.units["mlp"][layer].update_hook))]
+    return [
+        _Step(
+            "attn+mlp",
+            f"{b}.hook_resid_pre",
+            (sites.units["attn"][layer].update_hook, sites.units["mlp"][layer].update_hook),
+        )
+    ]
 
 
 @torch.no_grad()
@@ -356,18 +409,28 @@ def split_logit_lens(
     ordering = _check_ordering(ordering)
     eps = check_eps(eps)
     if getattr(model, "training", False):
-        raise LensInputError("model is in training mode (dropout on), so the lens would be random; call model.eval() first")
+        raise LensInputError(
+            "model is in training mode (dropout on), so the lens would be random; call model.eval() first"
+        )
     tokens = _check_tokens(model, tokens)
     batch, pos = tokens.shape
     targets = _check_targets(model, target_tokens, batch, pos)
     sites = resolve_sites(model, warn=False)
     if sites.arch == POST_LN:
-        raise LensInputError(f"model {sites.model_name} is a post-LN encoder; the logit lens needs a pre-LN decoder "
-                             "whose stream is read by a final norm and an unembedding")
+        raise LensInputError(
+            f"model {sites.model_name} is a post-LN encoder; the logit lens needs a pre-LN decoder "
+            "whose stream is read by a final norm and an unembedding"
+        )
     n_layers = sites.n_layers
     steps = [_steps(sites, L) for L in range(n_layers)]
-    stream = [f"blocks.{L}.hook_resid_pre" for L in range(n_layers)] + [f"blocks.{n_layers - 1}.hook_resid_post"]
-    names = sorted(set(stream) | {s.start for row in steps for s in row} | {u for row in steps for s in row for u in s.updates})
+    stream = [f"blocks.{L}.hook_resid_pre" for L in range(n_layers)] + [
+        f"blocks.{n_layers - 1}.hook_resid_post"
+    ]
+    names = sorted(
+        set(stream)
+        | {s.start for row in steps for s in row}
+        | {u for row in steps for s in row for u in s.updates}
+    )
     _, cache = model.run_with_cache(tokens.to(device_of(model)), names_filter=lambda n: n in names)
 
     f = _Reader(model, targets)
@@ -392,7 +455,8 @@ def split_logit_lens(
                 raise LensInputError(
                     f"layer {L} {step.component}: {step.start} + {' + '.join(step.updates)} differs from the next "
                     f"stream by {float(err[L, c]):.3g} (tolerance {tol * scale:.3g}), so these hooks are not the "
-                    "stream's additive updates on this model; pass check_additivity=False only if you know why")
+                    "stream's additive updates on this model; pass check_additivity=False only if you know why"
+                )
             # The parallel part along the stream the update is added to (METHOD sec. 1-2), in the
             # stream's dtype so that x + u_par is a real stream point of this model.
             u_par = parallel_part(u, x, eps).to(x.dtype)
@@ -403,9 +467,23 @@ def split_logit_lens(
             f_start = f_end
     notes = list(sites.notes)
     return SplitLensResult(
-        lens_logits=lens.cpu(), full=(lens[1:] - lens[:-1]).cpu(), parallel_if_first=par_first.cpu(),
-        parallel_if_last=par_last.cpu(), step_full=step_full.cpu(), components=tuple(s.component for s in steps[0]),
-        targets=targets, additive_error=err, ordering=ordering, notes=notes)
+        lens_logits=lens.cpu(),
+        full=(lens[1:] - lens[:-1]).cpu(),
+        parallel_if_first=par_first.cpu(),
+        parallel_if_last=par_last.cpu(),
+        step_full=step_full.cpu(),
+        components=tuple(s.component for s in steps[0]),
+        targets=targets,
+        additive_error=err,
+        ordering=ordering,
+        notes=notes,
+    )
 
 
-__all__ = ["ORDERINGS", "LensInputError", "SplitLensResult", "split_logit_lens", "split_lens_figure"]
+__all__ = [
+    "ORDERINGS",
+    "LensInputError",
+    "SplitLensResult",
+    "split_logit_lens",
+    "split_lens_figure",
+]
