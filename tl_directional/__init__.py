@@ -45,6 +45,7 @@ from .edit import (
 )
 from .evaluate.attribution import AttributionError, attribution_hooks, attribution_patch
 from .evaluate.cache_input import PatchingInputError
+from .evaluate.lens import SplitLensResult, split_logit_lens
 from .evaluate.patching import directional_patch, split_logit_attribution
 from .evaluate.random_scales import random_scales, random_setting
 from .evaluate.result import DirectionalResult
@@ -112,6 +113,8 @@ __all__ = [
     "PatchingInputError",
     "bootstrap_mean_interval",
     "random_subspace_share",
+    "split_logit_lens",
+    "SplitLensResult",
     # compress: compressors, their error geometry and the label-free gate
     "CompressionRecord",
     "CompressionResult",

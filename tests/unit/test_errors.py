@@ -24,6 +24,7 @@ KEEPS = {
     "DamagedWeightsError": ValueError,
     "EditSpecError": ValueError,
     "HookRegistryChangedError": RuntimeError,
+    "LensInputError": ValueError,
     "ModelArgsError": ValueError,
     "ArtefactLockedError": ValueError,
     "AttentionPatternUnavailableError": RuntimeError,

@@ -1,0 +1,489 @@
+"""A split logit lens: per layer and position, the lens logit of a target token and how much of
+each layer's change in it comes from the parallel and from the perpendicular part of the layer's
+updates (METHOD.md sec. 2 for the split, docs/method.md "Split logit lens" for the maths).
+
+The lens reads the residual stream entering each block (and leaving the last one) through the
+final norm with its statistics recomputed on that stream, then the unembedding, exactly as
+TransformerLens 4.3's ``transformer_lens.tools.analysis.logit_lens.logit_lens`` does. A layer's
+change in the lens logit is then split along a path: each sub-layer's update ``u`` is split against
+the stream ``x`` it is added to, ``u = u_par + u_perp`` with ``u_par = a x``, and
+
+    parallel first:       [f(x + u_par)  - f(x)] + [f(x + u) - f(x + u_par)]
+    perpendicular first:  [f(x + u_perp) - f(x)] + [f(x + u) - f(x + u_perp)]
+
+each of which adds up to ``f(x + u) - f(x)`` by construction; the reported ``parallel`` /
+``perpendicular`` columns are their average (the two-player Shapley value), and both orderings are
+kept. Everything runs without gradients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ..core.errors import TLDirectionalError
+from ..core.geometry import DEFAULT_EPS, check_eps, dtype_tolerance, parallel_part
+from ..figures.lens import split_lens_figure
+from ..model.adapter import device_of
+from ..model.sites import POST_LN, SEQUENTIAL, check_hook_api, resolve_sites
+
+ORDERINGS = ("shapley", "parallel_first", "perpendicular_first")
+
+
+class LensInputError(TLDirectionalError, ValueError):
+    """A bad argument to :func:`split_logit_lens` (tokens, target tokens, ordering, model state)."""
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One sub-layer step of the path: ``start + update`` should equal ``end`` (all cached)."""
+
+    component: str  # "attn", "mlp", or "attn+mlp" for a parallel block
+    start: str  # hook of the stream the update is added to (also its reference)
+    updates: tuple[str, ...]  # hooks whose sum is the update
+
+
+@dataclass
+class SplitLensResult:
+    """Result of :func:`split_logit_lens`. Logit values are float64; shapes below use ``L`` =
+    ``n_layers``, ``C`` = sub-layer steps per layer (2 for sequential blocks: ``attn``, ``mlp``;
+    1 for parallel attention+MLP blocks: ``attn+mlp``).
+
+    Attributes:
+        lens_logits: ``[L + 1, batch, pos]`` lens logit of the target token read from the stream
+            entering block 0 (the embedding), entering block 1, ..., and leaving block ``L-1``
+            (TransformerLens's ``accumulated_resid`` entries ``0_pre ... final_post``).
+        full: ``[L, batch, pos]`` change of the lens logit across block ``l``
+            (``lens_logits[l + 1] - lens_logits[l]``).
+        parallel_if_first / parallel_if_last: ``[L, C, batch, pos]`` the parallel part's
+            contribution per step when it is added before / after the perpendicular part.
+        step_full: ``[L, C, batch, pos]`` change of the lens logit across each step.
+        components: the ``C`` step names.
+        targets: ``[batch, pos]`` target token id at each position.
+        additive_error: ``[L, C]`` largest ``|start + update - end|`` of each step's cached
+            tensors (the stream identity the split relies on; absorbed by the path's last leg).
+        ordering: which ordering :meth:`to_frame` reports as ``parallel`` / ``perpendicular``.
+    """
+
+    lens_logits: Float[Tensor, "entries batch pos"]
+    full: Float[Tensor, "layers batch pos"]
+    parallel_if_first: Float[Tensor, "layers steps batch pos"]
+    parallel_if_last: Float[Tensor, "layers steps batch pos"]
+    step_full: Float[Tensor, "layers steps batch pos"]
+    components: tuple[str, ...]
+    targets: Int[Tensor, "batch pos"]
+    additive_error: Float[Tensor, "layers steps"]
+    ordering: str = "shapley"
+    notes: list[str] = field(default_factory=list)
+
+    def parallel_steps(
+        self, ordering: str | None = None
+    ) -> Float[Tensor, "layers steps batch pos"]:
+        """Per-step parallel contribution under ``ordering`` (default: the result's own)."""
+        ordering = _check_ordering(ordering or self.ordering)
+        if ordering == "parallel_first":
+            return self.parallel_if_first
+        if ordering == "perpendicular_first":
+            return self.parallel_if_last
+        return 0.5 * (self.parallel_if_first + self.parallel_if_last)
+
+    def parallel(self, ordering: str | None = None) -> Float[Tensor, "layers batch pos"]:
+        """``[L, batch, pos]`` the parallel parts' share of each layer's change (sum over steps)."""
+        return self.parallel_steps(ordering).sum(1)
+
+    def perpendicular(self, ordering: str | None = None) -> Float[Tensor, "layers batch pos"]:
+        """``[L, batch, pos]`` the perpendicular parts' share: ``full - parallel`` per step, summed."""
+        return (self.step_full - self.parallel_steps(ordering)).sum(1)
+
+    def to_frame(self, ordering: str | None = None, *, by_component: bool = False) -> pd.DataFrame:
+        """One row per (layer, batch, position) (and component with ``by_component=True``).
+
+        Columns: ``layer``, ``batch``, ``position``, (``component``), ``target``,
+        ``logit_before`` / ``logit_after`` (the lens logit entering / leaving the layer; per
+        component: the path's points), ``full``, ``parallel``, ``perpendicular`` (under
+        ``ordering``, default the result's own), and ``parallel_if_first`` /
+        ``parallel_if_last`` (both orderings, so the order dependence is visible).
+        ``parallel + perpendicular == full`` on every row.
+        """
+        ordering = _check_ordering(ordering or self.ordering)
+        par_steps = self.parallel_steps(ordering)
+        n_layers, n_steps, batch, pos = self.step_full.shape
+        layer, b, p = torch.meshgrid(
+            torch.arange(n_layers), torch.arange(batch), torch.arange(pos), indexing="ij"
+        )
+        if not by_component:
+            before, after = self.lens_logits[:-1], self.lens_logits[1:]
+            cols = {
+                "layer": layer,
+                "batch": b,
+                "position": p,
+                "target": self.targets.expand(n_layers, batch, pos),
+                "logit_before": before,
+                "logit_after": after,
+                "full": self.full,
+                "parallel": par_steps.sum(1),
+                "perpendicular": (self.step_full - par_steps).sum(1),
+                "parallel_if_first": self.parallel_if_first.sum(1),
+                "parallel_if_last": self.parallel_if_last.sum(1),
+            }
+            return pd.DataFrame({k: v.reshape(-1).cpu().numpy() for k, v in cols.items()})
+        frames = []
+        before = self.lens_logits[:-1]
+        for c, name in enumerate(self.components):
+            cols = {
+                "layer": layer,
+                "batch": b,
+                "position": p,
+                "target": self.targets.expand(n_layers, batch, pos),
+                "logit_before": before,
+                "logit_after": before + self.step_full[:, c],
+                "full": self.step_full[:, c],
+                "parallel": par_steps[:, c],
+                "perpendicular": self.step_full[:, c] - par_steps[:, c],
+                "parallel_if_first": self.parallel_if_first[:, c],
+                "parallel_if_last": self.parallel_if_last[:, c],
+            }
+            frame = pd.DataFrame({k: v.reshape(-1).cpu().numpy() for k, v in cols.items()})
+            frame.insert(3, "component", name)
+            frames.append(frame)
+            before = before + self.step_full[:, c]
+        return (
+            pd.concat(frames, ignore_index=True)
+            .sort_values(["layer", "batch", "position"], kind="stable")
+            .reset_index(drop=True)
+        )
+
+    def shares(
+        self, position: int = -1, batch: int = 0, ordering: str | None = None
+    ) -> dict[str, float]:
+        """How the final lens logit at one position was built: the embedding's lens logit, the sum
+        over layers of the parallel and of the perpendicular parts (under ``ordering``), and each
+        part's share of the total change ``final - embedding``."""
+        par = float(self.parallel(ordering)[:, batch, position].sum())
+        perp = float(self.perpendicular(ordering)[:, batch, position].sum())
+        total = float(self.full[:, batch, position].sum())
+        return {
+            "embedding_logit": float(self.lens_logits[0, batch, position]),
+            "final_logit": float(self.lens_logits[-1, batch, position]),
+            "parallel": par,
+            "perpendicular": perp,
+            "change": total,
+            "parallel_share": par / total if total else float("nan"),
+            "perpendicular_share": perp / total if total else float("nan"),
+        }
+
+    def figure(self, batch: int = 0, ordering: str | None = None):
+        """Heat maps layer x position of ``full``, ``parallel``, ``perpendicular`` (plotly, see
+        :func:`tl_directional.figures.lens.split_lens_figure`)."""
+        return split_lens_figure(self.to_frame(ordering), batch=batch)
+
+
+def _check_ordering(ordering) -> str:
+    if ordering not in ORDERINGS:
+        raise LensInputError(
+            f"ordering must be one of {ORDERINGS}, got {ordering!r}; "
+            "'shapley' averages the two path orderings"
+        )
+    return ordering
+
+
+def _check_tokens(model, tokens) -> Tensor:
+    if not isinstance(tokens, Tensor) or tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise LensInputError(
+            f"tokens must be an integer tensor [batch, pos] of token ids, got "
+            f"{type(tokens).__name__}{'' if not isinstance(tokens, Tensor) else ' of dtype ' + str(tokens.dtype)}; "
+            "tokenize first, e.g. tokens = model.to_tokens(prompts)"
+        )
+    if tokens.ndim == 1:
+        tokens = tokens.unsqueeze(0)
+    if tokens.ndim != 2 or tokens.shape[1] == 0 or tokens.shape[0] == 0:
+        raise LensInputError(
+            f"tokens must be shaped [batch, pos] with pos >= 1, got shape {tuple(tokens.shape)}; "
+            "pass a 2-D tensor (a 1-D tensor is read as one sequence)"
+        )
+    d_vocab = int(model.cfg.d_vocab)
+    lo, hi = int(tokens.min()), int(tokens.max())
+    if lo < 0 or hi >= d_vocab:
+        raise LensInputError(
+            f"tokens must be ids in [0, {d_vocab}), got values in [{lo}, {hi}]; "
+            "tokenize with this model's tokenizer"
+        )
+    return tokens.long()
+
+
+def _one_token(model, text: str, where: str) -> int:
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise LensInputError(
+            f"{where} = {text!r} is a string but the model has no tokenizer; pass token ids"
+        )
+    ids = list(tok(text, add_special_tokens=False)["input_ids"])
+    if len(ids) != 1:
+        raise LensInputError(
+            f"{where} = {text!r} is {len(ids)} tokens {ids}, not one; pass a single-token "
+            "string (often with a leading space, e.g. ' Paris') or a token id"
+        )
+    return int(ids[0])
+
+
+def _check_targets(model, target_tokens, batch: int, pos: int) -> Tensor:
+    """Target ids as ``[batch, pos]`` (a single id or string for every position, one per sequence
+    ``[batch]``, or one per position ``[batch, pos]``)."""
+    d_vocab = int(model.cfg.d_vocab)
+    shapes = f"an int or single-token string, a [batch]={batch} list/tensor, or a [batch, pos]=[{batch}, {pos}] tensor"
+    if target_tokens is None:
+        raise LensInputError(
+            f"target_tokens is required: {shapes}; for next-token targets pass "
+            "tokens[:, 1:] and tokens[:, :-1] as tokens"
+        )
+    if isinstance(target_tokens, bool):
+        raise LensInputError(f"target_tokens must be token ids, got a bool; pass {shapes}")
+    if isinstance(target_tokens, str):
+        ids = torch.tensor([[_one_token(model, target_tokens, "target_tokens")]])
+    elif isinstance(target_tokens, int):
+        ids = torch.tensor([[target_tokens]])
+    elif isinstance(target_tokens, Tensor):
+        if target_tokens.is_floating_point() or target_tokens.dtype == torch.bool:
+            raise LensInputError(
+                f"target_tokens must hold integer token ids, got dtype {target_tokens.dtype}; pass {shapes}"
+            )
+        t = target_tokens.long().cpu()
+        if t.ndim == 0:
+            ids = t.reshape(1, 1)
+        elif t.ndim == 1 and t.shape[0] == batch:
+            ids = t.unsqueeze(1)
+        elif t.ndim == 2 and tuple(t.shape) == (batch, pos):
+            ids = t
+        else:
+            raise LensInputError(
+                f"target_tokens has shape {tuple(t.shape)}, which fits neither [batch]={batch} nor "
+                f"[batch, pos]=[{batch}, {pos}]; pass {shapes}"
+            )
+    else:
+        try:
+            values = list(target_tokens)
+        except TypeError:
+            raise LensInputError(
+                f"target_tokens must be {shapes}, got {type(target_tokens).__name__}"
+            ) from None
+        if len(values) != batch:
+            raise LensInputError(
+                f"target_tokens has {len(values)} entries but tokens has batch={batch}; pass {shapes}"
+            )
+        out = []
+        for i, v in enumerate(values):
+            if isinstance(v, str):
+                out.append(_one_token(model, v, f"target_tokens[{i}]"))
+            elif isinstance(v, int) and not isinstance(v, bool):
+                out.append(v)
+            else:
+                raise LensInputError(
+                    f"target_tokens[{i}] = {v!r} is not a token id or a single-token string"
+                )
+        ids = torch.tensor(out).unsqueeze(1)
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= d_vocab:
+        raise LensInputError(
+            f"target_tokens must be ids in [0, {d_vocab}) (the model's d_vocab), got values in "
+            f"[{lo}, {hi}]; pass ids from this model's tokenizer"
+        )
+    return ids.expand(batch, pos).clone()
+
+
+def _soft_cap(model):
+    """The elementwise map the model applies to its logits after the unembedding (Gemma-2
+    softcap, logit scales), as TransformerLens's lens applies it; identity when there is none."""
+    adapter = getattr(model, "adapter", None)
+    transform = getattr(adapter, "apply_output_logits_transform", None)
+    if callable(transform):
+        return transform
+    cap = float(getattr(model.cfg, "output_logits_soft_cap", 0.0) or 0.0)
+    if cap > 0:
+        return lambda x: cap * torch.tanh(x / cap)
+    return lambda x: x
+
+
+class _Reader:
+    """The lens map ``f``: stream ``[batch, pos, d_model]`` -> target logit ``[batch, pos]``, through
+    the model's own final norm module (statistics recomputed on the given stream) and unembedding."""
+
+    def __init__(self, model, targets: Tensor):
+        self.ln_final = (
+            getattr(model, "ln_final", None) if model.cfg.normalization_type is not None else None
+        )
+        self.w_u = model.W_U
+        # Only the distinct target columns are unembedded; a row-times-columns matmul (as
+        # TransformerLens's readout does over the full vocabulary) keeps parity to float rounding.
+        ids, self.index = torch.unique(targets.to(self.w_u.device), return_inverse=True)
+        self.columns = self.w_u[:, ids]
+        b_u = getattr(model, "b_U", None)
+        self.bias = b_u[ids] if b_u is not None else torch.zeros_like(self.columns[0])
+        self.transform = _soft_cap(model)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        x = x.to(self.w_u.dtype)
+        if self.ln_final is not None:
+            x = self.ln_final(x)
+        logits = self.transform(x @ self.columns + self.bias)  # [batch, pos, n_distinct]
+        return logits.gather(-1, self.index.unsqueeze(-1)).squeeze(-1).double()
+
+
+def _steps(sites, layer: int) -> list[_Step]:
+    b = f"blocks.{layer}"
+    if sites.arch == SEQUENTIAL:
+        attn, mlp = sites.units["attn"][layer], sites.units["mlp"][layer]
+        return [
+            _Step("attn", attn.reference_hook, (attn.update_hook,)),
+            _Step("mlp", mlp.reference_hook, (mlp.update_hook,)),
+        ]
+    # Parallel attention + MLP: both are split against resid_pre, and the split is linear in the
+    # update, so the block's parallel part is the sum of the two (a pure rescale of resid_pre).
+    return [
+        _Step(
+            "attn+mlp",
+            f"{b}.hook_resid_pre",
+            (sites.units["attn"][layer].update_hook, sites.units["mlp"][layer].update_hook),
+        )
+    ]
+
+
+@torch.no_grad()
+def split_logit_lens(
+    model,
+    tokens,
+    *,
+    target_tokens,
+    ordering: str = "shapley",
+    eps: float = DEFAULT_EPS,
+    check_additivity: bool = True,
+) -> SplitLensResult:
+    """Split logit lens of ``target_tokens`` over every layer and position of ``tokens``.
+
+    The lens logit of the stream ``x`` (``[d_model]`` at one position) is
+    ``f(x) = ln_final(x) . W_U[:, target] + b_U[target]`` with the final norm's statistics
+    recomputed on ``x`` (and the model's elementwise logit transform, e.g. a softcap). The stream
+    entries are those of TransformerLens's lens: ``blocks.l.hook_resid_pre`` for every ``l`` and
+    the last ``hook_resid_post``, so ``result.lens_logits`` equals
+    ``logit_lens(model, tokens, positions=None, targets=...)``'s values. Each block is a path of
+    sub-layer steps (sequential blocks: attention split against ``hook_resid_pre``, then the MLP
+    against ``hook_resid_mid``; parallel blocks: their summed update against ``hook_resid_pre``;
+    sandwich-norm blocks: the post-norm output that is added to the stream). For a step from
+    ``x`` with update ``u = u_par + u_perp``:
+
+    * parallel first: ``parallel = f(x + u_par) - f(x)``, ``perpendicular = f(end) - f(x + u_par)``;
+    * perpendicular first: ``perpendicular = f(x + u_perp) - f(x)``, ``parallel = f(end) - f(x + u_perp)``;
+    * ``shapley`` (default): the average of the two.
+
+    ``end`` is the cached next stream, so the parts add up to the lens's own change exactly (up to
+    float64 rounding of the differences). With a final RMSNorm or LayerNorm ``f((1+a) x) = f(x)``
+    for ``1 + a > 0`` up to the norm's ``eps``, so the parallel-first parallel part is ~0: see
+    docs/method.md ("Split logit lens") for what the orderings mean.
+
+    Args:
+        model: a TransformerLens model (bridge or legacy) in eval mode, pre-LN (sequential,
+            parallel or sandwich-norm blocks; GQA included).
+        tokens: ``[batch, pos]`` integer token ids (a 1-D tensor is one sequence); checked here
+            rather than by annotation so that a bad value gets this function's error.
+        target_tokens: the token whose lens logit is read: one id or single-token string for
+            every position, one per sequence (``[batch]``), or one per position (``[batch, pos]``,
+            e.g. next-token ids).
+        ordering: which ordering ``to_frame`` reports (``"shapley"``, ``"parallel_first"``,
+            ``"perpendicular_first"``); all are kept in the result.
+        eps: degenerate threshold of the split (METHOD sec. 1): a stream with ``||x||^2 <= eps``
+            gets no parallel part.
+        check_additivity: raise unless every step's cached ``start + update`` equals the next
+            cached stream to the dtype's tolerance (the identity the split rests on).
+
+    Returns:
+        A :class:`SplitLensResult` (float64 values; ``.to_frame()``, ``.figure()``, ``.shares()``).
+
+    Raises:
+        LensInputError: bad ``tokens``, ``target_tokens`` or ``ordering``, a model in training
+            mode, a post-LN (encoder) model, or a broken stream identity.
+    """
+    check_hook_api(model)
+    ordering = _check_ordering(ordering)
+    eps = check_eps(eps)
+    if getattr(model, "training", False):
+        raise LensInputError(
+            "model is in training mode (dropout on), so the lens would be random; call model.eval() first"
+        )
+    tokens = _check_tokens(model, tokens)
+    batch, pos = tokens.shape
+    targets = _check_targets(model, target_tokens, batch, pos)
+    sites = resolve_sites(model, warn=False)
+    if sites.arch == POST_LN:
+        raise LensInputError(
+            f"model {sites.model_name} is a post-LN encoder; the logit lens needs a pre-LN decoder "
+            "whose stream is read by a final norm and an unembedding"
+        )
+    n_layers = sites.n_layers
+    steps = [_steps(sites, L) for L in range(n_layers)]
+    stream = [f"blocks.{L}.hook_resid_pre" for L in range(n_layers)] + [
+        f"blocks.{n_layers - 1}.hook_resid_post"
+    ]
+    names = sorted(
+        set(stream)
+        | {s.start for row in steps for s in row}
+        | {u for row in steps for s in row for u in s.updates}
+    )
+    _, cache = model.run_with_cache(tokens.to(device_of(model)), names_filter=lambda n: n in names)
+
+    f = _Reader(model, targets)
+    lens = torch.stack([f(cache[name]) for name in stream])  # [L + 1, batch, pos]
+    n_steps = len(steps[0])
+    par_first = torch.zeros(n_layers, n_steps, batch, pos, dtype=torch.float64, device=lens.device)
+    par_last = torch.zeros_like(par_first)
+    step_full = torch.zeros_like(par_first)
+    err = torch.zeros(n_layers, n_steps, dtype=torch.float64)
+    tol = dtype_tolerance(cache[stream[0]].dtype)
+    for L, row in enumerate(steps):
+        f_start = lens[L]
+        for c, step in enumerate(row):
+            x = cache[step.start]
+            u = sum(cache[h] for h in step.updates)
+            last = c == len(row) - 1
+            end = cache[stream[L + 1]] if last else cache[row[c + 1].start]
+            f_end = lens[L + 1] if last else f(end)
+            err[L, c] = float((x + u - end).abs().max())
+            scale = float(end.abs().max()) + 1.0
+            if check_additivity and float(err[L, c]) > tol * scale:
+                raise LensInputError(
+                    f"layer {L} {step.component}: {step.start} + {' + '.join(step.updates)} differs from the next "
+                    f"stream by {float(err[L, c]):.3g} (tolerance {tol * scale:.3g}), so these hooks are not the "
+                    "stream's additive updates on this model; pass check_additivity=False only if you know why"
+                )
+            # The parallel part along the stream the update is added to (METHOD sec. 1-2), in the
+            # stream's dtype so that x + u_par is a real stream point of this model.
+            u_par = parallel_part(u, x, eps).to(x.dtype)
+            u_perp = u - u_par
+            par_first[L, c] = f(x + u_par) - f_start
+            par_last[L, c] = f_end - f(x + u_perp)
+            step_full[L, c] = f_end - f_start
+            f_start = f_end
+    notes = list(sites.notes)
+    return SplitLensResult(
+        lens_logits=lens.cpu(),
+        full=(lens[1:] - lens[:-1]).cpu(),
+        parallel_if_first=par_first.cpu(),
+        parallel_if_last=par_last.cpu(),
+        step_full=step_full.cpu(),
+        components=tuple(s.component for s in steps[0]),
+        targets=targets,
+        additive_error=err,
+        ordering=ordering,
+        notes=notes,
+    )
+
+
+__all__ = [
+    "ORDERINGS",
+    "LensInputError",
+    "SplitLensResult",
+    "split_logit_lens",
+    "split_lens_figure",
+]
