@@ -25,6 +25,7 @@ KEEPS = {
     "CorpusIntegrityError": ValueError,
     "EditsAlreadyInstalledError": RuntimeError,
     "NonFiniteEditError": ValueError,
+    "PretokenisedCorpusError": ValueError,
     "RealModelError": RuntimeError,
     "SiteResolutionError": ValueError,
     "TokenizerMismatchError": ValueError,
