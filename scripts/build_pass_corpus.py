@@ -211,6 +211,7 @@ def build(out: Path, *, debs: Path, seed: int, vocab_size: int, val_fraction: fl
 
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    os.chmod(stage, 0o755)  # mkdtemp makes 0700
     try:
         files = {}
         splits = {}
