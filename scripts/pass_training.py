@@ -142,7 +142,7 @@ def run_task(name: str, *, out: Path, corpus: Path, scale: str) -> dict:
         if kind == "own":
             run_dir = out / "runs" / f"{variant}-s{seed}"
             res = train(cfg, run_dir, progress=False, data=data)
-            before = parallel_shares(load_init(run_dir / "init", "cpu"), probe, variant)
+            before = parallel_shares(load_init(run_dir / "init", torch.device("cpu")), probe, variant)
             after = parallel_shares(res.model, probe, variant)
             record = {"task": name, "variant": variant, "seed": seed, "path": "own",
                       "final_val_loss": res.final_val_loss, "curve": res.metrics, "shares_before": before,
@@ -201,6 +201,14 @@ def run(args) -> int:
         raise SystemExit(f"error: {out} holds a --scale {json.loads(launch.read_text()).get('scale')} run; "
                          f"use another --out for --scale {args.scale}")
     pending = [t for t in tasks(args.scale) if not (out / "results" / f"{t}.json").is_file()]
+    if args.jobs == 0:  # every task in this process, one after the other (tests, debugging)
+        for t in pending:
+            if not t.startswith("lr-"):
+                choose_lr(out, args.scale)
+            run_task(t, out=out, corpus=corpus, scale=args.scale)
+            print(f"{t}: done", flush=True)
+        choose_lr(out, args.scale)
+        return 0
     running: dict[str, subprocess.Popen] = {}
     failed: list[str] = []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -350,6 +358,7 @@ def collect(args) -> int:
         "complete": all(f"own-{v}-s{s}" in recs for v in VARIANTS for s in SEEDS)
         and all(f"hf-{v}-s{s}" in recs for v in VARIANTS for s in HF_SEEDS),
         "cpu_hours": sum(r.get("cpu_s", 0) for r in recs.values()) / 3600,
+        "files": {},
     }
     _common.write_data(data, files, manifest, f"{args.stem}.manifest.json")
     print(f"wrote {len(files) + 1} files under {data}")
@@ -547,7 +556,7 @@ def main(argv=None) -> int:
         if name == "task":
             p.add_argument("name")
         if name == "run":
-            p.add_argument("--jobs", type=int, default=1)
+            p.add_argument("--jobs", type=int, default=1, help="tasks at once, each its own process; 0: all in this one")
             p.add_argument("--poll", type=float, default=5.0)
         if name in ("run", "collect"):
             p.add_argument("--allow-dirty", action="store_true")
@@ -562,8 +571,8 @@ def main(argv=None) -> int:
     args.out = args.out or default_out()
     args.corpus = args.corpus or default_corpus()
     if args.cmd == "run":
-        if args.jobs < 1:
-            raise SystemExit(f"error: --jobs must be >= 1, got {args.jobs}")
+        if args.jobs < 0:
+            raise SystemExit(f"error: --jobs must be >= 0 (0: every task in this process), got {args.jobs}")
         return run(args)
     if args.cmd == "task":
         run_task(args.name, out=args.out, corpus=args.corpus, scale=args.scale)
