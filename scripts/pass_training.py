@@ -48,8 +48,8 @@ GEOMETRY_WINDOWS = 8  # validation windows the parallel share is read on
 
 #: The study's fixed settings (protocol sec. 10). ``lr`` is chosen by the ``lr`` stage.
 SCALES = {
-    "study": dict(vocab_size=8192, n_layers=4, d_model=256, n_heads=4, d_mlp=1024, n_ctx=256, batch_size=32,
-                  max_steps=1300, warmup_steps=100, min_lr_ratio=0.1, weight_decay=0.1, eval_every=100,
+    "study": dict(vocab_size=8192, n_layers=4, d_model=128, n_heads=2, d_mlp=512, n_ctx=256, batch_size=32,
+                  max_steps=1100, warmup_steps=100, min_lr_ratio=0.1, weight_decay=0.1, eval_every=100,
                   eval_windows=0, ckpt_every=50, keep_checkpoints=2),
     # seconds: the end-to-end test and a first look
     "smoke": dict(vocab_size=8192, n_layers=1, d_model=32, n_heads=2, d_mlp=128, n_ctx=32, batch_size=4,
