@@ -14,7 +14,7 @@ choice on the baseline (``lr/``, then ``lr.json``), then every own-trainer run (
 checkpointed, resumed where it stopped) and every HF-callback run (``hf/VARIANT-sSEED``), each task
 in its own process, ``--jobs`` at a time. A task's record lands atomically in
 ``results/TASK.json`` when it finishes, so an interrupted ``run`` loses at most the unfinished steps
-since each task's last checkpoint (an HF-callback task restarts from its beginning). ``collect``
+since each task's last checkpoint (own trainer and HF ``Trainer`` checkpoints alike). ``collect``
 reads the records; the page is built by ``scripts/claims.py build`` (``make results``) from the
 committed ``docs/results/data/pass8m.*`` alone.
 """
@@ -150,7 +150,7 @@ def run_task(name: str, *, out: Path, corpus: Path, scale: str) -> dict:
         else:
             from tl_directional.training.hf_recipe import train_like_own_trainer
 
-            got = train_like_own_trainer(cfg, data, out / "hf" / f"{variant}-s{seed}")
+            got = train_like_own_trainer(cfg, data, out / "hf" / f"{variant}-s{seed}", save_every=cfg.ckpt_every)
             record = {"task": name, "variant": variant, "seed": seed, "path": "hf",
                       "final_val_loss": got["val_loss"], "train_losses": got["train_losses"],
                       "config": cfg.to_dict()}
