@@ -30,7 +30,8 @@ Steps, all deterministic for the pinned package versions and ``--seed``:
    folder renamed into place) and compare the output hashes with the committed
    ``docs/results/data/pass8m.expected.json``: a rebuild that differs fails.
 
-    python scripts/build_pass_corpus.py                      # build + verify (make pass-corpus)
+    python scripts/build_pass_corpus.py                      # build + verify (make pass-corpus); a no-op when
+                                                             # OUT already matches; --force rebuilds
     python scripts/build_pass_corpus.py --write-expected     # (maintainers) pin the hashes anew
 
 ``OUT`` defaults to ``$TL_DIRECTIONAL_CACHE/corpora/pass8m`` (``~/.cache/tl_directional`` when the
@@ -162,6 +163,14 @@ def collect(debs: Path, work: Path, pinned: dict | None) -> tuple[list[dict], li
     return records, docs
 
 
+def up_to_date(out: Path) -> bool:
+    """Whether ``out`` already holds the corpus that ``EXPECTED_JSON`` pins (every file hashed)."""
+    if not (EXPECTED_JSON.is_file() and (out / "tokens.json").is_file()):
+        return False
+    want = json.loads(EXPECTED_JSON.read_text())["sha256"]
+    return all((out / name).is_file() and sha256_file(out / name) == sha for name, sha in want.items())
+
+
 def build(out: Path, *, debs: Path, seed: int, vocab_size: int, val_fraction: float,
           write_expected: bool) -> dict:
     import numpy as np
@@ -169,6 +178,9 @@ def build(out: Path, *, debs: Path, seed: int, vocab_size: int, val_fraction: fl
     from tl_directional.model.load import ENDOFTEXT, train_tokenizer
 
     t0 = time.perf_counter()
+    if not write_expected and up_to_date(out):
+        print(f"{out}: up to date (every file's sha256 equals {EXPECTED_JSON.name}); --force rebuilds it")
+        return json.loads(EXPECTED_JSON.read_text())
     pinned = None
     if SOURCES_JSON.is_file() and not write_expected:
         pinned = {s["package"]: s for s in json.loads(SOURCES_JSON.read_text())["sources"]}
@@ -275,6 +287,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--val-fraction", type=float, default=0.02)
+    ap.add_argument("--force", action="store_true", help="rebuild even when OUT already matches the expected hashes")
     ap.add_argument("--write-expected", action="store_true",
                     help="write the sources and expected-hash json files instead of checking against them")
     args = ap.parse_args(argv)
@@ -283,6 +296,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: --val-fraction must be in (0, 0.5), got {args.val_fraction}")
     if args.vocab_size > 65536:
         raise SystemExit(f"error: --vocab-size {args.vocab_size} does not fit the uint16 token files (max 65536)")
+    if args.force and out.exists():
+        shutil.rmtree(out)
     build(out, debs=args.debs or out.parent / "debs", seed=args.seed, vocab_size=args.vocab_size,
           val_fraction=args.val_fraction, write_expected=args.write_expected)
     return 0
