@@ -398,6 +398,8 @@ def build(check: bool) -> int:
             pages[PAGES / f"{stem}.md"] = amend_claims.build_amend_page(stem, DATA) + "\n"
         for stem in passes:
             pages[PAGES / f"{stem}.md"] = pass_training.build_page(stem, DATA) + "\n"
+            for name, svg in pass_training.build_figures(stem, DATA).items():
+                pages[PAGES / name] = svg
         for stem in atlas:
             pages[PAGES / f"{stem}.md"] = amend_claims.build_atlas_page(stem, DATA) + "\n"
         index = PAGES.parent / "results.md"

@@ -439,6 +439,63 @@ def _band(x):
     return m, t975(n - 1) * sd / math.sqrt(n)
 
 
+def _curve_bands(t):
+    """Per variant: [(step, mean, half-width)] of the validation loss over seeds, and per edited
+    variant the same of the paired difference to the baseline."""
+    c = t["curves"]
+    loss, gap = {v: [] for v in VARIANTS}, {v: [] for v in ("vpara", "attn-para")}
+    for step in sorted(c.step.unique()):
+        cs = c[c.step == step]
+        per = {v: cs[cs.variant == v].set_index("seed").val_loss for v in VARIANTS}
+        for v in VARIANTS:
+            if len(per[v]):
+                loss[v].append((int(step), *_band(list(per[v].values))))
+        for v in gap:
+            both = sorted(set(per["baseline"].index) & set(per[v].index))
+            if both:
+                gap[v].append((int(step), *_band([per[v][k] - per["baseline"][k] for k in both])))
+    return loss, gap
+
+
+def build_figures(stem: str, data: Path = DATA) -> dict[str, str]:
+    """The page's three SVG figures (file name -> text): validation loss per variant with its 95%
+    band, the paired gap to the baseline over training, the parallel share per layer."""
+    from tl_directional.figures.svg import svg_chart
+
+    _, t = load(stem, data)
+    loss, gap = _curve_bands(t)
+    tokens = t["curves"].groupby("step").tokens.first().to_dict()
+
+    def banded(rows_by_name):
+        series = {}
+        for name, rows in rows_by_name.items():
+            series[name] = [(tokens[s] / 1e6, m) for s, m, _ in rows]
+            if any(math.isfinite(h) for _, _, h in rows):
+                series[f"{name} 95% low"] = [(tokens[s] / 1e6, m - h) for s, m, h in rows if math.isfinite(h)]
+                series[f"{name} 95% high"] = [(tokens[s] / 1e6, m + h) for s, m, h in rows if math.isfinite(h)]
+        return series
+
+    figs = {
+        f"{stem}_loss.svg": svg_chart(banded({v: rows[1:] for v, rows in loss.items()}),
+                                      title="validation loss (mean over seeds, 95% t band)",
+                                      xlabel="training tokens (M)", ylabel="nats/token", width=760, height=420),
+        f"{stem}_gap.svg": svg_chart(banded({f"{v} - baseline": rows for v, rows in gap.items()}),
+                                     title="paired gap to the baseline over training (95% t band)",
+                                     xlabel="training tokens (M)", ylabel="nats/token", hline=(0.0, "baseline"),
+                                     width=760, height=420),
+    }
+    sh = t["shares"]
+    series = {}
+    for v in VARIANTS:
+        for comp in ("value", "attn"):
+            for when in ("before", "after"):
+                g = sh[(sh.variant == v) & (sh.when == when)].groupby("layer")[f"{comp}_share"].mean()
+                series[f"{v} {comp} {when}"] = [(int(k), float(x)) for k, x in g.items()]
+    figs[f"{stem}_shares.svg"] = svg_chart(series, title="parallel energy share per layer, before and after training",
+                                           xlabel="layer", ylabel="par^2 / (par^2 + perp^2)", width=760, height=420)
+    return figs
+
+
 def build_page(stem: str, data: Path = DATA) -> str:
     manifest, t = load(stem, data)
     cfg = manifest["config"]
@@ -460,10 +517,12 @@ def build_page(stem: str, data: Path = DATA) -> str:
         f"- Corpus: `pass8m` (`make pass-corpus`: Debian documentation sources, split by document), "
         f"{corpus.get('train_tokens', 0):,} training tokens in windows; each run reads {tokens:,} of them once "
         "(a single pass, no window repeated).",
-        f"- Model: GPT-2, {cfg['n_layers']} layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads (d_head "
+        f"- Model: GPT-2, {cfg['n_layers']} layer{'s' if cfg['n_layers'] > 1 else ''}, d_model {cfg['d_model']}, {cfg['n_heads']} heads (d_head "
         f"{cfg['d_model'] // cfg['n_heads']}), d_mlp {cfg['d_mlp']}, n_ctx {cfg['n_ctx']}, vocab {cfg['vocab_size']}: "
         f"about {n_nonemb / 1e6:.1f}M parameters outside the embeddings, {n_total / 1e6:.1f}M in all.",
-        f"- Schedule: AdamW, lr {cfg['lr']:g} (chosen on the baseline: {manifest.get('lr_choice', {}).get('candidates', '-')}), "
+        f"- Schedule: AdamW, lr {cfg['lr']:g} (chosen on the baseline, final validation loss per candidate: "
+        + (", ".join(f"{k}: {float(x):.4f}" for k, x in manifest.get("lr_choice", {}).get("candidates", {}).items()) or "-")
+        + "), "
         f"warmup {cfg['warmup_steps']}, cosine to {cfg['min_lr_ratio']} lr, {cfg['max_steps']} steps of "
         f"{cfg['batch_size']} windows.",
         "",
@@ -495,11 +554,24 @@ def build_page(stem: str, data: Path = DATA) -> str:
             for s in a.seed:
                 if (b.seed == s).any():
                     gaps.append(abs(float(a[a.seed == s].final_val_loss.iloc[0]) - float(b[b.seed == s].final_val_loss.iloc[0])))
+        worst = max(gaps) if gaps else math.nan
+        signs = []
+        for v in ("vpara", "attn-para"):
+            for seed in HF_SEEDS:
+                pick = lambda path, var, s_=seed: f[(f.variant == var) & (f.path == path) & (f.seed == s_)].final_val_loss  # noqa: E731
+                if all(len(pick(p_, w)) for p_ in ("own", "hf") for w in (v, "baseline")):
+                    d_own = float(pick("own", v).iloc[0]) - float(pick("own", "baseline").iloc[0])
+                    d_hf = float(pick("hf", v).iloc[0]) - float(pick("hf", "baseline").iloc[0])
+                    signs.append(f"{v} seed {seed}: own {d_own:+.4f}, HF {d_hf:+.4f}")
+        equal = "equal within it" if worst <= 1e-5 else "**not** equal within it (the sign rule of sec. 10 applies)"
         L += ["", f"HF `Trainer` + `DirectionalEditCallback` against the own trainer, same seed: largest gap of "
-              f"the interval-mean training loss {gap_train:.2g}, of the final validation loss "
-              f"{max(gaps) if gaps else math.nan:.2g} nats (the existing tolerance is 1e-5; protocol sec. 10)."]
+              f"the interval-mean training loss {gap_train:.2g}, of the final validation loss {worst:.2g} nats; "
+              f"the existing tolerance is 1e-5, so the user's path is {equal}. Differences to the baseline "
+              f"on both paths: {'; '.join(signs) or '-'}."]
     c = t["curves"]
     L += ["", "## Validation loss over training (mean over seeds, 95% interval) and the paired gap", "",
+          f"![validation loss per variant]({stem}_loss.svg)", "", f"![paired gap to the baseline]({stem}_gap.svg)",
+          "",
           "| step | tokens | " + " | ".join(VARIANTS) + " | vpara - baseline | attn-para - baseline |",
           "|---|---|" + "---|" * (len(VARIANTS) + 2)]
     for step in sorted(c.step.unique()):
@@ -521,6 +593,7 @@ def build_page(stem: str, data: Path = DATA) -> str:
           f"`par^2 / (par^2 + perp^2)` on {GEOMETRY_WINDOWS} validation windows, read before the edit at its hook "
           "while the variant's edits are active; mean over seeds. Value: each head's output against its own "
           "value; attn / mlp: the update against the residual stream it is added to.", "",
+          f"![parallel share per layer]({stem}_shares.svg)", "",
           "| variant | layer | value before | value after | attn before | attn after | mlp before | mlp after |",
           "|---|---|---|---|---|---|---|---|"]
     for v in VARIANTS:
@@ -540,7 +613,8 @@ def build_page(stem: str, data: Path = DATA) -> str:
         f"{ratio_p:,.0f}x smaller in parameters and {ratio_t:,.0f}x in tokens than the smallest of those, on "
         "technical documentation instead of web text.",
         "- A **held** verdict here says the effect already appears at this scale in one pass; a **failed** one says "
-        "it does not at this scale (not that it fails at the paper's); **not decided** says the seeds cannot tell.",
+        "suppression raises the loss at this scale (not that it does at the paper's); **not decided** says three "
+        "seeds cannot tell, not that there is no effect. None of it speaks to the downstream points at 1.4B / 2.7B.",
     ]
     return "\n".join(L)
 

@@ -53,6 +53,12 @@ def test_run_collect_page_and_resume(corpus, tmp_path):
     page = P.build_page("pass8m", data)
     for text in ("## Verdicts", "attn-para - baseline", "value before", "smaller in parameters", "HF `Trainer`"):
         assert text in page
+    figs = P.build_figures("pass8m", data)
+    assert sorted(figs) == ["pass8m_gap.svg", "pass8m_loss.svg", "pass8m_shares.svg"]
+    assert all(f.startswith("<svg") and f == g for f, g in zip(figs.values(), P.build_figures("pass8m", data).values(),
+                                                                strict=True))
+    for name in figs:
+        assert f"]({name})" in page
     rows = P.verdict_rows("pass8m", data)
     assert [r[0].split(" lowers")[0] for r in rows] == [
         "4: training with full-aggregate value-space V-Para (per head)",
