@@ -154,6 +154,7 @@ def run_task(name: str, *, out: Path, corpus: Path, scale: str) -> dict:
             record = {"task": name, "variant": variant, "seed": seed, "path": "hf",
                       "final_val_loss": got["val_loss"], "train_losses": got["train_losses"],
                       "config": cfg.to_dict()}
+    record["commit"] = _common.git_commit()  # a run resumed in a later session may run newer code
     record["cpu_s"] = time.process_time() - t_cpu
     record["wall_s"] = time.perf_counter() - t_wall
     _json_write(out / "results" / f"{name}.json", record)
@@ -358,6 +359,8 @@ def collect(args) -> int:
         "complete": all(f"own-{v}-s{s}" in recs for v in VARIANTS for s in SEEDS)
         and all(f"hf-{v}-s{s}" in recs for v in VARIANTS for s in HF_SEEDS),
         "cpu_hours": sum(r.get("cpu_s", 0) for r in recs.values()) / 3600,
+        "task_commits": sorted({c[:7] + ("+dirty" if c.endswith("+dirty") else "")
+                                for c in (r.get("commit", "unknown") for r in recs.values())}),
         "files": {},
     }
     _common.write_data(data, files, manifest, f"{args.stem}.manifest.json")
@@ -512,7 +515,8 @@ def build_page(stem: str, data: Path = DATA) -> str:
         "Do not edit by hand.",
         "",
         f"- Run: `{manifest['command']}` at commit `{manifest['commit']}`, started {manifest['started']}, torch "
-        f"{manifest['torch']}; {manifest['cpu_hours']:.1f} CPU-hours recorded"
+        f"{manifest['torch']}; tasks finished at {', '.join(f'`{c}`' for c in manifest.get('task_commits', []))}; "
+        f"{manifest['cpu_hours']:.1f} CPU-hours recorded"
         + ("." if manifest["complete"] else " so far (**incomplete**: the tables show the finished runs)."),
         f"- Corpus: `pass8m` (`make pass-corpus`: Debian documentation sources, split by document), "
         f"{corpus.get('train_tokens', 0):,} training tokens in windows; each run reads {tokens:,} of them once "
