@@ -137,10 +137,10 @@ def run_task(name: str, *, out: Path, corpus: Path, scale: str) -> dict:
         seed = int(seed)
         lr = json.loads((out / "lr.json").read_text())["lr"]
         cfg = _cfg(scale, corpus, variant=variant, seed=seed, lr=lr)
-        data = prepare_data(cfg, out / "runs" / f"{variant}-s{seed}")
+        run_dir = out / ("runs" if kind == "own" else "hf") / f"{variant}-s{seed}"
+        data = prepare_data(cfg, run_dir)
         probe = data.validation[:GEOMETRY_WINDOWS]
         if kind == "own":
-            run_dir = out / "runs" / f"{variant}-s{seed}"
             res = train(cfg, run_dir, progress=False, data=data)
             before = parallel_shares(load_init(run_dir / "init", torch.device("cpu")), probe, variant)
             after = parallel_shares(res.model, probe, variant)
@@ -150,7 +150,7 @@ def run_task(name: str, *, out: Path, corpus: Path, scale: str) -> dict:
         else:
             from tl_directional.training.hf_recipe import train_like_own_trainer
 
-            got = train_like_own_trainer(cfg, data, out / "hf" / f"{variant}-s{seed}", save_every=cfg.ckpt_every)
+            got = train_like_own_trainer(cfg, data, run_dir, save_every=cfg.ckpt_every)
             record = {"task": name, "variant": variant, "seed": seed, "path": "hf",
                       "final_val_loss": got["val_loss"], "train_losses": got["train_losses"],
                       "config": cfg.to_dict()}
