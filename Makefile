@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(LANE)
 MODELS_STAMP := $(VENV)/.models-$(LANE)
 
-.PHONY: venv models demo test docs lint clean results
+.PHONY: venv models demo test docs lint clean results pass-corpus pass-training
 
 $(STAMP): pyproject.toml constraints/$(LANE).txt docs/requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,18 @@ docs: $(STAMP)
 results: $(STAMP)
 	$(PY) scripts/compression_claims.py build
 	$(PY) scripts/claims.py build
+
+# The single-pass training corpus of protocol sec. 10 (Debian documentation sources, about 12M
+# tokens) into $(TL_DIRECTIONAL_CACHE)/corpora/pass8m, its hashes checked against
+# docs/results/data/pass8m.expected.json. Needs apt-get (run `apt-get update` once) and dpkg-deb.
+pass-corpus: $(STAMP)
+	$(PY) scripts/build_pass_corpus.py
+
+# Protocol sec. 10's runs (about 12 CPU-hours; resumable: run it again until it says all tasks
+# are done), then `$(PY) scripts/pass_training.py collect` and `make results`.
+JOBS ?= 2
+pass-training: pass-corpus
+	$(PY) scripts/pass_training.py run --jobs $(JOBS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tl_directional tests benchmarks scripts

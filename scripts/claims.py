@@ -306,7 +306,7 @@ def _d_model(manifest) -> int:
 SUMMARY_START, SUMMARY_END = "<!-- claims-summary -->", "<!-- /claims-summary -->"
 
 
-def summary_block(stems, depth=(), training=(), amend=()) -> str:
+def summary_block(stems, depth=(), training=(), amend=(), passes=()) -> str:
     """The verdict table of every run, for docs/results.md (between the two markers)."""
     import amend_claims
     import depth_claims
@@ -320,6 +320,11 @@ def summary_block(stems, depth=(), training=(), amend=()) -> str:
     for stem in training:
         for claim, stat, verdict in training_claims.verdict_rows(stem, DATA):
             L.append(f"| [claims_{stem}](results/claims_{stem}.md) | {claim} | {stat} | {verdict} |")
+    for stem in passes:
+        import pass_training
+
+        for claim, stat, verdict in pass_training.verdict_rows(stem, DATA):
+            L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
     for stem in depth:
         for claim, stat, verdict in depth_claims.verdict_rows(stem, DATA):
             L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
@@ -368,6 +373,7 @@ def build(check: bool) -> int:
     import compression_claims
     import depth_claims
     import paper_vs_ours
+    import pass_training
     import training_claims
 
     amend = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("amend_*.manifest.json"))
@@ -376,6 +382,7 @@ def build(check: bool) -> int:
     stems = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("claims_*.manifest.json"))
     depth = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("depth_*.manifest.json"))
     training = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("training_*.manifest.json"))
+    passes = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("pass8m*.manifest.json"))
     if not stems:
         print(f"error: no claims data under {DATA.relative_to(ROOT)}", file=sys.stderr)
         return 2
@@ -389,6 +396,10 @@ def build(check: bool) -> int:
             pages[PAGES / f"claims_{stem}.md"] = training_claims.build_page(stem, DATA) + "\n"
         for stem in amend:
             pages[PAGES / f"{stem}.md"] = amend_claims.build_amend_page(stem, DATA) + "\n"
+        for stem in passes:
+            pages[PAGES / f"{stem}.md"] = pass_training.build_page(stem, DATA) + "\n"
+            for name, svg in pass_training.build_figures(stem, DATA).items():
+                pages[PAGES / name] = svg
         for stem in atlas:
             pages[PAGES / f"{stem}.md"] = amend_claims.build_atlas_page(stem, DATA) + "\n"
         index = PAGES.parent / "results.md"
@@ -396,7 +407,7 @@ def build(check: bool) -> int:
             text = index.read_text()
             if SUMMARY_START in text and SUMMARY_END in text:
                 head, rest = text.split(SUMMARY_START, 1)
-                text = head + summary_block(stems, depth, training, amend) + rest.split(SUMMARY_END, 1)[1]
+                text = head + summary_block(stems, depth, training, amend, passes) + rest.split(SUMMARY_END, 1)[1]
             pages[index] = text
         lead = paper_vs_ours.block(DATA)
         for path in (index, ROOT / "README.md"):
@@ -404,7 +415,8 @@ def build(check: bool) -> int:
             if paper_vs_ours.START in text and paper_vs_ours.END in text:
                 head, rest = text.split(paper_vs_ours.START, 1)
                 pages[path] = head + lead + rest.split(paper_vs_ours.END, 1)[1]
-    except (DataError, depth_claims.C.DataError, compression_claims.DataError, training_claims.DataError) as e:  # each script's own class
+    except (DataError, depth_claims.C.DataError, compression_claims.DataError, training_claims.DataError,
+            pass_training.DataError) as e:  # each script's own class
         print(f"error: {e}", file=sys.stderr)
         return 2
     return write_pages(pages, check, ROOT, "make results")

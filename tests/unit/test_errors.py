@@ -36,6 +36,7 @@ KEEPS = {
     "EditsAlreadyInstalledError": RuntimeError,
     "NonFiniteEditError": ValueError,
     "RenamedArgumentError": TypeError,
+    "PretokenisedCorpusError": ValueError,
     "RealModelError": RuntimeError,
     "SiteResolutionError": ValueError,
     "TokenizerMismatchError": ValueError,

@@ -24,6 +24,7 @@ One job per module:
 
 * :mod:`.config`: :class:`TrainConfig`, the variants' edits, the learning-rate schedule, run-directory names.
 * :mod:`.data`: corpus, tokenizer, token windows, batch order.
+* :mod:`.pretokenised`: a pre-tokenised corpus (``scripts/build_pass_corpus.py``), read in a single pass.
 * :mod:`.model`: the seeded initial model, weights under native names, trainable parameters.
 * :mod:`.checkpoint`: checkpoint records (write, read, verify, resume checks), metrics CSV.
 * :mod:`.trainer`: :class:`Trainer`, :func:`train`, ``torchrun`` set-up and tear-down.
@@ -91,6 +92,14 @@ from .model import (
     load_init,
     trainable_parameters,
 )
+from .pretokenised import (
+    PRETOKENISED_META,
+    PretokenisedCorpusError,
+    check_single_pass,
+    is_pretokenised,
+    read_tokens,
+    stream_windows,
+)
 from .trainer import Dist, Trainer, TrainResult, init_distributed, train
 
 __all__ = [
@@ -102,12 +111,14 @@ __all__ = [
     "INIT_DIR",
     "METRICS_FILE",
     "OPERATIONAL_KEYS",
+    "PRETOKENISED_META",
     "SUMMARY_FILE",
     "TOKENIZER_DIR",
     "VARIANTS",
     "VARIANT_SPACES",
     "CheckpointError",
     "ConfigMismatchError",
+    "PretokenisedCorpusError",
     "Data",
     "Dist",
     "TokenizerMismatchError",
@@ -118,6 +129,7 @@ __all__ = [
     "build_init_dir",
     "canonical_state_dict",
     "check_resumable",
+    "check_single_pass",
     "check_tokenizer_matches",
     "checkpoint_paths",
     "data_sha256",
@@ -126,6 +138,7 @@ __all__ = [
     "evaluate_text",
     "export_model",
     "init_distributed",
+    "is_pretokenised",
     "load_canonical_state_dict_",
     "load_init",
     "load_tokenizer",
@@ -135,9 +148,11 @@ __all__ = [
     "pre_edit_geometry",
     "prepare_data",
     "read_checkpoint",
+    "read_tokens",
     "remove_orphan_temporaries",
     "run_experiment",
     "run_name",
+    "stream_windows",
     "t975",
     "tokenizer_sha256",
     "train",

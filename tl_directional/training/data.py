@@ -23,6 +23,7 @@ from ..io.corpus import heldout_info, heldout_text, load_split, split_manifest
 from ..io.records import sha256_file
 from ..model.load import ENDOFTEXT, train_tokenizer
 from .config import BUILTIN_CORPUS, TOKENIZER_DIR, TrainConfig
+from .pretokenised import check_single_pass, is_pretokenised, read_meta, read_tokens, stream_windows
 
 
 class TokenizerMismatchError(TLDirectionalError, ValueError):
@@ -136,7 +137,10 @@ def make_windows(ids: Sequence[int], n_ctx: int, bos_id: int) -> Tensor:
 def prepare_data(cfg: TrainConfig, run_dir: str | os.PathLike[str] | None = None, *,
                  train_tokenizer_if_missing: bool = True) -> Data:
     """Load the corpus, get the tokenizer (``cfg.tokenizer``, ``RUN/tokenizer``, or train one
-    and save it there) and cut both splits into windows."""
+    and save it there) and cut both splits into windows. A pre-tokenised corpus
+    (:mod:`.pretokenised`) brings its own tokenizer and is read in a single pass."""
+    if cfg.corpus != BUILTIN_CORPUS and is_pretokenised(cfg.corpus):
+        return _prepare_pretokenised(cfg, run_dir)
     train_text, val_text, info = _corpus_texts(cfg.corpus)
     tok_dir: Path | None = None
     if cfg.tokenizer is not None:
@@ -172,6 +176,39 @@ def prepare_data(cfg: TrainConfig, run_dir: str | os.PathLike[str] | None = None
         val = val[: cfg.eval_windows]
     info = dict(info, train_tokens=int(train.numel()), train_windows=len(train),
                 validation_windows=len(val))
+    return Data(tokenizer, train, val, sha, info)
+
+
+def _prepare_pretokenised(cfg: TrainConfig, run_dir: str | os.PathLike[str] | None) -> Data:
+    """:class:`Data` of a pre-tokenised corpus: its own tokenizer (copied to ``RUN/tokenizer``),
+    its token streams cut into windows, at most one pass over the training windows."""
+    root = Path(cfg.corpus).expanduser()
+    meta = read_meta(root)
+    tok_dir = root / TOKENIZER_DIR
+    sha = tokenizer_sha256(tok_dir)
+    if cfg.tokenizer is not None and tokenizer_sha256(cfg.tokenizer) != sha:
+        raise TokenizerMismatchError(
+            f"tokenizer {cfg.tokenizer} is not the one that tokenised {root} ({tok_dir}); "
+            "leave --tokenizer unset for a pre-tokenised corpus")
+    tokenizer = load_tokenizer(tok_dir)
+    if len(tokenizer) > cfg.vocab_size:
+        raise TokenizerMismatchError(
+            f"corpus {root} was tokenised with {len(tokenizer)} tokens but the model's vocab_size is "
+            f"{cfg.vocab_size}; pass --vocab-size {len(tokenizer)} (or larger).")
+    if run_dir is not None and not (Path(run_dir) / TOKENIZER_DIR / "tokenizer.json").is_file():
+        save_tokenizer_atomic(tokenizer, Path(run_dir) / TOKENIZER_DIR)
+    bos = int(meta.get("eot_id", tokenizer.bos_token_id))
+    train = stream_windows(read_tokens(root, "train"), cfg.n_ctx, bos)
+    val = stream_windows(read_tokens(root, "validation"), cfg.n_ctx, bos)
+    if len(train) == 0 or len(val) == 0:
+        raise ValueError(f"corpus {root} is too short for one window of n_ctx={cfg.n_ctx} tokens.")
+    check_single_pass(len(train), cfg.max_steps, cfg.batch_size, str(root))
+    if cfg.eval_windows:
+        val = val[: cfg.eval_windows]
+    info = {"corpus": str(root), "pretokenised": True, "name": meta.get("name"),
+            "sha256": meta.get("sha256", {}), "single_pass": True,
+            "train_tokens": int(train.numel()), "train_windows": len(train), "validation_windows": len(val),
+            "train_windows_used": cfg.max_steps * cfg.batch_size}
     return Data(tokenizer, train, val, sha, info)
 
 

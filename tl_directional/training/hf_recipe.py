@@ -16,6 +16,7 @@ edit active in training and in the final validation (``scripts/hf_toy_experiment
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -162,7 +163,8 @@ def validation_loss(model, windows: Tensor, batch_size: int) -> float:
 
 
 def train_like_own_trainer(cfg, data, run_dir: str | os.PathLike[str], *, edits: Sequence[Edit] | None = None,
-                           max_steps: int | None = None, evaluate: bool = True) -> dict:
+                           max_steps: int | None = None, evaluate: bool = True,
+                           save_every: int | None = None) -> dict:
     """One run of the own trainer's recipe through ``transformers.Trainer`` + the callback.
 
     Args:
@@ -175,6 +177,11 @@ def train_like_own_trainer(cfg, data, run_dir: str | os.PathLike[str], *, edits:
         max_steps: stop after this many steps (default ``cfg.max_steps``; the schedule is still
             ``cfg``'s).
         evaluate: compute the final validation loss (edits active).
+        save_every: write a Trainer checkpoint (``run_dir/trainer/checkpoint-STEP``, the last two
+            kept, each with the training losses so far in ``tld_train_losses.json``) every this
+            many steps, and resume from the latest one when there is one (None: no checkpoints,
+            always from the start). A resumed run continues the same batches, optimiser and
+            schedule state.
 
     Returns:
         ``{"train_losses": [...], "val_loss": float | None, "seconds": float, "tokens": int}``
@@ -209,16 +216,37 @@ def train_like_own_trainer(cfg, data, run_dir: str | os.PathLike[str], *, edits:
             losses.append(float((out[0] if isinstance(out, tuple) else out).detach()))
             return out
 
+    saving = {"save_strategy": "no"} if save_every is None else {
+        "save_strategy": "steps", "save_steps": int(save_every), "save_total_limit": 2}
     args = TrainingArguments(
         output_dir=str(run_dir / "trainer"), max_steps=steps, per_device_train_batch_size=cfg.batch_size,
-        max_grad_norm=cfg.grad_clip if cfg.grad_clip > 0 else 0.0, logging_steps=1, save_strategy="no",
+        max_grad_norm=cfg.grad_clip if cfg.grad_clip > 0 else 0.0, logging_steps=1, **saving,
         report_to=[], use_cpu=True, seed=cfg.seed, dataloader_num_workers=0, disable_tqdm=True)
     callbacks = [DirectionalEditCallback(edits)] if edits else []
     losses: list[float] = []
+    resume_from = None
+    if save_every is not None:
+        from transformers import TrainerCallback
+        from transformers.trainer_utils import get_last_checkpoint
+
+        class _KeepLosses(TrainerCallback):
+            # the per-step losses beside each checkpoint, so a resumed run returns the whole curve
+            def on_save(self, args, state, control, **kwargs):
+                ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+                (ckpt / "tld_train_losses.json").write_text(json.dumps(losses[: state.global_step]))
+
+        callbacks.append(_KeepLosses())
+        if (run_dir / "trainer").is_dir():
+            resume_from = get_last_checkpoint(str(run_dir / "trainer"))
+        if resume_from is not None:
+            kept = Path(resume_from) / "tld_train_losses.json"
+            done = int(Path(resume_from).name.rsplit("-", 1)[1])
+            # a stop between the Trainer's save and ours leaves no losses: NaN for those steps
+            losses.extend(json.loads(kept.read_text()) if kept.is_file() else [float("nan")] * done)
     trainer = _InOrder(model=model, args=args, train_dataset=_Rows(rows), callbacks=callbacks,
                        optimizers=own_trainer_optimizer(model, cfg))
     t0 = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume_from)
     seconds = time.perf_counter() - t0
     val = None
     if evaluate:

@@ -1,0 +1,85 @@
+"""scripts/pass_training.py end to end on a minuscule config (``--scale smoke``) in a tmp dir: the
+learning-rate choice, every own-trainer and HF-callback task, collect, the page and its verdict
+rows; then a lost record rerun by the process scheduler (``--jobs 2``) alone."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from scripts import pass_training as P
+from tl_directional.io.corpus import heldout_text
+from tl_directional.model.load import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pass-corpus")
+    lines = heldout_text().splitlines()
+    tok = train_tokenizer("\n".join(lines[:600]), 300)
+    tok.save_pretrained(str(root / "tokenizer"))
+    meta = {"name": "tiny", "dtype": "uint16", "eot_id": 0, "splits": {}}
+    for split, text in (("train", "\n".join(lines[:600])), ("validation", "\n".join(lines[600:700]))):
+        ids = tok.backend_tokenizer.encode(text, add_special_tokens=False).ids + [0]
+        np.asarray(ids, dtype="<u2").tofile(root / f"{split}.bin")
+        meta["splits"][split] = {"file": f"{split}.bin", "tokens": len(ids)}
+    (root / "tokens.json").write_text(json.dumps(meta))
+    return root
+
+
+def test_run_collect_page_and_resume(corpus, tmp_path):
+    out, data = tmp_path / "out", tmp_path / "data"
+    common = ["--out", str(out), "--corpus", str(corpus), "--scale", "smoke"]
+    assert P.main(["run", *common, "--jobs", "0", "--allow-dirty"]) == 0
+    names = P.tasks("smoke")
+    assert sorted(p.stem for p in (out / "results").glob("*.json")) == sorted(names)
+    lr = json.loads((out / "lr.json").read_text())
+    losses = lr["candidates"]
+    assert lr["lr"] == min(P.LR_CANDIDATES, key=lambda k: (losses[f"{k:g}"], k))
+    rec = json.loads((out / "results" / "own-vpara-s1.json").read_text())
+    assert rec["config"]["lr"] == lr["lr"] and rec["config"]["max_steps"] == P.SCALES["smoke"]["max_steps"]
+    assert rec["corpus"]["single_pass"] and len(rec["shares_after"]) == P.SCALES["smoke"]["n_layers"]
+    # the edit removes the parallel part it targets: what the vpara model's value heads put along
+    # their own value is removed, but it is read before the edit, so it is still there to read
+    assert 0 < rec["shares_after"][0]["value_share"] < 1
+    hf = json.loads((out / "results" / "hf-attn-para-s0.json").read_text())
+    assert len(hf["train_losses"]) == P.SCALES["smoke"]["max_steps"]
+
+    assert P.main(["collect", *common, "--data", str(data), "--allow-dirty"]) == 0
+    manifest = json.loads((data / "pass8m.manifest.json").read_text())
+    assert manifest["complete"] and manifest["config"]["lr"] == lr["lr"]
+    page = P.build_page("pass8m", data)
+    for text in ("## Verdicts", "attn-para - baseline", "value before", "smaller in parameters", "HF `Trainer`"):
+        assert text in page
+    figs = P.build_figures("pass8m", data)
+    assert sorted(figs) == ["pass8m_gap.svg", "pass8m_loss.svg", "pass8m_shares.svg"]
+    assert all(f.startswith("<svg") and f == g for f, g in zip(figs.values(), P.build_figures("pass8m", data).values(),
+                                                                strict=True))
+    for name in figs:
+        assert f"]({name})" in page
+    rows = P.verdict_rows("pass8m", data)
+    assert [r[0].split(" lowers")[0] for r in rows] == [
+        "4: training with full-aggregate value-space V-Para (per head)",
+        "4: training with residual-space parallel suppression of the attention update"]
+    # the statistic is the paired difference of the committed finals, recomputed here
+    finals = {(r["variant"], r["seed"]): r["final_val_loss"]
+              for r in (json.loads(p.read_text()) for p in (out / "results").glob("own-*.json"))}
+    diffs = [finals[("vpara", s)] - finals[("baseline", s)] for s in P.SEEDS]
+    assert f"{sum(diffs) / len(diffs):+.4f}" in rows[0][1]
+
+    # an edited data file is refused
+    (data / "pass8m.final.csv").write_text("variant,seed\n")
+    with pytest.raises(P.DataError, match="pass8m.final.csv"):
+        P.build_page("pass8m", data)
+
+    # a lost record: only that task runs again, through the process scheduler
+    (out / "results" / "own-baseline-s2.json").unlink()
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "results").glob("*.json")}
+    assert P.main(["run", *common, "--jobs", "2", "--poll", "0.2", "--allow-dirty"]) == 0
+    after = {p.name: p.stat().st_mtime_ns for p in (out / "results").glob("*.json")}
+    assert set(after) - set(before) == {"own-baseline-s2.json"}
+    assert all(after[k] == v for k, v in before.items())
+    redo = json.loads((out / "results" / "own-baseline-s2.json").read_text())
+    assert redo["final_val_loss"] == finals[("baseline", 2)]  # resumed from its last checkpoint: same run
