@@ -414,7 +414,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--model", required=True, choices=sorted(SOURCES))
+    r.add_argument("--model", required=True, choices=[*sorted(SOURCES), "default"],
+                   help="default (the bundled model): --settings accuracy smoke runs only")
     r.add_argument("--texts", nargs="+", default=list(TEXTS), choices=list(TEXTS))
     r.add_argument("--windows", type=int, default=32)
     r.add_argument("--seq-len", type=int, default=128)
@@ -422,10 +423,11 @@ def main(argv=None) -> int:
     r.add_argument("--threads", type=int, default=1)
     r.add_argument(
         "--settings",
-        choices=("all", "headline", "amend", "atlas"),
+        choices=("all", "headline", "amend", "atlas", "accuracy"),
         default="all",
-        help="amend / atlas: protocol sec. 9's grids, written as amend_<model>.* / atlas_<model>.*",
+        help="amend / atlas / accuracy: protocol sec. 9's grids, written as <settings>_<model>.*",
     )
+    r.add_argument("--data-dir", default="", help="accuracy only: write the data files here (smoke runs)")
     r.add_argument(
         "--tag",
         default="",
@@ -445,6 +447,12 @@ def main(argv=None) -> int:
     b.add_argument("--check", action="store_true")
     args = ap.parse_args(argv)
     args.cli = argv is None
+    if args.cmd == "run" and args.settings == "accuracy":
+        import accuracy_run
+
+        return accuracy_run.run_accuracy(args)
+    if args.cmd == "run" and args.model not in SOURCES:
+        ap.error(f"--model {args.model}: only --settings accuracy runs on it; choose one of {sorted(SOURCES)}")
     return run(args) if args.cmd == "run" else build(args.check)
 
 
