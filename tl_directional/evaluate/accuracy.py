@@ -195,10 +195,12 @@ def loglikelihoods(forward: Callable[[Tensor], Tensor], requests: Sequence[tuple
         seqs = [list(ctx) + list(cont)[:-1] for ctx, cont in part]
         width = max(len(s) for s in seqs)
         ids = torch.tensor([s + [s[-1]] * (width - len(s)) for s in seqs], dtype=torch.long)
-        lp = torch.log_softmax(forward(ids).double(), -1)
+        logits = forward(ids)
         for j, (ctx, cont) in enumerate(part):
-            pos = torch.arange(len(ctx) - 1, len(ctx) - 1 + len(cont))
-            out.append(lp[j, pos, torch.tensor(list(cont))].sum())
+            # only the scored rows go to float64 (the whole [b, s, d_vocab] would not fit a large vocabulary)
+            lp = torch.log_softmax(logits[j, len(ctx) - 1:len(ctx) - 1 + len(cont)].double(), -1)
+            out.append(lp[torch.arange(len(cont)), torch.tensor(list(cont), device=lp.device)].sum().cpu())
+        del logits
     return torch.stack(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
