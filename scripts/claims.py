@@ -364,6 +364,7 @@ def summary_block(stems, depth=(), training=(), amend=()) -> str:
 
 
 def build(check: bool) -> int:
+    import accuracy_claims
     import amend_claims
     import compression_claims
     import depth_claims
@@ -372,6 +373,7 @@ def build(check: bool) -> int:
 
     amend = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("amend_*.manifest.json"))
     atlas = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("atlas_*.manifest.json"))
+    accuracy = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("accuracy_*.manifest.json"))
 
     stems = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("claims_*.manifest.json"))
     depth = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("depth_*.manifest.json"))
@@ -391,6 +393,8 @@ def build(check: bool) -> int:
             pages[PAGES / f"{stem}.md"] = amend_claims.build_amend_page(stem, DATA) + "\n"
         for stem in atlas:
             pages[PAGES / f"{stem}.md"] = amend_claims.build_atlas_page(stem, DATA) + "\n"
+        for stem in accuracy:  # protocol sec. 9.4; a page only where its data exist
+            pages[PAGES / f"{stem}.md"] = accuracy_claims.build_page(stem, DATA) + "\n"
         index = PAGES.parent / "results.md"
         if index.is_file():
             text = index.read_text()
@@ -404,7 +408,8 @@ def build(check: bool) -> int:
             if paper_vs_ours.START in text and paper_vs_ours.END in text:
                 head, rest = text.split(paper_vs_ours.START, 1)
                 pages[path] = head + lead + rest.split(paper_vs_ours.END, 1)[1]
-    except (DataError, depth_claims.C.DataError, compression_claims.DataError, training_claims.DataError) as e:  # each script's own class
+    except (DataError, depth_claims.C.DataError, compression_claims.DataError, training_claims.DataError,
+            accuracy_claims.AccuracyDataError) as e:  # each script's own class
         print(f"error: {e}", file=sys.stderr)
         return 2
     return write_pages(pages, check, ROOT, "make results")

@@ -25,8 +25,9 @@ def suite():
     torch.manual_seed(0)
     model = load_model("default").eval()
     batch = load_text_sequences(model, None, max_sequences=4, seq_len=48)
-    items = build_continuation_items(batch.tokens, text="kjv", per_window=1, context_len=12,
-                                     continuation_len=6, seed=0)
+    items = build_continuation_items(
+        batch.tokens, text="kjv", per_window=1, context_len=12, continuation_len=6, seed=0
+    )
     return model, batch, items
 
 
@@ -55,18 +56,24 @@ def test_cloze_read_equals_plain_argmax(suite):
         logits = model(batch.tokens)
         got = cloze_choice_logits(logits, items).argmax(-1)
         for k, it in enumerate(items):  # one window at a time, log-softmax, then the four
-            lp = torch.log_softmax(model(batch.tokens[it.window:it.window + 1])[0, it.position].double(), -1)
+            lp = torch.log_softmax(
+                model(batch.tokens[it.window : it.window + 1])[0, it.position].double(), -1
+            )
             assert int(got[k]) == int(lp[list(it.choices)].argmax())
 
 
 def test_scorer_equals_lm_eval_loglikelihood(suite):
-    pytest.importorskip("lm_eval", reason="lm-eval is not installed on this lane (pip install 'tl-directional[hf]')")
+    pytest.importorskip(
+        "lm_eval", reason="lm-eval is not installed on this lane (pip install 'tl-directional[hf]')"
+    )
     from tl_directional.evaluate.lm_eval_model import TLDirectionalLM
 
     _, _, items = suite
     lm = TLDirectionalLM(pretrained="default", batch_size=4)
     reqs = continuation_requests(items)
-    res = lm._loglikelihood_tokens([(("", ""), list(c), list(x)) for c, x in reqs], disable_tqdm=True)
+    res = lm._loglikelihood_tokens(
+        [(("", ""), list(c), list(x)) for c, x in reqs], disable_tqdm=True
+    )
     theirs = torch.tensor([r[0] for r in res], dtype=torch.float64)
     with torch.no_grad():
         ours = loglikelihoods(lambda ids: lm.model(ids).logits, reqs)
@@ -75,5 +82,7 @@ def test_scorer_equals_lm_eval_loglikelihood(suite):
         tl = loglikelihoods(suite[0], reqs)
     torch.testing.assert_close(tl, theirs, atol=1e-3, rtol=0)
     # the choice each item makes is the same
-    assert torch.equal(continuation_choice_scores(ours, items).argmax(-1),
-                       continuation_choice_scores(theirs, items).argmax(-1))
+    assert torch.equal(
+        continuation_choice_scores(ours, items).argmax(-1),
+        continuation_choice_scores(theirs, items).argmax(-1),
+    )

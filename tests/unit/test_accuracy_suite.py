@@ -72,14 +72,18 @@ def test_cloze_items_are_deterministic_and_well_formed():
 
 def test_continuation_items_are_deterministic_and_well_formed():
     w = _windows()
-    a = build_continuation_items(w, text="t", per_window=3, context_len=8, continuation_len=5, seed=0)
-    assert a == build_continuation_items(w, text="t", per_window=3, context_len=8, continuation_len=5, seed=0)
+    a = build_continuation_items(
+        w, text="t", per_window=3, context_len=8, continuation_len=5, seed=0
+    )
+    assert a == build_continuation_items(
+        w, text="t", per_window=3, context_len=8, continuation_len=5, seed=0
+    )
     assert len(a) == 18
     rows = w.tolist()
     for it in a:
         c = len(it.context)
         assert tuple(rows[it.window][:c]) == it.context and c >= 8
-        assert it.choices[it.answer] == tuple(rows[it.window][c:c + 5])
+        assert it.choices[it.answer] == tuple(rows[it.window][c : c + 5])
         assert len(set(it.choices)) == 4 and {len(ch) for ch in it.choices} == {5}
         assert ContinuationItem.from_json(json.loads(json.dumps(it.to_json()))) == it
     assert len(continuation_requests(a)) == 4 * len(a)

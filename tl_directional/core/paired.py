@@ -32,19 +32,28 @@ class PairedDrop:
     resamples: Tensor
 
 
-def paired_drop(base_correct: Tensor, edit_correct: Tensor, n_resamples: int = 2000, seed: int = 0,
-                level: float = 0.95) -> PairedDrop:
+def paired_drop(
+    base_correct: Tensor,
+    edit_correct: Tensor,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> PairedDrop:
     """Bootstrap over items (``n_resamples`` draws of ``n`` items with replacement, a CPU
     ``torch.Generator`` seeded ``seed``) of ``100 * (mean(base) - mean(edit))``.
     ``base_correct`` / ``edit_correct``: ``[n]`` 0/1 (bool or number), item ``i`` of both the
     same item."""
     b, e = base_correct.double().flatten(), edit_correct.double().flatten()
     if b.shape != e.shape or b.numel() == 0:
-        raise PairedStatsError(f"base_correct has {b.numel()} items, edit_correct {e.numel()}: pass the same, "
-                               "non-empty item list scored twice")
+        raise PairedStatsError(
+            f"base_correct has {b.numel()} items, edit_correct {e.numel()}: pass the same, "
+            "non-empty item list scored twice"
+        )
     if n_resamples < 1 or not 0 < level < 1:
-        raise PairedStatsError(f"n_resamples={n_resamples}, level={level}: need n_resamples >= 1 and "
-                               "0 < level < 1; pass e.g. 2000 and 0.95")
+        raise PairedStatsError(
+            f"n_resamples={n_resamples}, level={level}: need n_resamples >= 1 and "
+            "0 < level < 1; pass e.g. 2000 and 0.95"
+        )
     d = 100.0 * (b - e)
     g = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, d.numel(), (n_resamples, d.numel()), generator=g)

@@ -45,13 +45,24 @@ class ClozeItem:
     answer: int
 
     def to_json(self) -> dict:
-        return {"kind": "cloze", "text": self.text, "window": self.window, "position": self.position,
-                "choices": list(self.choices), "answer": self.answer}
+        return {
+            "kind": "cloze",
+            "text": self.text,
+            "window": self.window,
+            "position": self.position,
+            "choices": list(self.choices),
+            "answer": self.answer,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> ClozeItem:
-        return cls(d["text"], int(d["window"]), int(d["position"]), tuple(int(c) for c in d["choices"]),
-                   int(d["answer"]))
+        return cls(
+            d["text"],
+            int(d["window"]),
+            int(d["position"]),
+            tuple(int(c) for c in d["choices"]),
+            int(d["answer"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -67,14 +78,24 @@ class ContinuationItem:
     answer: int
 
     def to_json(self) -> dict:
-        return {"kind": "continuation", "text": self.text, "window": self.window,
-                "context": list(self.context), "choices": [list(c) for c in self.choices],
-                "answer": self.answer}
+        return {
+            "kind": "continuation",
+            "text": self.text,
+            "window": self.window,
+            "context": list(self.context),
+            "choices": [list(c) for c in self.choices],
+            "answer": self.answer,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> ContinuationItem:
-        return cls(d["text"], int(d["window"]), tuple(int(t) for t in d["context"]),
-                   tuple(tuple(int(t) for t in c) for c in d["choices"]), int(d["answer"]))
+        return cls(
+            d["text"],
+            int(d["window"]),
+            tuple(int(t) for t in d["context"]),
+            tuple(tuple(int(t) for t in c) for c in d["choices"]),
+            int(d["answer"]),
+        )
 
 
 def frequency_bands(tokens: Sequence[int], n_bands: int = 8) -> dict[int, int]:
@@ -91,12 +112,21 @@ def frequency_bands(tokens: Sequence[int], n_bands: int = 8) -> dict[int, int]:
 
 def _check_windows(windows: Tensor) -> None:
     if windows.ndim != 2:
-        raise AccuracySuiteError(f"windows has shape {tuple(windows.shape)}: must be [n_windows, seq]; "
-                                 "pass the token ids of full windows")
+        raise AccuracySuiteError(
+            f"windows has shape {tuple(windows.shape)}: must be [n_windows, seq]; "
+            "pass the token ids of full windows"
+        )
 
 
-def build_cloze_items(windows: Tensor, bands: dict[int, int], *, text: str, per_window: int,
-                      seed: int = 0, first_position: int = 1) -> list[ClozeItem]:
+def build_cloze_items(
+    windows: Tensor,
+    bands: dict[int, int],
+    *,
+    text: str,
+    per_window: int,
+    seed: int = 0,
+    first_position: int = 1,
+) -> list[ClozeItem]:
     """``per_window`` cloze items per row of ``windows`` (``[n_windows, seq]`` token ids of full,
     unpadded windows), positions drawn without replacement from
     ``[first_position, seq - 2]`` (``first_position = 1`` skips the position that reads BOS only),
@@ -106,8 +136,10 @@ def build_cloze_items(windows: Tensor, bands: dict[int, int], *, text: str, per_
     _check_windows(windows)
     seq = windows.shape[1]
     if not 0 <= first_position <= seq - 2:
-        raise AccuracySuiteError(f"first_position={first_position}: must lie in [0, {seq - 2}] for windows of "
-                                 f"{seq} tokens")
+        raise AccuracySuiteError(
+            f"first_position={first_position}: must lie in [0, {seq - 2}] for windows of "
+            f"{seq} tokens"
+        )
     by_band: dict[int, list[int]] = {}
     for t, b in sorted(bands.items()):
         by_band.setdefault(b, []).append(t)
@@ -115,11 +147,16 @@ def build_cloze_items(windows: Tensor, bands: dict[int, int], *, text: str, per_
     rows = windows.tolist()
     items = []
     for w, row in enumerate(rows):
-        ok = [p for p in range(first_position, seq - 1)
-              if row[p + 1] in bands and len(by_band[bands[row[p + 1]]]) >= N_CHOICES]
+        ok = [
+            p
+            for p in range(first_position, seq - 1)
+            if row[p + 1] in bands and len(by_band[bands[row[p + 1]]]) >= N_CHOICES
+        ]
         if len(ok) < per_window:
-            raise AccuracySuiteError(f"per_window={per_window}: window {w} of {text} has only {len(ok)} usable "
-                                     f"positions; pass per_window {len(ok)} or less")
+            raise AccuracySuiteError(
+                f"per_window={per_window}: window {w} of {text} has only {len(ok)} usable "
+                f"positions; pass per_window {len(ok)} or less"
+            )
         for p in sorted(rng.sample(ok, per_window)):
             truth = row[p + 1]
             pool = [t for t in by_band[bands[truth]] if t != truth]
@@ -129,8 +166,15 @@ def build_cloze_items(windows: Tensor, bands: dict[int, int], *, text: str, per_
     return items
 
 
-def build_continuation_items(windows: Tensor, *, text: str, per_window: int, context_len: int,
-                             continuation_len: int, seed: int = 0) -> list[ContinuationItem]:
+def build_continuation_items(
+    windows: Tensor,
+    *,
+    text: str,
+    per_window: int,
+    context_len: int,
+    continuation_len: int,
+    seed: int = 0,
+) -> list[ContinuationItem]:
     """``per_window`` continuation items per row of ``windows`` (``[n_windows, seq]``): the
     context is the window's tokens ``[0, c)`` (with its BOS) for a ``c`` drawn from
     ``[context_len, seq - continuation_len]``, the truth the next ``continuation_len`` tokens,
@@ -139,23 +183,27 @@ def build_continuation_items(windows: Tensor, *, text: str, per_window: int, con
     _check_windows(windows)
     n, seq = windows.shape
     if n < N_CHOICES:
-        raise AccuracySuiteError(f"windows holds {n} windows: continuation items need at least {N_CHOICES}")
+        raise AccuracySuiteError(
+            f"windows holds {n} windows: continuation items need at least {N_CHOICES}"
+        )
     if context_len < 1 or continuation_len < 1 or context_len + continuation_len > seq:
-        raise AccuracySuiteError(f"context_len={context_len}, continuation_len={continuation_len}: both at least "
-                                 f"1 and their sum at most the window length {seq}")
+        raise AccuracySuiteError(
+            f"context_len={context_len}, continuation_len={continuation_len}: both at least "
+            f"1 and their sum at most the window length {seq}"
+        )
     rng = random.Random(f"continuation:{seed}:{text}")
     rows = [tuple(r) for r in windows.tolist()]
     items = []
     for w, row in enumerate(rows):
         for _ in range(per_window):
             c = rng.randint(context_len, seq - continuation_len)
-            truth = row[c:c + continuation_len]
+            truth = row[c : c + continuation_len]
             choices = [truth]
             others = [o for o in range(n) if o != w]
             while len(choices) < N_CHOICES:
                 o = rng.choice(others)
                 s = rng.randint(1, seq - continuation_len)
-                span = rows[o][s:s + continuation_len]
+                span = rows[o][s : s + continuation_len]
                 if span not in choices:
                     choices.append(span)
             rng.shuffle(choices)
@@ -163,43 +211,56 @@ def build_continuation_items(windows: Tensor, *, text: str, per_window: int, con
     return items
 
 
-def cloze_choice_logits(logits: Tensor, items: Sequence[ClozeItem], window_offset: int = 0) -> Tensor:
+def cloze_choice_logits(
+    logits: Tensor, items: Sequence[ClozeItem], window_offset: int = 0
+) -> Tensor:
     """``[n_items, 4]`` logits of each item's choices read from ``logits`` (``[batch, seq,
     d_vocab]``, the forward of windows ``window_offset ..``): row ``window - window_offset``,
     position ``position``. Argmax over a row is the model's choice (log-softmax would not change
     it)."""
-    b = torch.tensor([it.window - window_offset for it in items], dtype=torch.long, device=logits.device)
+    b = torch.tensor(
+        [it.window - window_offset for it in items], dtype=torch.long, device=logits.device
+    )
     p = torch.tensor([it.position for it in items], dtype=torch.long, device=logits.device)
     c = torch.tensor([it.choices for it in items], dtype=torch.long, device=logits.device)
     if len(items) and (int(b.min()) < 0 or int(b.max()) >= logits.shape[0]):
-        raise AccuracySuiteError(f"items name windows outside [{window_offset}, {window_offset + logits.shape[0]}); "
-                                 "pass the items of this batch only")
+        raise AccuracySuiteError(
+            f"items name windows outside [{window_offset}, {window_offset + logits.shape[0]}); "
+            "pass the items of this batch only"
+        )
     return logits[b.unsqueeze(-1), p.unsqueeze(-1), c]
 
 
-def continuation_requests(items: Sequence[ContinuationItem]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def continuation_requests(
+    items: Sequence[ContinuationItem],
+) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """The ``(context, continuation)`` token-id pairs of ``items``, four per item in choice order
     (lm-eval's ``loglikelihood`` requests in token form)."""
     return [(it.context, ch) for it in items for ch in it.choices]
 
 
-def loglikelihoods(forward: Callable[[Tensor], Tensor], requests: Sequence[tuple[Sequence[int], Sequence[int]]],
-                   batch_size: int = 16) -> Tensor:
+def loglikelihoods(
+    forward: Callable[[Tensor], Tensor],
+    requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+    batch_size: int = 16,
+) -> Tensor:
     """``[n_requests]`` float64: ``sum_i log p(cont_i | context, cont_<i)`` per request, from
     ``forward`` (token ids ``[b, s]`` -> logits ``[b, s, d_vocab]``, causal). Each request runs
     as ``context + continuation[:-1]``, right-padded with its own last token (causal: the padding
     is never read by a scored position)."""
     out = []
     for i in range(0, len(requests), batch_size):
-        part = requests[i:i + batch_size]
+        part = requests[i : i + batch_size]
         seqs = [list(ctx) + list(cont)[:-1] for ctx, cont in part]
         width = max(len(s) for s in seqs)
         ids = torch.tensor([s + [s[-1]] * (width - len(s)) for s in seqs], dtype=torch.long)
         logits = forward(ids)
         for j, (ctx, cont) in enumerate(part):
             # only the scored rows go to float64 (the whole [b, s, d_vocab] would not fit a large vocabulary)
-            lp = torch.log_softmax(logits[j, len(ctx) - 1:len(ctx) - 1 + len(cont)].double(), -1)
-            out.append(lp[torch.arange(len(cont)), torch.tensor(list(cont), device=lp.device)].sum().cpu())
+            lp = torch.log_softmax(logits[j, len(ctx) - 1 : len(ctx) - 1 + len(cont)].double(), -1)
+            out.append(
+                lp[torch.arange(len(cont)), torch.tensor(list(cont), device=lp.device)].sum().cpu()
+            )
         del logits
     return torch.stack(out) if out else torch.zeros(0, dtype=torch.float64)
 
