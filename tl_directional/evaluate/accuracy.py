@@ -178,14 +178,11 @@ def build_continuation_items(
     """``per_window`` continuation items per row of ``windows`` (``[n_windows, seq]``): the
     context is the window's tokens ``[0, c)`` (with its BOS) for a ``c`` drawn from
     ``[context_len, seq - continuation_len]``, the truth the next ``continuation_len`` tokens,
-    the three distractors spans of the same length from three other windows (never position 0,
-    never equal to the truth or each other). Deterministic in ``(seed, text)``."""
+    the three distractors spans of the same length from elsewhere in ``windows`` (never
+    position 0, never overlapping the true span, never equal to the truth or each other).
+    Deterministic in ``(seed, text)``."""
     _check_windows(windows)
     n, seq = windows.shape
-    if n < N_CHOICES:
-        raise AccuracySuiteError(
-            f"windows holds {n} windows: continuation items need at least {N_CHOICES}"
-        )
     if context_len < 1 or continuation_len < 1 or context_len + continuation_len > seq:
         raise AccuracySuiteError(
             f"context_len={context_len}, continuation_len={continuation_len}: both at least "
@@ -198,11 +195,18 @@ def build_continuation_items(
         for _ in range(per_window):
             c = rng.randint(context_len, seq - continuation_len)
             truth = row[c : c + continuation_len]
-            choices = [truth]
-            others = [o for o in range(n) if o != w]
+            choices, tries = [truth], 0
             while len(choices) < N_CHOICES:
-                o = rng.choice(others)
+                tries += 1
+                if tries > 10_000:  # too little text for three distinct spans elsewhere
+                    raise AccuracySuiteError(
+                        f"windows of shape {tuple(windows.shape)} hold no three distinct {continuation_len}-token "
+                        "spans apart from the truth; pass more or longer windows"
+                    )
+                o = rng.randrange(n)
                 s = rng.randint(1, seq - continuation_len)
+                if o == w and abs(s - c) < continuation_len:
+                    continue  # elsewhere in the text: never overlapping the true span
                 span = rows[o][s : s + continuation_len]
                 if span not in choices:
                     choices.append(span)
