@@ -177,7 +177,7 @@ def build_continuation_items(
 ) -> list[ContinuationItem]:
     """``per_window`` continuation items per row of ``windows`` (``[n_windows, seq]``): the
     context is the window's tokens ``[0, c)`` (with its BOS) for a ``c`` drawn from
-    ``[context_len, seq - continuation_len]``, the truth the next ``continuation_len`` tokens,
+    ``[context_len, min(2 * context_len, seq - continuation_len)]``, the truth the next ``continuation_len`` tokens,
     the three distractors spans of the same length from elsewhere in ``windows`` (never
     position 0, never overlapping the true span, never equal to the truth or each other).
     Deterministic in ``(seed, text)``."""
@@ -193,7 +193,8 @@ def build_continuation_items(
     items = []
     for w, row in enumerate(rows):
         for _ in range(per_window):
-            c = rng.randint(context_len, seq - continuation_len)
+            # contexts of context_len to 2 * context_len tokens: each choice is a forward of its own
+            c = rng.randint(context_len, min(2 * context_len, seq - continuation_len))
             truth = row[c : c + continuation_len]
             choices, tries = [truth], 0
             while len(choices) < N_CHOICES:
