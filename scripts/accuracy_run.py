@@ -210,10 +210,12 @@ def run_accuracy(args) -> int:
             flush=True,
         )
         correct = {lab: [] for lab in labels}
+        spent = dict.fromkeys(labels, 0.0)  # seconds per setting, for planning runs
         for i in range(0, len(batch), args.batch_size):
             part = batch.tokens[i : i + args.batch_size]
             its = [it for it in cloze if i <= it.window < i + part.shape[0]]
             for lab, make in [("baseline", None)] + [(s[0], s[-1]) for s in sets]:
+                ts = time.time()
                 if make is None:
                     logits = model(part)
                 else:
@@ -224,12 +226,14 @@ def run_accuracy(args) -> int:
                     (ch.argmax(-1) == torch.tensor([it.answer for it in its])).long().tolist()
                 )
                 del logits
+                spent[lab] += time.time() - ts
             print(
                 f"  cloze windows {i}-{i + part.shape[0] - 1} done ({time.time() - t1:.0f} s)",
                 flush=True,
             )
         reqs = continuation_requests(cont)
         for lab, make in [("baseline", None)] + [(s[0], s[-1]) for s in sets]:
+            ts = time.time()
             if make is None:
                 lls = loglikelihoods(model, reqs, batch_size=4 * args.batch_size)
             else:
@@ -239,6 +243,7 @@ def run_accuracy(args) -> int:
             correct[lab] += (
                 (sc.argmax(-1) == torch.tensor([it.answer for it in cont])).long().tolist()
             )
+            spent[lab] += time.time() - ts
         print(f"  continuation items done ({time.time() - t1:.0f} s)", flush=True)
         for k, it in enumerate([*cloze, *cont]):
             rows.append(
@@ -259,6 +264,7 @@ def run_accuracy(args) -> int:
             "cloze_items": len(cloze),
             "continuation_items": len(cont),
             "seconds": round(time.time() - t1, 1),
+            "setting_seconds": {lab: round(v, 1) for lab, v in spent.items()},
             "commit": manifest["commit"],
             "command": manifest["command"],
         }
