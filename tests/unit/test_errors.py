@@ -11,6 +11,7 @@ import tl_directional as tld
 
 # the built-in each error was before the common base (what ``except`` clauses in the wild catch)
 KEEPS = {
+    "AccuracySuiteError": ValueError,
     "ArtefactError": ValueError,
     "DamagedWeightsError": ValueError,
     "EditSpecError": ValueError,
@@ -25,6 +26,7 @@ KEEPS = {
     "CorpusIntegrityError": ValueError,
     "EditsAlreadyInstalledError": RuntimeError,
     "NonFiniteEditError": ValueError,
+    "PairedStatsError": ValueError,
     "RealModelError": RuntimeError,
     "SiteResolutionError": ValueError,
     "TokenizerMismatchError": ValueError,
