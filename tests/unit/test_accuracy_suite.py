@@ -88,7 +88,9 @@ def test_continuation_items_are_deterministic_and_well_formed():
         assert ContinuationItem.from_json(json.loads(json.dumps(it.to_json()))) == it
     assert len(continuation_requests(a)) == 4 * len(a)
     one = build_continuation_items(w[:1], text="t", per_window=4, context_len=8, continuation_len=5)
-    assert all(len(set(it.choices)) == 4 for it in one)  # one window is enough: spans elsewhere in it
+    assert all(
+        len(set(it.choices)) == 4 for it in one
+    )  # one window is enough: spans elsewhere in it
     with pytest.raises(AccuracySuiteError, match="continuation_len=50"):
         build_continuation_items(w, text="t", per_window=1, context_len=8, continuation_len=50)
 
