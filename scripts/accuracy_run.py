@@ -235,10 +235,10 @@ def run_accuracy(args) -> int:
         for lab, make in [("baseline", None)] + [(s[0], s[-1]) for s in sets]:
             ts = time.time()
             if make is None:
-                lls = loglikelihoods(model, reqs, batch_size=4 * args.batch_size)
+                lls = loglikelihoods(model, reqs, batch_size=args.batch_size)
             else:
                 with make():
-                    lls = loglikelihoods(model, reqs, batch_size=4 * args.batch_size)
+                    lls = loglikelihoods(model, reqs, batch_size=args.batch_size)
             sc = continuation_choice_scores(lls, cont)
             correct[lab] += (
                 (sc.argmax(-1) == torch.tensor([it.answer for it in cont])).long().tolist()

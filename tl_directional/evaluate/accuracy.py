@@ -253,9 +253,11 @@ def loglikelihoods(
     ``forward`` (token ids ``[b, s]`` -> logits ``[b, s, d_vocab]``, causal). Each request runs
     as ``context + continuation[:-1]``, right-padded with its own last token (causal: the padding
     is never read by a scored position)."""
-    out = []
-    for i in range(0, len(requests), batch_size):
-        part = requests[i : i + batch_size]
+    # longest first, so each batch holds requests of near one length (little padding)
+    order = sorted(range(len(requests)), key=lambda k: -(len(requests[k][0]) + len(requests[k][1])))
+    out: list[Tensor] = [torch.zeros((), dtype=torch.float64)] * len(requests)
+    for i in range(0, len(order), batch_size):
+        part = [requests[k] for k in order[i : i + batch_size]]
         seqs = [list(ctx) + list(cont)[:-1] for ctx, cont in part]
         width = max(len(s) for s in seqs)
         ids = torch.tensor([s + [s[-1]] * (width - len(s)) for s in seqs], dtype=torch.long)
@@ -263,7 +265,7 @@ def loglikelihoods(
         for j, (ctx, cont) in enumerate(part):
             # only the scored rows go to float64 (the whole [b, s, d_vocab] would not fit a large vocabulary)
             lp = torch.log_softmax(logits[j, len(ctx) - 1 : len(ctx) - 1 + len(cont)].double(), -1)
-            out.append(
+            out[order[i + j]] = (
                 lp[torch.arange(len(cont)), torch.tensor(list(cont), device=lp.device)].sum().cpu()
             )
         del logits
