@@ -369,6 +369,7 @@ def summary_block(stems, depth=(), training=(), amend=(), passes=()) -> str:
 
 
 def build(check: bool) -> int:
+    import accuracy_claims
     import amend_claims
     import compression_claims
     import depth_claims
@@ -378,6 +379,7 @@ def build(check: bool) -> int:
 
     amend = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("amend_*.manifest.json"))
     atlas = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("atlas_*.manifest.json"))
+    accuracy = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("accuracy_*.manifest.json"))
 
     stems = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("claims_*.manifest.json"))
     depth = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("depth_*.manifest.json"))
@@ -402,6 +404,8 @@ def build(check: bool) -> int:
                 pages[PAGES / name] = svg
         for stem in atlas:
             pages[PAGES / f"{stem}.md"] = amend_claims.build_atlas_page(stem, DATA) + "\n"
+        for stem in accuracy:  # protocol sec. 9.4; a page only where its data exist
+            pages[PAGES / f"{stem}.md"] = accuracy_claims.build_page(stem, DATA) + "\n"
         index = PAGES.parent / "results.md"
         if index.is_file():
             text = index.read_text()
@@ -416,7 +420,7 @@ def build(check: bool) -> int:
                 head, rest = text.split(paper_vs_ours.START, 1)
                 pages[path] = head + lead + rest.split(paper_vs_ours.END, 1)[1]
     except (DataError, depth_claims.C.DataError, compression_claims.DataError, training_claims.DataError,
-            pass_training.DataError) as e:  # each script's own class
+            pass_training.DataError, accuracy_claims.AccuracyDataError) as e:  # each script's own class
         print(f"error: {e}", file=sys.stderr)
         return 2
     return write_pages(pages, check, ROOT, "make results")
@@ -426,7 +430,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--model", required=True, choices=sorted(SOURCES))
+    r.add_argument("--model", required=True, choices=[*sorted(SOURCES), "default"],
+                   help="default (the bundled model): --settings accuracy smoke runs only")
     r.add_argument("--texts", nargs="+", default=list(TEXTS), choices=list(TEXTS))
     r.add_argument("--windows", type=int, default=32)
     r.add_argument("--seq-len", type=int, default=128)
@@ -434,10 +439,11 @@ def main(argv=None) -> int:
     r.add_argument("--threads", type=int, default=1)
     r.add_argument(
         "--settings",
-        choices=("all", "headline", "amend", "atlas"),
+        choices=("all", "headline", "amend", "atlas", "accuracy"),
         default="all",
-        help="amend / atlas: protocol sec. 9's grids, written as amend_<model>.* / atlas_<model>.*",
+        help="amend / atlas / accuracy: protocol sec. 9's grids, written as <settings>_<model>.*",
     )
+    r.add_argument("--data-dir", default="", help="accuracy only: write the data files here (smoke runs)")
     r.add_argument(
         "--tag",
         default="",
@@ -457,6 +463,12 @@ def main(argv=None) -> int:
     b.add_argument("--check", action="store_true")
     args = ap.parse_args(argv)
     args.cli = argv is None
+    if args.cmd == "run" and args.settings == "accuracy":
+        import accuracy_run
+
+        return accuracy_run.run_accuracy(args)
+    if args.cmd == "run" and args.model not in SOURCES:
+        ap.error(f"--model {args.model}: only --settings accuracy runs on it; choose one of {sorted(SOURCES)}")
     return run(args) if args.cmd == "run" else build(args.check)
 
 

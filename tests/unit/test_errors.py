@@ -11,6 +11,7 @@ import tl_directional as tld
 
 # the built-in each error was before the common base (what ``except`` clauses in the wild catch)
 KEEPS = {
+    "AccuracySuiteError": ValueError,
     "ArtefactError": ValueError,
     "CarrierShapeError": ValueError,
     "CarrierUnavailableError": ValueError,
@@ -37,6 +38,7 @@ KEEPS = {
     "NonFiniteEditError": ValueError,
     "RenamedArgumentError": TypeError,
     "PretokenisedCorpusError": ValueError,
+    "PairedStatsError": ValueError,
     "RealModelError": RuntimeError,
     "SiteResolutionError": ValueError,
     "TokenizerMismatchError": ValueError,

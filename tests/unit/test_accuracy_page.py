@@ -1,0 +1,100 @@
+"""The accuracy page (protocol sec. 9.4) from per-item data: built from the files alone, the
+verdicts follow the rules, a dirty or altered data file is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _data(tmp_path, commit="abc1234"):
+    C = _load("accuracy_claims")
+    common = _load("_common")
+    g = torch.Generator().manual_seed(0)
+    n = 3000
+    base = (torch.rand(n, generator=g) < 0.6).long()
+
+    def drop(points):
+        e = base.clone()
+        right = (e == 1).nonzero().flatten()
+        e[right[torch.randperm(len(right), generator=g)[: int(points / 100 * n)]]] = 0
+        return e.tolist()
+
+    rec = pd.DataFrame(
+        {
+            "text": ["kjv"] * n,
+            "item": range(n),
+            "kind": ["cloze"] * (n - 100) + ["continuation"] * 100,
+            "window": [i // 64 for i in range(n)],
+            "baseline": base.tolist(),
+            "value-exclusive-joint all s_par=0": drop(0.0),
+            "value-exclusive all s_par=0": drop(12.0),
+            "value-full-joint skip0 s_par=0": drop(20.0),
+            "hard-diag skip0": drop(0.0),
+            "resid-mlp skip0 s_par=0": drop(5.0),
+        }
+    )
+    stem = "accuracy_toy"
+    files = {
+        f"{stem}.records.csv": rec.to_csv(index=False, lineterminator="\n").encode(),
+        f"{stem}.items.json": b"[]\n",
+    }
+    manifest = {
+        "commit": commit,
+        "command": "x",
+        "model": {"name": "toy", "source_sha256": "0" * 64},
+        "suite": {
+            "seed": 0,
+            "cloze_per_window": 64,
+            "frequency_bands": 8,
+            "continuation_per_window": 2,
+            "context_len": 32,
+            "continuation_len": 16,
+        },
+        "texts": {"kjv": {"windows": 47, "cloze_items": n - 100, "continuation_items": 100}},
+        "files": {},
+    }
+    common.write_data(tmp_path, files, manifest, f"{stem}.manifest.json")
+    return C, stem
+
+
+def test_page_is_built_from_the_data_and_follows_the_rules(tmp_path):
+    C, stem = _data(tmp_path)
+    page = C.build_page(stem, tmp_path)
+    assert page == C.build_page(stem, tmp_path)  # a pure function of the files
+    line = {
+        r.split(" | ")[0].strip("| "): r
+        for r in page.splitlines()
+        if r.startswith("| ") and " [" in r
+    }
+    assert line["value-exclusive-joint all s_par=0"].endswith("**held** |")
+    assert line["value-exclusive all s_par=0"].endswith("**failed** |")
+    assert line["value-full-joint skip0 s_par=0"].endswith("**held** |")
+    assert line["hard-diag skip0"].endswith("**failed** |")
+    assert line["resid-mlp skip0 s_par=0"].endswith("| - |")
+    assert "exclude-self within 1.5 points: held in 1 of 2 settings, failed in 1" in page
+
+
+def test_dirty_or_altered_data_is_refused(tmp_path):
+    C, stem = _data(tmp_path, commit="abc1234+dirty")
+    with pytest.raises(C.AccuracyDataError, match="dirty"):
+        C.build_page(stem, tmp_path)
+    C, stem = _data(tmp_path)
+    (tmp_path / f"{stem}.items.json").write_text("[1]\n")
+    with pytest.raises(C.AccuracyDataError):
+        C.build_page(stem, tmp_path)

@@ -1,0 +1,93 @@
+"""Paired item-level statistics of accuracy (protocol sec. 9.4): the bootstrap of baseline minus
+edited accuracy over items, the two margin rules and Holm's step-down over a family of them.
+
+Accuracy is in points (percent of items right); every item is resampled with both of its
+scores (baseline and edited), so the interval is of the paired difference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tl_directional.core.errors import TLDirectionalError
+
+HELD, FAILED, UNDECIDED = "held", "failed", "not decided"
+
+
+class PairedStatsError(TLDirectionalError, ValueError):
+    """An argument of the paired accuracy statistics is out of its valid range."""
+
+
+@dataclass(frozen=True)
+class PairedDrop:
+    """Baseline minus edited accuracy in points: ``point`` on all items, the 95% percentile
+    interval ``[lo, hi]`` of the bootstrap, and the resampled drops (``[n_resamples]``)."""
+
+    point: float
+    lo: float
+    hi: float
+    n_items: int
+    resamples: Tensor
+
+
+def paired_drop(
+    base_correct: Tensor,
+    edit_correct: Tensor,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> PairedDrop:
+    """Bootstrap over items (``n_resamples`` draws of ``n`` items with replacement, a CPU
+    ``torch.Generator`` seeded ``seed``) of ``100 * (mean(base) - mean(edit))``.
+    ``base_correct`` / ``edit_correct``: ``[n]`` 0/1 (bool or number), item ``i`` of both the
+    same item."""
+    b, e = base_correct.double().flatten(), edit_correct.double().flatten()
+    if b.shape != e.shape or b.numel() == 0:
+        raise PairedStatsError(
+            f"base_correct has {b.numel()} items, edit_correct {e.numel()}: pass the same, "
+            "non-empty item list scored twice"
+        )
+    if n_resamples < 1 or not 0 < level < 1:
+        raise PairedStatsError(
+            f"n_resamples={n_resamples}, level={level}: need n_resamples >= 1 and "
+            "0 < level < 1; pass e.g. 2000 and 0.95"
+        )
+    d = 100.0 * (b - e)
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, d.numel(), (n_resamples, d.numel()), generator=g)
+    rs = d[idx].mean(1)
+    q = torch.quantile(rs, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+    return PairedDrop(float(d.mean()), float(q[0]), float(q[1]), int(d.numel()), rs)
+
+
+def within_verdict(drop: PairedDrop, margin: float) -> str:
+    """Sec. 9.4's "within ``margin`` points of baseline": held if the interval's upper bound is
+    below ``margin``, failed if its lower bound is above it, else not decided."""
+    return HELD if drop.hi < margin else FAILED if drop.lo > margin else UNDECIDED
+
+
+def worse_verdict(drop: PairedDrop, margin: float) -> str:
+    """Sec. 9.4's "at least ``margin`` points worse": held if the interval's lower bound is above
+    ``margin``, failed if its upper bound is below it, else not decided."""
+    return HELD if drop.lo > margin else FAILED if drop.hi < margin else UNDECIDED
+
+
+def one_sided_p(drop: PairedDrop, margin: float, held_below: bool) -> float:
+    """Bootstrap p-value of the held side: the share of resamples on the other side of
+    ``margin`` (``held_below``: the "within" rule, held when the drop is below the margin)."""
+    rs = drop.resamples
+    bad = (rs >= margin) if held_below else (rs <= margin)
+    return float((bad.double().sum() + 1) / (rs.numel() + 1))
+
+
+def holm(pvalues: dict[str, float], alpha: float = 0.05) -> set[str]:
+    """Holm's step-down: the keys whose hypotheses are rejected at family-wise ``alpha``."""
+    order = sorted(pvalues, key=lambda k: (pvalues[k], k))
+    out: set[str] = set()
+    for i, k in enumerate(order):
+        if pvalues[k] > alpha / (len(order) - i):
+            break
+        out.add(k)
+    return out
