@@ -38,16 +38,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from ..core.bootstrap import random_subspace_share
 from ..core.geometry import DEFAULT_EPS, check_eps
 from ..model.adapter import capture_hooks, device_of
 from ..model.inputs import prepare_inputs
-from ..model.sites import ModelSites, expand_kv_heads, is_sandwich_norm, resolve_sites
-from ..model.weights import attention_output_weights
-from .cache_input import PatchingInputError, cache_tensor, check_names_filter, is_cache
+from ..model.sites import ModelSites, is_sandwich_norm, resolve_sites
+from .attribution_scores import AttributionError, node_scores, split_dot
+from .cache_input import cache_tensor, check_names_filter, is_cache
 from .result import DirectionalResult
 
 _CACHE_HINT = (
@@ -58,9 +57,6 @@ _CACHE_HINT = (
 #: The node types :func:`attribution_patch` scores, in the order of its result.
 NODE_TYPES = ("resid", "attn", "mlp", "head", "value")
 
-
-class AttributionError(PatchingInputError):
-    """Attribution patching was called with inputs it cannot score (see the message for the fix)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,37 +138,6 @@ def _metric_vector(metric, logits: Tensor, batch: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# the split of one dot product
-# ---------------------------------------------------------------------------------------------
-
-
-def split_dot(
-    delta: Float[Tensor, "*lead d"],
-    reference: Float[Tensor, "*lead d"],
-    grad: Float[Tensor, "*lead d"],
-    eps: float = DEFAULT_EPS,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(full, par, perp, par_frac)`` of the estimate ``delta . grad`` against ``reference``, in
-    float64, each shaped ``lead``: ``par = (delta . r)(r . g) / ||r||^2``, ``perp = full - par``,
-    ``par_frac = |cos(delta, r)|`` (the share of the difference along ``r``). A reference with
-    ``||r||^2 <= eps`` (or a zero difference) is degenerate: ``par = 0``, ``par_frac = 0``."""
-    d, r, g = delta.double(), reference.double(), grad.double()
-    full = (d * g).sum(-1)
-    rr = (r * r).sum(-1)
-    dd = (d * d).sum(-1)
-    dr = (d * r).sum(-1)
-    ok = (rr > eps) & (dd > eps)
-    safe = torch.where(ok, rr, torch.ones_like(rr))
-    par = torch.where(ok, dr * (r * g).sum(-1) / safe, torch.zeros_like(full))
-    frac = torch.where(
-        ok,
-        dr.abs() / torch.sqrt(safe * torch.where(ok, dd, torch.ones_like(dd))),
-        torch.zeros_like(full),
-    )
-    return full, par, full - par, frac
-
-
-# ---------------------------------------------------------------------------------------------
 # the corrupted run: activations and gradients in one forward and one backward
 # ---------------------------------------------------------------------------------------------
 
@@ -228,43 +193,6 @@ def _forward_backward(
             "(check that metric reads the logits of the corrupted run)"
         )
     return value.detach(), acts, grads
-
-
-# ---------------------------------------------------------------------------------------------
-# sandwich norms: what one head's write becomes after the post-attention norm, to first order
-# ---------------------------------------------------------------------------------------------
-
-
-def _post_attention_norm(model, layer: int):
-    norm = getattr(model.blocks[layer], "ln1_post", None)
-    if norm is None:
-        raise AttributionError(
-            f"model is a sandwich-norm model but block {layer} has no ln1_post module; the head nodes "
-            "need the post-attention norm (leave 'head' out of node_types)"
-        )
-    return norm
-
-
-def _linearised_norm(model, layer: int, pre: Tensor, vectors: Tensor) -> Tensor:
-    """``J vectors``: the post-attention norm's Jacobian at the corrupted pre-norm write ``pre``
-    (``[b, p, d]``) applied to ``vectors`` (``[b, p, h, d]``), by a double backward (a local
-    Jacobian-vector product through one norm, no model forward)."""
-    norm = _post_attention_norm(model, layer)
-    with torch.enable_grad():
-        dtype = next((p.dtype for p in norm.parameters()), pre.dtype)
-        y = (
-            pre.detach()
-            .to(dtype)
-            .unsqueeze(2)
-            .expand(*vectors.shape[:3], pre.shape[-1])
-            .contiguous()
-            .requires_grad_(True)
-        )
-        out = norm(y)
-        u = torch.zeros_like(out, requires_grad=True)
-        (vjp,) = torch.autograd.grad(out, y, grad_outputs=u, create_graph=True)
-        (jvp,) = torch.autograd.grad(vjp, u, grad_outputs=vectors.to(vjp.dtype))
-    return jvp.detach()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,7 +352,7 @@ def attribution_patch(
             model, xt[rows], am[rows], act_names, grad_names, metric
         )
         corrupted_metric.append(_per_row(value, k))
-        for n, res in _score_chunk(
+        for n, res in node_scores(
             model, sites, sandwich, node_types, clean, acts, grads, eps
         ).items():
             for w, t in res.items():
@@ -467,80 +395,6 @@ def _per_row(value, k: int) -> np.ndarray:
     """Per-pair metric values (a scalar metric is the batch's: each row gets it, as NaN-free)."""
     t = torch.as_tensor(value).detach().double().cpu().reshape(-1)
     return t.numpy() if t.numel() == k else np.full(k, float(t.reshape(-1)[0]))
-
-
-def _score_chunk(
-    model,
-    sites: ModelSites,
-    sandwich: bool,
-    node_types,
-    clean: dict,
-    acts: dict,
-    grads: dict,
-    eps: float,
-) -> dict[str, dict[str, Tensor]]:
-    """Every node's ``full``, ``par``, ``perp`` and ``frac``, stacked over layers on axis 1."""
-    out: dict[str, dict[str, list[Tensor]]] = {
-        n: {"full": [], "par": [], "perp": [], "frac": []} for n in node_types
-    }
-    for L in range(sites.n_layers):
-        for n in node_types:
-            if n == "resid":
-                h = f"blocks.{L}.hook_resid_pre"
-                res = split_dot(clean[h].to(acts[h].device) - acts[h], acts[h], grads[h], eps)
-            elif n in ("attn", "mlp"):
-                u = sites.units[n][L]
-                res = split_dot(
-                    clean[u.update_hook].to(acts[u.update_hook].device) - acts[u.update_hook],
-                    acts[u.reference_hook],
-                    grads[u.update_hook],
-                    eps,
-                )
-            else:
-                vs = sites.value[L]
-                z = acts[vs.z_hook]
-                dz = (clean[vs.z_hook].to(z.device) - z).double()
-                gz = grads[vs.z_hook].double()
-                if n == "value":
-                    v = expand_kv_heads(
-                        acts[vs.v_hook], sites.n_heads
-                    )  # GQA: the KV head each query head reads
-                    res = split_dot(dz, v, gz, eps)
-                else:
-                    res = _head_split(model, sites, sandwich, L, dz, gz, z, acts, grads, eps)
-            for w, t in zip(("full", "par", "perp", "frac"), res, strict=True):
-                out[n][w].append(t)
-    return {n: {w: torch.stack(ts, dim=1) for w, ts in d.items()} for n, d in out.items()}
-
-
-def _head_split(
-    model,
-    sites: ModelSites,
-    sandwich: bool,
-    L: int,
-    dz: Tensor,
-    gz: Tensor,
-    z: Tensor,
-    acts: dict,
-    grads: dict,
-    eps: float,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One layer's head nodes: the residual-space split of ``W_O[h]^T dz_h`` (sandwich norms: after
-    the linearised post-attention norm) against ``hook_resid_pre``, gradient at the attention
-    update; ``full`` is ``dz_h . g_z`` (TransformerLens's head node score)."""
-    W_O, b_O = attention_output_weights(model, L)
-    W = W_O.detach().double()
-    write = torch.einsum("bphe,hed->bphd", dz, W)  # [b, p, h, d_model]
-    if sandwich:
-        pre = torch.einsum("bphe,hed->bpd", z.double(), W)
-        if b_O is not None:
-            pre = pre + b_O.detach().double()
-        write = _linearised_norm(model, L, pre, write).double()
-    x = acts[sites.value[L].resid_hook].double().unsqueeze(2)
-    g = grads[sites.units["attn"][L].update_hook].double().unsqueeze(2)
-    _, par, _, frac = split_dot(write, x.expand_as(write), g.expand_as(write), eps)
-    full = (dz * gz).sum(-1)
-    return full, par, full - par, frac
 
 
 __all__ = ["NODE_TYPES", "AttributionError", "attribution_hooks", "attribution_patch", "split_dot"]
