@@ -329,8 +329,7 @@ def test_one_apply_edits_gives_the_same_logits_on_the_bridge_and_plain_transform
     logits after the block), and a block with no edits is a no-op on both."""
     tl, hf = pair(family)
     ids = _ids()
-    # (a pattern edit and a value edit of one layer compose differently on the two lanes today:
-    # the plain-transformers DiagonalRemoval re-aggregates z from the pattern; kept to other layers)
+    # (a pattern edit beside a value edit in one layer is refused on the plain lane: see below)
     composed = (ValueScale(0.0, mode="exclusive", heads=[1], layers=[1]), ResidualScale("mlp", 0.5, 1.2),
                 DiagonalRemoval(layers=[0]))
     with torch.no_grad():
@@ -350,3 +349,11 @@ def test_one_apply_edits_gives_the_same_logits_on_the_bridge_and_plain_transform
             assert torch.equal(hf(ids).logits, base_hf)
     with pytest.raises(TypeError, match="plain transformers"):
         tld.edit_hooks(hf, ValueScale(0.0))
+    # one layer with a pattern edit and a value edit: refused (it would compose differently from
+    # the TransformerLens lanes), nothing left installed
+    for pair_of_edits in [(ValueScale(0.0, mode="exclusive", layers=[1]), DiagonalRemoval(layers=[1])),
+                          (EffectiveDiagonal(0.5, layers=[0]), ValueScale(0.5))]:
+        with pytest.raises(thf.EditCompositionError, match=r"layer \d+ .*different layers"):
+            with tld.apply_edits(hf, *pair_of_edits):
+                pass
+        assert _hooks_count(hf) == hooks_before and thf.installed_edits(hf) is None

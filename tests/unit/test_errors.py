@@ -14,6 +14,7 @@ KEEPS = {
     "AccuracySuiteError": ValueError,
     "ArtefactError": ValueError,
     "CarrierShapeError": ValueError,
+    "EditCompositionError": ValueError,
     "CarrierUnavailableError": ValueError,
     "CalibrationRequiredError": ValueError,
     "WeightingError": ValueError,

@@ -25,6 +25,7 @@ from ...model.hf_layout import (
 )
 from .carrier import apply_carrier_edits, install_carrier_edits
 from .edits import (
+    EditCompositionError,
     EditsAlreadyInstalledError,
     HFEditHandle,
     install_edits,
@@ -35,6 +36,7 @@ from .value_chain import edit_label
 
 __all__ = [
     "AttentionPatternUnavailableError",
+    "EditCompositionError",
     "EditsAlreadyInstalledError",
     "HFEditHandle",
     "HFSites",

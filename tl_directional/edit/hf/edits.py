@@ -83,6 +83,10 @@ def _check_pattern_available(model: Any, edit: Edit) -> None:
             "EffectiveDiagonal, which need no pattern")
 
 
+class EditCompositionError(TLDirectionalError, ValueError):
+    """A pattern edit shares a layer with another value-space or pattern edit on this lane."""
+
+
 class EditsAlreadyInstalledError(TLDirectionalError, RuntimeError):
     """The model already carries tl_directional HF edits."""
 
@@ -194,6 +198,18 @@ def _check_edits(edits: Sequence[Any]) -> tuple[Edit, ...]:
     return tuple(edits)
 
 
+def _check_composable(layer: int, chain) -> None:
+    """Refuse a pattern edit beside another value-space edit in one layer: this lane rebuilds the
+    head outputs from the edited pattern, which would drop the other edit's change, where the
+    TransformerLens lane applies it on top (different numbers, silently)."""
+    labels = [edit_label(e) for e, _ in chain]
+    if len(chain) > 1 and any(isinstance(e, (DiagonalRemoval, EffectiveDiagonal)) for e, _ in chain):
+        raise EditCompositionError(
+            f"layer {layer} has a pattern edit together with other value-space edits ({labels}); on a plain "
+            "transformers model they do not compose the way the TransformerLens lanes compose them. Put "
+            "them on different layers (layers=...), or run them on a TransformerLens model")
+
+
 def install_edits(model, *edits: Any, when: Callable[[], bool] | None = None) -> HFEditHandle:
     """Install ``edits`` on a plain ``transformers`` causal LM until ``handle.remove()``.
 
@@ -215,6 +231,7 @@ def install_edits(model, *edits: Any, when: Callable[[], bool] | None = None) ->
         UnsupportedModelError: unknown architecture (names the class and the supported families).
         EditsAlreadyInstalledError: the model already has edits installed (remove them first).
         AttentionPatternUnavailableError: an edit needs the pattern and attention is not eager.
+        EditCompositionError: a pattern edit shares a layer with another value-space edit.
     """
     edits = _check_edits(edits)
     sites = resolve_hf_sites(model)
@@ -278,6 +295,7 @@ def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSite
         for L in e._layers(ns):
             per_layer.setdefault(L, []).append((e, _value_chain_fn(e, L, sites, run)))
     for L, chain in sorted(per_layer.items()):
+        _check_composable(L, chain)
         _install_value_layer(handle, sites, L, chain)
     for e in edits:
         if isinstance(e, ResidualScale):
@@ -409,6 +427,7 @@ def _install_residual_layer(add, sites: HFSites, e: ResidualScale, layer: int, e
 
 
 __all__ = [
+    "EditCompositionError",
     "EditsAlreadyInstalledError",
     "HFEditHandle",
     "install_edits",
