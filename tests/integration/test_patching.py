@@ -48,10 +48,10 @@ def test_patched_tensor_is_the_directional_mix(tiny_model):
     _, clean = model.run_with_cache(CLEAN)
     _, corr = model.run_with_cache(CORRUPTED)
     seen = {}
-    from tl_directional.evaluate.patching import _patch_residual_hooks
+    from tl_directional.evaluate.patch_hooks import patch_residual_hooks
 
     unit = tld.resolve_sites(model).unit("mlp", 1)
-    hooks = _patch_residual_hooks(unit, clean[name_u], "par", None, 1e-12)
+    hooks = patch_residual_hooks(unit, clean[name_u], "par", None, 1e-12)
     hooks.append((name_u, lambda t, hook: seen.setdefault("u", t.detach().clone())))
     model.run_with_hooks(CORRUPTED, fwd_hooks=hooks)
     r = corr[name_r]
@@ -101,7 +101,8 @@ ALL_UNITS = ("attn", "mlp", "block", "value", "resid_pre")
 
 def _slow_patch(model, clean, corrupted, metric_fn, components, per_position, heads=None, attention_mask=None):
     """One full ``run_with_hooks`` forward per patch: the previous implementation's loop."""
-    from tl_directional.evaluate.patching import WHICH, _patch_residual_hooks, _patch_value_hooks
+    from tl_directional.evaluate.patch_hooks import patch_residual_hooks, patch_value_hooks
+    from tl_directional.evaluate.patching import WHICH
 
     sites = tld.resolve_sites(model, warn=False)
     _, cache = model.run_with_cache(clean, attention_mask=attention_mask)
@@ -119,7 +120,7 @@ def _slow_patch(model, clean, corrupted, metric_fn, components, per_position, he
                     for w in WHICH:
                         if c == "value":
                             vs = sites.value[L]
-                            hooks = _patch_value_hooks(vs, sites.n_heads, h, cache[vs.z_hook], w, mask, 1e-12)
+                            hooks = patch_value_hooks(vs, sites.n_heads, h, cache[vs.z_hook], w, mask, 1e-12)
                         elif c == "resid_pre":
                             name = f"blocks.{L}.hook_resid_pre"
 
@@ -133,7 +134,7 @@ def _slow_patch(model, clean, corrupted, metric_fn, components, per_position, he
                             clean_u = cache[u.update_hook]
                             if u.update_is_difference:
                                 clean_u = clean_u - cache[u.reference_hook]
-                            hooks = _patch_residual_hooks(u, clean_u, w, mask, 1e-12)
+                            hooks = patch_residual_hooks(u, clean_u, w, mask, 1e-12)
                         with torch.no_grad():
                             logits = model.run_with_hooks(corrupted, fwd_hooks=hooks, attention_mask=attention_mask)
                         out[(c, w, L) + ((p,) if p is not None else ()) + ((h,) if h is not None else ())] = float(

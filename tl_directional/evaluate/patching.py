@@ -8,9 +8,9 @@ reference, and records a metric. Results come as tensors shaped like
 parallel-only and perpendicular-only effects is reported next to the full
 patch, never assumed equal to it.
 
-:func:`split_logit_attribution` splits each head's (and each sub-layer's)
-direct logit attribution into the part carried by its parallel and its
-perpendicular component against the stream it writes into.
+:func:`split_logit_attribution` (:mod:`tl_directional.evaluate.logit_attribution`) splits each
+head's (and each sub-layer's) direct logit attribution into the part carried by its parallel and
+its perpendicular component against the stream it writes into.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
 from ..core.bootstrap import random_subspace_share
@@ -36,10 +36,17 @@ from ..model.adapter import (
     from_block,
 )
 from ..model.indices import normalize_heads, normalize_layers
-from ..model.inputs import prepare_inputs, token_ids
+from ..model.inputs import prepare_inputs
 from ..model.sites import ModelSites, expand_kv_heads, kv_head_index, resolve_sites
-from ..model.weights import final_norm_weight
 from .cache_input import cache_tensor, check_names_filter, is_cache
+from .logit_attribution import split_logit_attribution  # the patching page's second tool
+from .patch_hooks import (
+    PatchVariant,
+    integer_columns,
+    masked,
+    stacked_residual_hooks,
+    stacked_value_hooks,
+)
 from .result import DirectionalResult
 
 WHICH = ("par", "perp", "full")
@@ -55,13 +62,6 @@ _AUTO_LOGIT_ELEMENTS = 2**26
 _AUTO_MAX_RUNS = 64
 
 
-def _integer_columns(table: pd.DataFrame, columns) -> pd.DataFrame:
-    """Index columns as integers (pandas ``Int64``, so rows without a head or position
-    hold ``<NA>`` instead of turning the column into floats)."""
-    for c in columns:
-        if c in table:
-            table[c] = table[c].astype("Int64")
-    return table
 
 
 def _scalar_metric(metric, logits) -> float:
@@ -98,44 +98,8 @@ def _metric_array(metric, logits) -> np.ndarray:
     return np.array([_scalar_metric(metric, logits)])
 
 
-def _patch_residual_hooks(unit, clean_update: Tensor, which: str, pos_mask: Tensor | None, eps: float):
-    """Hooks patching the unit's update in the corrupted run (reference read live)."""
-    state: dict = {}
-
-    def ref_hook(t, hook):  # noqa: ARG001
-        state["ref"] = t
-        return t
-
-    def upd_hook(t, hook):  # noqa: ARG001
-        ref = state["ref"]
-        corrupted = t - ref if unit.update_is_difference else t
-        new = patch_components(clean_update.to(t.device), corrupted, ref, which, eps)
-        if pos_mask is not None:
-            new = torch.where(pos_mask.unsqueeze(-1), new, corrupted)
-        return new + ref if unit.update_is_difference else new
-
-    return [(unit.reference_hook, ref_hook), (unit.update_hook, upd_hook)]
 
 
-def _patch_value_hooks(vs, n_heads: int, head: int, clean_z: Tensor, which: str, pos_mask: Tensor | None, eps: float):
-    """Hooks patching one head's ``hook_z`` output against its own (corrupted) value."""
-    state: dict = {}
-
-    def v_hook(t, hook):  # noqa: ARG001
-        state["v"] = t
-        return t
-
-    def z_hook(z, hook):  # noqa: ARG001
-        v = state["v"]
-        v_h = v[:, :, kv_head_index(head, n_heads, v.shape[2])]
-        new_h = patch_components(clean_z[:, :, head].to(z.device), z[:, :, head], v_h, which, eps)
-        if pos_mask is not None:
-            new_h = torch.where(pos_mask.unsqueeze(-1), new_h, z[:, :, head])
-        out = z.clone()
-        out[:, :, head] = new_h
-        return out
-
-    return [(vs.v_hook, v_hook), (vs.z_hook, z_hook)]
 
 
 def _check_which(which) -> tuple[str, ...]:
@@ -163,23 +127,8 @@ def _check_batch_size(batch_size) -> int | None:
     return batch_size
 
 
-class _Variant:
-    """One patched run: which part, at which position (None: all) and head (value space)."""
-
-    __slots__ = ("which", "pos", "head", "value")
-
-    def __init__(self, which: str, pos: int | None, head: int | None):
-        self.which, self.pos, self.head = which, pos, head
-        self.value: float | None = None
 
 
-def _masked(new: Tensor, old: Tensor, pos: int | None) -> Tensor:
-    """``new`` at position ``pos`` (every position when None), ``old`` elsewhere."""
-    if pos is None:
-        return new
-    out = old.clone()
-    out[:, pos] = new[:, pos]
-    return out
 
 
 def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
@@ -196,7 +145,7 @@ def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -
     return upd, cache.get(u.reference_hook) if isinstance(cache, dict) else cache[u.reference_hook]
 
 
-def _is_identity(sites: ModelSites, c: str, L: int, v: _Variant, clean: dict, corr: dict, eps: float) -> bool:
+def _is_identity(sites: ModelSites, c: str, L: int, v: PatchVariant, clean: dict, corr: dict, eps: float) -> bool:
     """Whether the patch ``v`` writes exactly (bitwise) what the corrupted run has there: then
     the patched run *is* the corrupted run (the patched tensor is computed from the corrupted
     run's cached tensors, as the patched forward would compute it)."""
@@ -212,56 +161,8 @@ def _is_identity(sites: ModelSites, c: str, L: int, v: _Variant, clean: dict, co
     return torch.equal(patch_components(upd_c[:, sl], upd_x[:, sl], ref[:, sl], v.which, eps), upd_x[:, sl])
 
 
-def _stacked_residual_hooks(unit, clean_update: Tensor, chunk: list[_Variant], b: int, eps: float):
-    """Hooks patching a residual unit in a forward of ``len(chunk)`` stacked copies of the
-    corrupted batch (``b`` rows each): copy ``i`` gets ``chunk[i]``'s patch (reference read live)."""
-    state: dict = {}
-
-    def ref_hook(t, hook):  # noqa: ARG001
-        state["ref"] = t
-        return t
-
-    def upd_hook(t, hook):  # noqa: ARG001
-        ref = state["ref"]
-        corrupted = t - ref if unit.update_is_difference else t
-        src = clean_update.to(t.device)
-        out = corrupted.clone()
-        for i, v in enumerate(chunk):
-            rows = slice(i * b, (i + 1) * b)
-            new = patch_components(src, corrupted[rows], ref[rows], v.which, eps)
-            if v.pos is None:
-                out[rows] = new
-            else:
-                out[rows, v.pos] = new[:, v.pos]
-        return out + ref if unit.update_is_difference else out
-
-    return [(unit.reference_hook, ref_hook), (unit.update_hook, upd_hook)]
 
 
-def _stacked_value_hooks(vs, n_heads: int, clean_z: Tensor, chunk: list[_Variant], b: int, eps: float):
-    """Hooks patching one head's ``hook_z`` per stacked copy (``chunk[i].head``)."""
-    state: dict = {}
-
-    def v_hook(t, hook):  # noqa: ARG001
-        state["v"] = t
-        return t
-
-    def z_hook(z, hook):  # noqa: ARG001
-        v = state["v"]
-        src = clean_z.to(z.device)
-        out = z.clone()
-        for i, var in enumerate(chunk):
-            rows = slice(i * b, (i + 1) * b)
-            h = var.head
-            v_h = v[rows, :, kv_head_index(h, n_heads, v.shape[2])]
-            new_h = patch_components(src[:, :, h], z[rows, :, h], v_h, var.which, eps)
-            if var.pos is None:
-                out[rows, :, h] = new_h
-            else:
-                out[rows, var.pos, h] = new_h[:, var.pos]
-        return out
-
-    return [(vs.v_hook, v_hook), (vs.z_hook, z_hook)]
 
 
 def _auto_batch_size(b: int, n_pos: int, d_vocab: int) -> int:
@@ -428,10 +329,10 @@ def _patch_hook_names(sites: ModelSites, components, layer_list) -> tuple[set[st
 def _plan(sites: ModelSites, components, layer_list, head_list, which, n_pos: int | None):
     """The patched runs per (component, layer), in the table's order."""
     positions = list(range(n_pos)) if n_pos is not None else [None]
-    work: list[tuple[str, int, list[_Variant]]] = []
+    work: list[tuple[str, int, list[PatchVariant]]] = []
     for c in components:
         for L in layer_list:
-            variants = [_Variant(w, p, h) for p in positions for h in (head_list if c == "value" else [None])
+            variants = [PatchVariant(w, p, h) for p in positions for h in (head_list if c == "value" else [None])
                         for w in which]
             work.append((c, L, variants))
     return work
@@ -459,7 +360,7 @@ def _as_tables(sites: ModelSites, work, components, which, n_pos: int | None, cl
                 **{f"metric_{w}": values[w] for w in which},
                 **{f"effect_{w}": values[w] - corrupted_metric for w in which},
             })
-    table = _integer_columns(pd.DataFrame(rows), ("layer", "head", "position"))
+    table = integer_columns(pd.DataFrame(rows), ("layer", "head", "position"))
     if not table.empty:
         if len(which) == len(WHICH):
             table["par_plus_perp_minus_full"] = table["effect_par"] + table["effect_perp"] - table["effect_full"]
@@ -515,7 +416,7 @@ def _clean_from_cache(cache, names, shape: tuple[int, int], device) -> dict[str,
     return {n: cache_tensor(cache, n, shape, "clean_cache", hint).detach().to(device) for n in sorted(names)}
 
 
-def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[_Variant], clean: dict, corr: dict,
+def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[PatchVariant], clean: dict, corr: dict,
                block0: BlockInput, xt: Tensor, am: Tensor, metric_values, metric, eps: float) -> None:
     """One forward from block ``L`` of ``len(chunk)`` stacked patched copies of the corrupted
     batch; stores each copy's metric in its variant."""
@@ -524,16 +425,16 @@ def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[_Variant], 
     hooks: list = []
     if c in STREAM_COMPONENTS:  # the patch is the block input itself
         src = clean[f"blocks.{L}.hook_resid_pre"]
-        stacked = torch.cat([_masked(patch_components(src, resid, resid, v.which, eps), resid, v.pos)
+        stacked = torch.cat([masked(patch_components(src, resid, resid, v.which, eps), resid, v.pos)
                              for v in chunk])
     else:
         stacked = resid.repeat(k, 1, 1) if k > 1 else resid
         if c == "value":
-            hooks = _stacked_value_hooks(sites.value[L], sites.n_heads, clean[sites.value[L].z_hook], chunk, b, eps)
+            hooks = stacked_value_hooks(sites.value[L], sites.n_heads, clean[sites.value[L].z_hook], chunk, b, eps)
         else:
             u = sites.units[c][L]
             clean_u, _ = _unit_tensors(sites, c, L, clean)
-            hooks = _stacked_residual_hooks(u, clean_u, chunk, b, eps)
+            hooks = stacked_residual_hooks(u, clean_u, chunk, b, eps)
     tokens = xt.repeat(k, 1) if k > 1 else xt
     mask = am.repeat(k, 1) if k > 1 else am
     with from_block(model, BlockInput(L, stacked, block0.output_form)) as run, model.hooks(fwd_hooks=hooks):
@@ -547,131 +448,6 @@ def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[_Variant], 
 # ---------------------------------------------------------------------------
 # split direct logit attribution
 # ---------------------------------------------------------------------------
-
-
-def _final_norm_linear(model, sites: ModelSites, x: Tensor, scale: Tensor) -> Tensor:
-    """Apply the final norm *linearised* at the cached scale: centre (LayerNorm) and
-    divide by the cached scale, then the norm's weight. Linear in ``x``, so the
-    attribution of a sum is the sum of attributions."""
-    norm_type = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
-    if norm_type.startswith("LN"):
-        x = x - x.mean(-1, keepdim=True)
-    x = x / scale
-    w = final_norm_weight(model)
-    return x * w if w is not None else x
-
-
-def split_logit_attribution(
-    model,
-    inputs,
-    answer_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str,
-    *,
-    wrong_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str | None = None,
-    position: int = -1,
-    eps: float = DEFAULT_EPS,
-) -> pd.DataFrame:
-    """Direct logit attribution of each head and sub-layer, split into parallel and
-    perpendicular parts against the stream each writes into (METHOD.md sec. 2-3).
-
-    The logit direction is ``W_U[:, answer] - W_U[:, wrong]`` (or ``W_U[:, answer]``),
-    read at ``position`` (absolute, or -1 for each sequence's last real token); the
-    final norm is linearised at the run's own scale (``ln_final.hook_scale``), so
-    ``dla == dla_par + dla_perp`` exactly for every row. Heads' outputs are
-    ``W_O[h]^T z_h`` (no bias) split against ``resid_pre``; sub-layers use their
-    sites (attention update vs ``resid_pre``, MLP update vs its reference).
-
-    ``answer_tokens`` / ``wrong_tokens``: one per sequence (or one for all), as token
-    ids or single-token strings (``" light"``). A text longer than the model's context is a
-    ValueError (attributing at the last token that fits would not be where the answer follows
-    the text); token-id inputs longer than ``n_ctx`` are refused as everywhere.
-
-    Versus TransformerLens's ``cache.logit_attrs``: TL's applies the final norm's
-    centring and scale but not its weight ``ln_final.w`` (it assumes the weight was
-    folded into ``W_U``, as ``fold_ln`` does). The unprocessed models this library
-    measures keep that weight, so here it is applied: ``dla`` equals TL's
-    ``logit_attrs`` with the direction multiplied by ``ln_final.w``, and the rows
-    (with the embedding and bias terms) add up to the true logit difference.
-
-    On sandwich-norm models (Gemma-2/3, OLMo-2) a norm follows ``W_O``, so what a head adds
-    to the stream is not ``W_O[h]^T z_h`` and per-head attributions are not defined: head rows
-    carry NaN and ``table.attrs["notes"]`` says why; the ``attn`` / ``mlp`` rows (the normalised
-    updates actually added) stay exact.
-
-    Returns:
-        A DataFrame with one row per (sequence, layer, unit): ``unit`` is ``"attn"``,
-        ``"mlp"`` or ``"head"`` (with ``head``), and ``dla``, ``dla_par``, ``dla_perp``,
-        ``par_frac`` of the written vector.
-    """
-    eps = check_eps(eps)
-    sites = resolve_sites(model)
-    if not sites.causal:
-        raise ValueError("split_logit_attribution needs a causal LM with an unembedding")
-    # a cut text would be attributed at its last kept token, not where the answer follows it
-    batch = prepare_inputs(model, inputs, too_long=(
-        "the answer follows the text's last token, which a cut text would not reach, so nothing is "
-        "attributed; pass a shorter text (at most n_ctx tokens, BOS included), or the text's last "
-        "n_ctx token ids as a [1, pos] tensor"))
-    device = device_of(model)
-    tokens, am = batch.tokens.to(device), batch.attention_mask.to(device)
-    answer = token_ids(model, answer_tokens, n=tokens.shape[0], argument="answer_tokens").to(device)
-    W_U = model.W_U  # [d_model, vocab]
-    direction = W_U[:, answer].T  # [batch, d_model]
-    if wrong_tokens is not None:
-        wrong = token_ids(model, wrong_tokens, n=tokens.shape[0], argument="wrong_tokens").to(device)
-        direction = direction - W_U[:, wrong].T
-    if position == -1:
-        pos = am.long().cumsum(-1).argmax(-1)  # last real token (right or left padding)
-    else:
-        if not 0 <= position < tokens.shape[1]:
-            raise ValueError(f"position {position} is outside 0..{tokens.shape[1] - 1} (or -1 for the last token)")
-        pos = torch.full((tokens.shape[0],), position, device=device)
-    rows_idx = torch.arange(tokens.shape[0], device=device)
-
-    names = ["ln_final.hook_scale"]
-    for L in range(sites.n_layers):
-        names += [sites.value[L].z_hook, sites.value[L].resid_hook]
-        for c in ("attn", "mlp"):
-            u = sites.units[c][L]
-            names += [u.update_hook, u.reference_hook]
-    _, cache = capture(model, tokens, names, attention_mask=am, clone=True)
-    scale = cache["ln_final.hook_scale"][rows_idx, pos]  # [batch, 1]
-
-    def dla_of(vec: Tensor) -> Tensor:  # [batch, ..., d_model] -> [batch, ...]
-        normed = _final_norm_linear(model, sites, vec, scale.view(-1, *([1] * (vec.ndim - 1))))
-        return (normed * direction.view(direction.shape[0], *([1] * (vec.ndim - 2)), -1)).sum(-1)
-
-    rows = []
-    with torch.no_grad():
-        for L in range(sites.n_layers):
-            for c in ("attn", "mlp"):
-                u = sites.units[c][L]
-                upd = cache[u.update_hook][rows_idx, pos]
-                ref = cache[u.reference_hook][rows_idx, pos]
-                d = decompose(upd, ref, eps)
-                total, par, perp = dla_of(upd.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
-                for b in range(tokens.shape[0]):
-                    rows.append({"sequence": b, "layer": L, "unit": c, "head": None, "dla": float(total[b]),
-                                 "dla_par": float(par[b]), "dla_perp": float(perp[b]), "par_frac": float(d.par_frac[b])})
-            z = cache[sites.value[L].z_hook][rows_idx, pos]  # [batch, heads, d_head]
-            x = cache[sites.value[L].resid_hook][rows_idx, pos]  # [batch, d_model]
-            W_O = model.blocks[L].attn.W_O  # [heads, d_head, d_model]
-            out = torch.einsum("bhe,hed->bhd", z, W_O)
-            d = decompose(out, x.unsqueeze(1), eps)
-            total, par, perp = dla_of(out.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
-            if not sites.factorization_applicable:  # W_O[h]^T z_h is not what the head adds
-                total, par, perp = (torch.full_like(t, float("nan")) for t in (total, par, perp))
-            for b in range(tokens.shape[0]):
-                for h in range(sites.n_heads):
-                    rows.append({"sequence": b, "layer": L, "unit": "head", "head": h, "dla": float(total[b, h]),
-                                 "dla_par": float(par[b, h]), "dla_perp": float(perp[b, h]),
-                                 "par_frac": float(d.par_frac[b, h]) if sites.factorization_applicable
-                                 else float("nan")})
-    table = _integer_columns(pd.DataFrame(rows), ("sequence", "layer", "head"))
-    table.attrs["notes"] = [] if sites.factorization_applicable else [
-        "sandwich-norm model: a norm follows W_O, so per-head DLA (W_O[h]^T z_h) is not what a head "
-        "adds; head rows are NaN, the attn / mlp rows are exact."
-    ]
-    return table
 
 
 __all__ = ["STREAM_COMPONENTS", "WHICH", "directional_patch", "split_dla_figure", "split_logit_attribution"]

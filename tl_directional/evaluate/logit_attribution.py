@@ -1,0 +1,148 @@
+"""Split direct logit attribution (METHOD.md sec. 2-3): each head's and each sub-layer's direct
+logit attribution split into the part carried by its parallel and its perpendicular component
+against the stream it writes into, with the final norm linearised at the run's own scale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from ..core.geometry import DEFAULT_EPS, check_eps, decompose
+from ..model.adapter import capture, device_of
+from ..model.inputs import prepare_inputs, token_ids
+from ..model.sites import ModelSites, resolve_sites
+from ..model.weights import final_norm_weight
+from .patch_hooks import integer_columns
+
+
+def _final_norm_linear(model, sites: ModelSites, x: Tensor, scale: Tensor) -> Tensor:
+    """Apply the final norm *linearised* at the cached scale: centre (LayerNorm) and
+    divide by the cached scale, then the norm's weight. Linear in ``x``, so the
+    attribution of a sum is the sum of attributions."""
+    norm_type = str(getattr(model.cfg, "normalization_type", "LN") or "LN")
+    if norm_type.startswith("LN"):
+        x = x - x.mean(-1, keepdim=True)
+    x = x / scale
+    w = final_norm_weight(model)
+    return x * w if w is not None else x
+
+
+def split_logit_attribution(
+    model,
+    inputs,
+    answer_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str,
+    *,
+    wrong_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str | None = None,
+    position: int = -1,
+    eps: float = DEFAULT_EPS,
+) -> pd.DataFrame:
+    """Direct logit attribution of each head and sub-layer, split into parallel and
+    perpendicular parts against the stream each writes into (METHOD.md sec. 2-3).
+
+    The logit direction is ``W_U[:, answer] - W_U[:, wrong]`` (or ``W_U[:, answer]``),
+    read at ``position`` (absolute, or -1 for each sequence's last real token); the
+    final norm is linearised at the run's own scale (``ln_final.hook_scale``), so
+    ``dla == dla_par + dla_perp`` exactly for every row. Heads' outputs are
+    ``W_O[h]^T z_h`` (no bias) split against ``resid_pre``; sub-layers use their
+    sites (attention update vs ``resid_pre``, MLP update vs its reference).
+
+    ``answer_tokens`` / ``wrong_tokens``: one per sequence (or one for all), as token
+    ids or single-token strings (``" light"``). A text longer than the model's context is a
+    ValueError (attributing at the last token that fits would not be where the answer follows
+    the text); token-id inputs longer than ``n_ctx`` are refused as everywhere.
+
+    Versus TransformerLens's ``cache.logit_attrs``: TL's applies the final norm's
+    centring and scale but not its weight ``ln_final.w`` (it assumes the weight was
+    folded into ``W_U``, as ``fold_ln`` does). The unprocessed models this library
+    measures keep that weight, so here it is applied: ``dla`` equals TL's
+    ``logit_attrs`` with the direction multiplied by ``ln_final.w``, and the rows
+    (with the embedding and bias terms) add up to the true logit difference.
+
+    On sandwich-norm models (Gemma-2/3, OLMo-2) a norm follows ``W_O``, so what a head adds
+    to the stream is not ``W_O[h]^T z_h`` and per-head attributions are not defined: head rows
+    carry NaN and ``table.attrs["notes"]`` says why; the ``attn`` / ``mlp`` rows (the normalised
+    updates actually added) stay exact.
+
+    Returns:
+        A DataFrame with one row per (sequence, layer, unit): ``unit`` is ``"attn"``,
+        ``"mlp"`` or ``"head"`` (with ``head``), and ``dla``, ``dla_par``, ``dla_perp``,
+        ``par_frac`` of the written vector.
+    """
+    eps = check_eps(eps)
+    sites = resolve_sites(model)
+    if not sites.causal:
+        raise ValueError("split_logit_attribution needs a causal LM with an unembedding")
+    # a cut text would be attributed at its last kept token, not where the answer follows it
+    batch = prepare_inputs(model, inputs, too_long=(
+        "the answer follows the text's last token, which a cut text would not reach, so nothing is "
+        "attributed; pass a shorter text (at most n_ctx tokens, BOS included), or the text's last "
+        "n_ctx token ids as a [1, pos] tensor"))
+    device = device_of(model)
+    tokens, am = batch.tokens.to(device), batch.attention_mask.to(device)
+    answer = token_ids(model, answer_tokens, n=tokens.shape[0], argument="answer_tokens").to(device)
+    W_U = model.W_U  # [d_model, vocab]
+    direction = W_U[:, answer].T  # [batch, d_model]
+    if wrong_tokens is not None:
+        wrong = token_ids(model, wrong_tokens, n=tokens.shape[0], argument="wrong_tokens").to(device)
+        direction = direction - W_U[:, wrong].T
+    if position == -1:
+        pos = am.long().cumsum(-1).argmax(-1)  # last real token (right or left padding)
+    else:
+        if not 0 <= position < tokens.shape[1]:
+            raise ValueError(f"position {position} is outside 0..{tokens.shape[1] - 1} (or -1 for the last token)")
+        pos = torch.full((tokens.shape[0],), position, device=device)
+    rows_idx = torch.arange(tokens.shape[0], device=device)
+
+    names = ["ln_final.hook_scale"]
+    for L in range(sites.n_layers):
+        names += [sites.value[L].z_hook, sites.value[L].resid_hook]
+        for c in ("attn", "mlp"):
+            u = sites.units[c][L]
+            names += [u.update_hook, u.reference_hook]
+    _, cache = capture(model, tokens, names, attention_mask=am, clone=True)
+    scale = cache["ln_final.hook_scale"][rows_idx, pos]  # [batch, 1]
+
+    def dla_of(vec: Tensor) -> Tensor:  # [batch, ..., d_model] -> [batch, ...]
+        normed = _final_norm_linear(model, sites, vec, scale.view(-1, *([1] * (vec.ndim - 1))))
+        return (normed * direction.view(direction.shape[0], *([1] * (vec.ndim - 2)), -1)).sum(-1)
+
+    rows = []
+    with torch.no_grad():
+        for L in range(sites.n_layers):
+            for c in ("attn", "mlp"):
+                u = sites.units[c][L]
+                upd = cache[u.update_hook][rows_idx, pos]
+                ref = cache[u.reference_hook][rows_idx, pos]
+                d = decompose(upd, ref, eps)
+                total, par, perp = dla_of(upd.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
+                for b in range(tokens.shape[0]):
+                    rows.append({"sequence": b, "layer": L, "unit": c, "head": None, "dla": float(total[b]),
+                                 "dla_par": float(par[b]), "dla_perp": float(perp[b]), "par_frac": float(d.par_frac[b])})
+            z = cache[sites.value[L].z_hook][rows_idx, pos]  # [batch, heads, d_head]
+            x = cache[sites.value[L].resid_hook][rows_idx, pos]  # [batch, d_model]
+            W_O = model.blocks[L].attn.W_O  # [heads, d_head, d_model]
+            out = torch.einsum("bhe,hed->bhd", z, W_O)
+            d = decompose(out, x.unsqueeze(1), eps)
+            total, par, perp = dla_of(out.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
+            if not sites.factorization_applicable:  # W_O[h]^T z_h is not what the head adds
+                total, par, perp = (torch.full_like(t, float("nan")) for t in (total, par, perp))
+            for b in range(tokens.shape[0]):
+                for h in range(sites.n_heads):
+                    rows.append({"sequence": b, "layer": L, "unit": "head", "head": h, "dla": float(total[b, h]),
+                                 "dla_par": float(par[b, h]), "dla_perp": float(perp[b, h]),
+                                 "par_frac": float(d.par_frac[b, h]) if sites.factorization_applicable
+                                 else float("nan")})
+    table = integer_columns(pd.DataFrame(rows), ("sequence", "layer", "head"))
+    table.attrs["notes"] = [] if sites.factorization_applicable else [
+        "sandwich-norm model: a norm follows W_O, so per-head DLA (W_O[h]^T z_h) is not what a head "
+        "adds; head rows are NaN, the attn / mlp rows are exact."
+    ]
+    return table
+
+
+__all__ = ["split_logit_attribution"]
