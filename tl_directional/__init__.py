@@ -9,7 +9,6 @@ from .compression import CompatibilityError, compress_check, compression_geometr
 from .compression.compressors import (
     CompressionRecord,
     CompressionResult,
-    clone_model,
     compress,
     drop_layers,
     low_rank,
@@ -17,9 +16,9 @@ from .compression.compressors import (
     prune_wanda,
     quantize_awq,
     quantize_rtn,
-    save_compressed,
 )
 from .compression.ranking import ranking_overlap
+from .compression.save import save_compressed
 from .compression.weighted import prune_wanda_weighted
 from .core.bootstrap import bootstrap_mean_interval, random_subspace_share
 from .core.errors import TLDirectionalError
@@ -52,6 +51,7 @@ from .evaluate.result import DirectionalResult
 from .evaluate.sweep import Setting, find_safe_scale, grid, sweep
 from .measure import Profile, profile
 from .measure.cache_hooks import required_hooks
+from .model.adapter import clone_model
 from .model.inputs import TokenBatch, prepare_inputs
 from .model.load import load_default_model, load_model
 from .model.positions import first_token_mask

@@ -377,12 +377,13 @@ def test_sweep_killed_and_resumed_equals_uninterrupted_exactly(tiny_model_dir, t
 
 
 def test_sweep_counts_stay_exact_above_2_to_the_24(tmp_path):
-    from tl_directional.evaluate.sweep import MetricSums, _Progress
+    from tl_directional.evaluate.sweep import MetricSums
+    from tl_directional.evaluate.sweep_store import SweepProgress
 
     big = MetricSums(2**24 + 1, 1e-9 + 12345.678, 0.1, 0.2, 2**24 + 1)
     path = tmp_path / "p.json"
-    _Progress({"x": 1}, 1, {"s": big.to_disk()}).save(path)
-    back = _Progress.load(path).sums["s"]
+    SweepProgress({"x": 1}, 1, {"s": big.to_disk()}).save(path)
+    back = SweepProgress.load(path).sums["s"]
     assert back == big and back.row()["tokens"] == 2**24 + 1
 
 

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import tl_directional.evaluate.metrics as M
-from tl_directional.evaluate.sweep import BaselineStats, MetricSums, _Progress, grid, sweep
+from tl_directional.evaluate.sweep import BaselineStats, MetricSums, grid, sweep
+from tl_directional.evaluate.sweep_store import SweepProgress
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -102,7 +103,7 @@ def test_adding_a_metric_is_one_entry(accuracy_metric, tiny_model_dir, tmp_path)
     want = float((logits[:, :-1].argmax(-1) == toks[:, 1:]).double().mean())
     assert df.iloc[0]["accuracy"] == pytest.approx(want)  # the baseline row, from of_baseline
     # the checkpoint holds the new sum too, exactly (a count), and resumes
-    back = _Progress.load(ckpt).sums
+    back = SweepProgress.load(ckpt).sums
     assert all(len(s.values()) == len(M.QUANTITIES) == 6 for s in back.values())
     again = sweep(model, toks, settings, batch_size=2, metrics=["loss", "accuracy"], progress=False, checkpoint=ckpt)
     assert again.equals(df)

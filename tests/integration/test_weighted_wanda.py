@@ -15,7 +15,8 @@ from tl_directional.compression import (
     prune_wanda_weighted,
     ranking_overlap,
 )
-from tl_directional.compression.compressors import compress, linear_weights, parse_spec, prune_wanda
+from tl_directional.compression.compressors import compress, linear_weights, prune_wanda
+from tl_directional.compression.specs import parse_spec
 from tl_directional.model.sites import resolve_sites
 from tl_directional.model.weights import linear_input_hooks
 

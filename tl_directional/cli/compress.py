@@ -49,7 +49,8 @@ def _cmd_compress(args) -> int:
 
 
 def _compress_locked(args) -> int:
-    from ..compression.compressors import compress, save_compressed
+    from ..compression.compressors import compress
+    from ..compression.save import save_compressed
 
     model = _load_checked(args.model, "--model")
     calibration = None
@@ -68,9 +69,9 @@ def _compress_locked(args) -> int:
 
 def _add_compress_commands(sub, positive_int) -> None:
     """Add ``compress-check`` and ``compress`` to the ``tl-directional`` sub-parsers."""
-    from ..compression.compressors import SPEC_HELP
     from ..compression.gate import GATE_COMPONENTS, GATE_METRICS
     from ..compression.geometry import MODES
+    from ..compression.specs import SPEC_HELP
 
     p = sub.add_parser(
         "compress-check",

@@ -22,7 +22,6 @@ the commands ``compress`` and ``compress-check`` in :mod:`tl_directional.cli`.
 from .compressors import (
     CompressionRecord,
     CompressionResult,
-    clone_model,
     compress,
     drop_layers,
     low_rank,
@@ -30,7 +29,6 @@ from .compressors import (
     prune_wanda,
     quantize_awq,
     quantize_rtn,
-    save_compressed,
 )
 from .gate import (
     GATE_COMPONENTS,
@@ -48,6 +46,7 @@ from .geometry import (
     summarize,
 )
 from .ranking import ranking_overlap
+from .save import save_compressed
 from .weighted import (
     WEIGHTINGS,
     CalibrationRequiredError,
@@ -74,7 +73,6 @@ __all__ = [
     # compressors (tl_directional.compression.compressors)
     "CompressionRecord",
     "CompressionResult",
-    "clone_model",
     "compress",
     "drop_layers",
     "low_rank",

@@ -39,15 +39,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from ..io.atomic import ArtefactError
-from ..io.outputs import replace_dir
-from ..model.adapter import clone_model, device_of, is_encoder, save_hf_directory
+from ..model.adapter import clone_model, device_of, is_encoder
 from ..model.indices import normalize_layers
 from ..model.inputs import iter_batches, prepare_inputs
 from ..model.sites import lane_of
@@ -64,6 +61,7 @@ from .methods import (  # the per-matrix math
     rtn_matrix,
     wanda_score,
 )
+from .specs import REGISTERED_METHODS, parse_spec
 
 UNITS = ("attn", "mlp")
 RECORD_FILE = "tl_directional_compression.json"
@@ -454,62 +452,6 @@ def identity(model) -> CompressionResult:
 # Spec strings
 # ---------------------------------------------------------------------------------------------
 
-# spec methods that other modules of this folder register (weighted.py: wanda_perp, wanda_par):
-# name -> function(model, calibration=..., **spec keys), which checks its own arguments
-REGISTERED_METHODS: dict[str, Callable[..., CompressionResult]] = {}
-
-SPEC_HELP = (
-    "METHOD[:key=value,...] with METHOD one of: rtn (bits, group, sym), awq (bits, group, sym), "
-    "magnitude (sparsity | nm=N:M), wanda (sparsity | nm=N:M), svd (rank), drop (layers=1+2), "
-    "identity, wanda_perp / wanda_par (as wanda; component-weighted). Examples: rtn:bits=4,group=128,sym=0  "
-    "wanda:nm=2:4  svd:rank=0.5  drop:layers=2  wanda_perp:sparsity=0.5"
-)
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"rtn:bits=4,group=128,sym=0"`` -> ``("rtn", {"bits": 4, "group_size": 128, "symmetric": False})``."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"empty compression spec; {SPEC_HELP}")
-    method, _, rest = spec.strip().partition(":")
-    method = method.strip().lower()
-    aliases = {"quant": "rtn", "rtn": "rtn", "awq": "awq", "magnitude": "magnitude", "mag": "magnitude",
-               "wanda": "wanda", "svd": "low_rank", "low_rank": "low_rank", "lowrank": "low_rank",
-               "drop": "drop", "identity": "identity"}
-    if method not in aliases and method not in REGISTERED_METHODS:
-        raise ValueError(f"unknown compression method {method!r}; {SPEC_HELP}")
-    method = aliases.get(method, method)
-    out: dict[str, Any] = {}
-    for item in filter(None, (x.strip() for x in rest.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"bad item {item!r} in spec {spec!r}: expected key=value; {SPEC_HELP}")
-        key = key.strip().lower()
-        value = value.strip()
-        try:
-            if key == "bits":
-                out["bits"] = int(value)
-            elif key in ("group", "group_size", "g"):
-                out["group_size"] = None if value.lower() in ("none", "0", "channel", "row") else int(value)
-            elif key in ("sym", "symmetric"):
-                out["symmetric"] = value.lower() in ("1", "true", "yes", "sym")
-            elif key in ("sparsity", "s"):
-                out["sparsity"] = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
-            elif key in ("nm", "n_m"):
-                n, m = value.split(":")
-                out["n_m"] = (int(n), int(m))
-            elif key in ("rank", "rank_fraction"):
-                out["rank_fraction"] = float(value)
-            elif key == "layers":
-                out["layers"] = [int(x) for x in value.replace("+", " ").split()]
-            elif key == "units":
-                out["units"] = tuple(value.replace("+", " ").split())
-            else:
-                raise ValueError(f"unknown key {key!r}")
-        except ValueError as exc:
-            raise ValueError(f"bad item {item!r} in spec {spec!r} ({exc}); {SPEC_HELP}") from None
-    return method, out
-
-
 def compress(model, spec: str, *, calibration=None, stats: InputStats | None = None, **overrides) -> CompressionResult:
     """Compress a copy of ``model`` as described by a spec string (see :data:`SPEC_HELP`).
 
@@ -538,69 +480,19 @@ def compress(model, spec: str, *, calibration=None, stats: InputStats | None = N
     return identity(model)
 
 
-# ---------------------------------------------------------------------------------------------
-# Saving
-# ---------------------------------------------------------------------------------------------
-
-
-def save_compressed(model, path, record: CompressionRecord | None = None, *, force: bool = False,
-                    force_hint: str = "pass force=True") -> Path:
-    """Write a (compressed) bridge-lane model as a Hugging Face directory.
-
-    Written into a temporary sibling with a ``manifest.json`` and swapped in
-    (:func:`tl_directional.io.outputs.replace_dir`): an interrupted save leaves the previous
-    directory intact, and a non-empty ``path`` that is not a previous compressed model is
-    refused unless ``force``.
-
-    The model's wrapped ``transformers`` modules are read parameter by parameter into a
-    fresh model of the same class and config (the bridge's own ``save_pretrained`` path
-    fails on GPT-2's split-qkv views), then saved with ``save_pretrained`` together with
-    the tokenizer and, when given, the record as ``tl_directional_compression.json``.
-    """
-    if not lane_of(model).hf_export:
-        raise NotImplementedError(
-            "save_compressed writes Hugging Face directories from a TransformerLens 4 bridge model; "
-            "on the legacy HookedTransformer lane keep the model in memory (compression_geometry "
-            "takes model objects) or compress with TransformerLens >= 4")
-    given, path = path, Path(path)
-    with replace_dir(given, "compressed-model", force=force, force_hint=force_hint,
-                     command="tl-directional compress") as tmp:
-        try:
-            save_hf_directory(model, tmp, tokenizer=getattr(model, "tokenizer", None))
-            if record is not None:
-                (tmp / RECORD_FILE).write_text(json.dumps(record.as_dict(), indent=2) + "\n")
-        except (ValueError, TypeError, NotImplementedError):
-            raise
-        except Exception as err:  # a full disk: safetensors raises its own SafetensorError
-            raise ArtefactError(
-                f"writing {path} failed ({type(err).__name__}: {' '.join(str(err).split())[:400]}); "
-                "nothing was written to it (the previous output, if any, is kept): free disk space "
-                "or choose another output directory, then rerun") from None
-    return path
-
-
 __all__ = [
     "CompressionRecord",
     "CompressionResult",
     "InputStats",
     "LinearWeight",
-    "REGISTERED_METHODS",
-    "SPEC_HELP",
-    "clone_model",
     "collect_input_stats",
     "compress",
     "drop_layers",
     "identity",
     "linear_weights",
     "low_rank",
-    "low_rank_matrix",
-    "magnitude_mask",
-    "nm_mask",
-    "parse_spec",
     "prune_magnitude",
     "prune_wanda",
     "quantize_awq",
     "quantize_rtn",
-    "rtn_matrix",
-    "save_compressed",
 ]

@@ -47,7 +47,6 @@ from ..model.inputs import iter_batches, prepare_inputs
 from ..model.sites import resolve_sites
 from ..model.weights import linear_input_hooks
 from .compressors import (
-    REGISTERED_METHODS,
     UNITS,
     CompressionResult,
     LinearWeight,
@@ -55,6 +54,7 @@ from .compressors import (
     linear_weights,
 )
 from .methods import _check_nm, _check_sparsity, magnitude_mask, nm_mask, wanda_score
+from .specs import REGISTERED_METHODS
 
 WEIGHTINGS = ("none", "perp", "par")
 """The component weightings of :func:`prune_wanda_weighted`."""

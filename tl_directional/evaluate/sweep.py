@@ -17,14 +17,11 @@ scale interval around 1 whose damage stays within a budget. Both are re-exported
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import sys
 from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +31,8 @@ from torch import Tensor
 
 from ..edit import EDIT_SPACES, NonFiniteEditError, apply_edits, scales
 from ..figures.sweep import sweep_figure  # the figure lives in the views; re-exported
-from ..io.atomic import ArtefactError, atomic_write_bytes, fault_point
 from ..io.distributed import rank_and_world, release_captured_groups
 from ..io.locks import exclusive_lock
-from ..io.records import SEAL_KEY, sealed_json_dumps, sealed_json_loads
 from ..model.adapter import (
     BlockInput,
     StopForward,
@@ -67,6 +62,13 @@ from .metrics import (  # the metric registries; re-exported: `from tl_direction
 )
 from .safe_scale import SafeScaleResult, find_safe_scale  # re-exported
 from .setting import Setting
+from .sweep_store import (
+    CheckpointMismatch,
+    SweepProgress,
+    model_fingerprint,
+    save_progress,
+    tokens_sha256,
+)
 
 
 def grid(
@@ -256,96 +258,6 @@ def _baseline_forward(model, batch: TokenBatch, starts: Sequence[int] = (),
     return logits, prefixes, got.get("kept")
 
 
-@dataclass
-class _Progress:
-    """Resumable state of a sweep: sums per setting after ``batches_done`` batches."""
-
-    fingerprint: dict
-    batches_done: int = 0
-    sums: dict[str, list[float]] = field(default_factory=dict)
-    failed: dict[str, str] = field(default_factory=dict)  # label -> why the setting has no numbers
-
-    def save(self, path: Path) -> None:
-        # Sums are float64 on disk (JSON floats round-trip exactly) and counts exact ints,
-        # so a resumed sweep continues from bit-identical sums; the record is sealed.
-        atomic_write_bytes(path, sealed_json_dumps(asdict(self)))
-
-    @classmethod
-    def load(cls, path: Path) -> _Progress:
-        raw = path.read_bytes()
-        if not _looks_like_progress(raw):  # never suggest deleting a file the library did not write
-            raise ArtefactError(f"checkpoint {path} exists and is not a sweep checkpoint written by "
-                                "tl-directional; it was left untouched: pass a new checkpoint path")
-        fix = "delete it to start the sweep afresh"
-        data = sealed_json_loads(raw, path, fix=fix)
-        data.pop(SEAL_KEY, None)
-        try:
-            state = cls(**data)
-            sums = {k: MetricSums.from_disk(v) for k, v in state.sums.items()}
-            if not isinstance(state.batches_done, int) or isinstance(state.batches_done, bool):
-                raise TypeError(f"batches_done is {state.batches_done!r}")
-            if not isinstance(state.failed, dict) or not all(isinstance(v, str) for v in state.failed.values()):
-                raise TypeError(f"failed is {state.failed!r}")
-        except (TypeError, ValueError) as e:
-            raise ArtefactError(f"{path} is not a readable sweep checkpoint ({e}); {fix}") from None
-        state.sums = sums
-        return state
-
-
-def _looks_like_progress(raw: bytes) -> bool:
-    """Whether ``raw`` starts like a :class:`_Progress` record (sorted keys: ``batches_done``
-    first), so that a damaged checkpoint of ours is told apart from someone else's file."""
-    head = raw[:200].lstrip()
-    return head.startswith(b"{") and b'"batches_done"' in head
-
-
-class CheckpointMismatch(ArtefactError):
-    """A sweep checkpoint that belongs to another sweep; says what it holds."""
-
-    def __init__(self, path, diff: list[str], done: int, total: int, n_settings: int):
-        self.path, self.diff, self.done, self.total, self.n_settings = path, diff, done, total, n_settings
-        self.finished = done >= total
-        held = ("a finished sweep" if self.finished else f"an unfinished sweep ({done} of {total} batches done)")
-        plural = "s" if n_settings != 1 else ""
-        super().__init__(f"checkpoint {path} holds {held} of {n_settings} setting{plural} that differs from this "
-                         f"one in {diff}; pass another checkpoint path (or delete it: tl-directional wrote it)")
-
-
-def model_fingerprint(model) -> dict:
-    """Identity of a model for checkpoints: its class, its config and a sha256 of every
-    parameter and buffer (names, shapes, dtypes and bytes), so that another model, or the
-    same model with other weights, never resumes this one's sums."""
-    h = hashlib.sha256()
-    with torch.no_grad():
-        tensors = list(model.named_parameters()) + list(model.named_buffers())
-        for name, t in sorted(tensors, key=lambda kv: kv[0]):
-            t = t.detach().cpu().contiguous()
-            h.update(f"{name}|{tuple(t.shape)}|{t.dtype}|".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    cfg = getattr(model, "cfg", None)
-    cfg_items = cfg.to_dict() if hasattr(cfg, "to_dict") else vars(cfg) if cfg is not None else {}
-    config = {k: str(v) for k, v in sorted(cfg_items.items()) if k not in ("device", "n_devices", "model_name")}
-    return {"class": type(model).__name__, "config_sha256": hashlib.sha256(
-        json.dumps(config, sort_keys=True).encode()).hexdigest(), "weights_sha256": h.hexdigest()}
-
-
-def _tokens_sha256(batch: TokenBatch) -> str:
-    h = hashlib.sha256()
-    for t in (batch.tokens, batch.attention_mask):
-        t = t.detach().cpu().long().contiguous()
-        h.update(str(tuple(t.shape)).encode())
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()
-
-
-def _save_progress(state: _Progress, sums: dict, base_sums: MetricSums, path: Path) -> None:
-    on_disk = _Progress(state.fingerprint, state.batches_done,
-                        {**{k: v.to_disk() for k, v in sums.items()}, "__baseline__": base_sums.to_disk()},
-                        dict(state.failed))
-    on_disk.save(path)
-    fault_point("sweep.after_checkpoint")
-
-
 def sweep(
     model,
     inputs,
@@ -442,14 +354,14 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
         "batch_size": batch_size,
         "stack": stack,
         "shared_prefix": bool(shared_prefix),  # equal to the full forward to float tolerance, not bit-exact
-        "tokens_sha256": _tokens_sha256(batch),
+        "tokens_sha256": tokens_sha256(batch),
         "model": model_fingerprint(model) if ckpt_path is not None else None,
         "world_size": world,
         "rank": rank,
     }
-    state = _Progress(fingerprint)
+    state = SweepProgress(fingerprint)
     if ckpt_path is not None and ckpt_path.exists():
-        state = _Progress.load(ckpt_path)
+        state = SweepProgress.load(ckpt_path)
         if state.fingerprint != fingerprint:
             diff = sorted(k for k in fingerprint if state.fingerprint.get(k) != fingerprint[k])
             old_batches = -(-int(state.fingerprint.get("n_sequences", 0)) // max(1, int(state.fingerprint.get("batch_size", 1))))
@@ -498,11 +410,11 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
             state.batches_done = i + 1
             done_since_save += 1
             if ckpt_path is not None and done_since_save >= checkpoint_every:
-                _save_progress(state, sums, base_sums, ckpt_path)
+                save_progress(state, sums, base_sums, ckpt_path)
                 done_since_save = 0
     if ckpt_path is not None:
         state.batches_done = len(batches)
-        _save_progress(state, sums, base_sums, ckpt_path)
+        save_progress(state, sums, base_sums, ckpt_path)
     if world > 1:
         stacked = torch.stack([base_sums.as_tensor()] + [sums[s.label].as_tensor() for s in settings])
         torch.distributed.all_reduce(stacked)
