@@ -178,16 +178,9 @@ def run_accuracy(args) -> int:
         rows = pd.read_csv(data / f"{stem}.records.csv").to_dict("records")
         items = json.loads((data / f"{stem}.items.json").read_text())
         print(f"resuming {stem}: keeping {', '.join(old['texts'])}", flush=True)
-    manifest["settings"] = [
-        {
-            "label": s[0],
-            "family": s[1],
-            "space": s[2],
-            "s_par": None if s[3] != s[3] else s[3],
-            "s_perp": s[4],
-        }
-        for s in sets
-    ]
+    from claims_run import settings_manifest
+
+    manifest["settings"] = settings_manifest(sets)
     for text in args.texts:
         if text in manifest["texts"]:
             continue

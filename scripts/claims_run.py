@@ -330,6 +330,12 @@ AMENDED_SETS = {"amend": amend_settings, "atlas": atlas_settings}
 # ---------------------------------------------------------------------------
 
 
+def settings_manifest(sets) -> list[dict]:
+    """The manifest's record of each setting (``s_par`` NaN, a scale-free edit, as null)."""
+    return [{"label": s[0], "family": s[1], "space": s[2], "s_par": None if s[3] != s[3] else s[3],
+             "s_perp": s[4]} for s in sets]
+
+
 def run_header(study: str, script: str, args, sites, commit: str, dirty: bool) -> dict:
     """The opening fields of a run's manifest: command, commit, machine, and the model's source
     file, quantisation and sha256s (every page says "dequantised" from them)."""
@@ -528,16 +534,7 @@ def run(args) -> int:
             "commit": manifest["commit"],
             "command": manifest["command"],
         }
-        manifest["settings"] = [
-            {
-                "label": s[0],
-                "family": s[1],
-                "space": s[2],
-                "s_par": None if s[3] != s[3] else s[3],
-                "s_perp": s[4],
-            }
-            for s in sets
-        ]
+        manifest["settings"] = settings_manifest(sets)
         manifest["seconds"] = round(time.time() - t0, 1)
         manifest["complete"] = set(args.texts) <= set(manifest["texts"])
         commits = list(dict.fromkeys(v.get("commit", manifest["commit"]) for v in manifest["texts"].values()))

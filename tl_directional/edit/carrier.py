@@ -30,7 +30,7 @@ from ..core.carrier import (
 from ..core.geometry import DEFAULT_EPS, compute_dtype
 from ..model.mlp_carrier import CarrierUnavailableError, carrier_site, down_weight
 from ..model.sites import resolve_sites
-from .base import Edit, HookList
+from .base import Edit, HookList, _track_key_length
 from .tensors import cast_back, query_mask, scale_specs
 
 
@@ -96,7 +96,7 @@ class MLPCarrierScale(Edit):
                     "edited; use site='input', or the TransformerLens 4 bridge")
             state: dict = {}
             if self.positions is not None:
-                hooks.append((sites.value[L].pattern_hook, _keep_key_length(state)))
+                hooks.append((sites.value[L].pattern_hook, _track_key_length(state)))
             if self.site == "input":
                 hooks.append((cs.input_hook, _keep(state, "x", cs.input_scale)))
                 hooks.append((cs.carrier_hook, self._input_hook(L, state, s_par, s_perp)))
@@ -154,12 +154,6 @@ def _keep(state: dict, key: str, scale: Tensor | None):
     return hook
 
 
-def _keep_key_length(state: dict):
-    def hook(pattern, hook):  # noqa: ARG001
-        state["k_len"] = pattern.shape[-1]
-        return pattern
-
-    return hook
 
 
 __all__ = ["MLPCarrierScale"]
