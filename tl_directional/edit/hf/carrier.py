@@ -50,10 +50,11 @@ class HFCarrierHandle:
 
 
 def _down_weight(module: torch.nn.Module) -> Tensor:
-    """``W_down`` as ``[d_mlp, d_model]`` (``y = h @ W_down``): a ``Conv1D`` stores it so, a
-    ``Linear`` stores its transpose."""
+    """``W_down`` as ``[d_mlp, d_model]`` (``y = h @ W_down``): a ``torch.nn.Linear`` stores its
+    transpose, GPT-2's ``Conv1D`` (the one other down projection of the supported families)
+    stores it so."""
     w = module.weight
-    return w if type(module).__name__ == "Conv1D" else w.T
+    return w.T if isinstance(module, torch.nn.Linear) else w
 
 
 def install_carrier_edits(model: Any, *edits: Any) -> HFCarrierHandle:
