@@ -206,6 +206,7 @@ def test_library_writers_follow_the_same_policy(tiny_model, tmp_path):
 
 def _subprocess_cli(argv, fault=None, env_extra=None):
     import os
+    import signal
     import subprocess
     import sys
 
@@ -214,8 +215,11 @@ def _subprocess_cli(argv, fault=None, env_extra=None):
     env.pop("TL_DIRECTIONAL_FAULT", None)
     if fault:
         env["TL_DIRECTIONAL_FAULT"] = fault
+    # a shell's background job starts with SIGINT ignored, and the child would inherit that (no
+    # KeyboardInterrupt, so nothing to test): the child gets the default a terminal gives
     return subprocess.run([sys.executable, "-m", "tl_directional.cli", *map(str, argv)], env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def test_ctrl_c_in_sweep_is_one_line_and_the_rerun_says_it_resumes(tiny_model_dir, tmp_path, text_file):

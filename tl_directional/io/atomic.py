@@ -93,9 +93,9 @@ def fault_point(name: str) -> None:
         if parts[2:] != ["sigint"]:
             os.kill(os.getpid(), signal.SIGKILL)
             return
-        # Run the process's SIGINT handler here and now, as a Ctrl-C at this point would: a
-        # signal sent to ourselves is handled at a later bytecode, which can fall inside a
-        # finaliser that swallows the KeyboardInterrupt (a flaky test, not a Ctrl-C).
+        # Run the process's SIGINT handler here and now, where the test wants the Ctrl-C, not at
+        # whatever later bytecode a self-sent signal would be handled; a process that ignores
+        # SIGINT (a shell's background job) gets the signal and ignores it, as it would a Ctrl-C.
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler):
             handler(signal.SIGINT, None)
