@@ -67,6 +67,28 @@ def verdicts(rec) -> list[tuple[str, str, object, str]]:
     return out
 
 
+def verdict_rows(stem: str, data: Path) -> list[tuple[str, str, str]]:
+    """``[(claim, statistic, verdict)]`` of every setting under a rule, for the summary table of
+    docs/results.md."""
+    _, rec, _ = load(stem, data)
+    return [
+        (
+            f"accuracy (sec. 9.4): {lab} {rule} of baseline" if rule.startswith("within")
+            else f"accuracy (sec. 9.4): {lab} {rule} than baseline",
+            f"baseline - edited = {d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] points",
+            f"**{v}**",
+        )
+        for lab, rule, d, v in verdicts(rec)
+        if v != "-"
+    ]
+
+
+def drops(stem: str, data: Path) -> dict[str, tuple[object, str]]:
+    """``{setting: (PairedDrop, verdict)}`` for every edited setting (``"-"``: no rule)."""
+    _, rec, _ = load(stem, data)
+    return {lab: (d, v) for lab, _, d, v in verdicts(rec)}
+
+
 def holm_counts(rows) -> list[str]:
     from tl_directional.core.paired import holm, one_sided_p
 

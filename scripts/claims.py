@@ -306,8 +306,9 @@ def _d_model(manifest) -> int:
 SUMMARY_START, SUMMARY_END = "<!-- claims-summary -->", "<!-- /claims-summary -->"
 
 
-def summary_block(stems, depth=(), training=(), amend=(), passes=()) -> str:
+def summary_block(stems, depth=(), training=(), amend=(), passes=(), accuracy=()) -> str:
     """The verdict table of every run, for docs/results.md (between the two markers)."""
+    import accuracy_claims
     import amend_claims
     import depth_claims
     import training_claims
@@ -317,6 +318,9 @@ def summary_block(stems, depth=(), training=(), amend=(), passes=()) -> str:
         done = "" if json.loads((DATA / f"{stem}.manifest.json").read_text())["complete"] else " (incomplete)"
         for claim, stat, verdict in amend_claims.verdict_rows(stem, DATA):
             L.append(f"| [{stem}](results/{stem}.md){done} | {claim} | {stat} | {verdict} |")
+    for stem in accuracy:
+        for claim, stat, verdict in accuracy_claims.verdict_rows(stem, DATA):
+            L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
     for stem in training:
         for claim, stat, verdict in training_claims.verdict_rows(stem, DATA):
             L.append(f"| [claims_{stem}](results/claims_{stem}.md) | {claim} | {stat} | {verdict} |")
@@ -411,7 +415,7 @@ def build(check: bool) -> int:
             text = index.read_text()
             if SUMMARY_START in text and SUMMARY_END in text:
                 head, rest = text.split(SUMMARY_START, 1)
-                text = head + summary_block(stems, depth, training, amend, passes) + rest.split(SUMMARY_END, 1)[1]
+                text = head + summary_block(stems, depth, training, amend, passes, accuracy) + rest.split(SUMMARY_END, 1)[1]
             pages[index] = text
         lead = paper_vs_ours.block(DATA)
         for path in (index, ROOT / "README.md"):

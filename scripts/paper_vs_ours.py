@@ -36,6 +36,36 @@ def _claims_stats(model: str, data: Path, prefix: str = "claims"):
     return C._stats(rec, C._boot(rec))
 
 
+def _accuracy(data: Path) -> dict[str, dict]:
+    """``{model: {setting: (PairedDrop, verdict)}}`` where the accuracy suite's data exist."""
+    import accuracy_claims
+
+    return {m: accuracy_claims.drops(f"accuracy_{m}", data) for m in MODELS
+            if (data / f"accuracy_{m}.manifest.json").is_file()}
+
+
+def _drop(acc: dict, model: str, label: str) -> str:
+    if label not in acc.get(model, {}):
+        return ""
+    d, _ = acc[model][label]
+    return f"; accuracy drop {d.point:+.2f} points [{d.lo:+.2f}, {d.hi:+.2f}]"
+
+
+def _acc_verdicts(acc: dict, label: str, what: str) -> str:
+    got = [f"{m}: **{acc[m][label][1]}**" for m in MODELS if label in acc.get(m, {})]
+    return f"; accuracy, {what} (sec. 9.4): " + ", ".join(got) if got else ""
+
+
+def _order(acc: dict, model: str, first: str, second: str) -> str:
+    """Paired difference of two settings' accuracy drops (same items, same bootstrap draws)."""
+    import torch
+
+    d1, d2 = acc[model][first][0], acc[model][second][0]
+    diff = d1.resamples - d2.resamples
+    lo, hi = torch.quantile(diff.double(), torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return f"{d1.point - d2.point:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
 def _row(claim, paper, source, ours: dict[str, str], verdicts: str, reading: str) -> str:
     cells = "; ".join(f"{m}: {v}" for m, v in ours.items())
     return f"| {claim} | {paper} ({source}) | {cells} | {verdicts} | {reading} |"
@@ -47,6 +77,7 @@ def block(data: Path) -> str:
 
     st = {m: _claims_stats(m, data) for m in MODELS}
     am = {m: _claims_stats(m, data, "amend") for m in MODELS}
+    acc = _accuracy(data)
     exp = "`sections/experiments.tex`"
     L = [
         START,
@@ -75,8 +106,10 @@ def block(data: Path) -> str:
         "Qwen3-1.7B zero-shot 61.61 -> 60.10; WikiText-2 PPL +0.46", f"{exp}, table `tab:general-zeroshot`; "
         "figure-source csv",
         {m: f"per head, all layers {_delta(st[m], 'value-exclusive s_par=0')}; joint, all but layer 0 "
-            f"{_delta(am[m], 'value-exclusive-joint skip0 s_par=0')}" for m in MODELS},
-        "per head, all layers: A1 failed on both (budget 0.05); joint form: see A1p",
+            f"{_delta(am[m], 'value-exclusive-joint skip0 s_par=0')}"
+            f"{_drop(acc, m, 'value-exclusive-joint skip0 s_par=0')}" for m in MODELS},
+        "per head, all layers: A1 failed on both (budget 0.05); joint form: see A1p"
+        + _acc_verdicts(acc, "value-exclusive-joint skip0 s_par=0", "joint, all but layer 0, within 1.5 points"),
         "The paper's own form (joint over heads, every layer but the first) is measured beside ours on "
         "the amend pages; 4-bit dequantised 135M / 270M models may be more fragile than Qwen3-1.7B, which "
         "these runs cannot separate.",
@@ -85,10 +118,14 @@ def block(data: Path) -> str:
         "half retention (s_par = 0.5) with the self message fixed \"closely tracks the unedited baseline\"",
         "Llama-3.2-3B RULER-4k 86.91 -> 86.69", f"{exp}, table `tab:longcontext-ruler`",
         {m: f"joint, all but layer 0 {_delta(am[m], 'value-exclusive-joint skip0 s_par=0.5')}; per head, "
-            f"all layers {_delta(st[m], 'value-exclusive s_par=0.5')}" for m in MODELS},
-        "A1h (amend pages)",
-        "Accuracy is not yet measured (protocol sec. 9.4); nats per token is a finer yardstick than "
-        "RULER accuracy.",
+            f"all layers {_delta(st[m], 'value-exclusive s_par=0.5')}"
+            f"{_drop(acc, m, 'value-exclusive-joint skip0 s_par=0.5')}" for m in MODELS},
+        "A1h (amend pages)"
+        + _acc_verdicts(acc, "value-exclusive-joint skip0 s_par=0.5", "joint, all but layer 0, within 1.5 points"),
+        ("Nats per token is a finer yardstick than RULER accuracy; the accuracy drop is on our offline "
+         "cloze and continuation suite, not RULER." if acc else
+         "Accuracy is not yet measured (protocol sec. 9.4); nats per token is a finer yardstick than "
+         "RULER accuracy."),
     ))
     L.append(_row(
         "exclude-self PPL shifts \"by at most 1.3 points up to scale 3\"",
@@ -101,17 +138,28 @@ def block(data: Path) -> str:
     L.append(_row(
         "naive full-aggregate value removal (V-Para Rem.) drops average performance \"by 8-10 points\"",
         "Qwen3-1.7B 61.61 -> 53.41", f"{exp}, table `tab:general-zeroshot`",
-        {m: _delta(st[m], "value-full s_par=0") for m in MODELS},
-        "B held on both (it hurts)", "Agrees in direction; accuracy points and nats are different units.",
+        {m: _delta(st[m], "value-full s_par=0") + _drop(acc, m, "value-full-joint skip0 s_par=0").replace(
+            "; accuracy", " (per head, all layers); accuracy, joint, all but layer 0,") for m in MODELS},
+        "B held on both (it hurts)"
+        + _acc_verdicts(acc, "value-full-joint skip0 s_par=0", "joint, all but layer 0, at least 3 points worse"),
+        "Agrees in direction; accuracy points and nats are different units.",
     ))
     L.append(_row(
         "hard diagonal removal \"severely degrades the models\"",
         "Qwen3-1.7B 61.61 -> 39.17, the worst row", f"{exp}, table `tab:general-zeroshot`",
         {m: f"{_delta(st[m], 'hard-diag')} (per-head exclude-self: {_delta(st[m], 'value-exclusive s_par=0')})"
+            + (f"; accuracy drop, all but layer 0: hard diagonal {acc[m]['hard-diag skip0'][0].point:+.2f}, "
+               f"per-head exclude-self {acc[m]['value-exclusive skip0 s_par=0'][0].point:+.2f} points, "
+               f"difference {_order(acc, m, 'hard-diag skip0', 'value-exclusive skip0 s_par=0')}"
+               if m in acc else "")
          for m in MODELS},
-        "no verdict yet (accuracy, sec. 9.4)",
+        ("no verdict yet (accuracy, sec. 9.4)" if not acc else
+         _acc_verdicts(acc, "hard-diag skip0", "all but layer 0, at least 3 points worse")[2:]),
         "In nats hard diagonal removal costs *less* than per-head exclude-self removal on both models, "
-        "the reverse of the paper's accuracy ordering; whether accuracy reverses it here is open.",
+        "the reverse of the paper's accuracy ordering; "
+        + ("whether accuracy reverses it here is open." if not acc else
+           "the accuracy difference (hard diagonal minus per-head exclude-self drop, points, paired "
+           "bootstrap over items) says whether accuracy restores the paper's order here."),
     ))
     L.append(_row(
         "perpendicular scaling is \"hyper-fragile\"; parallel scaling has \"a broad, stable tolerance basin\"",

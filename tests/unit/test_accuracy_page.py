@@ -98,3 +98,22 @@ def test_dirty_or_altered_data_is_refused(tmp_path):
     (tmp_path / f"{stem}.items.json").write_text("[1]\n")
     with pytest.raises(C.AccuracyDataError):
         C.build_page(stem, tmp_path)
+
+
+def test_summary_rows_and_the_lead_table_read_the_same_verdicts(tmp_path):
+    C, stem = _data(tmp_path)
+    rows = {claim: (stat, verdict) for claim, stat, verdict in C.verdict_rows(stem, tmp_path)}
+    # only settings under a rule reach the summary table; the context row does not
+    assert not any("resid-mlp" in c for c in rows)
+    held = rows["accuracy (sec. 9.4): value-full-joint skip0 s_par=0 at least 3 points worse than baseline"]
+    assert held[1] == "**held**" and held[0].startswith("baseline - edited = +20.")
+    drops = C.drops(stem, tmp_path)
+    pvo = _load("paper_vs_ours")
+    acc = {"smollm2-135m": drops}
+    d_hard, d_excl = drops["hard-diag skip0"][0], drops["value-exclusive all s_par=0"][0]
+    diff = pvo._order(acc, "smollm2-135m", "hard-diag skip0", "value-exclusive all s_par=0")
+    point, lo, hi = (float(x) for x in diff.replace("[", "").replace("]", "").replace(",", "").split())
+    assert point == pytest.approx(d_hard.point - d_excl.point, abs=5e-3)
+    assert lo < point < hi and hi < 0  # 0 vs 12 points dropped: hard diagonal loses less, surely
+    assert pvo._drop(acc, "smollm2-135m", "hard-diag skip0").startswith("; accuracy drop +0.00 points")
+    assert pvo._drop(acc, "gemma-3-270m", "hard-diag skip0") == ""
