@@ -1,0 +1,393 @@
+"""Directional path patching: a sender's clean difference delivered along one path only.
+
+The corrupted run is re-run with the receiver's input recomputed from the live stream plus the
+sender's difference ``delta = u* - u_x`` (METHOD.md sec. 5: ``u*`` the full, parallel-only or
+perpendicular-only patch of the sender's write), while every other reader keeps its own value.
+With one receiver, every other reader sees the corrupted run, as in TransformerLens's
+``patching.get_act_patch_direct_path`` (which this equals for a head sender and ``q`` / ``k`` /
+``v`` receivers); with every downstream reader at once (``joint=True``) it is activation patching
+of the sender.
+
+How a receiver's input is recomputed without TransformerLens's per-head input copies
+(``use_split_qkv_input``): each forward stacks, beside the patched copies of the corrupted batch,
+a *shadow* copy whose stream holds ``stream + delta`` at the receiver's block; the model computes
+the shadow's queries, keys, values and MLP input itself (norm, projections, biases, query/key
+norms), and a receiver copies only its own head (or its MLP input) from the shadow. One shadow
+serves every single-receiver run of a part in the forward; ``joint`` runs get one each (their
+live stream differs from the corrupted one). Forwards start at the first receiver's block
+(:func:`~tl_directional.model.adapter.from_block`).
+
+With ``freeze_norm=True`` the receiver's norm keeps the live stream's statistics (its
+``hook_scale``), so the change of the receiver's input is linear in ``delta`` and the parallel
+and perpendicular paths' changes add up to the full path's change (up to float rounding). With
+recomputed statistics (the default, the real model) they do not, and neither do the metric
+effects, whatever the norm, once the metric is non-linear in the receiver's input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..core.bootstrap import random_subspace_share
+from ..core.geometry import DEFAULT_EPS, check_eps
+from ..model.adapter import capture, capture_hooks, device_of, forward_recording_block_input, from_block
+from ..model.inputs import prepare_inputs
+from ..model.sites import resolve_sites
+from ..model.structure import is_sandwich_norm
+from .cache_input import cache_tensor, check_names_filter, is_cache
+from .path_nodes import (
+    SPACES,
+    PathPatchError,
+    Receiver,
+    hook_names,
+    parse_receivers,
+    parse_sender,
+    sender_deltas,
+    sender_hooks,
+)
+from .result import DirectionalResult
+
+PARTS = ("full", "par", "perp")
+_AUTO_LOGIT_ELEMENTS = 2**26
+_AUTO_MAX_RUNS = 64
+
+
+def _check_eval(model) -> None:
+    training = [n for n, m in model.named_modules() if m.training]
+    if training:
+        raise PathPatchError(
+            f"model is in training mode ({training[0] or 'the model itself'} and {len(training) - 1} more modules): "
+            "dropout would make the patched and corrupted runs differ by chance; call model.eval()"
+        )
+
+
+def _metric_rows(metric, logits: Tensor, b: int) -> np.ndarray:
+    """``metric(logits)`` as float64 ``[b]`` (per example) or ``[1]`` (the batch's)."""
+    value = metric(logits)
+    if isinstance(value, Tensor):
+        if value.ndim > 1 or (value.ndim == 1 and value.shape[0] not in (1, b)):
+            raise PathPatchError(
+                f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number per example "
+                f"(shape [{b}]) or one for the batch, e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]"
+            )
+        return value.detach().double().cpu().reshape(-1).numpy()
+    try:
+        return np.array([float(value)])
+    except (TypeError, ValueError):
+        raise PathPatchError(f"metric must return a number or a tensor, got {type(value).__name__}; "
+                             "return e.g. (logits[:, -1, a] - logits[:, -1, b]).mean()") from None
+
+
+class _Run:
+    """One patched copy of the corrupted batch: its receivers, its part, its shadow."""
+
+    __slots__ = ("receivers", "part", "shadow", "value")
+
+    def __init__(self, receivers: tuple[Receiver, ...], part: str):
+        self.receivers, self.part = receivers, part
+        self.shadow = 0
+        self.value: np.ndarray | None = None
+
+
+def _chunk_hooks(sites, runs: list[_Run], shadows: list[tuple[str, int | None]], deltas, corr, b: int,
+                 freeze: bool, captured: dict | None):
+    """Hooks of one stacked forward: real copies ``runs`` (``b`` rows each) then ``shadows``
+    (``(part, owner)``: owner None means "the corrupted stream", else that run's live stream)."""
+    k = len(runs)
+    rows = [slice(i * b, (i + 1) * b) for i in range(k + len(shadows))]
+    n_last = sites.n_layers - 1
+    by_layer: dict[int, list[tuple[int, Receiver]]] = {}
+    for i, run in enumerate(runs):
+        for rec in run.receivers:
+            by_layer.setdefault(rec.layer, []).append((i, rec))
+
+    def base(t: Tensor, name: str, j: int) -> Tensor:
+        owner = shadows[j][1]
+        return corr[name] if owner is None else t[rows[owner]]
+
+    def set_shadow(name: str, add: bool, wanted: set[int]):
+        def hook(t, hook):  # noqa: ARG001 - TL hook signature
+            out = t.clone()
+            for j in wanted:
+                new = base(t, name, j)
+                out[rows[k + j]] = new + deltas[shadows[j][0]] if add else new
+            return out
+        return hook
+
+    def add_delta(targets: list[int]):
+        def hook(t, hook):  # noqa: ARG001
+            out = t.clone()
+            for i in targets:
+                out[rows[i]] = t[rows[i]] + deltas[runs[i].part]
+            return out
+        return hook
+
+    def copy_heads(kind: str, items: list[tuple[int, Receiver]]):
+        def hook(t, hook):  # noqa: ARG001
+            out = t.clone()
+            for i, rec in items:
+                sl = (rows[i], slice(None)) + ((rec.head,) if rec.head is not None else ())
+                out[sl] = t[(rows[k + runs[i].shadow], slice(None)) + sl[2:]]
+                if captured is not None:
+                    captured[(i, rec)] = out[sl].detach().clone()
+            return out
+        return hook
+
+    hooks: list = []
+    for L, items in sorted(by_layer.items()):
+        names = hook_names(sites, L)
+        kinds = {rec.kind for _, rec in items}
+        pre_shadows = {runs[i].shadow for i, rec in items
+                       if rec.kind in ("q", "k", "v") or (rec.kind == "mlp" and sites.arch != "sequential")}
+        mid_shadows = {runs[i].shadow for i, rec in items if rec.kind == "mlp" and sites.arch == "sequential"}
+        resid_adds = [i for i, rec in items if rec.kind == "resid"]
+        if pre_shadows:  # shadow first: a receiver reads the live stream before a resid receiver's add
+            hooks.append((names["resid_pre"], set_shadow(names["resid_pre"], True, pre_shadows)))
+            if freeze:
+                hooks.append((names["ln1_scale"], set_shadow(names["ln1_scale"], False, pre_shadows)))
+        if resid_adds:
+            hooks.append((names["resid_pre"], add_delta(resid_adds)))
+        for kind in ("q", "k", "v"):
+            if kind in kinds:
+                hooks.append((names[kind], copy_heads(kind, [(i, r) for i, r in items if r.kind == kind])))
+        if "mlp" in kinds:
+            if mid_shadows:
+                hooks.append((names["resid_mid"], set_shadow(names["resid_mid"], True, mid_shadows)))
+            if freeze:
+                shadows_mlp = mid_shadows or pre_shadows
+                hooks.append((names["ln2_scale"], set_shadow(names["ln2_scale"], False, shadows_mlp)))
+            hooks.append((names["mlp_in"], copy_heads("mlp", [(i, r) for i, r in items if r.kind == "mlp"])))
+        if "logits" in kinds:
+            hooks.append((sites.resid_post_hook(n_last), add_delta([i for i, r in items if r.kind == "logits"])))
+            if freeze:
+                scale = [(i, r) for i, r in items if r.kind == "logits"]
+
+                def keep_scale(t, hook, scale=scale):  # noqa: ARG001
+                    out = t.clone()
+                    for i, _ in scale:
+                        out[rows[i]] = corr["ln_final.hook_scale"]
+                    return out
+                hooks.append(("ln_final.hook_scale", keep_scale))
+    return hooks
+
+
+def _needed_corrupted(sites, receivers: list[Receiver], freeze: bool) -> set[str]:
+    names: set[str] = set()
+    for rec in receivers:
+        hn = hook_names(sites, rec.layer)
+        names |= {hn["resid_pre"]} | ({hn["resid_mid"]} if rec.kind == "mlp" and sites.arch == "sequential" else set())
+        if freeze and rec.kind != "logits":
+            names |= {hn["ln1_scale"], hn["ln2_scale"]}
+        if freeze and rec.kind == "logits":
+            names.add("ln_final.hook_scale")
+    return names
+
+
+def path_patch(
+    model,
+    clean,
+    corrupted,
+    metric: Callable[[Tensor], Tensor | float],
+    *,
+    sender,
+    receivers="q",
+    parts=PARTS,
+    space: str = "residual",
+    layers=None,
+    joint: bool = False,
+    freeze_norm: bool = False,
+    attention_mask: Tensor | None = None,
+    batch_size: int | None = None,
+    names_filter=None,
+    eps: float = DEFAULT_EPS,
+    return_inputs: bool = False,
+):
+    """Path patching of one sender into receivers, full and split (module docstring; METHOD.md sec. 5).
+
+    Two call shapes: ``path_patch(model, clean, corrupted, metric, sender=...)`` (texts or
+    ``[batch, pos]`` tokens of equal shape) and TransformerLens's ``path_patch(model,
+    corrupted_tokens, clean_cache, metric, sender=...)``, ``clean_cache`` any mapping holding the
+    sender's clean hook (``attn.hook_z`` for a head, the update hook for ``attn`` / ``mlp``).
+
+    Args:
+        sender: ``("head", layer, head)``, ``("attn", layer)`` or ``("mlp", layer)``.
+        receivers: a kind among ``"q"``, ``"k"``, ``"v"`` (attention inputs of a later head;
+            ``k`` / ``v`` at key/value-head granularity on grouped-query models), ``"mlp"`` (a
+            block's MLP input), ``"resid"`` (the stream entering a block, every later reader),
+            ``"logits"`` (the final stream): every node of that kind reading the sender's write,
+            or a list of kinds, or explicit nodes ``("q", layer, head)``, ``("mlp", layer)``, ...
+        parts: any of ``"full"``, ``"par"``, ``"perp"``: which part of the sender's difference
+            travels (split against the stream the write is added to, or in ``space="value"``,
+            heads only, against the head's own corrupted value vector).
+        layers: restrict kinds to receivers in these layers.
+        joint: all receivers patched together in one run per part (node type ``"joint"``).
+        freeze_norm: receivers' norms keep the live stream's statistics (see the module docstring).
+        metric: ``logits -> [batch]`` (per-example values) or a scalar.
+        names_filter: hook points the library may cache; one dropping a needed hook is an error.
+        return_inputs: also return ``{(part, Receiver): change of that receiver's input}``
+            (``[batch, pos, d_head]`` for q / k / v, the normalised MLP input ``[batch, pos,
+            d_model]`` for mlp; the added ``delta`` for resid / logits).
+
+    Returns:
+        A :class:`~tl_directional.evaluate.result.DirectionalResult` of kind ``"path_patch"``:
+        ``values[kind][part]`` effects (metric minus the corrupted metric), float64 ``[example,
+        layer, head]`` for q / k / v (head: the key/value head for k / v), ``[example, layer]``
+        for mlp / resid, ``[example]`` for logits and joint; NaN where no receiver was patched.
+
+    Raises:
+        PathPatchError: unknown sender / receiver / part / space, unequal clean and corrupted
+            shapes, a model in training mode, a metric returning neither a scalar nor ``[batch]``.
+        PatchingInputError: a clean cache or ``names_filter`` lacking a needed hook.
+    """
+    clean_cache = None
+    if is_cache(corrupted):
+        clean_cache, corrupted, clean = corrupted, clean, None
+    _check_eval(model)
+    eps = check_eps(eps)
+    if space not in SPACES:
+        raise PathPatchError(f"space={space!r}: choose 'residual' (against the stream) or 'value' (a head's own value)")
+    parts = (parts,) if isinstance(parts, str) else tuple(dict.fromkeys(parts))
+    if not parts or any(p not in PARTS for p in parts):
+        raise PathPatchError(f"parts={parts!r}: choose from {PARTS}")
+    sites = resolve_sites(model, warn=False)
+    send = parse_sender(sender, sites)
+    if space == "value" and send.kind != "head":
+        raise PathPatchError(f"space='value' splits a head's output against its own value; sender {sender!r} is not a head")
+    recs = parse_receivers(receivers, send, sites, None if layers is None else set(layers))
+    if not recs:
+        raise PathPatchError(f"no receiver of {receivers!r} reads the write of sender {sender!r}; choose later layers")
+    if joint and freeze_norm and any(r.kind == "logits" for r in recs):
+        raise PathPatchError("freeze_norm with joint=True cannot freeze the final norm; leave 'logits' out or freeze_norm off")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise PathPatchError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    sandwich = is_sandwich_norm(model)
+    clean_names, corr_names = sender_hooks(send, sites, space)
+    corr_names |= _needed_corrupted(sites, recs, freeze_norm) | {f"blocks.{send.layer}.hook_resid_pre"}
+    missing = [n for n in corr_names if n not in model.hook_dict]
+    if missing:
+        raise PathPatchError(f"model has no hook point(s) {sorted(missing)[:3]} that these receivers read; "
+                             "choose other receivers (or freeze_norm=False)")
+    check_names_filter(names_filter, {"path_patch": sorted(clean_names | corr_names)},
+                       "path_patch caches the sender's hooks and the receivers' stream and norm hooks")
+    device = device_of(model)
+    x_batch = prepare_inputs(model, corrupted, attention_mask, argument="corrupted")
+    xt, am = x_batch.tokens.to(device), x_batch.attention_mask.to(device)
+    b = xt.shape[0]
+    if clean_cache is None:
+        c_batch = prepare_inputs(model, clean, attention_mask, argument="clean")
+        if c_batch.tokens.shape != x_batch.tokens.shape:
+            raise PathPatchError(
+                f"clean and corrupted must have the same [batch, pos] shape, got {tuple(c_batch.tokens.shape)} and "
+                f"{tuple(x_batch.tokens.shape)}; pad or choose prompts of equal token length"
+            )
+        logits, clean_store = capture(model, c_batch.tokens.to(device), clean_names,
+                                      attention_mask=c_batch.attention_mask.to(device), clone=True, logits=True)
+        clean_metric = _metric_rows(metric, logits, b)
+        del logits
+    else:
+        hint = f"model.run_with_cache(clean_tokens, names_filter={sorted(clean_names)!r})"
+        clean_store = {n: cache_tensor(clean_cache, n, tuple(xt.shape), "clean_cache", hint).detach().to(device)
+                       for n in clean_names}
+        clean_metric = None
+    corr: dict[str, Tensor] = {}
+    with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(corr_names, corr, clone=True)):
+        logits, block0 = forward_recording_block_input(model, xt, am, 0)
+    corrupted_metric = _metric_rows(metric, logits, b)
+    if clean_metric is None:
+        clean_metric = np.full_like(corrupted_metric, np.nan)
+    d_vocab, n_pos = int(logits.shape[-1]), xt.shape[1]
+    del logits
+    with torch.no_grad():
+        deltas, share = sender_deltas(model, sites, send, space, parts, clean_store, corr, block0, xt, am, sandwich, eps)
+        runs = [_Run(tuple(recs), p) for p in parts] if joint else [_Run((r,), p) for r in recs for p in parts]
+        k_max = batch_size or max(1, min(_AUTO_MAX_RUNS, _AUTO_LOGIT_ELEMENTS // max(1, b * n_pos * d_vocab)))
+        captured: dict | None = {} if return_inputs else None
+        inputs: dict = {}
+        by_start: dict[int, list[_Run]] = {}
+        for run in runs:
+            by_start.setdefault(min(r.layer for r in run.receivers), []).append(run)
+        for start, group in sorted(by_start.items()):
+            for c0 in range(0, len(group), k_max):
+                chunk = group[c0:c0 + k_max]
+                if joint:
+                    shadows = [(run.part, i) for i, run in enumerate(chunk)]
+                else:
+                    shadows = [(p, None) for p in dict.fromkeys(run.part for run in chunk)]
+                index = {p: j for j, (p, _) in enumerate(shadows)}
+                for i, run in enumerate(chunk):
+                    run.shadow = i if joint else index[run.part]
+                n = len(chunk) + len(shadows)
+                resid = corr[f"blocks.{start}.hook_resid_pre"]
+                hooks = _chunk_hooks(sites, chunk, shadows, deltas, corr, b, freeze_norm, captured)
+                with from_block(model, type(block0)(start, resid.repeat(n, 1, 1), block0.output_form)) as fwd, \
+                        model.hooks(fwd_hooks=hooks):
+                    out = fwd(xt.repeat(n, 1), am.repeat(n, 1))
+                for i, run in enumerate(chunk):
+                    run.value = _metric_rows(metric, out[i * b:(i + 1) * b], b)
+                    if captured is not None:
+                        for rec in run.receivers:
+                            if (i, rec) in captured:
+                                base = corr_input(sites, rec, corr, start, block0, model, xt, am)
+                                inputs[(run.part, rec)] = captured.pop((i, rec)) - base
+                            else:
+                                inputs[(run.part, rec)] = deltas[run.part]
+                del out
+    result = _as_result(sites, runs, recs, parts, joint, corrupted_metric, clean_metric, share, space,
+                        clean_cache is not None, sandwich)
+    return (result, inputs) if return_inputs else result
+
+
+def corr_input(sites, rec: Receiver, corr: dict, start: int, block0, model, xt: Tensor, am: Tensor) -> Tensor:
+    """The corrupted run's value of a q / k / v / mlp receiver's input (one forward from ``start``)."""
+    hn = hook_names(sites, rec.layer)
+    name = hn["mlp_in"] if rec.kind == "mlp" else hn[rec.kind]
+    store: dict[str, Tensor] = {}
+    with from_block(model, type(block0)(start, corr[f"blocks.{start}.hook_resid_pre"], block0.output_form)) as fwd, \
+            model.hooks(fwd_hooks=capture_hooks([name], store, clone=True)):
+        fwd(xt, am)
+    t = store[name]
+    return t if rec.head is None else t[:, :, rec.head]
+
+
+def _as_result(sites, runs, recs, parts, joint, corrupted_metric, clean_metric, share, space, from_cache, sandwich):
+    n_ex = corrupted_metric.shape[0]
+    if joint:
+        shapes = {"joint": ()}
+    else:
+        shapes = {}
+        for r in recs:
+            if r.kind in ("q", "k", "v"):
+                shapes[r.kind] = (sites.n_layers, sites.n_heads if r.kind == "q" else sites.n_kv_heads)
+            else:
+                shapes[r.kind] = (sites.n_layers,) if r.kind in ("mlp", "resid") else ()
+    values = {kd: {p: np.full((n_ex,) + s, np.nan) for p in parts} for kd, s in shapes.items()}
+    for run in runs:
+        eff = run.value - corrupted_metric
+        if joint:
+            values["joint"][run.part][:] = eff
+            continue
+        r = run.receivers[0]
+        idx = (slice(None),) + ((r.layer, r.head) if r.head is not None else (r.layer,) if r.kind != "logits" else ())
+        values[r.kind][run.part][idx] = eff
+    frac = share.cpu().numpy() if share.shape[0] == n_ex else np.full(n_ex, float(share.mean()))
+    par_frac = {kd: np.broadcast_to(frac.reshape((n_ex,) + (1,) * len(s)), (n_ex,) + s).copy() for kd, s in shapes.items()}
+    dims = {kd: ("example",) + (("layer", "head") if len(s) == 2 else ("layer",) if len(s) == 1 else ())
+            for kd, s in shapes.items()}
+    d = sites.d_head if space == "value" else sites.d_model
+    notes = [f"par_frac is the sender's difference's share along its reference ({space} space), the same for every receiver."]
+    if sites.n_kv_heads != sites.n_heads and any(r.kind in ("k", "v") for r in recs):
+        notes.append("grouped-query model: k / v receivers are key/value heads, each read by a group of query heads.")
+    if sandwich:
+        notes.append("sandwich-norm model: a head's write is the post-attention norm's output with only that head changed.")
+    if from_cache:
+        notes.append("clean activations from clean_cache: the clean metric is not known (NaN).")
+    return DirectionalResult(kind="path_patch", values=values, dims=dims, par_frac=par_frac,
+                             random_share={kd: random_subspace_share(d) for kd in shapes},
+                             clean_metric=clean_metric, corrupted_metric=corrupted_metric, notes=tuple(notes))
+
+
+__all__ = ["PARTS", "PathPatchError", "Receiver", "corr_input", "path_patch"]
