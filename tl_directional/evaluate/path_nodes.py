@@ -105,8 +105,9 @@ def downstream_receivers(sender: Sender, kinds, sites: ModelSites, layers=None) 
 def parse_receivers(receivers, sender: Sender, sites: ModelSites, layers=None) -> list[Receiver]:
     """``receivers``: a kind or a list of kinds (every later node of those kinds), or explicit nodes
     ``(kind, layer[, head])`` / :class:`Receiver`; each checked to read the sender's write."""
-    if isinstance(receivers, (str, Receiver)):
-        receivers = [receivers]
+    if isinstance(receivers, (str, Receiver)) or (
+            isinstance(receivers, tuple) and len(receivers) > 1 and isinstance(receivers[1], int)):
+        receivers = [receivers]  # one kind or one node, e.g. ("q", 2, 0)
     try:
         items = list(receivers)
     except TypeError:
@@ -145,8 +146,11 @@ def parse_receivers(receivers, sender: Sender, sites: ModelSites, layers=None) -
     return list(dict.fromkeys(out))
 
 
-def hook_names(sites: ModelSites, layer: int) -> dict[str, str]:
-    """The hook points one receiver layer reads, from the layer's value site (same parent module)."""
+def hook_names(sites: ModelSites, layer: int, hook_dict=None) -> dict[str, str]:
+    """The hook points one receiver layer reads, from the layer's value site (same parent module).
+
+    The MLP input is read after the norm: ``mlp.hook_in`` where the model has it (the bridge: an
+    edit there leaves the wrapped norm on its native path), else ``ln2.hook_normalized``."""
     vs = sites.value[layer]
     attn = vs.v_hook.rsplit(".", 1)[0]
     block = f"blocks.{layer}"
@@ -154,7 +158,8 @@ def hook_names(sites: ModelSites, layer: int) -> dict[str, str]:
         "resid_pre": f"{block}.hook_resid_pre", "resid_mid": f"{block}.hook_resid_mid",
         "q": f"{attn}.hook_q", "k": f"{attn}.hook_k", "v": vs.v_hook,
         "ln1_scale": f"{block}.ln1.hook_scale", "ln2_scale": f"{block}.ln2.hook_scale",
-        "mlp_in": f"{block}.ln2.hook_normalized",
+        "mlp_in": f"{block}.mlp.hook_in" if hook_dict is not None and f"{block}.mlp.hook_in" in hook_dict
+        else f"{block}.ln2.hook_normalized",
     }
 
 

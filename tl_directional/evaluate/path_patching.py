@@ -93,7 +93,7 @@ class _Run:
         self.value: np.ndarray | None = None
 
 
-def _chunk_hooks(sites, runs: list[_Run], shadows: list[tuple[str, int | None]], deltas, corr, b: int,
+def _chunk_hooks(sites, hook_dict, runs: list[_Run], shadows: list[tuple[str, int | None]], deltas, corr, b: int,
                  freeze: bool, captured: dict | None):
     """Hooks of one stacked forward: real copies ``runs`` (``b`` rows each) then ``shadows``
     (``(part, owner)``: owner None means "the corrupted stream", else that run's live stream)."""
@@ -139,7 +139,7 @@ def _chunk_hooks(sites, runs: list[_Run], shadows: list[tuple[str, int | None]],
 
     hooks: list = []
     for L, items in sorted(by_layer.items()):
-        names = hook_names(sites, L)
+        names = hook_names(sites, L, hook_dict)
         kinds = {rec.kind for _, rec in items}
         pre_shadows = {runs[i].shadow for i, rec in items
                        if rec.kind in ("q", "k", "v") or (rec.kind == "mlp" and sites.arch != "sequential")}
@@ -303,7 +303,11 @@ def path_patch(
     del logits
     with torch.no_grad():
         deltas, share = sender_deltas(model, sites, send, space, parts, clean_store, corr, block0, xt, am, sandwich, eps)
-        runs = [_Run(tuple(recs), p) for p in parts] if joint else [_Run((r,), p) for r in recs for p in parts]
+        # with return_inputs, a zero difference along the same route gives the receiver's unpatched
+        # input computed exactly as the patched ones are (the bridge's norm fallback rounds differently)
+        run_parts = parts + (("zero",) if return_inputs else ())
+        deltas["zero"] = torch.zeros_like(deltas[parts[0]])
+        runs = [_Run(tuple(recs), p) for p in run_parts] if joint else [_Run((r,), p) for r in recs for p in run_parts]
         k_max = batch_size or max(1, min(_AUTO_MAX_RUNS, _AUTO_LOGIT_ELEMENTS // max(1, b * n_pos * d_vocab)))
         captured: dict | None = {} if return_inputs else None
         inputs: dict = {}
@@ -322,35 +326,23 @@ def path_patch(
                     run.shadow = i if joint else index[run.part]
                 n = len(chunk) + len(shadows)
                 resid = corr[f"blocks.{start}.hook_resid_pre"]
-                hooks = _chunk_hooks(sites, chunk, shadows, deltas, corr, b, freeze_norm, captured)
+                hooks = _chunk_hooks(sites, model.hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured)
                 with from_block(model, type(block0)(start, resid.repeat(n, 1, 1), block0.output_form)) as fwd, \
                         model.hooks(fwd_hooks=hooks):
                     out = fwd(xt.repeat(n, 1), am.repeat(n, 1))
                 for i, run in enumerate(chunk):
                     run.value = _metric_rows(metric, out[i * b:(i + 1) * b], b)
-                    if captured is not None:
-                        for rec in run.receivers:
-                            if (i, rec) in captured:
-                                base = corr_input(sites, rec, corr, start, block0, model, xt, am)
-                                inputs[(run.part, rec)] = captured.pop((i, rec)) - base
-                            else:
-                                inputs[(run.part, rec)] = deltas[run.part]
+                    for rec in run.receivers if captured is not None else ():
+                        inputs[(run.part, rec)] = captured.pop((i, rec), deltas[run.part])
                 del out
+        for key in [key for key in inputs if key[0] != "zero"]:
+            zero = inputs[("zero", key[1])]
+            inputs[key] = inputs[key] - zero if key[1].kind not in ("resid", "logits") else inputs[key]
+        inputs = {key: t for key, t in inputs.items() if key[0] != "zero"}
+        runs = [run for run in runs if run.part != "zero"]
     result = _as_result(sites, runs, recs, parts, joint, corrupted_metric, clean_metric, share, space,
                         clean_cache is not None, sandwich)
     return (result, inputs) if return_inputs else result
-
-
-def corr_input(sites, rec: Receiver, corr: dict, start: int, block0, model, xt: Tensor, am: Tensor) -> Tensor:
-    """The corrupted run's value of a q / k / v / mlp receiver's input (one forward from ``start``)."""
-    hn = hook_names(sites, rec.layer)
-    name = hn["mlp_in"] if rec.kind == "mlp" else hn[rec.kind]
-    store: dict[str, Tensor] = {}
-    with from_block(model, type(block0)(start, corr[f"blocks.{start}.hook_resid_pre"], block0.output_form)) as fwd, \
-            model.hooks(fwd_hooks=capture_hooks([name], store, clone=True)):
-        fwd(xt, am)
-    t = store[name]
-    return t if rec.head is None else t[:, :, rec.head]
 
 
 def _as_result(sites, runs, recs, parts, joint, corrupted_metric, clean_metric, share, space, from_cache, sandwich):
@@ -390,4 +382,4 @@ def _as_result(sites, runs, recs, parts, joint, corrupted_metric, clean_metric, 
                              clean_metric=clean_metric, corrupted_metric=corrupted_metric, notes=tuple(notes))
 
 
-__all__ = ["PARTS", "PathPatchError", "Receiver", "corr_input", "path_patch"]
+__all__ = ["PARTS", "PathPatchError", "Receiver", "path_patch"]
