@@ -134,4 +134,23 @@ def stacked_value_hooks(vs, n_heads: int, clean_z: Tensor, chunk: list[PatchVari
     return [(vs.v_hook, v_hook), (vs.z_hook, z_hook)]
 
 
-__all__ = ["PatchVariant", "integer_columns", "masked", "patch_residual_hooks", "patch_value_hooks", "stacked_residual_hooks", "stacked_value_hooks"]
+def stacked_kv_hooks(name: str, clean: Tensor, chunk: list[PatchVariant], b: int, eps: float):
+    """Hooks patching one key/value head (``chunk[i].head``) of ``attn.hook_k`` / ``hook_v``
+    (``[batch, pos, n_kv_heads, d_head]``) per stacked copy, against the corrupted vector itself."""
+
+    def hook(t, hook):  # noqa: ARG001
+        src = clean.to(t.device)
+        out = t.clone()
+        for i, var in enumerate(chunk):
+            rows, g = slice(i * b, (i + 1) * b), var.head
+            new = patch_components(src[:, :, g], t[rows, :, g], t[rows, :, g], var.which, eps)
+            if var.pos is None:
+                out[rows, :, g] = new
+            else:
+                out[rows, var.pos, g] = new[:, var.pos]
+        return out
+
+    return [(name, hook)]
+
+
+__all__ = ["PatchVariant", "integer_columns", "masked", "patch_residual_hooks", "patch_value_hooks", "stacked_kv_hooks", "stacked_residual_hooks", "stacked_value_hooks"]

@@ -44,9 +44,11 @@ from .patch_hooks import (
     PatchVariant,
     integer_columns,
     masked,
+    stacked_kv_hooks,
     stacked_residual_hooks,
     stacked_value_hooks,
 )
+from .path_nodes import hook_names
 from .result import DirectionalResult
 
 WHICH = ("par", "perp", "full")
@@ -56,6 +58,11 @@ WHICH = ("par", "perp", "full")
 #: patch is TransformerLens's ``get_act_patch_resid_pre`` and the parallel-only patch keeps the
 #: corrupted stream's direction with the clean stream's length along it.
 STREAM_COMPONENTS = ("resid_pre",)
+
+#: One key/value head's keys (``attn.hook_k``) or values (``attn.hook_v``), each its own reference
+#: (as ``resid_pre``): on grouped-query models a KV head is shared by a group of query heads, so
+#: these are patched per KV head (``heads`` index KV heads), which TransformerLens refuses (#980).
+KV_COMPONENTS = ("k", "v")
 
 #: Default bound on one stacked forward's logits (elements), when ``batch_size`` is None.
 _AUTO_LOGIT_ELEMENTS = 2**26
@@ -155,6 +162,11 @@ def _is_identity(sites: ModelSites, c: str, L: int, v: PatchVariant, clean: dict
         v_h = corr[vs.v_hook][:, :, kv_head_index(v.head, sites.n_heads, corr[vs.v_hook].shape[2])]
         sl = slice(None) if v.pos is None else slice(v.pos, v.pos + 1)
         return torch.equal(patch_components(z_c[:, sl], z[:, sl], v_h[:, sl], v.which, eps), z[:, sl])
+    if c in KV_COMPONENTS:
+        name = hook_names(sites, L)[c]
+        x, x_c = corr[name][:, :, v.head], clean[name][:, :, v.head]
+        sl = slice(None) if v.pos is None else slice(v.pos, v.pos + 1)
+        return torch.equal(patch_components(x_c[:, sl], x[:, sl], x[:, sl], v.which, eps), x[:, sl])
     upd_x, ref = _unit_tensors(sites, c, L, corr)
     upd_c, _ = _unit_tensors(sites, c, L, clean)
     sl = slice(None) if v.pos is None else slice(v.pos, v.pos + 1)
@@ -246,10 +258,12 @@ def directional_patch(
     eps = check_eps(eps)
     sites = resolve_sites(model)
     x_batch = prepare_inputs(model, corrupted, attention_mask, argument="corrupted")
-    components = check_components(components, sites.components + ("value",) + STREAM_COMPONENTS,
-                                  allowed=ALL_COMPONENTS + STREAM_COMPONENTS, arch=sites.arch)
+    components = check_components(components, sites.components + ("value",) + STREAM_COMPONENTS + KV_COMPONENTS,
+                                  allowed=ALL_COMPONENTS + STREAM_COMPONENTS + KV_COMPONENTS, arch=sites.arch)
     layer_list = normalize_layers(layers, sites.n_layers)
     head_list = normalize_heads(heads, sites.n_heads) or list(range(sites.n_heads))
+    # 'k' / 'v' patch the key/value heads that the chosen query heads read
+    kv_list = sorted({kv_head_index(h, sites.n_heads, sites.n_kv_heads) for h in head_list})
     clean_names, names = _patch_hook_names(sites, components, layer_list)
     check_names_filter(names_filter, {"directional_patch": names},
                        "directional_patch caches hook_resid_pre and the patched units' update, reference, z and v hooks")
@@ -283,7 +297,7 @@ def directional_patch(
     b, n_pos = xt.shape
     k_max = batch_size or _auto_batch_size(b, n_pos, d_vocab)
 
-    work = _plan(sites, components, layer_list, head_list, which, n_pos if per_position else None)
+    work = _plan(sites, components, layer_list, head_list, kv_list, which, n_pos if per_position else None)
     iterator = work
     if progress:
         from tqdm.auto import tqdm
@@ -317,6 +331,9 @@ def _patch_hook_names(sites: ModelSites, components, layer_list) -> tuple[set[st
             if c == "value":
                 names |= {sites.value[L].z_hook, sites.value[L].v_hook}
                 clean.add(sites.value[L].z_hook)
+            elif c in KV_COMPONENTS:
+                names.add(hook_names(sites, L)[c])
+                clean.add(hook_names(sites, L)[c])
             elif c in STREAM_COMPONENTS:
                 clean.add(f"blocks.{L}.hook_resid_pre")
             else:
@@ -326,20 +343,21 @@ def _patch_hook_names(sites: ModelSites, components, layer_list) -> tuple[set[st
     return clean, names
 
 
-def _plan(sites: ModelSites, components, layer_list, head_list, which, n_pos: int | None):
+def _plan(sites: ModelSites, components, layer_list, head_list, kv_list, which, n_pos: int | None):
     """The patched runs per (component, layer), in the table's order."""
     positions = list(range(n_pos)) if n_pos is not None else [None]
     work: list[tuple[str, int, list[PatchVariant]]] = []
     for c in components:
         for L in layer_list:
-            variants = [PatchVariant(w, p, h) for p in positions for h in (head_list if c == "value" else [None])
-                        for w in which]
+            hs = head_list if c == "value" else kv_list if c in KV_COMPONENTS else [None]
+            variants = [PatchVariant(w, p, h) for p in positions for h in hs for w in which]
             work.append((c, L, variants))
     return work
 
 
 def _shape(sites: ModelSites, c: str, n_pos: int | None) -> tuple[int, ...]:
-    return (sites.n_layers,) + ((n_pos,) if n_pos is not None else ()) + ((sites.n_heads,) if c == "value" else ())
+    heads = (sites.n_heads,) if c == "value" else (sites.n_kv_heads,) if c in KV_COMPONENTS else ()
+    return (sites.n_layers,) + ((n_pos,) if n_pos is not None else ()) + heads
 
 
 def _as_tables(sites: ModelSites, work, components, which, n_pos: int | None, clean_metric: float,
@@ -385,11 +403,12 @@ def _as_result(sites: ModelSites, work, components, which, n_pos: int | None, cl
             f = frac if v.head is None else frac[..., v.head]
             f = f.mean(-1) if v.pos is None else f[:, v.pos]
             fracs[c][idx] = f if n_ex == f.shape[0] else f.mean()
-    dims = {c: ("example", "layer") + (("pos",) if n_pos is not None else ()) + (("head",) if c == "value" else ())
-            for c in components}
+    dims = {c: ("example", "layer") + (("pos",) if n_pos is not None else ())
+            + (("head",) if c == "value" or c in KV_COMPONENTS else ()) for c in components}
     return DirectionalResult(
         kind="patch", values=values, dims=dims, par_frac=fracs,
-        random_share={c: random_subspace_share(sites.d_head if c == "value" else sites.d_model) for c in components},
+        random_share={c: random_subspace_share(sites.d_head if c in ("value",) + KV_COMPONENTS else sites.d_model)
+                      for c in components},
         clean_metric=clean_metric, corrupted_metric=corrupted_metric,
         notes=("clean activations from clean_cache: the clean metric is not known (NaN).",) if from_cache else (),
     )
@@ -403,6 +422,9 @@ def _difference_share(sites: ModelSites, c: str, L: int, clean: dict, corr: dict
         z = corr[vs.z_hook]
         delta = clean[vs.z_hook].to(z.device) - z
         ref = expand_kv_heads(corr[vs.v_hook], sites.n_heads)
+    elif c in KV_COMPONENTS:
+        ref = corr[hook_names(sites, L)[c]]
+        delta = clean[hook_names(sites, L)[c]].to(ref.device) - ref
     else:
         upd_x, ref = _unit_tensors(sites, c, L, corr)
         upd_c, _ = _unit_tensors(sites, c, L, clean)
@@ -429,7 +451,10 @@ def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[PatchVarian
                              for v in chunk])
     else:
         stacked = resid.repeat(k, 1, 1) if k > 1 else resid
-        if c == "value":
+        if c in KV_COMPONENTS:
+            name = hook_names(sites, L)[c]
+            hooks = stacked_kv_hooks(name, clean[name], chunk, b, eps)
+        elif c == "value":
             hooks = stacked_value_hooks(sites.value[L], sites.n_heads, clean[sites.value[L].z_hook], chunk, b, eps)
         else:
             u = sites.units[c][L]
@@ -450,4 +475,4 @@ def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[PatchVarian
 # ---------------------------------------------------------------------------
 
 
-__all__ = ["STREAM_COMPONENTS", "WHICH", "directional_patch", "split_dla_figure", "split_logit_attribution"]
+__all__ = ["KV_COMPONENTS", "STREAM_COMPONENTS", "WHICH", "directional_patch", "split_dla_figure", "split_logit_attribution"]
