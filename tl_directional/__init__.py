@@ -46,6 +46,7 @@ from .evaluate.attribution import AttributionError, attribution_hooks, attributi
 from .evaluate.cache_input import PatchingInputError
 from .evaluate.lens import SplitLensResult, split_logit_lens
 from .evaluate.patching import directional_patch, split_logit_attribution
+from .evaluate.path_patching import PathPatchError, path_patch
 from .evaluate.random_scales import random_scales, random_setting
 from .evaluate.result import DirectionalResult
 from .evaluate.sweep import Setting, find_safe_scale, grid, sweep
@@ -105,6 +106,8 @@ __all__ = [
     "find_safe_scale",
     "directional_patch",
     "split_logit_attribution",
+    "path_patch",
+    "PathPatchError",
     # evaluate: directional attribution patching and the one result type
     "attribution_patch",
     "attribution_hooks",

@@ -22,6 +22,7 @@ KEEPS = {
     "AttributionError": ValueError,
     "BootstrapError": ValueError,
     "PatchingInputError": ValueError,
+    "PathPatchError": ValueError,
     "ResultError": KeyError,
     "DamagedWeightsError": ValueError,
     "EditSpecError": ValueError,

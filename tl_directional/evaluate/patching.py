@@ -202,7 +202,9 @@ def directional_patch(
     """Patch parallel-only, perpendicular-only and full updates from ``clean`` into ``corrupted``.
 
     For each component (``attn``, ``mlp``, ``block`` in residual space; ``value`` per
-    head; ``resid_pre``, the stream itself), layer (and head), and position
+    head; ``resid_pre``, the stream itself; ``k`` / ``v``, the keys or values of one key/value
+    head against themselves, per KV head on grouped-query models, the KV heads the ``heads``
+    read), layer (and head), and position
     (``per_position=True``) or all positions at once, run the corrupted input with that
     unit's update replaced by ``P_r u_c + (I - P_r) u_x`` (``par``), ``P_r u_x + (I - P_r)
     u_c`` (``perp``) or ``u_c`` (``full``), where ``r`` is the corrupted run's live

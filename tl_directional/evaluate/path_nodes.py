@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from ..core.errors import TLDirectionalError
 from ..core.geometry import decompose, patch_components
-from ..model.adapter import from_block
+from ..model.adapter import StopForward, from_block
 from ..model.sites import ModelSites, kv_head_index
 from ..model.weights import attention_output_weights
 
@@ -217,10 +216,6 @@ def _share(delta: Tensor, r: Tensor, eps: float) -> Tensor:
     return decompose(delta, r, eps).par_frac.double().mean(-1)
 
 
-class _Stop(Exception):  # noqa: N818 - control flow: the sender block's write is all that is needed
-    pass
-
-
 def _sandwich_writes(model, sites: ModelSites, sender: Sender, z_new: dict, corr: dict, block0,
                      xt: Tensor, am: Tensor) -> dict[str, Tensor]:
     """The attention write (after the post-attention norm) with head ``h``'s ``z`` replaced by each of
@@ -239,14 +234,14 @@ def _sandwich_writes(model, sites: ModelSites, sender: Sender, z_new: dict, corr
 
     def out(t, hook):  # noqa: ARG001
         got["w"] = t.detach().clone()
-        raise _Stop
+        raise StopForward  # the sender block's write is all that is needed
 
     resid = corr[f"blocks.{L}.hook_resid_pre"].repeat(k, 1, 1)
     block_input = type(block0)(L, resid, block0.output_form)
     with from_block(model, block_input) as run, model.hooks(fwd_hooks=[(vs.z_hook, z_hook), (out_hook, out)]):
         try:
             run(xt.repeat(k, 1), am.repeat(k, 1))
-        except _Stop:
+        except StopForward:
             pass
     return {key: got["w"][i * b:(i + 1) * b] for i, key in enumerate(keys)}
 

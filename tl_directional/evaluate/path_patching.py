@@ -34,7 +34,13 @@ from torch import Tensor
 
 from ..core.bootstrap import random_subspace_share
 from ..core.geometry import DEFAULT_EPS, check_eps
-from ..model.adapter import capture, capture_hooks, device_of, forward_recording_block_input, from_block
+from ..model.adapter import (
+    capture,
+    capture_hooks,
+    device_of,
+    forward_recording_block_input,
+    from_block,
+)
 from ..model.inputs import prepare_inputs
 from ..model.sites import resolve_sites
 from ..model.structure import is_sandwich_norm
