@@ -53,7 +53,9 @@ class Receiver:
 
 def _index(value, size: int, argument: str, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not -size <= value < size:
-        raise PathPatchError(f"{argument} has {what} {value!r}; it must be an integer in [0, {size})")
+        raise PathPatchError(
+            f"{argument} has {what} {value!r}; it must be an integer in [0, {size})"
+        )
     return value % size
 
 
@@ -105,37 +107,50 @@ def parse_receivers(receivers, sender: Sender, sites: ModelSites, layers=None) -
     """``receivers``: a kind or a list of kinds (every later node of those kinds), or explicit nodes
     ``(kind, layer[, head])`` / :class:`Receiver`; each checked to read the sender's write."""
     if isinstance(receivers, (str, Receiver)) or (
-            isinstance(receivers, tuple) and len(receivers) > 1 and isinstance(receivers[1], int)):
+        isinstance(receivers, tuple) and len(receivers) > 1 and isinstance(receivers[1], int)
+    ):
         receivers = [receivers]  # one kind or one node, e.g. ("q", 2, 0)
     try:
         items = list(receivers)
     except TypeError:
-        raise PathPatchError(f"receivers={receivers!r}: pass a kind from {RECEIVER_KINDS}, a list of them, "
-                             "or nodes such as ('q', layer, head), ('mlp', layer), ('resid', layer), 'logits'") from None
+        raise PathPatchError(
+            f"receivers={receivers!r}: pass a kind from {RECEIVER_KINDS}, a list of them, "
+            "or nodes such as ('q', layer, head), ('mlp', layer), ('resid', layer), 'logits'"
+        ) from None
     if not items:
         raise PathPatchError(f"receivers is empty; choose from {RECEIVER_KINDS}")
     out: list[Receiver] = []
     for item in items:
         if isinstance(item, str):
             if item not in RECEIVER_KINDS:
-                raise PathPatchError(f"receivers has unknown kind {item!r}; choose from {RECEIVER_KINDS}")
+                raise PathPatchError(
+                    f"receivers has unknown kind {item!r}; choose from {RECEIVER_KINDS}"
+                )
             out += downstream_receivers(sender, [item], sites, layers)
             continue
         if isinstance(item, Receiver):
             item = (item.kind, item.layer) + (() if item.head is None else (item.head,))
         if not isinstance(item, (tuple, list)) or not item or item[0] not in RECEIVER_KINDS:
-            raise PathPatchError(f"receivers has unknown receiver {item!r}; choose a kind from {RECEIVER_KINDS}")
+            raise PathPatchError(
+                f"receivers has unknown receiver {item!r}; choose a kind from {RECEIVER_KINDS}"
+            )
         kind = item[0]
         if kind == "logits":
             out.append(Receiver("logits", sites.n_layers - 1))
             continue
         headed = kind in ("q", "k", "v")
         if len(item) != (3 if headed else 2):
-            raise PathPatchError(f"receivers has {tuple(item)!r}; a {kind!r} receiver is "
-                                 + (f"({kind!r}, layer, head)" if headed else f"({kind!r}, layer)"))
+            raise PathPatchError(
+                f"receivers has {tuple(item)!r}; a {kind!r} receiver is "
+                + (f"({kind!r}, layer, head)" if headed else f"({kind!r}, layer)")
+            )
         L = _index(item[1], sites.n_layers, "receivers", "layer")
         n = sites.n_heads if kind == "q" else sites.n_kv_heads
-        h = _index(item[2], n, "receivers", "key/value head" if kind in ("k", "v") else "head") if headed else None
+        h = (
+            _index(item[2], n, "receivers", "key/value head" if kind in ("k", "v") else "head")
+            if headed
+            else None
+        )
         if L < _first_reader_layer(sender, kind, sites):
             raise PathPatchError(
                 f"receivers has {tuple(item)!r}, which does not read the write of sender {sender}: "
@@ -154,10 +169,15 @@ def hook_names(sites: ModelSites, layer: int, hook_dict=None) -> dict[str, str]:
     attn = vs.v_hook.rsplit(".", 1)[0]
     block = f"blocks.{layer}"
     return {
-        "resid_pre": f"{block}.hook_resid_pre", "resid_mid": f"{block}.hook_resid_mid",
-        "q": f"{attn}.hook_q", "k": f"{attn}.hook_k", "v": vs.v_hook,
-        "ln1_scale": f"{block}.ln1.hook_scale", "ln2_scale": f"{block}.ln2.hook_scale",
-        "mlp_in": f"{block}.mlp.hook_in" if hook_dict is not None and f"{block}.mlp.hook_in" in hook_dict
+        "resid_pre": f"{block}.hook_resid_pre",
+        "resid_mid": f"{block}.hook_resid_mid",
+        "q": f"{attn}.hook_q",
+        "k": f"{attn}.hook_k",
+        "v": vs.v_hook,
+        "ln1_scale": f"{block}.ln1.hook_scale",
+        "ln2_scale": f"{block}.ln2.hook_scale",
+        "mlp_in": f"{block}.mlp.hook_in"
+        if hook_dict is not None and f"{block}.mlp.hook_in" in hook_dict
         else f"{block}.ln2.hook_normalized",
     }
 
@@ -172,8 +192,20 @@ def sender_hooks(sender: Sender, sites: ModelSites, space: str) -> tuple[set[str
     return {u.update_hook}, {u.update_hook, u.reference_hook}
 
 
-def sender_deltas(model, sites: ModelSites, sender: Sender, space: str, parts, clean: dict, corr: dict,
-                  block0, xt: Tensor, am: Tensor, sandwich: bool, eps: float):
+def sender_deltas(
+    model,
+    sites: ModelSites,
+    sender: Sender,
+    space: str,
+    parts,
+    clean: dict,
+    corr: dict,
+    block0,
+    xt: Tensor,
+    am: Tensor,
+    sandwich: bool,
+    eps: float,
+):
     """Per part, the sender's difference ``u* - u_x`` in residual coordinates ``[batch, pos, d_model]``,
     and the share ``|cos(u_c - u_x, r)|`` of the full difference along its reference ``[batch]``.
 
@@ -208,7 +240,9 @@ def sender_deltas(model, sites: ModelSites, sender: Sender, space: str, parts, c
     if space == "value":
         return {p: writes[p] - u_x for p in parts}, share
     u_c = writes["full"]
-    return {p: patch_components(u_c, u_x, r, p, eps) - u_x for p in parts}, _share(u_c - u_x, r, eps)
+    return {p: patch_components(u_c, u_x, r, p, eps) - u_x for p in parts}, _share(
+        u_c - u_x, r, eps
+    )
 
 
 def _share(delta: Tensor, r: Tensor, eps: float) -> Tensor:
@@ -216,8 +250,16 @@ def _share(delta: Tensor, r: Tensor, eps: float) -> Tensor:
     return decompose(delta, r, eps).par_frac.double().mean(-1)
 
 
-def _sandwich_writes(model, sites: ModelSites, sender: Sender, z_new: dict, corr: dict, block0,
-                     xt: Tensor, am: Tensor) -> dict[str, Tensor]:
+def _sandwich_writes(
+    model,
+    sites: ModelSites,
+    sender: Sender,
+    z_new: dict,
+    corr: dict,
+    block0,
+    xt: Tensor,
+    am: Tensor,
+) -> dict[str, Tensor]:
     """The attention write (after the post-attention norm) with head ``h``'s ``z`` replaced by each of
     ``z_new``, one stacked forward of the sender block from the corrupted stream."""
     L, h = sender.layer, sender.head
@@ -229,7 +271,7 @@ def _sandwich_writes(model, sites: ModelSites, sender: Sender, z_new: dict, corr
     def z_hook(z, hook):  # noqa: ARG001 - TL hook signature
         z = z.clone()
         for i, key in enumerate(keys):
-            z[i * b:(i + 1) * b, :, h] = z_new[key].to(z.dtype)
+            z[i * b : (i + 1) * b, :, h] = z_new[key].to(z.dtype)
         return z
 
     def out(t, hook):  # noqa: ARG001
@@ -238,15 +280,28 @@ def _sandwich_writes(model, sites: ModelSites, sender: Sender, z_new: dict, corr
 
     resid = corr[f"blocks.{L}.hook_resid_pre"].repeat(k, 1, 1)
     block_input = type(block0)(L, resid, block0.output_form)
-    with from_block(model, block_input) as run, model.hooks(fwd_hooks=[(vs.z_hook, z_hook), (out_hook, out)]):
+    with (
+        from_block(model, block_input) as run,
+        model.hooks(fwd_hooks=[(vs.z_hook, z_hook), (out_hook, out)]),
+    ):
         try:
             run(xt.repeat(k, 1), am.repeat(k, 1))
         except StopForward:
             pass
-    return {key: got["w"][i * b:(i + 1) * b] for i, key in enumerate(keys)}
+    return {key: got["w"][i * b : (i + 1) * b] for i, key in enumerate(keys)}
 
 
 __all__ = [
-    "RECEIVER_KINDS", "SENDER_KINDS", "SPACES", "PathPatchError", "Receiver", "Sender",
-    "downstream_receivers", "hook_names", "parse_receivers", "parse_sender", "sender_deltas", "sender_hooks",
+    "RECEIVER_KINDS",
+    "SENDER_KINDS",
+    "SPACES",
+    "PathPatchError",
+    "Receiver",
+    "Sender",
+    "downstream_receivers",
+    "hook_names",
+    "parse_receivers",
+    "parse_sender",
+    "sender_deltas",
+    "sender_hooks",
 ]

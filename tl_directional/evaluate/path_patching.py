@@ -84,8 +84,10 @@ def _metric_rows(metric, logits: Tensor, b: int) -> np.ndarray:
     try:
         return np.array([float(value)])
     except (TypeError, ValueError):
-        raise PathPatchError(f"metric must return a number or a tensor, got {type(value).__name__}; "
-                             "return e.g. (logits[:, -1, a] - logits[:, -1, b]).mean()") from None
+        raise PathPatchError(
+            f"metric must return a number or a tensor, got {type(value).__name__}; "
+            "return e.g. (logits[:, -1, a] - logits[:, -1, b]).mean()"
+        ) from None
 
 
 class _Run:
@@ -99,8 +101,17 @@ class _Run:
         self.value: np.ndarray | None = None
 
 
-def _chunk_hooks(sites, hook_dict, runs: list[_Run], shadows: list[tuple[str, int | None]], deltas, corr, b: int,
-                 freeze: bool, captured: dict | None):
+def _chunk_hooks(
+    sites,
+    hook_dict,
+    runs: list[_Run],
+    shadows: list[tuple[str, int | None]],
+    deltas,
+    corr,
+    b: int,
+    freeze: bool,
+    captured: dict | None,
+):
     """Hooks of one stacked forward: real copies ``runs`` (``b`` rows each) then ``shadows``
     (``(part, owner)``: owner None means "the corrupted stream", else that run's live stream)."""
     k = len(runs)
@@ -122,6 +133,7 @@ def _chunk_hooks(sites, hook_dict, runs: list[_Run], shadows: list[tuple[str, in
                 new = base(t, name, j)
                 out[rows[k + j]] = new + deltas[shadows[j][0]] if add else new
             return out
+
         return hook
 
     def add_delta(targets: list[int]):
@@ -130,6 +142,7 @@ def _chunk_hooks(sites, hook_dict, runs: list[_Run], shadows: list[tuple[str, in
             for i in targets:
                 out[rows[i]] = t[rows[i]] + deltas[runs[i].part]
             return out
+
         return hook
 
     def copy_heads(kind: str, items: list[tuple[int, Receiver]]):
@@ -141,34 +154,57 @@ def _chunk_hooks(sites, hook_dict, runs: list[_Run], shadows: list[tuple[str, in
                 if captured is not None:
                     captured[(i, rec)] = out[sl].detach().clone()
             return out
+
         return hook
 
     hooks: list = []
     for L, items in sorted(by_layer.items()):
         names = hook_names(sites, L, hook_dict)
         kinds = {rec.kind for _, rec in items}
-        pre_shadows = {runs[i].shadow for i, rec in items
-                       if rec.kind in ("q", "k", "v") or (rec.kind == "mlp" and sites.arch != "sequential")}
-        mid_shadows = {runs[i].shadow for i, rec in items if rec.kind == "mlp" and sites.arch == "sequential"}
+        pre_shadows = {
+            runs[i].shadow
+            for i, rec in items
+            if rec.kind in ("q", "k", "v") or (rec.kind == "mlp" and sites.arch != "sequential")
+        }
+        mid_shadows = {
+            runs[i].shadow for i, rec in items if rec.kind == "mlp" and sites.arch == "sequential"
+        }
         resid_adds = [i for i, rec in items if rec.kind == "resid"]
-        if pre_shadows:  # shadow first: a receiver reads the live stream before a resid receiver's add
+        if (
+            pre_shadows
+        ):  # shadow first: a receiver reads the live stream before a resid receiver's add
             hooks.append((names["resid_pre"], set_shadow(names["resid_pre"], True, pre_shadows)))
             if freeze:
-                hooks.append((names["ln1_scale"], set_shadow(names["ln1_scale"], False, pre_shadows)))
+                hooks.append(
+                    (names["ln1_scale"], set_shadow(names["ln1_scale"], False, pre_shadows))
+                )
         if resid_adds:
             hooks.append((names["resid_pre"], add_delta(resid_adds)))
         for kind in ("q", "k", "v"):
             if kind in kinds:
-                hooks.append((names[kind], copy_heads(kind, [(i, r) for i, r in items if r.kind == kind])))
+                hooks.append(
+                    (names[kind], copy_heads(kind, [(i, r) for i, r in items if r.kind == kind]))
+                )
         if "mlp" in kinds:
             if mid_shadows:
-                hooks.append((names["resid_mid"], set_shadow(names["resid_mid"], True, mid_shadows)))
+                hooks.append(
+                    (names["resid_mid"], set_shadow(names["resid_mid"], True, mid_shadows))
+                )
             if freeze:
                 shadows_mlp = mid_shadows or pre_shadows
-                hooks.append((names["ln2_scale"], set_shadow(names["ln2_scale"], False, shadows_mlp)))
-            hooks.append((names["mlp_in"], copy_heads("mlp", [(i, r) for i, r in items if r.kind == "mlp"])))
+                hooks.append(
+                    (names["ln2_scale"], set_shadow(names["ln2_scale"], False, shadows_mlp))
+                )
+            hooks.append(
+                (names["mlp_in"], copy_heads("mlp", [(i, r) for i, r in items if r.kind == "mlp"]))
+            )
         if "logits" in kinds:
-            hooks.append((sites.resid_post_hook(n_last), add_delta([i for i, r in items if r.kind == "logits"])))
+            hooks.append(
+                (
+                    sites.resid_post_hook(n_last),
+                    add_delta([i for i, r in items if r.kind == "logits"]),
+                )
+            )
             if freeze:
                 scale = [(i, r) for i, r in items if r.kind == "logits"]
 
@@ -177,6 +213,7 @@ def _chunk_hooks(sites, hook_dict, runs: list[_Run], shadows: list[tuple[str, in
                     for i, _ in scale:
                         out[rows[i]] = corr["ln_final.hook_scale"]
                     return out
+
                 hooks.append(("ln_final.hook_scale", keep_scale))
     return hooks
 
@@ -185,7 +222,9 @@ def _needed_corrupted(sites, receivers: list[Receiver], freeze: bool) -> set[str
     names: set[str] = set()
     for rec in receivers:
         hn = hook_names(sites, rec.layer)
-        names |= {hn["resid_pre"]} | ({hn["resid_mid"]} if rec.kind == "mlp" and sites.arch == "sequential" else set())
+        names |= {hn["resid_pre"]} | (
+            {hn["resid_mid"]} if rec.kind == "mlp" and sites.arch == "sequential" else set()
+        )
         if freeze and rec.kind != "logits":
             names |= {hn["ln1_scale"], hn["ln2_scale"]}
         if freeze and rec.kind == "logits":
@@ -255,30 +294,47 @@ def path_patch(
     _check_eval(model)
     eps = check_eps(eps)
     if space not in SPACES:
-        raise PathPatchError(f"space={space!r}: choose 'residual' (against the stream) or 'value' (a head's own value)")
+        raise PathPatchError(
+            f"space={space!r}: choose 'residual' (against the stream) or 'value' (a head's own value)"
+        )
     parts = (parts,) if isinstance(parts, str) else tuple(dict.fromkeys(parts))
     if not parts or any(p not in PARTS for p in parts):
         raise PathPatchError(f"parts={parts!r}: choose from {PARTS}")
     sites = resolve_sites(model, warn=False)
     send = parse_sender(sender, sites)
     if space == "value" and send.kind != "head":
-        raise PathPatchError(f"space='value' splits a head's output against its own value; sender {sender!r} is not a head")
+        raise PathPatchError(
+            f"space='value' splits a head's output against its own value; sender {sender!r} is not a head"
+        )
     recs = parse_receivers(receivers, send, sites, None if layers is None else set(layers))
     if not recs:
-        raise PathPatchError(f"no receiver of {receivers!r} reads the write of sender {sender!r}; choose later layers")
+        raise PathPatchError(
+            f"no receiver of {receivers!r} reads the write of sender {sender!r}; choose later layers"
+        )
     if joint and freeze_norm and any(r.kind == "logits" for r in recs):
-        raise PathPatchError("freeze_norm with joint=True cannot freeze the final norm; leave 'logits' out or freeze_norm off")
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise PathPatchError(
+            "freeze_norm with joint=True cannot freeze the final norm; leave 'logits' out or freeze_norm off"
+        )
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+    ):
         raise PathPatchError(f"batch_size must be a positive integer or None, got {batch_size!r}")
     sandwich = is_sandwich_norm(model)
     clean_names, corr_names = sender_hooks(send, sites, space)
-    corr_names |= _needed_corrupted(sites, recs, freeze_norm) | {f"blocks.{send.layer}.hook_resid_pre"}
+    corr_names |= _needed_corrupted(sites, recs, freeze_norm) | {
+        f"blocks.{send.layer}.hook_resid_pre"
+    }
     missing = [n for n in corr_names if n not in model.hook_dict]
     if missing:
-        raise PathPatchError(f"model has no hook point(s) {sorted(missing)[:3]} that these receivers read; "
-                             "choose other receivers (or freeze_norm=False)")
-    check_names_filter(names_filter, {"path_patch": sorted(clean_names | corr_names)},
-                       "path_patch caches the sender's hooks and the receivers' stream and norm hooks")
+        raise PathPatchError(
+            f"model has no hook point(s) {sorted(missing)[:3]} that these receivers read; "
+            "choose other receivers (or freeze_norm=False)"
+        )
+    check_names_filter(
+        names_filter,
+        {"path_patch": sorted(clean_names | corr_names)},
+        "path_patch caches the sender's hooks and the receivers' stream and norm hooks",
+    )
     device = device_of(model)
     x_batch = prepare_inputs(model, corrupted, attention_mask, argument="corrupted")
     xt, am = x_batch.tokens.to(device), x_batch.attention_mask.to(device)
@@ -290,14 +346,24 @@ def path_patch(
                 f"clean and corrupted must have the same [batch, pos] shape, got {tuple(c_batch.tokens.shape)} and "
                 f"{tuple(x_batch.tokens.shape)}; pad or choose prompts of equal token length"
             )
-        logits, clean_store = capture(model, c_batch.tokens.to(device), clean_names,
-                                      attention_mask=c_batch.attention_mask.to(device), clone=True, logits=True)
+        logits, clean_store = capture(
+            model,
+            c_batch.tokens.to(device),
+            clean_names,
+            attention_mask=c_batch.attention_mask.to(device),
+            clone=True,
+            logits=True,
+        )
         clean_metric = _metric_rows(metric, logits, b)
         del logits
     else:
         hint = f"model.run_with_cache(clean_tokens, names_filter={sorted(clean_names)!r})"
-        clean_store = {n: cache_tensor(clean_cache, n, tuple(xt.shape), "clean_cache", hint).detach().to(device)
-                       for n in clean_names}
+        clean_store = {
+            n: cache_tensor(clean_cache, n, tuple(xt.shape), "clean_cache", hint)
+            .detach()
+            .to(device)
+            for n in clean_names
+        }
         clean_metric = None
     corr: dict[str, Tensor] = {}
     with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(corr_names, corr, clone=True)):
@@ -308,13 +374,21 @@ def path_patch(
     d_vocab, n_pos = int(logits.shape[-1]), xt.shape[1]
     del logits
     with torch.no_grad():
-        deltas, share = sender_deltas(model, sites, send, space, parts, clean_store, corr, block0, xt, am, sandwich, eps)
+        deltas, share = sender_deltas(
+            model, sites, send, space, parts, clean_store, corr, block0, xt, am, sandwich, eps
+        )
         # with return_inputs, a zero difference along the same route gives the receiver's unpatched
         # input computed exactly as the patched ones are (the bridge's norm fallback rounds differently)
         run_parts = parts + (("zero",) if return_inputs else ())
         deltas["zero"] = torch.zeros_like(deltas[parts[0]])
-        runs = [_Run(tuple(recs), p) for p in run_parts] if joint else [_Run((r,), p) for r in recs for p in run_parts]
-        k_max = batch_size or max(1, min(_AUTO_MAX_RUNS, _AUTO_LOGIT_ELEMENTS // max(1, b * n_pos * d_vocab)))
+        runs = (
+            [_Run(tuple(recs), p) for p in run_parts]
+            if joint
+            else [_Run((r,), p) for r in recs for p in run_parts]
+        )
+        k_max = batch_size or max(
+            1, min(_AUTO_MAX_RUNS, _AUTO_LOGIT_ELEMENTS // max(1, b * n_pos * d_vocab))
+        )
         captured: dict | None = {} if return_inputs else None
         inputs: dict = {}
         by_start: dict[int, list[_Run]] = {}
@@ -322,7 +396,7 @@ def path_patch(
             by_start.setdefault(min(r.layer for r in run.receivers), []).append(run)
         for start, group in sorted(by_start.items()):
             for c0 in range(0, len(group), k_max):
-                chunk = group[c0:c0 + k_max]
+                chunk = group[c0 : c0 + k_max]
                 if joint:
                     shadows = [(run.part, i) for i, run in enumerate(chunk)]
                 else:
@@ -332,26 +406,57 @@ def path_patch(
                     run.shadow = i if joint else index[run.part]
                 n = len(chunk) + len(shadows)
                 resid = corr[f"blocks.{start}.hook_resid_pre"]
-                hooks = _chunk_hooks(sites, model.hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured)
-                with from_block(model, type(block0)(start, resid.repeat(n, 1, 1), block0.output_form)) as fwd, \
-                        model.hooks(fwd_hooks=hooks):
+                hooks = _chunk_hooks(
+                    sites, model.hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured
+                )
+                with (
+                    from_block(
+                        model, type(block0)(start, resid.repeat(n, 1, 1), block0.output_form)
+                    ) as fwd,
+                    model.hooks(fwd_hooks=hooks),
+                ):
                     out = fwd(xt.repeat(n, 1), am.repeat(n, 1))
                 for i, run in enumerate(chunk):
-                    run.value = _metric_rows(metric, out[i * b:(i + 1) * b], b)
+                    run.value = _metric_rows(metric, out[i * b : (i + 1) * b], b)
                     for rec in run.receivers if captured is not None else ():
                         inputs[(run.part, rec)] = captured.pop((i, rec), deltas[run.part])
                 del out
         for key in [key for key in inputs if key[0] != "zero"]:
             zero = inputs[("zero", key[1])]
-            inputs[key] = inputs[key] - zero if key[1].kind not in ("resid", "logits") else inputs[key]
+            inputs[key] = (
+                inputs[key] - zero if key[1].kind not in ("resid", "logits") else inputs[key]
+            )
         inputs = {key: t for key, t in inputs.items() if key[0] != "zero"}
         runs = [run for run in runs if run.part != "zero"]
-    result = _as_result(sites, runs, recs, parts, joint, corrupted_metric, clean_metric, share, space,
-                        clean_cache is not None, sandwich)
+    result = _as_result(
+        sites,
+        runs,
+        recs,
+        parts,
+        joint,
+        corrupted_metric,
+        clean_metric,
+        share,
+        space,
+        clean_cache is not None,
+        sandwich,
+    )
     return (result, inputs) if return_inputs else result
 
 
-def _as_result(sites, runs, recs, parts, joint, corrupted_metric, clean_metric, share, space, from_cache, sandwich):
+def _as_result(
+    sites,
+    runs,
+    recs,
+    parts,
+    joint,
+    corrupted_metric,
+    clean_metric,
+    share,
+    space,
+    from_cache,
+    sandwich,
+):
     n_ex = corrupted_metric.shape[0]
     if joint:
         shapes = {"joint": ()}
@@ -359,7 +464,10 @@ def _as_result(sites, runs, recs, parts, joint, corrupted_metric, clean_metric, 
         shapes = {}
         for r in recs:
             if r.kind in ("q", "k", "v"):
-                shapes[r.kind] = (sites.n_layers, sites.n_heads if r.kind == "q" else sites.n_kv_heads)
+                shapes[r.kind] = (
+                    sites.n_layers,
+                    sites.n_heads if r.kind == "q" else sites.n_kv_heads,
+                )
             else:
                 shapes[r.kind] = (sites.n_layers,) if r.kind in ("mlp", "resid") else ()
     values = {kd: {p: np.full((n_ex,) + s, np.nan) for p in parts} for kd, s in shapes.items()}
@@ -369,23 +477,43 @@ def _as_result(sites, runs, recs, parts, joint, corrupted_metric, clean_metric, 
             values["joint"][run.part][:] = eff
             continue
         r = run.receivers[0]
-        idx = (slice(None),) + ((r.layer, r.head) if r.head is not None else (r.layer,) if r.kind != "logits" else ())
+        idx = (slice(None),) + (
+            (r.layer, r.head) if r.head is not None else (r.layer,) if r.kind != "logits" else ()
+        )
         values[r.kind][run.part][idx] = eff
     frac = share.cpu().numpy() if share.shape[0] == n_ex else np.full(n_ex, float(share.mean()))
-    par_frac = {kd: np.broadcast_to(frac.reshape((n_ex,) + (1,) * len(s)), (n_ex,) + s).copy() for kd, s in shapes.items()}
-    dims = {kd: ("example",) + (("layer", "head") if len(s) == 2 else ("layer",) if len(s) == 1 else ())
-            for kd, s in shapes.items()}
+    par_frac = {
+        kd: np.broadcast_to(frac.reshape((n_ex,) + (1,) * len(s)), (n_ex,) + s).copy()
+        for kd, s in shapes.items()
+    }
+    dims = {
+        kd: ("example",) + (("layer", "head") if len(s) == 2 else ("layer",) if len(s) == 1 else ())
+        for kd, s in shapes.items()
+    }
     d = sites.d_head if space == "value" else sites.d_model
-    notes = [f"par_frac is the sender's difference's share along its reference ({space} space), the same for every receiver."]
+    notes = [
+        f"par_frac is the sender's difference's share along its reference ({space} space), the same for every receiver."
+    ]
     if sites.n_kv_heads != sites.n_heads and any(r.kind in ("k", "v") for r in recs):
-        notes.append("grouped-query model: k / v receivers are key/value heads, each read by a group of query heads.")
+        notes.append(
+            "grouped-query model: k / v receivers are key/value heads, each read by a group of query heads."
+        )
     if sandwich:
-        notes.append("sandwich-norm model: a head's write is the post-attention norm's output with only that head changed.")
+        notes.append(
+            "sandwich-norm model: a head's write is the post-attention norm's output with only that head changed."
+        )
     if from_cache:
         notes.append("clean activations from clean_cache: the clean metric is not known (NaN).")
-    return DirectionalResult(kind="path_patch", values=values, dims=dims, par_frac=par_frac,
-                             random_share={kd: random_subspace_share(d) for kd in shapes},
-                             clean_metric=clean_metric, corrupted_metric=corrupted_metric, notes=tuple(notes))
+    return DirectionalResult(
+        kind="path_patch",
+        values=values,
+        dims=dims,
+        par_frac=par_frac,
+        random_share={kd: random_subspace_share(d) for kd in shapes},
+        clean_metric=clean_metric,
+        corrupted_metric=corrupted_metric,
+        notes=tuple(notes),
+    )
 
 
 __all__ = ["PARTS", "PathPatchError", "Receiver", "path_patch"]
