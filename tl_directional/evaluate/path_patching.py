@@ -45,6 +45,7 @@ from ..model.inputs import prepare_inputs
 from ..model.sites import resolve_sites
 from ..model.structure import is_sandwich_norm
 from .cache_input import cache_tensor, check_names_filter, is_cache
+from .path_hooks import PathRun, chunk_hooks
 from .path_nodes import (
     SPACES,
     PathPatchError,
@@ -88,134 +89,6 @@ def _metric_rows(metric, logits: Tensor, b: int) -> np.ndarray:
             f"metric must return a number or a tensor, got {type(value).__name__}; "
             "return e.g. (logits[:, -1, a] - logits[:, -1, b]).mean()"
         ) from None
-
-
-class _Run:
-    """One patched copy of the corrupted batch: its receivers, its part, its shadow."""
-
-    __slots__ = ("receivers", "part", "shadow", "value")
-
-    def __init__(self, receivers: tuple[Receiver, ...], part: str):
-        self.receivers, self.part = receivers, part
-        self.shadow = 0
-        self.value: np.ndarray | None = None
-
-
-def _chunk_hooks(
-    sites,
-    hook_dict,
-    runs: list[_Run],
-    shadows: list[tuple[str, int | None]],
-    deltas,
-    corr,
-    b: int,
-    freeze: bool,
-    captured: dict | None,
-):
-    """Hooks of one stacked forward: real copies ``runs`` (``b`` rows each) then ``shadows``
-    (``(part, owner)``: owner None means "the corrupted stream", else that run's live stream)."""
-    k = len(runs)
-    rows = [slice(i * b, (i + 1) * b) for i in range(k + len(shadows))]
-    n_last = sites.n_layers - 1
-    by_layer: dict[int, list[tuple[int, Receiver]]] = {}
-    for i, run in enumerate(runs):
-        for rec in run.receivers:
-            by_layer.setdefault(rec.layer, []).append((i, rec))
-
-    def base(t: Tensor, name: str, j: int) -> Tensor:
-        owner = shadows[j][1]
-        return corr[name] if owner is None else t[rows[owner]]
-
-    def set_shadow(name: str, add: bool, wanted: set[int]):
-        def hook(t, hook):  # noqa: ARG001 - TL hook signature
-            out = t.clone()
-            for j in wanted:
-                new = base(t, name, j)
-                out[rows[k + j]] = new + deltas[shadows[j][0]] if add else new
-            return out
-
-        return hook
-
-    def add_delta(targets: list[int]):
-        def hook(t, hook):  # noqa: ARG001
-            out = t.clone()
-            for i in targets:
-                out[rows[i]] = t[rows[i]] + deltas[runs[i].part]
-            return out
-
-        return hook
-
-    def copy_heads(kind: str, items: list[tuple[int, Receiver]]):
-        def hook(t, hook):  # noqa: ARG001
-            out = t.clone()
-            for i, rec in items:
-                sl = (rows[i], slice(None)) + ((rec.head,) if rec.head is not None else ())
-                out[sl] = t[(rows[k + runs[i].shadow], slice(None)) + sl[2:]]
-                if captured is not None:
-                    captured[(i, rec)] = out[sl].detach().clone()
-            return out
-
-        return hook
-
-    hooks: list = []
-    for L, items in sorted(by_layer.items()):
-        names = hook_names(sites, L, hook_dict)
-        kinds = {rec.kind for _, rec in items}
-        pre_shadows = {
-            runs[i].shadow
-            for i, rec in items
-            if rec.kind in ("q", "k", "v") or (rec.kind == "mlp" and sites.arch != "sequential")
-        }
-        mid_shadows = {
-            runs[i].shadow for i, rec in items if rec.kind == "mlp" and sites.arch == "sequential"
-        }
-        resid_adds = [i for i, rec in items if rec.kind == "resid"]
-        if (
-            pre_shadows
-        ):  # shadow first: a receiver reads the live stream before a resid receiver's add
-            hooks.append((names["resid_pre"], set_shadow(names["resid_pre"], True, pre_shadows)))
-            if freeze:
-                hooks.append(
-                    (names["ln1_scale"], set_shadow(names["ln1_scale"], False, pre_shadows))
-                )
-        if resid_adds:
-            hooks.append((names["resid_pre"], add_delta(resid_adds)))
-        for kind in ("q", "k", "v"):
-            if kind in kinds:
-                hooks.append(
-                    (names[kind], copy_heads(kind, [(i, r) for i, r in items if r.kind == kind]))
-                )
-        if "mlp" in kinds:
-            if mid_shadows:
-                hooks.append(
-                    (names["resid_mid"], set_shadow(names["resid_mid"], True, mid_shadows))
-                )
-            if freeze:
-                shadows_mlp = mid_shadows or pre_shadows
-                hooks.append(
-                    (names["ln2_scale"], set_shadow(names["ln2_scale"], False, shadows_mlp))
-                )
-            hooks.append(
-                (names["mlp_in"], copy_heads("mlp", [(i, r) for i, r in items if r.kind == "mlp"]))
-            )
-        if "logits" in kinds:
-            hooks.append(
-                (
-                    sites.resid_post_hook(n_last),
-                    add_delta([i for i, r in items if r.kind == "logits"]),
-                )
-            )
-            if freeze:
-                scale = [(i, r) for i, r in items if r.kind == "logits"]
-
-                def keep_scale(t, hook, scale=scale):  # noqa: ARG001
-                    out = t.clone()
-                    for i, _ in scale:
-                        out[rows[i]] = corr["ln_final.hook_scale"]
-                    return out
-
-                hooks.append(("ln_final.hook_scale", keep_scale))
-    return hooks
 
 
 def _needed_corrupted(sites, receivers: list[Receiver], freeze: bool) -> set[str]:
@@ -382,16 +255,16 @@ def path_patch(
         run_parts = parts + (("zero",) if return_inputs else ())
         deltas["zero"] = torch.zeros_like(deltas[parts[0]])
         runs = (
-            [_Run(tuple(recs), p) for p in run_parts]
+            [PathRun(tuple(recs), p) for p in run_parts]
             if joint
-            else [_Run((r,), p) for r in recs for p in run_parts]
+            else [PathRun((r,), p) for r in recs for p in run_parts]
         )
         k_max = batch_size or max(
             1, min(_AUTO_MAX_RUNS, _AUTO_LOGIT_ELEMENTS // max(1, b * n_pos * d_vocab))
         )
         captured: dict | None = {} if return_inputs else None
         inputs: dict = {}
-        by_start: dict[int, list[_Run]] = {}
+        by_start: dict[int, list[PathRun]] = {}
         for run in runs:
             by_start.setdefault(min(r.layer for r in run.receivers), []).append(run)
         for start, group in sorted(by_start.items()):
@@ -406,7 +279,7 @@ def path_patch(
                     run.shadow = i if joint else index[run.part]
                 n = len(chunk) + len(shadows)
                 resid = corr[f"blocks.{start}.hook_resid_pre"]
-                hooks = _chunk_hooks(
+                hooks = chunk_hooks(
                     sites, model.hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured
                 )
                 with (

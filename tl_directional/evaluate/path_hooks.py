@@ -1,0 +1,146 @@
+"""The hooks of one stacked path-patching forward (see :mod:`~tl_directional.evaluate.path_patching`).
+
+Rows: the patched copies of the corrupted batch, then the *shadow* copies whose stream holds
+``stream + delta`` at each receiver's block; a receiver copies its own head's queries, keys or
+values (or its MLP input) from its shadow. A ``resid`` / ``logits`` receiver adds ``delta`` to its
+own copy's stream.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from torch import Tensor
+
+from .path_nodes import Receiver, hook_names
+
+
+class PathRun:
+    """One patched copy of the corrupted batch: its receivers, its part, its shadow."""
+
+    __slots__ = ("receivers", "part", "shadow", "value")
+
+    def __init__(self, receivers: tuple[Receiver, ...], part: str):
+        self.receivers, self.part = receivers, part
+        self.shadow = 0
+        self.value: np.ndarray | None = None
+
+
+def chunk_hooks(
+    sites,
+    hook_dict,
+    runs: list[PathRun],
+    shadows: list[tuple[str, int | None]],
+    deltas,
+    corr,
+    b: int,
+    freeze: bool,
+    captured: dict | None,
+):
+    """Hooks of one stacked forward: real copies ``runs`` (``b`` rows each) then ``shadows``
+    (``(part, owner)``: owner None means "the corrupted stream", else that run's live stream)."""
+    k = len(runs)
+    rows = [slice(i * b, (i + 1) * b) for i in range(k + len(shadows))]
+    n_last = sites.n_layers - 1
+    by_layer: dict[int, list[tuple[int, Receiver]]] = {}
+    for i, run in enumerate(runs):
+        for rec in run.receivers:
+            by_layer.setdefault(rec.layer, []).append((i, rec))
+
+    def base(t: Tensor, name: str, j: int) -> Tensor:
+        owner = shadows[j][1]
+        return corr[name] if owner is None else t[rows[owner]]
+
+    def set_shadow(name: str, add: bool, wanted: set[int]):
+        def hook(t, hook):  # noqa: ARG001 - TL hook signature
+            out = t.clone()
+            for j in wanted:
+                new = base(t, name, j)
+                out[rows[k + j]] = new + deltas[shadows[j][0]] if add else new
+            return out
+
+        return hook
+
+    def add_delta(targets: list[int]):
+        def hook(t, hook):  # noqa: ARG001
+            out = t.clone()
+            for i in targets:
+                out[rows[i]] = t[rows[i]] + deltas[runs[i].part]
+            return out
+
+        return hook
+
+    def copy_heads(kind: str, items: list[tuple[int, Receiver]]):
+        def hook(t, hook):  # noqa: ARG001
+            out = t.clone()
+            for i, rec in items:
+                sl = (rows[i], slice(None)) + ((rec.head,) if rec.head is not None else ())
+                out[sl] = t[(rows[k + runs[i].shadow], slice(None)) + sl[2:]]
+                if captured is not None:
+                    captured[(i, rec)] = out[sl].detach().clone()
+            return out
+
+        return hook
+
+    hooks: list = []
+    for L, items in sorted(by_layer.items()):
+        names = hook_names(sites, L, hook_dict)
+        kinds = {rec.kind for _, rec in items}
+        pre_shadows = {
+            runs[i].shadow
+            for i, rec in items
+            if rec.kind in ("q", "k", "v") or (rec.kind == "mlp" and sites.arch != "sequential")
+        }
+        mid_shadows = {
+            runs[i].shadow for i, rec in items if rec.kind == "mlp" and sites.arch == "sequential"
+        }
+        resid_adds = [i for i, rec in items if rec.kind == "resid"]
+        if (
+            pre_shadows
+        ):  # shadow first: a receiver reads the live stream before a resid receiver's add
+            hooks.append((names["resid_pre"], set_shadow(names["resid_pre"], True, pre_shadows)))
+            if freeze:
+                hooks.append(
+                    (names["ln1_scale"], set_shadow(names["ln1_scale"], False, pre_shadows))
+                )
+        if resid_adds:
+            hooks.append((names["resid_pre"], add_delta(resid_adds)))
+        for kind in ("q", "k", "v"):
+            if kind in kinds:
+                hooks.append(
+                    (names[kind], copy_heads(kind, [(i, r) for i, r in items if r.kind == kind]))
+                )
+        if "mlp" in kinds:
+            if mid_shadows:
+                hooks.append(
+                    (names["resid_mid"], set_shadow(names["resid_mid"], True, mid_shadows))
+                )
+            if freeze:
+                shadows_mlp = mid_shadows or pre_shadows
+                hooks.append(
+                    (names["ln2_scale"], set_shadow(names["ln2_scale"], False, shadows_mlp))
+                )
+            hooks.append(
+                (names["mlp_in"], copy_heads("mlp", [(i, r) for i, r in items if r.kind == "mlp"]))
+            )
+        if "logits" in kinds:
+            hooks.append(
+                (
+                    sites.resid_post_hook(n_last),
+                    add_delta([i for i, r in items if r.kind == "logits"]),
+                )
+            )
+            if freeze:
+                scale = [(i, r) for i, r in items if r.kind == "logits"]
+
+                def keep_scale(t, hook, scale=scale):  # noqa: ARG001
+                    out = t.clone()
+                    for i, _ in scale:
+                        out[rows[i]] = corr["ln_final.hook_scale"]
+                    return out
+
+                hooks.append(("ln_final.hook_scale", keep_scale))
+    return hooks
+
+
+
+__all__ = ["PathRun", "chunk_hooks"]
