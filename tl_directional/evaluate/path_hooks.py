@@ -142,5 +142,4 @@ def chunk_hooks(
     return hooks
 
 
-
 __all__ = ["PathRun", "chunk_hooks"]
