@@ -85,6 +85,7 @@ import torch
 
 from . import attribution as _attribution  # noqa: F401
 from . import patching as _patching  # noqa: F401
+from . import path_patching as _path_patching  # noqa: F401
 from . import peers as _peers  # noqa: F401
 from . import planned as _planned  # noqa: F401 - importing registers the records
 from . import records as _records  # noqa: F401
@@ -99,7 +100,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONTRACT_NAMES = ("profile_overhead", "profile_vs_handwritten", "peer_nnsight", "profile_vs_cache",
                   "edit_overhead", "sweep_cost", "sweep_shared_prefix", "train_step_overhead",
                   "compression_local_cost", "layer_sweep_shared_prefix",
-                  "patching_vs_transformer_lens")
+                  "patching_vs_transformer_lens", "attribution_vs_transformer_lens",
+                  "path_patching_vs_transformer_lens")
 
 #: On a catalogue real model a record stops after this many pairs once its hard time budget
 #: (2 x max_seconds) is spent: a forward there is seconds (a layer-sweep pair is minutes), and

@@ -35,7 +35,6 @@ from torch import Tensor
 from ..core.bootstrap import random_subspace_share
 from ..core.geometry import DEFAULT_EPS, check_eps
 from ..model.adapter import (
-    capture,
     capture_hooks,
     device_of,
     forward_recording_block_input,
@@ -219,16 +218,9 @@ def path_patch(
                 f"clean and corrupted must have the same [batch, pos] shape, got {tuple(c_batch.tokens.shape)} and "
                 f"{tuple(x_batch.tokens.shape)}; pad or choose prompts of equal token length"
             )
-        logits, clean_store = capture(
-            model,
-            c_batch.tokens.to(device),
-            clean_names,
-            attention_mask=c_batch.attention_mask.to(device),
-            clone=True,
-            logits=True,
-        )
-        clean_metric = _metric_rows(metric, logits, b)
-        del logits
+        # the clean and corrupted runs in one forward (rows: clean, then corrupted)
+        both_t = torch.cat([c_batch.tokens.to(device), xt])
+        both_m = torch.cat([c_batch.attention_mask.to(device), am])
     else:
         hint = f"model.run_with_cache(clean_tokens, names_filter={sorted(clean_names)!r})"
         clean_store = {
@@ -237,13 +229,18 @@ def path_patch(
             .to(device)
             for n in clean_names
         }
-        clean_metric = None
-    corr: dict[str, Tensor] = {}
-    with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(corr_names, corr, clone=True)):
-        logits, block0 = forward_recording_block_input(model, xt, am, 0)
-    corrupted_metric = _metric_rows(metric, logits, b)
-    if clean_metric is None:
+        both_t, both_m = xt, am
+    store: dict[str, Tensor] = {}
+    names = corr_names | (clean_names if clean_cache is None else set())
+    with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(names, store, clone=True)):
+        logits, block0 = forward_recording_block_input(model, both_t, both_m, 0)
+    corrupted_metric = _metric_rows(metric, logits[-b:], b)
+    if clean_cache is None:
+        clean_metric = _metric_rows(metric, logits[:b], b)
+        clean_store = {n: store[n][:b] for n in clean_names}
+    else:
         clean_metric = np.full_like(corrupted_metric, np.nan)
+    corr = {n: store[n][-b:] for n in corr_names}
     d_vocab, n_pos = int(logits.shape[-1]), xt.shape[1]
     del logits
     with torch.no_grad():
@@ -264,36 +261,36 @@ def path_patch(
         )
         captured: dict | None = {} if return_inputs else None
         inputs: dict = {}
-        by_start: dict[int, list[PathRun]] = {}
-        for run in runs:
-            by_start.setdefault(min(r.layer for r in run.receivers), []).append(run)
-        for start, group in sorted(by_start.items()):
-            for c0 in range(0, len(group), k_max):
-                chunk = group[c0 : c0 + k_max]
-                if joint:
-                    shadows = [(run.part, i) for i, run in enumerate(chunk)]
-                else:
-                    shadows = [(p, None) for p in dict.fromkeys(run.part for run in chunk)]
-                index = {p: j for j, (p, _) in enumerate(shadows)}
-                for i, run in enumerate(chunk):
-                    run.shadow = i if joint else index[run.part]
-                n = len(chunk) + len(shadows)
-                resid = corr[f"blocks.{start}.hook_resid_pre"]
-                hooks = chunk_hooks(
-                    sites, model.hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured
-                )
-                with (
-                    from_block(
-                        model, type(block0)(start, resid.repeat(n, 1, 1), block0.output_form)
-                    ) as fwd,
-                    model.hooks(fwd_hooks=hooks),
-                ):
-                    out = fwd(xt.repeat(n, 1), am.repeat(n, 1))
-                for i, run in enumerate(chunk):
-                    run.value = _metric_rows(metric, out[i * b : (i + 1) * b], b)
-                    for rec in run.receivers if captured is not None else ():
-                        inputs[(run.part, rec)] = captured.pop((i, rec), deltas[run.part])
-                del out
+        # one forward for as many runs as fit (on small models a forward's fixed cost dominates);
+        # it starts at the chunk's first receiver block (runs are sorted by their first block)
+        runs.sort(key=lambda run: min(r.layer for r in run.receivers))
+        for c0 in range(0, len(runs), k_max):
+            chunk = runs[c0 : c0 + k_max]
+            start = min(r.layer for r in chunk[0].receivers)
+            if joint:
+                shadows = [(run.part, i) for i, run in enumerate(chunk)]
+            else:
+                shadows = [(p, None) for p in dict.fromkeys(run.part for run in chunk)]
+            index = {p: j for j, (p, _) in enumerate(shadows)}
+            for i, run in enumerate(chunk):
+                run.shadow = i if joint else index[run.part]
+            n = len(chunk) + len(shadows)
+            resid = corr[f"blocks.{start}.hook_resid_pre"]
+            hooks = chunk_hooks(
+                sites, model.hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured
+            )
+            with (
+                from_block(
+                    model, type(block0)(start, resid.repeat(n, 1, 1), block0.output_form)
+                ) as fwd,
+                model.hooks(fwd_hooks=hooks),
+            ):
+                out = fwd(xt.repeat(n, 1), am.repeat(n, 1))
+            for i, run in enumerate(chunk):
+                run.value = _metric_rows(metric, out[i * b : (i + 1) * b], b)
+                for rec in run.receivers if captured is not None else ():
+                    inputs[(run.part, rec)] = captured.pop((i, rec), deltas[run.part])
+            del out
         for key in [key for key in inputs if key[0] != "zero"]:
             zero = inputs[("zero", key[1])]
             inputs[key] = (

@@ -1,0 +1,121 @@
+"""Path patching against TransformerLens's own direct path patching.
+
+``path_patching_vs_transformer_lens``: :func:`tl_directional.path_patch` of one source head
+(layer 0, head 0) into the query input of every later head (``receivers="q"``, ``parts="full"``) /
+``transformer_lens.patching.get_act_patch_direct_path`` (TransformerLens 4.3) on the same prompt
+pair and metric, both given the same caches to build (each call caches the clean and corrupted
+runs itself), equal results checked (1e-5). TransformerLens runs one full forward per later head
+with per-head copies of every block's input (``use_split_qkv_input``); ``path_patch`` starts each
+forward at the receiver's block, stacks the receivers of a block along the batch and computes
+their inputs from one shadow copy. The parallel-only and perpendicular-only paths (which
+TransformerLens cannot run) are timed once each after the pairs, in ``extra``. Queries only:
+TransformerLens refuses key / value receivers on grouped-query models (``path_patch`` takes them
+per key/value head).
+
+The prompt pair: the first :data:`PATH_SEQ` tokens of the setting's first sequence (clean) and the
+same tokens with the one at position ``PATH_SEQ // 2`` replaced (corrupted); the metric is the last
+position's logit difference between two fixed tokens.
+"""
+
+from __future__ import annotations
+
+import importlib
+import statistics
+import time
+
+import torch
+
+from .registry import Bench, NotAvailable, register
+
+#: Tokens in the patched prompt.
+PATH_SEQ = 15
+
+
+def _pair(model, tokens: torch.Tensor):
+    clean = tokens[:1, :PATH_SEQ].clone()
+    corrupted = clean.clone()
+    pos = clean.shape[1] // 2
+    corrupted[0, pos] = (int(clean[0, pos]) + 1) % int(model.cfg.d_vocab)
+
+    def metric(logits):
+        return logits[0, -1, 1] - logits[0, -1, 2]
+
+    return clean, corrupted, metric
+
+
+@register(
+    "path_patching_vs_transformer_lens",
+    target=0.25,
+    op="<=",
+    precision=0.05,
+    primary_only=True,
+    floor_pairs=3,
+    baseline="transformer_lens.patching.get_act_patch_direct_path(model, corrupted, clean_cache, "
+    "corrupted_cache, metric, 0, 0, 'q'): one full forward per later head, per-head block inputs",
+    candidate="tl_directional.path_patch(model, clean, corrupted, metric, sender=('head', 0, 0), "
+    "receivers='q', parts='full'): forwards from the receiver's block, receivers stacked, one shadow copy",
+)
+def path_patching_vs_transformer_lens(bench: Bench):
+    """Direct path patching of one head into every later head's query: ``path_patch`` /
+    TransformerLens's ``get_act_patch_direct_path``, equal results checked."""
+    tl_patching = importlib.import_module("transformer_lens.patching")
+    if not hasattr(tl_patching, "get_act_patch_direct_path"):
+        raise NotAvailable("transformer_lens.patching has no get_act_patch_direct_path here (needs 4.3)")
+    from tl_directional.evaluate.path_patching import path_patch
+    from tl_directional.model.sites import resolve_sites
+    from tl_directional.model.structure import is_sandwich_norm
+
+    model = bench.model
+    sites = resolve_sites(model, warn=False)
+    if not sites.causal or sites.n_layers < 2:
+        raise NotAvailable(f"{sites.model_name}: needs a causal LM with at least two blocks")
+    if is_sandwich_norm(model):
+        raise NotAvailable("TransformerLens refuses direct path patching on sandwich-norm models")
+    tokens = bench.inputs.tokens.to(bench.device)
+    if tokens.shape[1] < PATH_SEQ:
+        raise NotAvailable(f"the setting's sequences are shorter than {PATH_SEQ} tokens")
+    clean, corrupted, metric = _pair(model, tokens)
+
+    def base():
+        with torch.no_grad():
+            _, c_cache = model.run_with_cache(clean)
+            _, x_cache = model.run_with_cache(corrupted)
+        return tl_patching.get_act_patch_direct_path(
+            model, corrupted, c_cache, x_cache, metric, 0, 0, "q", verbose=False
+        )
+
+    def run(part="full"):
+        res = path_patch(model, clean, corrupted, metric, sender=("head", 0, 0), receivers="q", parts=part)
+        return res.values["q"][part][0] + res.corrupted_metric[0]
+
+    if bench.check:
+        t0 = time.perf_counter()
+        want = base()
+        tl_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        got = torch.as_tensor(run())
+        ours_s = time.perf_counter() - t0
+        diff = float((got[1:] - want[1:].detach().cpu().double()).abs().max())
+        if not diff <= 1e-5:
+            raise AssertionError(f"path_patch differs from get_act_patch_direct_path by {diff:g} (> 1e-5)")
+        bench.extra.update(
+            {
+                "check_max_abs_diff_vs_transformer_lens": diff,
+                "prompt_tokens": int(clean.shape[1]),
+                "receivers": (sites.n_layers - 1) * sites.n_heads,
+                "check_call_s": {"transformer_lens": tl_s, "path_patch_full": ours_s},
+            }
+        )
+    timing = bench.measure(base, run)
+    tl_median = statistics.median(timing.baseline_s)
+    variants = {}
+    for part in ("par", "perp"):
+        t0 = time.perf_counter()
+        run(part)
+        s = time.perf_counter() - t0
+        variants[part] = {"seconds": s, "over_transformer_lens_median": s / tl_median}
+    bench.extra["variants_timed_once"] = variants
+    return timing
+
+
+__all__ = ["PATH_SEQ", "path_patching_vs_transformer_lens"]
