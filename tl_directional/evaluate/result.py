@@ -14,6 +14,7 @@ space carries of a difference (about ``sqrt(2 / (pi d))``), the level a share su
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,7 +90,9 @@ class DirectionalResult:
                 if node in self.values
                 else self._get(node, "")
             )
-        with np.errstate(invalid="ignore"):
+        # a node not computed (NaN for every example, e.g. a path into an earlier layer) has a NaN mean
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
             arr = self._get(node, part)
             return (
                 np.nanmean(arr, axis=0)
