@@ -262,6 +262,21 @@ def test_kv_head_directional_patch_on_gqa(model64):
                 torch.as_tensor(res.values[kind]["full"][:, 1, g]), want.double(), atol=1e-9, rtol=0
             )
 
+            def put_par(t, hook, g=g, name=name):  # noqa: ARG001
+                # the clean vector's length along the corrupted one, in the corrupted direction
+                t = t.clone()
+                x, c = t[:, :, g], clean_cache[name][:, :, g]
+                t[:, :, g] = (c * x).sum(-1, keepdim=True) / (x * x).sum(-1, keepdim=True) * x
+                return t
+
+            want = (
+                metric(model.run_with_hooks(CORRUPTED, fwd_hooks=[(name, put_par)]))
+                - corrupted_metric
+            )
+            torch.testing.assert_close(
+                torch.as_tensor(res.values[kind]["par"][:, 1, g]), want.double(), atol=1e-9, rtol=0
+            )
+
 
 # ---------------------------------------------------------------------------------------------
 # (5) sandwich norms (Gemma-3): the head's write is what reaches the stream
@@ -389,6 +404,8 @@ def test_bad_input_is_a_clear_error(tiny_model):
         )
     with pytest.raises(PatchingInputError, match="names_filter drops"):
         path_patch(model, CLEAN, CORRUPTED, metric, names_filter=["blocks.0.attn.hook_z"], **ok)
+    with pytest.raises(TLDirectionalError, match="post-LN"):  # no path of its own on an encoder
+        path_patch(tiny_model("bert"), CLEAN, CORRUPTED, metric, **ok)
     fresh = tiny_model("gpt2", fresh=True).train()
     with pytest.raises(PathPatchError, match="model.eval\\(\\)"):
         path_patch(fresh, CLEAN, CORRUPTED, metric, **ok)

@@ -41,7 +41,7 @@ from ..model.adapter import (
     from_block,
 )
 from ..model.inputs import prepare_inputs
-from ..model.sites import resolve_sites
+from ..model.sites import POST_LN, resolve_sites
 from ..model.structure import is_sandwich_norm
 from .cache_input import cache_tensor, check_names_filter, is_cache
 from .path_hooks import PathRun, chunk_hooks
@@ -173,6 +173,11 @@ def path_patch(
     if not parts or any(p not in PARTS for p in parts):
         raise PathPatchError(f"parts={parts!r}: choose from {PARTS}")
     sites = resolve_sites(model, warn=False)
+    if sites.arch == POST_LN:
+        raise PathPatchError(
+            f"{sites.model_name} is a post-LN encoder: every write passes a LayerNorm before any later "
+            "reader, so a write has no path of its own; use directional_patch or attribution_patch there"
+        )
     send = parse_sender(sender, sites)
     if space == "value" and send.kind != "head":
         raise PathPatchError(
