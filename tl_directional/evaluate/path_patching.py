@@ -26,6 +26,7 @@ effects, whatever the norm, once the metric is non-linear in the receiver's inpu
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -289,7 +290,11 @@ def path_patch(
                     model, type(block0)(start, resid.repeat(n, 1, 1), block0.output_form)
                 ) as fwd,
                 model.hooks(fwd_hooks=hooks),
+                warnings.catch_warnings(),
             ):
+                # freeze_norm edits hook_scale on purpose: the bridge then rebuilds the norm's output
+                # from the hooked values (and says so); the unpatched route is rebuilt the same way
+                warnings.filterwarnings("ignore", "A forward hook edited hook_scale", UserWarning)
                 out = fwd(xt.repeat(n, 1), am.repeat(n, 1))
             for i, run in enumerate(chunk):
                 run.value = _metric_rows(metric, out[i * b : (i + 1) * b], b)
