@@ -60,7 +60,9 @@ def path_patching_vs_transformer_lens(bench: Bench):
     TransformerLens's ``get_act_patch_direct_path``, equal results checked."""
     tl_patching = importlib.import_module("transformer_lens.patching")
     if not hasattr(tl_patching, "get_act_patch_direct_path"):
-        raise NotAvailable("transformer_lens.patching has no get_act_patch_direct_path here (needs 4.3)")
+        raise NotAvailable(
+            "transformer_lens.patching has no get_act_patch_direct_path here (needs 4.3)"
+        )
     from tl_directional.evaluate.path_patching import path_patch
     from tl_directional.model.sites import resolve_sites
     from tl_directional.model.structure import is_sandwich_norm
@@ -85,7 +87,9 @@ def path_patching_vs_transformer_lens(bench: Bench):
         )
 
     def run(part="full"):
-        res = path_patch(model, clean, corrupted, metric, sender=("head", 0, 0), receivers="q", parts=part)
+        res = path_patch(
+            model, clean, corrupted, metric, sender=("head", 0, 0), receivers="q", parts=part
+        )
         return res.values["q"][part][0] + res.corrupted_metric[0]
 
     if bench.check:
@@ -97,7 +101,9 @@ def path_patching_vs_transformer_lens(bench: Bench):
         ours_s = time.perf_counter() - t0
         diff = float((got[1:] - want[1:].detach().cpu().double()).abs().max())
         if not diff <= 1e-5:
-            raise AssertionError(f"path_patch differs from get_act_patch_direct_path by {diff:g} (> 1e-5)")
+            raise AssertionError(
+                f"path_patch differs from get_act_patch_direct_path by {diff:g} (> 1e-5)"
+            )
         bench.extra.update(
             {
                 "check_max_abs_diff_vs_transformer_lens": diff,
