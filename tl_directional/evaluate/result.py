@@ -126,9 +126,8 @@ class DirectionalResult:
         for node in self.values:
             names = self.dims[node][1:]
             shape = next(iter(self.values[node].values())).shape[1:]
-            grid = np.indices(shape).reshape(
-                len(shape), int(np.prod(shape))
-            )  # () for one number per example
+            # shape () (one number per example) has one node: reshape(0, -1) cannot say so
+            grid = np.indices(shape).reshape(len(shape), int(np.prod(shape)))
             cols: dict[str, object] = {"node_type": node}
             for axis in ("layer", "pos", "head"):
                 cols[axis] = (
