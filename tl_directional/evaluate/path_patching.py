@@ -64,6 +64,8 @@ _AUTO_MAX_RUNS = 64
 
 
 def _check_eval(model) -> None:
+    if not any(m.training for m in model.modules()):
+        return
     training = [n for n, m in model.named_modules() if m.training]
     if training:
         raise PathPatchError(
@@ -202,7 +204,8 @@ def path_patch(
     corr_names |= _needed_corrupted(sites, recs, freeze_norm) | {
         f"blocks.{send.layer}.hook_resid_pre"
     }
-    missing = [n for n in corr_names if n not in model.hook_dict]
+    hook_dict = model.hook_dict  # built on each access on the bridge: read it once
+    missing = [n for n in corr_names if n not in hook_dict]
     if missing:
         raise PathPatchError(
             f"model has no hook point(s) {sorted(missing)[:3]} that these receivers read; "
@@ -283,7 +286,7 @@ def path_patch(
             n = len(chunk) + len(shadows)
             resid = corr[f"blocks.{start}.hook_resid_pre"]
             hooks = chunk_hooks(
-                sites, model.hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured
+                sites, hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured
             )
             with (
                 from_block(
