@@ -94,9 +94,8 @@ def chunk_hooks(
             runs[i].shadow for i, rec in items if rec.kind == "mlp" and sites.arch == "sequential"
         }
         resid_adds = [i for i, rec in items if rec.kind == "resid"]
-        if (
-            pre_shadows
-        ):  # shadow first: a receiver reads the live stream before a resid receiver's add
+        # the shadow first: a receiver reads the live stream before a resid receiver's add
+        if pre_shadows:
             hooks.append((names["resid_pre"], set_shadow(names["resid_pre"], True, pre_shadows)))
             if freeze:
                 hooks.append(
