@@ -435,7 +435,7 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--model", required=True, choices=[*sorted(SOURCES), "default"],
-                   help="default (the bundled model): --settings accuracy smoke runs only")
+                   help="default (the bundled model): --settings accuracy / instruments smoke runs only")
     r.add_argument("--texts", nargs="+", default=list(TEXTS), choices=list(TEXTS))
     r.add_argument("--windows", type=int, default=32)
     r.add_argument("--seq-len", type=int, default=128)
@@ -443,11 +443,13 @@ def main(argv=None) -> int:
     r.add_argument("--threads", type=int, default=1)
     r.add_argument(
         "--settings",
-        choices=("all", "headline", "amend", "atlas", "accuracy"),
+        choices=("all", "headline", "amend", "atlas", "accuracy", "instruments"),
         default="all",
-        help="amend / atlas / accuracy: protocol sec. 9's grids, written as <settings>_<model>.*",
+        help="amend / atlas / accuracy: protocol sec. 9's grids; instruments: sec. 11's; written as "
+        "<settings>_<model>.*",
     )
-    r.add_argument("--data-dir", default="", help="accuracy only: write the data files here (smoke runs)")
+    r.add_argument("--data-dir", default="",
+                   help="accuracy / instruments only: write the data files here (smoke runs)")
     r.add_argument(
         "--tag",
         default="",
@@ -471,8 +473,12 @@ def main(argv=None) -> int:
         import accuracy_run
 
         return accuracy_run.run_accuracy(args)
+    if args.cmd == "run" and args.settings == "instruments":
+        import instruments_run
+
+        return instruments_run.run_instruments(args)
     if args.cmd == "run" and args.model not in SOURCES:
-        ap.error(f"--model {args.model}: only --settings accuracy runs on it; choose one of {sorted(SOURCES)}")
+        ap.error(f"--model {args.model}: only --settings accuracy / instruments run on it; choose one of {sorted(SOURCES)}")
     return run(args) if args.cmd == "run" else build(args.check)
 
 
