@@ -306,7 +306,7 @@ def _d_model(manifest) -> int:
 SUMMARY_START, SUMMARY_END = "<!-- claims-summary -->", "<!-- /claims-summary -->"
 
 
-def summary_block(stems, depth=(), training=(), amend=(), passes=(), accuracy=()) -> str:
+def summary_block(stems, depth=(), training=(), amend=(), passes=(), accuracy=(), instruments=()) -> str:
     """The verdict table of every run, for docs/results.md (between the two markers)."""
     import accuracy_claims
     import amend_claims
@@ -321,6 +321,12 @@ def summary_block(stems, depth=(), training=(), amend=(), passes=(), accuracy=()
     for stem in accuracy:
         for claim, stat, verdict in accuracy_claims.verdict_rows(stem, DATA):
             L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
+    for stem in instruments:  # protocol sec. 11
+        import instruments_claims
+
+        done = "" if json.loads((DATA / f"{stem}.manifest.json").read_text())["complete"] else " (incomplete)"
+        for claim, stat, verdict in instruments_claims.verdict_rows(stem, DATA):
+            L.append(f"| [{stem}](results/{stem}.md){done} | {claim} | {stat} | {verdict} |")
     for stem in training:
         for claim, stat, verdict in training_claims.verdict_rows(stem, DATA):
             L.append(f"| [claims_{stem}](results/claims_{stem}.md) | {claim} | {stat} | {verdict} |")
@@ -377,6 +383,7 @@ def build(check: bool) -> int:
     import amend_claims
     import compression_claims
     import depth_claims
+    import instruments_claims
     import paper_vs_ours
     import pass_training
     import training_claims
@@ -384,6 +391,7 @@ def build(check: bool) -> int:
     amend = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("amend_*.manifest.json"))
     atlas = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("atlas_*.manifest.json"))
     accuracy = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("accuracy_*.manifest.json"))
+    instruments = instruments_claims.stems(DATA)
 
     stems = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("claims_*.manifest.json"))
     depth = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("depth_*.manifest.json"))
@@ -410,12 +418,15 @@ def build(check: bool) -> int:
             pages[PAGES / f"{stem}.md"] = amend_claims.build_atlas_page(stem, DATA) + "\n"
         for stem in accuracy:  # protocol sec. 9.4; a page only where its data exist
             pages[PAGES / f"{stem}.md"] = accuracy_claims.build_page(stem, DATA) + "\n"
+        for stem in instruments:  # protocol sec. 11; a page only where its data exist
+            pages[PAGES / f"{stem}.md"] = instruments_claims.build_page(stem, DATA) + "\n"
         index = PAGES.parent / "results.md"
         if index.is_file():
             text = index.read_text()
             if SUMMARY_START in text and SUMMARY_END in text:
                 head, rest = text.split(SUMMARY_START, 1)
-                text = head + summary_block(stems, depth, training, amend, passes, accuracy) + rest.split(SUMMARY_END, 1)[1]
+                text = head + summary_block(stems, depth, training, amend, passes, accuracy,
+                                            instruments) + rest.split(SUMMARY_END, 1)[1]
             pages[index] = text
         lead = paper_vs_ours.block(DATA)
         for path in (index, ROOT / "README.md"):
@@ -424,7 +435,8 @@ def build(check: bool) -> int:
                 head, rest = text.split(paper_vs_ours.START, 1)
                 pages[path] = head + lead + rest.split(paper_vs_ours.END, 1)[1]
     except (DataError, depth_claims.C.DataError, compression_claims.DataError, training_claims.DataError,
-            pass_training.DataError, accuracy_claims.AccuracyDataError) as e:  # each script's own class
+            pass_training.DataError, accuracy_claims.AccuracyDataError,
+            instruments_claims.InstrumentsDataError) as e:  # each script's own class
         print(f"error: {e}", file=sys.stderr)
         return 2
     return write_pages(pages, check, ROOT, "make results")
