@@ -3,6 +3,7 @@ function of rho = beta / |1 + alpha|, checked on a tiny model's real streams and
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
@@ -60,7 +61,7 @@ def test_profile_column_matches_direct_cosine(tiny_model):
     model = tiny_model("gpt2")
     batch = tld.prepare_inputs(model, TEXTS)
     prof = tld.profile(model, batch.tokens, attention_mask=batch.attention_mask, progress=False,
-                       exclude_first_token=False, components=["block"])
+                       exclude_first_token=False, components=["block"], drop_cosine=True)
     x, delta, mask = _stream_and_update(model, 1)
     direct = 1 - torch.nn.functional.cosine_similarity(x, x + delta, dim=-1)
     row = prof.residual.query("layer == 1 and component == 'block'").iloc[0]
@@ -70,3 +71,20 @@ def test_profile_column_matches_direct_cosine(tiny_model):
     alpha = (delta * x).sum(-1) / xx
     rho = ((delta - alpha[:, None] * x).norm(dim=-1) / xx.sqrt()) / (1 + alpha).abs()
     assert row["drop_rho_mean"] == pytest.approx(float(rho.mean()), rel=1e-5)
+
+
+def test_drop_columns_are_opt_in_and_change_no_other_column(tiny_model):
+    model = tiny_model("gpt2")
+    batch = tld.prepare_inputs(model, TEXTS)
+    kw = dict(attention_mask=batch.attention_mask, progress=False, exclude_first_token=False,
+              components=["attn", "mlp", "block"])
+    off = tld.profile(model, batch.tokens, **kw)
+    on = tld.profile(model, batch.tokens, drop_cosine=True, **kw)
+    drop = [c for c in on.residual.columns if c.startswith(("drop_rho", "drop_cos_distance"))]
+    assert len(drop) == 2 * len([c for c in on.residual.columns if c.startswith("alpha_")])
+    assert not any(c.startswith("drop_") for c in off.residual.columns)
+    assert off.metadata["drop_cosine"] is False and on.metadata["drop_cosine"] is True
+    # every other column is the same computation, bit for bit
+    pd.testing.assert_frame_equal(off.residual, on.residual.drop(columns=drop), check_exact=True)
+    with pytest.raises(TypeError, match="drop_cosine"):
+        tld.profile(model, batch.tokens, drop_cosine="yes", **kw)

@@ -20,7 +20,7 @@ def _profile_locked(args) -> int:
     batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len,
                                 text_argument="--text", seq_len_argument="--seq-len")
     prof = profile(model, batch, batch_size=args.batch_size, exclude_first_token=not args.include_first_token,
-                   progress=not args.quiet)
+                   progress=not args.quiet, drop_cosine=args.drop_cosine)
     out = prof.save(args.out, format=args.format, overwrite=args.force)
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.precision", 3):
         cols = ["layer", "component", "count", "par_frac_median", "par_perp_ratio_median", "alpha_mean",
@@ -47,6 +47,9 @@ def add_parser(sub) -> None:
     p.add_argument("--include-first-token", action="store_true",
                    help="count each sequence's first token (BOS, the attention sink) in the statistics "
                         "(left out by default)")
+    p.add_argument("--drop-cosine", action="store_true",
+                   help="also report the layer-drop cosine columns drop_rho and drop_cos_distance (about 6%% "
+                        "slower)")
     p.add_argument("--format", choices=("csv", "parquet"), default="csv", help="table file format")
     p.add_argument("--out", required=True, help="output directory (residual, value tables and metadata.json)")
     p.add_argument("--force", action="store_true", help=_HELP["force"])

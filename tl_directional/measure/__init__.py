@@ -44,6 +44,7 @@ from ..model.sites import ModelSites, resolve_sites
 from ..model.verify import verify_sites
 from .carrier import add_carrier_columns, carrier_table
 from .stream import EXCLUSIVE_METRICS as EXCLUSIVE_METRICS  # re-exported
+from .stream import DROP_COSINE_METRICS as DROP_COSINE_METRICS
 from .stream import RESIDUAL_METRICS as RESIDUAL_METRICS
 from .stream import VALUE_METRICS as VALUE_METRICS
 from .stream import (  # the per-token statistics collected while the model runs
@@ -74,10 +75,10 @@ class Profile:
             ``energy_ratio`` (``sqrt(sum ||u_par||^2 / sum ||u_perp||^2)`` over
             non-degenerate tokens, the headline figure) and
             ``<metric>_{mean,std,q05,q25,median,q75,q95}`` for ``par_frac``,
-            ``par_perp_ratio``, ``alpha``, ``rel_update``, and the layer-drop cosine link
-            (:mod:`~tl_directional.measure.cosine`): ``drop_rho`` (``beta / |1 + alpha|``) and
-            ``drop_cos_distance`` (``1 - cos(r, r + u)``; for ``block`` the cosine
-            layer-dropping methods score).
+            ``par_perp_ratio``, ``alpha``, ``rel_update``, and with ``drop_cosine=True`` the
+            layer-drop cosine link (:mod:`~tl_directional.measure.cosine`): ``drop_rho``
+            (``beta / |1 + alpha|``) and ``drop_cos_distance`` (``1 - cos(r, r + u)``; for
+            ``block`` the cosine layer-dropping methods score).
         value: one row per (layer, head): ``beta``, ``A_tt``, ``gamma``, the full and
             exclusive splits' ``par_frac`` / ``par_perp_ratio`` and energy ratios,
             ``phi``, ``alpha_head``, ``self_term`` (``A_tt * phi``), ``cross_term``,
@@ -189,9 +190,12 @@ class Profile:
         components=None,
         eps: float = DEFAULT_EPS,
         per_token: bool = False,
+        drop_cosine: bool = False,
     ) -> Profile:
         """Compute the same tables from an ``ActivationCache`` (or a dict of tensors)
-        holding the needed hooks, e.g. from ``model.run_with_cache(tokens)``."""
+        holding the needed hooks, e.g. from ``model.run_with_cache(tokens)``; ``drop_cosine``
+        as in :func:`profile`."""
+        drop_cosine = _check_drop_cosine(drop_cosine)
         sites = resolve_sites(model)
         components = _check_components(components, sites)
 
@@ -208,7 +212,7 @@ class Profile:
         ref_any = get(sites.units["attn"][0].reference_hook)
         # computed where the cache lives (on the GPU for a GPU cache), never copied to the host
         device = ref_any.device
-        acc = _Accumulator(sites, components, device, eps, per_token)
+        acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine)
         batch, pos = ref_any.shape[:2]
         am = torch.ones(batch, pos, dtype=torch.long) if attention_mask is None else attention_mask
         exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
@@ -266,6 +270,13 @@ def _quantiles_note(acc: _Accumulator) -> str:
         how = (f"approximate: linear interpolation in fixed histograms (tl_directional.core.stats.BIN_SCALES; "
                f"above {EXACT_QUANTILE_LIMIT} values per metric in a group)")
     return how + "; means, counts and energy ratios are exact sums"
+
+
+def _check_drop_cosine(drop_cosine) -> bool:
+    if not isinstance(drop_cosine, bool):
+        raise TypeError(f"drop_cosine must be True (also report the layer-drop cosine columns drop_rho and "
+                        f"drop_cos_distance) or False (the default), got {drop_cosine!r}")
+    return drop_cosine
 
 
 def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude_first_token) -> Profile:
@@ -335,6 +346,7 @@ def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude
         "positions": None if positions is None else str(positions),
         "exclude_first_token": exclude_first_token,
         "eps": eps,
+        "drop_cosine": acc.drop_cosine,
         "dtype": str(getattr(model.cfg, "dtype", "")),
         "quantiles": _quantiles_note(acc),
         "notes": list(sites.notes),
@@ -390,6 +402,7 @@ def profile(
     verify: bool = True,
     progress: bool = True,
     carrier: bool = False,
+    drop_cosine: bool = False,
 ) -> Profile:
     """Stream ``inputs`` through ``model`` and summarise the geometry of every update.
 
@@ -417,11 +430,16 @@ def profile(
         carrier: also measure the MLP carrier blocks' parallel share per layer (one more
             forward per batch; :mod:`tl_directional.measure.carrier`): the ``mlp`` rows of the
             residual table get :data:`~tl_directional.measure.carrier.CARRIER_COLUMNS`.
+        drop_cosine: also report the layer-drop cosine link per residual row, ``drop_rho``
+            (``beta / |1 + alpha|``) and ``drop_cos_distance`` (``1 - cos(r, r + u)``), with
+            the usual ``_mean`` / ``_std`` / quantile columns (:mod:`~tl_directional.measure.cosine`;
+            off by default: they cost about 6% of a profile; ``metadata["drop_cosine"]`` records it).
 
     Returns:
         A :class:`Profile`.
     """
     eps = check_eps(eps)
+    drop_cosine = _check_drop_cosine(drop_cosine)
     sites = resolve_sites(model)
     components = _check_components(components, sites)
     batch = prepare_inputs(model, inputs, attention_mask)
@@ -433,7 +451,7 @@ def profile(
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
         verify_sites(model, sites, first.tokens[:, :64], first.attention_mask[:, :64])
-    acc = _Accumulator(sites, components, device, eps, per_token)
+    acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine)
     state: dict = {}
 
     hooks, n_actions = _streaming_hooks(acc, sites, model, state)

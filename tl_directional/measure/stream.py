@@ -23,10 +23,13 @@ RESIDUAL_METRICS = {
     "par_perp_ratio": "positive",
     "alpha": "signed",
     "rel_update": "positive",
-    # the layer-drop cosine link (measure/cosine.py): rho = beta / |1 + alpha| and 1 - cos(x, x + u)
+    # the layer-drop cosine link (measure/cosine.py): rho = beta / |1 + alpha| and 1 - cos(x, x + u);
+    # collected only with profile(..., drop_cosine=True) (they cost about 6% of a profile)
     "drop_rho": "positive",
     "drop_cos_distance": "positive",
 }
+DROP_COSINE_METRICS = ("drop_rho", "drop_cos_distance")
+"""The residual metrics :func:`~tl_directional.measure.profile` adds with ``drop_cosine=True``."""
 # Full-aggregate split o_t vs v_t (its energy ratio is the table's energy_ratio_full),
 # plus the attention-side factorization in residual coordinates.
 VALUE_METRICS = {
@@ -55,8 +58,10 @@ class _Accumulator:
     activations are only reshaped, never gathered; nothing waits on the device per layer.
     """
 
-    def __init__(self, sites: ModelSites, components, device, eps: float, per_token: bool):
+    def __init__(self, sites: ModelSites, components, device, eps: float, per_token: bool,
+                 drop_cosine: bool = False):
         self.sites = sites
+        self.drop_cosine = drop_cosine
         self.components = tuple(c for c in components if c != "value")
         self.with_value = "value" in components
         self.eps = eps
@@ -65,7 +70,9 @@ class _Accumulator:
         self.row_of = {
             (L, c): i * sites.n_layers + L for i, c in enumerate(self.components) for L in range(sites.n_layers)
         }
-        self.residual = StreamingSummary(max(n_rows, 1), RESIDUAL_METRICS, device)
+        metrics = RESIDUAL_METRICS if drop_cosine else {
+            k: v for k, v in RESIDUAL_METRICS.items() if k not in DROP_COSINE_METRICS}
+        self.residual = StreamingSummary(max(n_rows, 1), metrics, device)
         n_heads = sites.n_layers * sites.n_heads
         self.value = StreamingSummary(n_heads, VALUE_METRICS, device)
         self.value_excl = StreamingSummary(n_heads, EXCLUSIVE_METRICS, device)
@@ -131,15 +138,14 @@ class _Accumulator:
         ref = self._select(reference, mask)
         ref_sq = self._reference_sq(reference, ref)
         d = split_stats(self._select(update, mask), ref, self.eps, reference_sq=ref_sq, scratch=self.scratch)
-        rho, cos_distance = drop_cosine(d.alpha, stream_beta(d.perp_sq, ref_sq.to(d.perp_sq.dtype), self.eps))
+        values = {"par_frac": d.par_frac, "par_perp_ratio": d.par_perp_ratio, "alpha": d.alpha,
+                  "rel_update": d.rel_update}
+        if self.drop_cosine:
+            values["drop_rho"], values["drop_cos_distance"] = drop_cosine(
+                d.alpha, stream_beta(d.perp_sq, ref_sq.to(d.perp_sq.dtype), self.eps))
         row = self.row_of[(layer, component)]
         group = torch.full(d.alpha.shape, row, dtype=torch.long, device=d.alpha.device)
-        self.residual.update(
-            group,
-            {"par_frac": d.par_frac, "par_perp_ratio": d.par_perp_ratio, "alpha": d.alpha,
-             "rel_update": d.rel_update, "drop_rho": rho, "drop_cos_distance": cos_distance},
-            degenerate=d.degenerate, par_sq=d.par_sq, perp_sq=d.perp_sq,
-        )
+        self.residual.update(group, values, degenerate=d.degenerate, par_sq=d.par_sq, perp_sq=d.perp_sq)
         if self.per_token:
             seq, position = self._token_positions(mask, seq_offset)
             self.token_rows.append({
