@@ -15,6 +15,7 @@ from ..figures.sweep import safe_scale_figure
 from ..model.adapter import device_of
 from ..model.inputs import iter_batches, prepare_inputs
 from .metrics import BaselineStats, MetricSums
+from .random_scales import RandomScaleError
 from .setting import Setting
 
 
@@ -67,7 +68,7 @@ class SafeScaleResult:
 def find_safe_scale(
     model,
     inputs,
-    edit_factory: Callable[..., Edit | Sequence[Edit]] | str,
+    edit_factory: Callable[..., Edit | Sequence[Edit]] | str | Setting,
     budget: float = 0.05,
     *,
     metric: str = "delta_loss",
@@ -82,7 +83,11 @@ def find_safe_scale(
 
     Args:
         edit_factory: a scaled space name from :data:`~tl_directional.edit.EDIT_SPACES` or a callable
-            ``f(s_par=..., s_perp=..., layers=...) -> Edit | [Edit]``.
+            ``f(s_par=..., s_perp=..., layers=...) -> Edit | [Edit]``. A :class:`Setting` is refused
+            (its scales are fixed); a random per-layer one (``random_setting``) with a
+            :class:`~tl_directional.evaluate.random_scales.RandomScaleError` that gives the callable
+            searching the draw's amplitude, ``s_par_L = 1 + (s - 1) * (draw_L - 1)`` (``s = 2``
+            is the draw).
         budget: the largest allowed ``metric`` (``delta_loss`` in nats, or ``kl``).
         which: ``"s_par"`` or ``"s_perp"`` (the other scale stays 1).
         bounds: the search range; the interval never leaves it.
@@ -118,10 +123,13 @@ def find_safe_scale(
 
         def factory(s_par=1.0, s_perp=1.0, layers=None):
             return Setting(space, s_par, s_perp, None if layers is None else tuple(layers)).edits()
+    elif isinstance(edit_factory, Setting):
+        _refuse_setting(edit_factory)
     elif callable(edit_factory):
         factory = edit_factory
     else:
-        raise TypeError("edit_factory must be a space name or a callable f(s_par=, s_perp=, layers=)")
+        raise TypeError(f"edit_factory must be a space name or a callable f(s_par=, s_perp=, layers=), got "
+                        f"{type(edit_factory).__name__}")
 
     evaluator = _Evaluator(model, inputs, batch_size)
     groups = [None] if layer_groups is None else [None if g is None else tuple(g) for g in layer_groups]
@@ -130,6 +138,30 @@ def find_safe_scale(
                       bounds=(lo_b, hi_b), grid_points=grid_points, refine_steps=refine_steps)
         for group in groups
     ]
+
+
+def _refuse_setting(setting: Setting) -> None:
+    """A :class:`Setting` fixes its scales, so the search has nothing to vary: say what to pass instead.
+
+    A random per-layer setting (``layer_s_par``, from ``random_setting``) is refused with a
+    :class:`~tl_directional.evaluate.random_scales.RandomScaleError`: its draw *is* every layer's
+    ``s_par``, and a search over one scalar cannot be defined on it without choosing a path through
+    the per-layer values. The path this library documents (docs/sweeps.md, "Safe-scale search")
+    is the draw's amplitude, ``s_par_L = 1 + (s - 1) * (draw_L - 1)``, passed as a callable.
+    """
+    if setting.layer_s_par is not None:
+        raise RandomScaleError(
+            f"find_safe_scale(edit_factory={setting.label!r}): a random per-layer setting fixes every layer's "
+            "s_par (its draw), so there is no single scale to search. To evaluate the draw, pass it to "
+            "sweep(model, inputs, [setting]); to search how much of the draw stays within the budget, pass a "
+            "callable along the draw's amplitude, e.g. edit_factory=lambda s_par=1.0, s_perp=1.0, layers=None: "
+            f"Setting({setting.space!r}, layers=layers and tuple(layers)).edits(s_par=1 + (s_par - 1) * (draw - 1), "
+            "s_perp=s_perp) with draw = torch.tensor(setting.layer_s_par) (s = 1 unedited, s = 2 the draw itself; "
+            "docs/sweeps.md, 'Safe-scale search')")
+    raise TypeError(
+        f"find_safe_scale(edit_factory={setting.label!r}): a Setting fixes its scales, so there is nothing to "
+        f"search; pass its space name, edit_factory={setting.space!r}"
+        + ("" if setting.layers is None else f", with layer_groups=[{list(setting.layers)!r}]"))
 
 
 def _search_group(evaluator: _Evaluator, factory, group, *, budget, metric, which, bounds, grid_points,
