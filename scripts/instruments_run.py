@@ -41,10 +41,14 @@ WEIGHTING_LABELS = {"none": "wanda", "perp": "wanda-perp", "par": "wanda-par"}
 def setting_labels() -> list[str]:
     """The grid's labels in run order (protocol secs. 11.2-11.4)."""
     return [
-        "resid-mlp s_par=0", "carrier-input s_par=0", "carrier-block s_par=0",
-        "carrier-input s_perp=0", "carrier-block s_perp=0",
+        "resid-mlp s_par=0",
+        "carrier-input s_par=0",
+        "carrier-block s_par=0",
+        "carrier-input s_perp=0",
+        "carrier-block s_perp=0",
         *WEIGHTING_LABELS.values(),
-        "fixed s_par=0.5", *(f"{dist} seed={seed}" for dist, seed in DRAWS),
+        "fixed s_par=0.5",
+        *(f"{dist} seed={seed}" for dist, seed in DRAWS),
     ]
 
 
@@ -73,8 +77,11 @@ def wanda_masks(model, calib, batch_size: int):
     for weighting in WEIGHTING_LABELS:
         res = tld.prune_wanda_weighted(model, sparsity=SPARSITY, weighting=weighting, energy=energy)
         masks[weighting] = {lw.name: lw.get() == 0 for lw in linear_weights(res.model)}
-        stats[weighting] = {k: float(v) for k, v in res.record.stats.items()
-                            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        stats[weighting] = {
+            k: float(v)
+            for k, v in res.record.stats.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         del res
     ranking = tld.ranking_overlap(model, sparsity=SPARSITY, n_null=N_NULL, seed=SEED, energy=energy)
     return masks, stats, ranking, energy.n_tokens
@@ -92,28 +99,88 @@ def instrument_settings(model, sites, masks):
 
     skip0 = list(range(1, sites.n_layers))
     out = [
-        ("resid-mlp s_par=0", "carrier", "resid-mlp", 0.0, "1", {},
-         ed(tld.ResidualScale("mlp", s_par=0.0))),
+        (
+            "resid-mlp s_par=0",
+            "carrier",
+            "resid-mlp",
+            0.0,
+            "1",
+            {},
+            ed(tld.ResidualScale("mlp", s_par=0.0)),
+        ),
     ]
     for site in ("input", "block"):
-        out.append((f"carrier-{site} s_par=0", "carrier", f"carrier-{site}", 0.0, "1", {},
-                    ed(tld.MLPCarrierScale(s_par=0.0, site=site))))
+        out.append(
+            (
+                f"carrier-{site} s_par=0",
+                "carrier",
+                f"carrier-{site}",
+                0.0,
+                "1",
+                {},
+                ed(tld.MLPCarrierScale(s_par=0.0, site=site)),
+            )
+        )
     for site in ("input", "block"):
-        out.append((f"carrier-{site} s_perp=0", "carrier", f"carrier-{site}", 1.0, "0", {},
-                    ed(tld.MLPCarrierScale(s_perp=0.0, site=site))))
+        out.append(
+            (
+                f"carrier-{site} s_perp=0",
+                "carrier",
+                f"carrier-{site}",
+                1.0,
+                "0",
+                {},
+                ed(tld.MLPCarrierScale(s_perp=0.0, site=site)),
+            )
+        )
     lws = linear_weights(model)
     dense = {lw.name: lw.get() for lw in lws}
     for weighting, label in WEIGHTING_LABELS.items():
-        out.append((label, "wanda", "weights", float("nan"), "-", {"weighting": weighting, "sparsity": SPARSITY},
-                    lambda m=masks[weighting]: masked_weights(lws, dense, m)))
-    out.append(("fixed s_par=0.5", "random", "value-exclusive-joint", 0.5, "1", {"layers": "skip0"},
-                ed(tld.ValueScale(s_par=0.5, mode="exclusive", joint=True, layers=skip0))))
+        out.append(
+            (
+                label,
+                "wanda",
+                "weights",
+                float("nan"),
+                "-",
+                {"weighting": weighting, "sparsity": SPARSITY},
+                lambda m=masks[weighting]: masked_weights(lws, dense, m),
+            )
+        )
+    out.append(
+        (
+            "fixed s_par=0.5",
+            "random",
+            "value-exclusive-joint",
+            0.5,
+            "1",
+            {"layers": "skip0"},
+            ed(tld.ValueScale(s_par=0.5, mode="exclusive", joint=True, layers=skip0)),
+        )
+    )
     for dist, seed in DRAWS:
         draw = tld.random_scales(sites.n_layers, dist, seed=seed)
         edited = [float(draw[L]) for L in skip0]
-        out.append((f"{dist} seed={seed}", "random", "value-exclusive-joint", sum(edited) / len(edited), "1",
-                    {"dist": dist, "seed": seed, "layers": "skip0", "draw": [round(float(v), 12) for v in draw]},
-                    ed(tld.ValueScale(s_par=draw.to(torch.float32), mode="exclusive", joint=True, layers=skip0))))
+        out.append(
+            (
+                f"{dist} seed={seed}",
+                "random",
+                "value-exclusive-joint",
+                sum(edited) / len(edited),
+                "1",
+                {
+                    "dist": dist,
+                    "seed": seed,
+                    "layers": "skip0",
+                    "draw": [round(float(v), 12) for v in draw],
+                },
+                ed(
+                    tld.ValueScale(
+                        s_par=draw.to(torch.float32), mode="exclusive", joint=True, layers=skip0
+                    )
+                ),
+            )
+        )
     assert [s[0] for s in out] == setting_labels()
     return out
 
@@ -131,23 +198,36 @@ def _header(args, sites, commit, dirty):
         return run_header("instruments", "claims.py", args, sites, commit, dirty)
     return {  # the bundled default model: smoke runs only (no catalogue source to name)
         "study": "instruments",
-        "command": "python scripts/claims.py " + " ".join(sys.argv[1:] if getattr(args, "cli", True) else []),
+        "command": "python scripts/claims.py "
+        + " ".join(sys.argv[1:] if getattr(args, "cli", True) else []),
         "commit": commit + ("+dirty" if dirty else ""),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"CPU, {args.threads} torch thread(s)",
-        "model": {"name": args.model, "architecture": "bundled", "source_file": "-", "quantisation": "none",
-                  "dequantised": False, "source_sha256": None, "safetensors_sha256": None,
-                  "n_layers": sites.n_layers, "n_heads": sites.n_heads, "n_kv_heads": sites.n_kv_heads,
-                  "d_model": sites.d_model, "sandwich_norm": not sites.factorization_applicable,
-                  "lane": sites.lane},
+        "model": {
+            "name": args.model,
+            "architecture": "bundled",
+            "source_file": "-",
+            "quantisation": "none",
+            "dequantised": False,
+            "source_sha256": None,
+            "safetensors_sha256": None,
+            "n_layers": sites.n_layers,
+            "n_heads": sites.n_heads,
+            "n_kv_heads": sites.n_kv_heads,
+            "d_model": sites.d_model,
+            "sandwich_norm": not sites.factorization_applicable,
+            "lane": sites.lane,
+        },
     }
 
 
 def _check_resume(old, manifest, labels) -> str | None:
     for key in ("windows", "seq_len", "calibration"):
         if old.get(key) != manifest.get(key):
-            return (f"was run with {key}={old.get(key)}, this run has {manifest.get(key)}; "
-                    "use the same options or another --tag")
+            return (
+                f"was run with {key}={old.get(key)}, this run has {manifest.get(key)}; "
+                "use the same options or another --tag"
+            )
     if [s["label"] for s in old["settings"]] != labels:
         return "holds other settings; use another --tag"
     if old["model"]["source_sha256"] != manifest["model"]["source_sha256"]:
@@ -158,7 +238,9 @@ def _check_resume(old, manifest, labels) -> str | None:
 def run_instruments(args) -> int:
     import pandas as pd
     import torch
-    from _realrun import _per_row  # per-window sums: tokens, nll, base nll, KL(base || edited), top-1
+    from _realrun import (
+        _per_row,  # per-window sums: tokens, nll, base nll, KL(base || edited), top-1
+    )
     from claims_run import TEXTS, settings_manifest
 
     import tl_directional as tld
@@ -173,7 +255,10 @@ def run_instruments(args) -> int:
     if (refused := _common.refuse_dirty(dirty, args.allow_dirty)) is not None:
         return refused
     if args.windows > CALIB_START:
-        print(f"error: --windows must be <= {CALIB_START} (calibration windows start there)", file=sys.stderr)
+        print(
+            f"error: --windows must be <= {CALIB_START} (calibration windows start there)",
+            file=sys.stderr,
+        )
         return 2
     data = Path(args.data_dir) if args.data_dir else _common.ROOT / "docs" / "results" / "data"
     torch.set_num_threads(args.threads)
@@ -181,17 +266,30 @@ def run_instruments(args) -> int:
     t0 = time.time()
     model = load_model(args.model)
     sites = resolve_sites(model, warn=False)
-    stem = (f"instruments_{args.model}" + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
-            + (f"_{args.tag}" if args.tag else ""))
+    stem = (
+        f"instruments_{args.model}"
+        + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
+        + (f"_{args.tag}" if args.tag else "")
+    )
     d_mlp = carrier_site(model, 0).d_mlp
     manifest = _header(args, sites, commit, dirty) | {
         "windows": args.windows,
         "seq_len": args.seq_len,
-        "calibration": {"first_window": CALIB_START, "windows_per_text": CALIB_PER_TEXT,
-                        "texts": list(TEXTS), "sparsity": SPARSITY, "n_null": N_NULL, "seed": SEED},
-        "carrier": {"d_mlp": d_mlp, "d_model": sites.d_model, "remainder": "pad",
-                    "blocks": n_carrier_blocks(d_mlp, sites.d_model, "pad"),
-                    "partial_width": d_mlp % sites.d_model},
+        "calibration": {
+            "first_window": CALIB_START,
+            "windows_per_text": CALIB_PER_TEXT,
+            "texts": list(TEXTS),
+            "sparsity": SPARSITY,
+            "n_null": N_NULL,
+            "seed": SEED,
+        },
+        "carrier": {
+            "d_mlp": d_mlp,
+            "d_model": sites.d_model,
+            "remainder": "pad",
+            "blocks": n_carrier_blocks(d_mlp, sites.d_model, "pad"),
+            "partial_width": d_mlp % sites.d_model,
+        },
         "texts": {},
         "complete": False,
         "files": {},
@@ -204,22 +302,33 @@ def run_instruments(args) -> int:
     t1 = time.time()
     calibs = []
     for text in TEXTS:
-        b = load_text_sequences(model, str(_common.ROOT / TEXTS[text][1]),
-                                max_sequences=CALIB_START + CALIB_PER_TEXT, seq_len=args.seq_len)
+        b = load_text_sequences(
+            model,
+            str(_common.ROOT / TEXTS[text][1]),
+            max_sequences=CALIB_START + CALIB_PER_TEXT,
+            seq_len=args.seq_len,
+        )
         if len(b) < CALIB_START + CALIB_PER_TEXT:
-            print(f"error: text {text} gives only {len(b)} windows of {args.seq_len}; calibration needs "
-                  f"{CALIB_START + CALIB_PER_TEXT}", file=sys.stderr)
+            print(
+                f"error: text {text} gives only {len(b)} windows of {args.seq_len}; calibration needs "
+                f"{CALIB_START + CALIB_PER_TEXT}",
+                file=sys.stderr,
+            )
             return 2
         calibs.append(b.slice(CALIB_START, CALIB_START + CALIB_PER_TEXT))
-    calib = TokenBatch(torch.cat([b.tokens for b in calibs]), torch.cat([b.attention_mask for b in calibs]))
+    calib = TokenBatch(
+        torch.cat([b.tokens for b in calibs]), torch.cat([b.attention_mask for b in calibs])
+    )
     masks, wstats, ranking, calib_tokens = wanda_masks(model, calib, args.batch_size)
     manifest["calibration"]["tokens"] = int(calib_tokens)
     manifest["wanda"] = {WEIGHTING_LABELS[w]: s for w, s in wstats.items()}
     manifest["calibration_seconds"] = round(time.time() - t1, 1)
     print(f"calibration and pruning masks: {manifest['calibration_seconds']:.0f} s", flush=True)
     sets = instrument_settings(model, sites, masks)
-    manifest["settings"] = [m | ({"extra": s[5]} if s[5] else {})
-                            for m, s in zip(settings_manifest(sets), sets, strict=True)]
+    manifest["settings"] = [
+        m | ({"extra": s[5]} if s[5] else {})
+        for m, s in zip(settings_manifest(sets), sets, strict=True)
+    ]
     if old is not None:
         if (why := _check_resume(old, manifest, labels)) is not None:
             print(f"error: --resume: {stem} {why}", file=sys.stderr)
@@ -233,16 +342,39 @@ def run_instruments(args) -> int:
             continue
         desc, rel = TEXTS[text]
         path = _common.ROOT / rel
-        batch = load_text_sequences(model, str(path), max_sequences=args.windows, seq_len=args.seq_len)
+        batch = load_text_sequences(
+            model, str(path), max_sequences=args.windows, seq_len=args.seq_len
+        )
         if len(batch) < args.windows:
-            print(f"error: text {text} gives only {len(batch)} windows of {args.seq_len}", file=sys.stderr)
+            print(
+                f"error: text {text} gives only {len(batch)} windows of {args.seq_len}",
+                file=sys.stderr,
+            )
             return 2
         t1 = time.time()
-        prof = tld.profile(model, batch.tokens, attention_mask=batch.attention_mask, batch_size=args.batch_size,
-                           exclude_first_token=True, components=["mlp"], carrier=True, progress=False)
-        pr = prof.residual[["layer", "count", "energy_ratio", "par_frac_mean", "carrier_blocks",
-                            "carrier_input_par_share", "carrier_input_energy_ratio",
-                            "carrier_block_par_share", "carrier_block_energy_ratio"]].copy()
+        prof = tld.profile(
+            model,
+            batch.tokens,
+            attention_mask=batch.attention_mask,
+            batch_size=args.batch_size,
+            exclude_first_token=True,
+            components=["mlp"],
+            carrier=True,
+            progress=False,
+        )
+        pr = prof.residual[
+            [
+                "layer",
+                "count",
+                "energy_ratio",
+                "par_frac_mean",
+                "carrier_blocks",
+                "carrier_input_par_share",
+                "carrier_input_energy_ratio",
+                "carrier_block_par_share",
+                "carrier_block_energy_ratio",
+            ]
+        ].copy()
         pr.insert(0, "text", text)
         profiles.append(pr)
         spent = {"profile": time.time() - t1, "baseline": 0.0} | dict.fromkeys(labels, 0.0)
@@ -252,7 +384,9 @@ def run_instruments(args) -> int:
             mask = prediction_mask(part.attention_mask)
             target = part.tokens[:, 1:].unsqueeze(-1)
             ts = time.time()
-            base_lp = torch.log_softmax(model(part.tokens, attention_mask=part.attention_mask)[:, :-1].float(), -1)
+            base_lp = torch.log_softmax(
+                model(part.tokens, attention_mask=part.attention_mask)[:, :-1].float(), -1
+            )
             rows = {"baseline": _per_row(base_lp, base_lp, target, mask)}
             spent["baseline"] += time.time() - ts
             for label, *_rest, make in sets:
@@ -266,24 +400,44 @@ def run_instruments(args) -> int:
                 spent[label] += time.time() - ts
             for label, r in rows.items():
                 for j in range(r.shape[0]):
-                    records.append({"text": text, "window": i + j, "setting": label,
-                                    **dict(zip(("tokens", "nll", "base_nll", "kl", "agree"), r[j].tolist(),
-                                               strict=True))})
-            print(f"  windows {i}-{i + part.tokens.shape[0] - 1} done ({time.time() - t1:.0f} s)", flush=True)
+                    records.append(
+                        {
+                            "text": text,
+                            "window": i + j,
+                            "setting": label,
+                            **dict(
+                                zip(
+                                    ("tokens", "nll", "base_nll", "kl", "agree"),
+                                    r[j].tolist(),
+                                    strict=True,
+                                )
+                            ),
+                        }
+                    )
+            print(
+                f"  windows {i}-{i + part.tokens.shape[0] - 1} done ({time.time() - t1:.0f} s)",
+                flush=True,
+            )
         manifest["texts"][text] = {
-            "description": desc, "file": rel, "sha256": _common.sha256_bytes(path.read_bytes()),
-            "windows": len(batch), "seconds": round(time.time() - t1, 1),
+            "description": desc,
+            "file": rel,
+            "sha256": _common.sha256_bytes(path.read_bytes()),
+            "windows": len(batch),
+            "seconds": round(time.time() - t1, 1),
             "setting_seconds": {k: round(v, 1) for k, v in spent.items()},
-            "commit": manifest["commit"], "command": manifest["command"],
+            "commit": manifest["commit"],
+            "command": manifest["command"],
         }
         manifest["seconds"] = round(time.time() - t0, 1)
         manifest["complete"] = set(TEXTS) <= set(manifest["texts"])
         commits = list(dict.fromkeys(v["commit"] for v in manifest["texts"].values()))
         if len(commits) > 1:
             manifest["commits"] = commits
-        files = {f"{stem}.records.csv": _csv(pd.DataFrame(records)),
-                 f"{stem}.profile.csv": _csv(pd.concat(profiles, ignore_index=True)),
-                 f"{stem}.ranking.csv": _csv(ranking)}
+        files = {
+            f"{stem}.records.csv": _csv(pd.DataFrame(records)),
+            f"{stem}.profile.csv": _csv(pd.concat(profiles, ignore_index=True)),
+            f"{stem}.ranking.csv": _csv(ranking),
+        }
         _common.write_data(data, files, manifest, f"{stem}.manifest.json")
         print(f"wrote {data / stem}.* ({len(records)} records)", flush=True)
     return 0

@@ -36,8 +36,20 @@ def _restore_grad_mode():
 @pytest.mark.slow
 def test_instruments_run_resume_and_page(tmp_path):
     claims, run, page = _script("claims"), _script("instruments_run"), _script("instruments_claims")
-    args = ["run", "--model", "default", "--settings", "instruments", "--windows", "1", "--batch-size", "1",
-            "--allow-dirty", "--data-dir", str(tmp_path)]
+    args = [
+        "run",
+        "--model",
+        "default",
+        "--settings",
+        "instruments",
+        "--windows",
+        "1",
+        "--batch-size",
+        "1",
+        "--allow-dirty",
+        "--data-dir",
+        str(tmp_path),
+    ]
     assert claims.main([*args, "--texts", "kjv"]) == 0
     stem = "instruments_default"
     first = pd.read_csv(tmp_path / f"{stem}.records.csv")
@@ -48,15 +60,22 @@ def test_instruments_run_resume_and_page(tmp_path):
     m = json.loads((tmp_path / f"{stem}.manifest.json").read_text())
     labels = run.setting_labels()
     assert m["complete"] and len(rec) == 3 * (1 + len(labels))
-    pd.testing.assert_frame_equal(rec[rec.text == "kjv"].reset_index(drop=True), first, check_exact=True)
+    pd.testing.assert_frame_equal(
+        rec[rec.text == "kjv"].reset_index(drop=True), first, check_exact=True
+    )
     assert [s["label"] for s in m["settings"]] == labels
     draws = {s["label"]: s["extra"]["draw"] for s in m["settings"] if "draw" in s.get("extra", {})}
     import tl_directional as tld
 
     for label, draw in draws.items():
         dist, seed = label.split(" seed=")
-        assert draw == pytest.approx(tld.random_scales(len(draw), dist, seed=int(seed)).tolist(), abs=1e-11)
-    assert m["wanda"]["wanda"]["flipped_vs_wanda"] == 0.0 and m["wanda"]["wanda-par"]["zero_fraction"] == 0.5
+        assert draw == pytest.approx(
+            tld.random_scales(len(draw), dist, seed=int(seed)).tolist(), abs=1e-11
+        )
+    assert (
+        m["wanda"]["wanda"]["flipped_vs_wanda"] == 0.0
+        and m["wanda"]["wanda-par"]["zero_fraction"] == 0.5
+    )
     assert set(m["texts"]["code"]["setting_seconds"]) >= set(labels)
     # data from a dirty tree (as a smoke run in a working tree may be) are refused; clean ones build
     clean = m["commit"].replace("+dirty", "")
@@ -69,7 +88,11 @@ def test_instruments_run_resume_and_page(tmp_path):
             with pytest.raises(page.InstrumentsDataError, match="dirty"):
                 page.build_page(stem, tmp_path)
     text = page.build_page(stem, tmp_path)
-    assert "| M1 |" in text and "| R2g |" in text and "## (b) Component-weighted Wanda at 50% unstructured" in text
+    assert (
+        "| M1 |" in text
+        and "| R2g |" in text
+        and "## (b) Component-weighted Wanda at 50% unstructured" in text
+    )
 
 
 def test_masked_weights_restore_the_model_exactly():

@@ -43,8 +43,8 @@ from ..model.positions import (
 from ..model.sites import ModelSites, resolve_sites
 from ..model.verify import verify_sites
 from .carrier import add_carrier_columns, carrier_table
-from .stream import EXCLUSIVE_METRICS as EXCLUSIVE_METRICS  # re-exported
 from .stream import DROP_COSINE_METRICS as DROP_COSINE_METRICS
+from .stream import EXCLUSIVE_METRICS as EXCLUSIVE_METRICS  # re-exported
 from .stream import RESIDUAL_METRICS as RESIDUAL_METRICS
 from .stream import VALUE_METRICS as VALUE_METRICS
 from .stream import (  # the per-token statistics collected while the model runs
