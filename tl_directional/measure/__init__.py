@@ -53,6 +53,7 @@ from .stream import (  # the per-token statistics collected while the model runs
     _pattern_diagonal,
     _streaming_hooks,
     _with_stop,
+    check_drop_cosine,
 )
 
 
@@ -195,7 +196,7 @@ class Profile:
         """Compute the same tables from an ``ActivationCache`` (or a dict of tensors)
         holding the needed hooks, e.g. from ``model.run_with_cache(tokens)``; ``drop_cosine``
         as in :func:`profile`."""
-        drop_cosine = _check_drop_cosine(drop_cosine)
+        drop_cosine = check_drop_cosine(drop_cosine)
         sites = resolve_sites(model)
         components = _check_components(components, sites)
 
@@ -270,13 +271,6 @@ def _quantiles_note(acc: _Accumulator) -> str:
         how = (f"approximate: linear interpolation in fixed histograms (tl_directional.core.stats.BIN_SCALES; "
                f"above {EXACT_QUANTILE_LIMIT} values per metric in a group)")
     return how + "; means, counts and energy ratios are exact sums"
-
-
-def _check_drop_cosine(drop_cosine) -> bool:
-    if not isinstance(drop_cosine, bool):
-        raise TypeError(f"drop_cosine must be True (also report the layer-drop cosine columns drop_rho and "
-                        f"drop_cos_distance) or False (the default), got {drop_cosine!r}")
-    return drop_cosine
 
 
 def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude_first_token) -> Profile:
@@ -439,7 +433,7 @@ def profile(
         A :class:`Profile`.
     """
     eps = check_eps(eps)
-    drop_cosine = _check_drop_cosine(drop_cosine)
+    drop_cosine = check_drop_cosine(drop_cosine)
     sites = resolve_sites(model)
     components = _check_components(components, sites)
     batch = prepare_inputs(model, inputs, attention_mask)

@@ -30,6 +30,14 @@ RESIDUAL_METRICS = {
 }
 DROP_COSINE_METRICS = ("drop_rho", "drop_cos_distance")
 """The residual metrics :func:`~tl_directional.measure.profile` adds with ``drop_cosine=True``."""
+
+
+def check_drop_cosine(drop_cosine) -> bool:
+    """``drop_cosine`` if it is a bool; a TypeError naming it otherwise."""
+    if not isinstance(drop_cosine, bool):
+        raise TypeError(f"drop_cosine must be True (also report the layer-drop cosine columns drop_rho and "
+                        f"drop_cos_distance) or False (the default), got {drop_cosine!r}")
+    return drop_cosine
 # Full-aggregate split o_t vs v_t (its energy ratio is the table's energy_ratio_full),
 # plus the attention-side factorization in residual coordinates.
 VALUE_METRICS = {
