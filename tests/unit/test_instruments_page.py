@@ -46,7 +46,7 @@ EFFECT = {
 }
 
 
-def _data(tmp_path, *, commit="abc1234", drop=(), effect=None, noise=0.001):
+def _data(tmp_path, *, commit="abc1234", drop=(), effect=None, noise=0.001, model="toy"):
     run, common = _load("instruments_run"), _load("_common")
     effect = dict(EFFECT, **(effect or {}))
     rng = np.random.default_rng(0)
@@ -146,7 +146,7 @@ def _data(tmp_path, *, commit="abc1234", drop=(), effect=None, noise=0.001):
         }
         for lab in run.setting_labels()
     ]
-    stem = "instruments_toy"
+    stem = f"instruments_{model}"
     manifest = {
         "commit": commit,
         "command": "python scripts/claims.py run --model toy --settings instruments",
@@ -157,9 +157,9 @@ def _data(tmp_path, *, commit="abc1234", drop=(), effect=None, noise=0.001):
         "windows": WINDOWS,
         "complete": True,
         "model": {
-            "name": "toy",
+            "name": model,
             "architecture": "toy",
-            "source_sha256": None,
+            "source_sha256": _catalogue_sha(model),
             "n_layers": 2,
             "n_heads": 2,
             "n_kv_heads": 2,
@@ -186,6 +186,12 @@ def _data(tmp_path, *, commit="abc1234", drop=(), effect=None, noise=0.001):
         tmp_path, {f"{stem}.{k}.csv": b for k, b in csv.items()}, manifest, f"{stem}.manifest.json"
     )
     return _load("instruments_claims"), stem, rec
+
+
+def _catalogue_sha(model):
+    from tl_directional.model.load.catalog import REAL_MODELS
+
+    return REAL_MODELS[model].source_sha256 if model in REAL_MODELS else None
 
 
 def _verdicts(page):
@@ -261,3 +267,14 @@ def test_dirty_or_altered_data_is_refused(tmp_path):
     path.write_bytes(path.read_bytes().replace(b"0.99", b"0.98", 1))
     with pytest.raises(C.InstrumentsDataError, match=f"{stem}.ranking.csv: sha256"):
         C.build_page(stem, tmp_path)
+
+
+def test_lead_table_rows_appear_once_the_data_exist(tmp_path):
+    pvo = _load("paper_vs_ours")
+    assert pvo._instrument_rows(tmp_path) == []
+    _data(tmp_path, model="smollm2-135m")
+    rows = pvo._instrument_rows(tmp_path)
+    assert len(rows) == 3 and all(r.startswith("| ") and r.endswith(" |") for r in rows)
+    assert "M1 **held**" in rows[0] and "+0.1165" in rows[0] and "smollm2-135m: input" in rows[0]
+    assert "W2 **held**" in rows[1] and "flips 0.0100%" in rows[1]
+    assert "worst uniform draw (uniform seed=1)" in rows[2] and "R1u **failed**" in rows[2]
