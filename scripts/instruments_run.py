@@ -73,6 +73,8 @@ def wanda_masks(model, calib, batch_size: int):
     from tl_directional.compression.compressors import linear_weights
 
     energy = collect_error_energy(model, calib, batch_size=batch_size, n_null=N_NULL, seed=SEED)
+    ranking = tld.ranking_overlap(model, sparsity=SPARSITY, n_null=N_NULL, seed=SEED, energy=energy)
+    energy.null_par.clear()  # n_null x out x in float64 per linear: freed before the pruned copies
     masks, stats = {}, {}
     for weighting in WEIGHTING_LABELS:
         res = tld.prune_wanda_weighted(model, sparsity=SPARSITY, weighting=weighting, energy=energy)
@@ -83,7 +85,6 @@ def wanda_masks(model, calib, batch_size: int):
             if isinstance(v, (int, float)) and not isinstance(v, bool)
         }
         del res
-    ranking = tld.ranking_overlap(model, sparsity=SPARSITY, n_null=N_NULL, seed=SEED, energy=energy)
     return masks, stats, ranking, energy.n_tokens
 
 
