@@ -33,6 +33,7 @@ except ImportError:  # loaded by file path (the tests): through the package
 
 #: protocol sec. 11: Wanda at 50% unstructured, calibration windows 64-67 of each text (sec. 6)
 SPARSITY, CALIB_START, CALIB_PER_TEXT, N_NULL, SEED = 0.5, 64, 4, 8, 0
+PROTOCOL_WINDOWS = 24  # protocol sec. 11.1: the first 24 windows of 128 tokens per text
 #: the random draws of sec. 11.4: (distribution, seed)
 DRAWS = tuple((dist, seed) for dist in ("uniform", "gaussian") for seed in (0, 1, 2))
 WEIGHTING_LABELS = {"none": "wanda", "perp": "wanda-perp", "par": "wanda-par"}
@@ -261,6 +262,12 @@ def run_instruments(args) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.windows != PROTOCOL_WINDOWS:
+        print(
+            f"note: protocol sec. 11 fixes {PROTOCOL_WINDOWS} windows per text; this run has --windows "
+            f"{args.windows} (the manifest and the page say so)",
+            file=sys.stderr,
+        )
     data = Path(args.data_dir) if args.data_dir else _common.ROOT / "docs" / "results" / "data"
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
