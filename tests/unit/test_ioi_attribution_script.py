@@ -1,0 +1,101 @@
+"""scripts/ioi_attribution.py's statistics, on synthetic records: Spearman's rank correlation
+against a hand-written one, and the summary's per-pair correlations, their mean and the library's
+bootstrap interval over pairs. When the committed data exist, their summary is rebuilt from the
+records byte for byte and the manifest's sha256s hold."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STEM = "ioi_attribution_smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def ioi():
+    spec = importlib.util.spec_from_file_location(
+        "ioi_attribution_script", ROOT / "scripts" / "ioi_attribution.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["ioi_attribution_script"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ranks(x):
+    """Average ranks (1-based), ties sharing the mean of their positions."""
+    x = np.asarray(x, dtype=float)
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and x[order[j + 1]] == x[order[i]]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def test_spearman_equals_pearson_of_average_ranks(ioi):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=40)
+    y = x + rng.normal(size=40)
+    x[:5] = 0.0  # ties
+    want = np.corrcoef(_ranks(x), _ranks(y))[0, 1]
+    assert abs(ioi.spearman(x, y) - want) < 1e-12
+    assert ioi.spearman(x, x) == pytest.approx(1.0)
+    assert ioi.spearman(x, -x) == pytest.approx(-1.0)
+    assert np.isnan(ioi.spearman(np.zeros(5), np.arange(5)))
+
+
+def test_summary_is_the_mean_of_per_pair_correlations_with_the_library_interval(ioi):
+    from tl_directional import bootstrap_mean_interval
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for pair in range(5):
+        for node in ioi.NODE_TYPES:
+            for layer in range(6):
+                est = {w: rng.normal() for w in ioi.PARTS}
+                row = {"pair": pair, "node_type": node, "layer": layer, "pos": -1, "head": -1}
+                row.update({f"est_{w}": v for w, v in est.items()})
+                row.update({f"patch_{w}": v + 0.5 * rng.normal() for w, v in est.items()})
+                rows.append(row)
+    rec = pd.DataFrame(rows)
+    summary = ioi.summarise(rec)
+    assert len(summary) == len(ioi.NODE_TYPES) * len(ioi.PARTS)
+    for r in summary.itertuples():
+        sub = rec[rec.node_type == r.node_type]
+        per_pair = [
+            ioi.spearman(g[f"est_{r.part}"], g[f"patch_{r.part}"]) for _, g in sub.groupby("pair")
+        ]
+        assert r.pairs == 5 and r.nodes == 6
+        assert r.spearman_mean == pytest.approx(np.mean(per_pair), abs=1e-12)
+        lo, hi = bootstrap_mean_interval(np.array(per_pair), n_resamples=ioi.N_RESAMPLES, seed=0)
+        assert (r.low, r.high) == (pytest.approx(float(lo)), pytest.approx(float(hi)))
+        assert r.low <= r.spearman_mean <= r.high
+
+
+def test_committed_data_rebuild(ioi):
+    data = ROOT / "docs" / "results" / "data"
+    mpath = data / f"{STEM}.manifest.json"
+    if not mpath.is_file():
+        pytest.skip(f"no committed {STEM} data (python scripts/ioi_attribution.py run)")
+    manifest = json.loads(mpath.read_text())
+    assert manifest["complete"] and "+dirty" not in manifest["commit"]
+    for name, sha in manifest["files"].items():
+        assert hashlib.sha256((data / name).read_bytes()).hexdigest() == sha, name
+    rec = pd.read_csv(data / f"{STEM}.records.csv")
+    buf = io.StringIO()
+    ioi.summarise(rec).to_csv(buf, index=False, float_format="%.10g", lineterminator="\n")
+    assert buf.getvalue() == (data / f"{STEM}.summary.csv").read_text()
