@@ -1,13 +1,12 @@
 """scripts/ioi_attribution.py's statistics, on synthetic records: Spearman's rank correlation
 against a hand-written one, and the summary's per-pair correlations, their mean and the library's
 bootstrap interval over pairs. When the committed data exist, their summary is rebuilt from the
-records byte for byte and the manifest's sha256s hold."""
+records (to 1e-6) and the manifest's sha256s hold."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
-import io
 import json
 import sys
 from pathlib import Path
@@ -96,6 +95,11 @@ def test_committed_data_rebuild(ioi):
     for name, sha in manifest["files"].items():
         assert hashlib.sha256((data / name).read_bytes()).hexdigest() == sha, name
     rec = pd.read_csv(data / f"{STEM}.records.csv")
-    buf = io.StringIO()
-    ioi.summarise(rec).to_csv(buf, index=False, float_format="%.10g", lineterminator="\n")
-    assert buf.getvalue() == (data / f"{STEM}.summary.csv").read_text()
+    got = ioi.summarise(rec)
+    want = pd.read_csv(data / f"{STEM}.summary.csv")
+    assert got[["node_type", "part", "nodes", "pairs"]].equals(
+        want[["node_type", "part", "nodes", "pairs"]]
+    )
+    # the records are written to 10 significant digits: ranks of near-ties may move, so not bitwise
+    cols = ["spearman_mean", "low", "high", "spearman_of_pair_means"]
+    np.testing.assert_allclose(got[cols].to_numpy(), want[cols].to_numpy(), atol=1e-6)
