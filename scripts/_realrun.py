@@ -176,6 +176,37 @@ def _per_row(base_lp, lp, target, mask):
     return M.per_position_sums(base_lp, lp, target, mask)
 
 
+def window_records(model, part, sets, text: str, offset: int, spent: dict | None = None) -> list[dict]:
+    """Per-window records of one batch of windows (``part``: a batch with ``[b, seq]`` tokens
+    and mask) under the baseline and every setting of ``sets`` (tuples ``(label, ..., context
+    factory)``): the summed tokens, edited NLL, baseline NLL, KL(base || edited) and top-1
+    agreement over the predicted tokens (:func:`_per_row`), one dict per (window, setting),
+    windows numbered from ``offset``. ``spent`` (optional) accumulates seconds per label,
+    ``"baseline"`` included."""
+    spent = {} if spent is None else spent
+    mask = prediction_mask(part.attention_mask)
+    target = part.tokens[:, 1:].unsqueeze(-1)
+    ts = time.time()
+    base_lp = torch.log_softmax(model(part.tokens, attention_mask=part.attention_mask)[:, :-1].float(), -1)
+    rows = {"baseline": _per_row(base_lp, base_lp, target, mask)}
+    spent["baseline"] = spent.get("baseline", 0.0) + time.time() - ts
+    for label, *_rest, make in sets:
+        ts = time.time()
+        with make():
+            logits = model(part.tokens, attention_mask=part.attention_mask)
+        lp = torch.log_softmax(logits[:, :-1].float(), -1)
+        del logits
+        rows[label] = _per_row(base_lp, lp, target, mask)
+        del lp
+        spent[label] = spent.get(label, 0.0) + time.time() - ts
+    cols = ("tokens", "nll", "base_nll", "kl", "agree")
+    return [
+        {"text": text, "window": offset + j, "setting": label, **dict(zip(cols, r[j].tolist(), strict=True))}
+        for label, r in rows.items()
+        for j in range(r.shape[0])
+    ]
+
+
 @torch.no_grad()
 def per_sequence_sweep(model, batch, settings: list[Setting], batch_size: int, log=print) -> dict[str, torch.Tensor]:
     """``{label: [n_seq, 5]}`` per-sequence sums (see ``SEQ_FIELDS``) of every setting, plus

@@ -374,12 +374,9 @@ def run(args) -> int:
     import claims as C  # the data layout, writer and reader; imported here: claims imports this module
     import pandas as pd
     import torch
-    from _realrun import (
-        _per_row,  # per-window sums: tokens, nll, base nll, KL(base || edited), top-1 agreement
-    )
+    from _realrun import window_records
 
     import tl_directional as tld
-    from tl_directional.evaluate.sweep import prediction_mask
     from tl_directional.model.inputs import load_text_sequences
     from tl_directional.model.load import load_model
     from tl_directional.model.load.catalog import REAL_MODELS
@@ -492,35 +489,7 @@ def run(args) -> int:
         print(f"{text}: {len(batch)} windows x {args.seq_len}, {len(sets)} settings", flush=True)
         for i in range(0, len(batch), args.batch_size):
             part = batch.slice(i, i + args.batch_size)
-            mask = prediction_mask(part.attention_mask)
-            target = part.tokens[:, 1:].unsqueeze(-1)
-            base_lp = torch.log_softmax(
-                model(part.tokens, attention_mask=part.attention_mask)[:, :-1].float(), -1
-            )
-            rows = {"baseline": _per_row(base_lp, base_lp, target, mask)}
-            for label, *_rest, make in sets:
-                with make():
-                    logits = model(part.tokens, attention_mask=part.attention_mask)
-                lp = torch.log_softmax(logits[:, :-1].float(), -1)
-                del logits
-                rows[label] = _per_row(base_lp, lp, target, mask)
-                del lp
-            for label, r in rows.items():
-                for j in range(r.shape[0]):
-                    records.append(
-                        {
-                            "text": text,
-                            "window": i + j,
-                            "setting": label,
-                            **dict(
-                                zip(
-                                    ("tokens", "nll", "base_nll", "kl", "agree"),
-                                    r[j].tolist(),
-                                    strict=True,
-                                )
-                            ),
-                        }
-                    )
+            records += window_records(model, part, sets, text, i)
             print(
                 f"  windows {i}-{i + part.tokens.shape[0] - 1} done ({time.time() - t1:.0f} s)",
                 flush=True,

@@ -240,14 +240,11 @@ def _check_resume(old, manifest, labels) -> str | None:
 def run_instruments(args) -> int:
     import pandas as pd
     import torch
-    from _realrun import (
-        _per_row,  # per-window sums: tokens, nll, base nll, KL(base || edited), top-1
-    )
+    from _realrun import window_records
     from claims_run import TEXTS, settings_manifest
 
     import tl_directional as tld
     from tl_directional.core.carrier import n_carrier_blocks
-    from tl_directional.evaluate.sweep import prediction_mask
     from tl_directional.model.inputs import TokenBatch, load_text_sequences
     from tl_directional.model.load import load_model
     from tl_directional.model.mlp_carrier import carrier_site
@@ -389,39 +386,7 @@ def run_instruments(args) -> int:
         print(f"{text}: {len(batch)} windows x {args.seq_len}, {len(sets)} settings", flush=True)
         for i in range(0, len(batch), args.batch_size):
             part = batch.slice(i, i + args.batch_size)
-            mask = prediction_mask(part.attention_mask)
-            target = part.tokens[:, 1:].unsqueeze(-1)
-            ts = time.time()
-            base_lp = torch.log_softmax(
-                model(part.tokens, attention_mask=part.attention_mask)[:, :-1].float(), -1
-            )
-            rows = {"baseline": _per_row(base_lp, base_lp, target, mask)}
-            spent["baseline"] += time.time() - ts
-            for label, *_rest, make in sets:
-                ts = time.time()
-                with make():
-                    logits = model(part.tokens, attention_mask=part.attention_mask)
-                lp = torch.log_softmax(logits[:, :-1].float(), -1)
-                del logits
-                rows[label] = _per_row(base_lp, lp, target, mask)
-                del lp
-                spent[label] += time.time() - ts
-            for label, r in rows.items():
-                for j in range(r.shape[0]):
-                    records.append(
-                        {
-                            "text": text,
-                            "window": i + j,
-                            "setting": label,
-                            **dict(
-                                zip(
-                                    ("tokens", "nll", "base_nll", "kl", "agree"),
-                                    r[j].tolist(),
-                                    strict=True,
-                                )
-                            ),
-                        }
-                    )
+            records += window_records(model, part, sets, text, i, spent)
             print(
                 f"  windows {i}-{i + part.tokens.shape[0] - 1} done ({time.time() - t1:.0f} s)",
                 flush=True,
