@@ -103,3 +103,18 @@ def test_committed_data_rebuild(ioi):
     # the records are written to 10 significant digits: ranks of near-ties may move, so not bitwise
     cols = ["spearman_mean", "low", "high", "spearman_of_pair_means"]
     np.testing.assert_allclose(got[cols].to_numpy(), want[cols].to_numpy(), atol=1e-6)
+
+
+def test_the_patching_page_quotes_the_committed_summary():
+    """docs/sweeps.md's rank-correlation table says what the committed summary says (2 decimals)."""
+    summary = ROOT / "docs" / "results" / "data" / f"{STEM}.summary.csv"
+    if not summary.is_file():
+        pytest.skip(f"no committed {STEM} data")
+    want = pd.read_csv(summary)
+    page = (ROOT / "docs" / "sweeps.md").read_text()
+    rows = {ln.split("|")[1].strip().split("`")[1]: ln for ln in page.splitlines() if ln.startswith("| `")}
+    for node, grp in want.groupby("node_type"):
+        cells = [c.strip() for c in rows[node].strip("|").split("|")[2:]]
+        for cell, part in zip(cells, ("full", "par", "perp"), strict=True):
+            r = grp[grp.part == part].iloc[0]
+            assert cell == f"{r.spearman_mean:.2f} [{r.low:.2f}, {r.high:.2f}]", (node, part)
