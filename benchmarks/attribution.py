@@ -108,9 +108,30 @@ def attribution_vs_transformer_lens(bench: Bench):
                 "prompt_tokens": int(clean.shape[1]),
                 "tl_nodes": len(want.node_scores),
                 "node_types": list(got.node_types),
+                # the "<= 3 forward-equivalents per pair": run time over one forward of the
+                # same batch of pairs (each pair appears once in that forward), medians of 5
+                "forward_equivalents_per_pair": _forward_equivalents(model, clean, run),
             }
         )
     return bench.measure(base, run)
+
+
+def _forward_equivalents(model, clean: torch.Tensor, run, repeats: int = 5) -> float:
+    import statistics
+    import time
+
+    def median_seconds(fn) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    with torch.no_grad():
+        forward = median_seconds(lambda: model(clean))
+    return median_seconds(run) / forward
 
 
 __all__ = ["ATTRIB_PAIRS", "ATTRIB_SEQ", "attribution_vs_transformer_lens"]
