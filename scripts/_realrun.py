@@ -176,6 +176,35 @@ def _per_row(base_lp, lp, target, mask):
     return M.per_position_sums(base_lp, lp, target, mask)
 
 
+def run_stem(prefix: str, args) -> str:
+    """The data stem of a real-model run: ``<prefix>_<model>``, then ``_len<seq>`` when the windows
+    are not 128 tokens and ``_<tag>`` when a tag is given."""
+    return (
+        f"{prefix}_{args.model}"
+        + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
+        + (f"_{args.tag}" if args.tag else "")
+    )
+
+
+def protocol_windows(model, text: str, rel: str, args):
+    """``args.windows`` full windows of ``args.seq_len`` tokens cut from the protocol text at
+    ``rel`` (repository-relative), or ``None`` after printing which text falls short."""
+    import sys
+
+    from tl_directional.model.inputs import load_text_sequences
+
+    batch = load_text_sequences(
+        model, str(_common.ROOT / rel), max_sequences=args.windows, seq_len=args.seq_len
+    )
+    if len(batch) < args.windows or int(batch.attention_mask.sum()) != batch.tokens.numel():
+        print(
+            f"error: text {text} gives fewer than {args.windows} full windows of {args.seq_len}",
+            file=sys.stderr,
+        )
+        return None
+    return batch
+
+
 def window_records(model, part, sets, text: str, offset: int, spent: dict | None = None) -> list[dict]:
     """Per-window records of one batch of windows (``part``: a batch with ``[b, seq]`` tokens
     and mask) under the baseline and every setting of ``sets`` (tuples ``(label, ..., context

@@ -121,6 +121,7 @@ def build_suite(model, text_name: str, path: Path, windows, suite: dict):
 def run_accuracy(args) -> int:
     import pandas as pd
     import torch
+    from _realrun import protocol_windows, run_stem
     from claims_run import TEXTS
 
     from tl_directional.evaluate.accuracy import (
@@ -129,7 +130,6 @@ def run_accuracy(args) -> int:
         continuation_requests,
         loglikelihoods,
     )
-    from tl_directional.model.inputs import load_text_sequences
     from tl_directional.model.load import load_model
     from tl_directional.model.sites import resolve_sites
 
@@ -142,11 +142,7 @@ def run_accuracy(args) -> int:
     t0 = time.time()
     model = load_model(args.model)
     sites = resolve_sites(model, warn=False)
-    stem = (
-        f"accuracy_{args.model}"
-        + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
-        + (f"_{args.tag}" if args.tag else "")
-    )
+    stem = run_stem("accuracy", args)
     manifest = _header(args, sites, commit, dirty) | {
         "windows": args.windows,
         "seq_len": args.seq_len,
@@ -186,14 +182,7 @@ def run_accuracy(args) -> int:
             continue
         desc, rel = TEXTS[text]
         path = _common.ROOT / rel
-        batch = load_text_sequences(
-            model, str(path), max_sequences=args.windows, seq_len=args.seq_len
-        )
-        if len(batch) < args.windows or int(batch.attention_mask.sum()) != batch.tokens.numel():
-            print(
-                f"error: text {text} gives fewer than {args.windows} full windows of {args.seq_len}",
-                file=sys.stderr,
-            )
+        if (batch := protocol_windows(model, text, rel, args)) is None:
             return 2
         cloze, cont = build_suite(model, text, path, batch.tokens, SUITE)
         t1 = time.time()

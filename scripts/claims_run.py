@@ -374,10 +374,9 @@ def run(args) -> int:
     import claims as C  # the data layout, writer and reader; imported here: claims imports this module
     import pandas as pd
     import torch
-    from _realrun import window_records
+    from _realrun import protocol_windows, run_stem, window_records
 
     import tl_directional as tld
-    from tl_directional.model.inputs import load_text_sequences
     from tl_directional.model.load import load_model
     from tl_directional.model.load.catalog import REAL_MODELS
     from tl_directional.model.sites import resolve_sites
@@ -392,11 +391,7 @@ def run(args) -> int:
     sites = resolve_sites(model, warn=False)
     entry = REAL_MODELS[args.model]
     prefix = args.settings if args.settings in AMENDED_SETS else "claims"
-    stem = (
-        f"{prefix}_{args.model}"
-        + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
-        + (f"_{args.tag}" if args.tag else "")
-    )
+    stem = run_stem(prefix, args)
     manifest = run_header("claims", "claims.py", args, sites, commit, dirty)
     manifest |= {
         "windows": args.windows,
@@ -434,14 +429,7 @@ def run(args) -> int:
             continue
         desc, rel = TEXTS[text]
         path = _common.ROOT / rel
-        batch = load_text_sequences(
-            model, str(path), max_sequences=args.windows, seq_len=args.seq_len
-        )
-        if len(batch) < args.windows:
-            print(
-                f"error: text {text} gives only {len(batch)} windows of {args.seq_len}",
-                file=sys.stderr,
-            )
+        if (batch := protocol_windows(model, text, rel, args)) is None:
             return 2
         prof = tld.profile(
             model,

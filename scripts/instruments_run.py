@@ -240,7 +240,7 @@ def _check_resume(old, manifest, labels) -> str | None:
 def run_instruments(args) -> int:
     import pandas as pd
     import torch
-    from _realrun import window_records
+    from _realrun import protocol_windows, run_stem, window_records
     from claims_run import TEXTS, settings_manifest
 
     import tl_directional as tld
@@ -271,11 +271,7 @@ def run_instruments(args) -> int:
     t0 = time.time()
     model = load_model(args.model)
     sites = resolve_sites(model, warn=False)
-    stem = (
-        f"instruments_{args.model}"
-        + (f"_len{args.seq_len}" if args.seq_len != 128 else "")
-        + (f"_{args.tag}" if args.tag else "")
-    )
+    stem = run_stem("instruments", args)
     d_mlp = carrier_site(model, 0).d_mlp
     manifest = _header(args, sites, commit, dirty) | {
         "windows": args.windows,
@@ -347,14 +343,7 @@ def run_instruments(args) -> int:
             continue
         desc, rel = TEXTS[text]
         path = _common.ROOT / rel
-        batch = load_text_sequences(
-            model, str(path), max_sequences=args.windows, seq_len=args.seq_len
-        )
-        if len(batch) < args.windows:
-            print(
-                f"error: text {text} gives only {len(batch)} windows of {args.seq_len}",
-                file=sys.stderr,
-            )
+        if (batch := protocol_windows(model, text, rel, args)) is None:
             return 2
         t1 = time.time()
         prof = tld.profile(
