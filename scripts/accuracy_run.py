@@ -2,8 +2,9 @@
 protocol sec. 9.4): an offline multiple-choice suite cut from the three held-out texts, scored
 under each edit, written per item as ``docs/results/data/accuracy_<model>.*``.
 
-Cloze items are read from the logits of the same windowed forwards as the perplexity settings
-(no extra forward); continuation items run their own short forwards (four per item).
+Cloze items are read from one forward per batch of windows and setting, continuation items from
+their own short forwards (four per item); both unembed only the positions they read
+(``tl_directional.model.adapter.logits_at``), checked once per run against the full forward.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def run_accuracy(args) -> int:
 
     from tl_directional.evaluate.accuracy import (
         cloze_choice_logits,
+        cloze_choices,
         continuation_choice_scores,
         continuation_requests,
         loglikelihoods,
@@ -199,16 +201,28 @@ def run_accuracy(args) -> int:
             for lab, make in [("baseline", None)] + [(s[0], s[-1]) for s in sets]:
                 ts = time.time()
                 if make is None:
-                    logits = model(part)
+                    ch = cloze_choices(model, part, its, window_offset=i)
                 else:
                     with make():
-                        logits = model(part)
-                ch = cloze_choice_logits(logits, its, window_offset=i)
+                        ch = cloze_choices(model, part, its, window_offset=i)
                 correct[lab] += (
                     (ch.argmax(-1) == torch.tensor([it.answer for it in its])).long().tolist()
                 )
-                del logits
                 spent[lab] += time.time() - ts
+                if make is None and "scorer_check" not in manifest:
+                    # the scored-positions path against the full forward, once per run
+                    full = cloze_choice_logits(model(part), its, window_offset=i)
+                    err = float((full - ch).abs().max())
+                    manifest["scorer_check"] = {
+                        "text": text,
+                        "windows": [i, i + part.shape[0] - 1],
+                        "max_abs_logit_difference": err,
+                        "same_choices": bool(torch.equal(full.argmax(-1), ch.argmax(-1))),
+                    }
+                    if err > 1e-3 * (float(full.abs().max()) + 1.0):
+                        print(f"error: scored-positions logits differ from the full forward by {err:.3g}",
+                              file=sys.stderr)
+                        return 2
             print(
                 f"  cloze windows {i}-{i + part.shape[0] - 1} done ({time.time() - t1:.0f} s)",
                 flush=True,

@@ -86,3 +86,48 @@ def test_scorer_equals_lm_eval_loglikelihood(suite):
         continuation_choice_scores(ours, items).argmax(-1),
         continuation_choice_scores(theirs, items).argmax(-1),
     )
+
+
+def test_scored_rows_only_equal_the_full_forward(suite):
+    """``loglikelihoods(model, ...)`` and ``cloze_choices`` unembed only the positions they read
+    (``logits_at``); they equal the full forward's numbers, also under an edit's hooks."""
+    import tl_directional as tld
+    from tl_directional.evaluate.accuracy import cloze_choices
+    from tl_directional.model.adapter import logits_at
+
+    model, batch, items = suite
+    reqs = continuation_requests(items)
+    bands = frequency_bands(batch.tokens[:, 1:].flatten().tolist(), 4)
+    cloze = build_cloze_items(batch.tokens, bands, text="kjv", per_window=5, seed=0)
+    edit = tld.ValueScale(s_par=0.0, mode="exclusive")
+    for ctx in (None, edit):
+        with torch.no_grad(), (tld.apply_edits(model, ctx) if ctx else _nothing()):
+            full = model(batch.tokens)
+            b, p = torch.tensor([0, 3, 3, 1]), torch.tensor([0, 47, 5, 20])
+            torch.testing.assert_close(logits_at(model, batch.tokens, b, p), full[b, p], atol=1e-5, rtol=0)
+            got = cloze_choices(model, batch.tokens, cloze)
+            torch.testing.assert_close(got, cloze_choice_logits(full, cloze), atol=1e-5, rtol=0)
+            rows = loglikelihoods(model, reqs, batch_size=5)
+            whole = loglikelihoods(lambda ids: model(ids), reqs, batch_size=5)
+            torch.testing.assert_close(rows, whole, atol=1e-5, rtol=0)
+    # the edit changes the numbers (the comparison above is not between two baselines)
+    with torch.no_grad():
+        with tld.apply_edits(model, edit):
+            edited = loglikelihoods(model, reqs, batch_size=5)
+        assert float((edited - loglikelihoods(model, reqs, batch_size=5)).abs().max()) > 1e-3
+
+
+def test_cloze_choices_refuses_items_of_other_windows(suite):
+    from tl_directional.evaluate.accuracy import AccuracySuiteError, cloze_choices
+
+    model, batch, _ = suite
+    bands = frequency_bands(batch.tokens[:, 1:].flatten().tolist(), 4)
+    cloze = build_cloze_items(batch.tokens, bands, text="kjv", per_window=2, seed=0)
+    with pytest.raises(AccuracySuiteError, match="pass the items of this batch only"):
+        cloze_choices(model, batch.tokens[:2], cloze)
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()

@@ -10,8 +10,10 @@ Two item kinds, both in token space of one tokenizer:
   the HellaSwag manner by length-normalised log-likelihood (sum of log-probabilities over the
   continuation divided by its token count; all four have the same count).
 
-Everything here is a pure function of its arguments and a seed; items are frozen dataclasses
-that round-trip through ``to_json`` / ``from_json``.
+Items are a pure function of the windows and a seed, frozen dataclasses that round-trip through
+``to_json`` / ``from_json``. The scorers take a TransformerLens model and unembed only the
+positions they read (:func:`cloze_choices`, :func:`loglikelihoods`), or logits already computed
+(:func:`cloze_choice_logits`) or any causal callable (:func:`loglikelihoods`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from torch import Tensor
 
 from tl_directional.core.errors import TLDirectionalError
+from tl_directional.model.adapter import logits_at
 
 N_CHOICES = 4
 
@@ -236,6 +239,31 @@ def cloze_choice_logits(
     return logits[b.unsqueeze(-1), p.unsqueeze(-1), c]
 
 
+def cloze_choices(
+    model, windows: Tensor, items: Sequence[ClozeItem], window_offset: int = 0
+) -> Tensor:
+    """``[n_items, 4]``: :func:`cloze_choice_logits` of a TransformerLens ``model``'s forward on
+    ``windows`` (``[batch, seq]``, windows ``window_offset ..``), with only the items' positions
+    unembedded (:func:`~tl_directional.model.adapter.logits_at`; each position once, however many
+    items read it). Hooks active on the model apply (an edit's context)."""
+    _check_windows(windows)
+    b = [it.window - window_offset for it in items]
+    if items and (min(b) < 0 or max(b) >= windows.shape[0]):
+        raise AccuracySuiteError(
+            f"items name windows outside [{window_offset}, {window_offset + windows.shape[0]}); "
+            "pass the items of this batch only"
+        )
+    rows = sorted({(w, it.position) for w, it in zip(b, items, strict=True)})
+    if not rows:
+        return torch.zeros(0, N_CHOICES)
+    at = {r: k for k, r in enumerate(rows)}
+    idx = torch.tensor(rows, dtype=torch.long)
+    logits = logits_at(model, windows, idx[:, 0], idx[:, 1])
+    r = torch.tensor([at[(w, it.position)] for w, it in zip(b, items, strict=True)], dtype=torch.long)
+    c = torch.tensor([it.choices for it in items], dtype=torch.long)
+    return logits[r.unsqueeze(-1).to(logits.device), c.to(logits.device)]
+
+
 def continuation_requests(
     items: Sequence[ContinuationItem],
 ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -250,9 +278,12 @@ def loglikelihoods(
     batch_size: int = 16,
 ) -> Tensor:
     """``[n_requests]`` float64: ``sum_i log p(cont_i | context, cont_<i)`` per request, from
-    ``forward`` (token ids ``[b, s]`` -> logits ``[b, s, d_vocab]``, causal). Each request runs
-    as ``context + continuation[:-1]``, right-padded with its own last token (causal: the padding
+    ``forward``: a TransformerLens model (only the scored positions are unembedded,
+    :func:`~tl_directional.model.adapter.logits_at`; hooks active on it apply) or any causal
+    callable (token ids ``[b, s]`` -> logits ``[b, s, d_vocab]``). Each request runs as
+    ``context + continuation[:-1]``, right-padded with its own last token (causal: the padding
     is never read by a scored position)."""
+    rows_only = hasattr(forward, "run_with_hooks")
     # longest first, so each batch holds requests of near one length (little padding)
     order = sorted(range(len(requests)), key=lambda k: -(len(requests[k][0]) + len(requests[k][1])))
     out: list[Tensor] = [torch.zeros((), dtype=torch.float64)] * len(requests)
@@ -261,10 +292,21 @@ def loglikelihoods(
         seqs = [list(ctx) + list(cont)[:-1] for ctx, cont in part]
         width = max(len(s) for s in seqs)
         ids = torch.tensor([s + [s[-1]] * (width - len(s)) for s in seqs], dtype=torch.long)
-        logits = forward(ids)
-        for j, (ctx, cont) in enumerate(part):
+        spans = [range(len(ctx) - 1, len(ctx) - 1 + len(cont)) for ctx, cont in part]
+        if rows_only:
+            b = torch.tensor([j for j, sp in enumerate(spans) for _ in sp], dtype=torch.long)
+            p = torch.tensor([q for sp in spans for q in sp], dtype=torch.long)
+            flat = logits_at(forward, ids, b, p)
+            starts = [0]
+            for sp in spans:
+                starts.append(starts[-1] + len(sp))
+            logits = [flat[starts[j] : starts[j + 1]] for j in range(len(part))]
+        else:
+            full = forward(ids)
+            logits = [full[j, sp.start : sp.stop] for j, sp in enumerate(spans)]
+        for j, (_, cont) in enumerate(part):
             # only the scored rows go to float64 (the whole [b, s, d_vocab] would not fit a large vocabulary)
-            lp = torch.log_softmax(logits[j, len(ctx) - 1 : len(ctx) - 1 + len(cont)].double(), -1)
+            lp = torch.log_softmax(logits[j].double(), -1)
             out[order[i + j]] = (
                 lp[torch.arange(len(cont)), torch.tensor(list(cont), device=lp.device)].sum().cpu()
             )

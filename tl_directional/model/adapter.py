@@ -314,6 +314,31 @@ def unembedding_matches(unembed: Unembedding, hidden: Tensor, logits: Tensor, ro
     return err <= tol * (float(want.double().abs().max()) + 1.0)
 
 
+def logits_at(model, tokens: Tensor, batch_index: Tensor, pos_index: Tensor,
+              attention_mask: Tensor | None = None) -> Tensor:
+    """``[n, d_vocab]``: the model's logits at rows ``(batch_index[k], pos_index[k])`` of one
+    forward on ``tokens`` (``[batch, pos]``; both indices ``[n]`` long), with the unembedding
+    applied to those rows only: the forward ends at the :class:`Unembedding`'s hook point and
+    its modules map the gathered rows. On a large vocabulary (Gemma-3: 262,144) the unembedding
+    is most of a small model's forward, so reading a few positions costs a fraction of it.
+
+    Hooks active on the model (an edit's ``model.hooks()`` context) act as in a plain forward,
+    except hooks on the final norm or the unembedding, which would see ``[1, n, d_model]`` rows
+    instead of ``[batch, pos, d_model]``. Where :func:`unembedding` is None (logit softcapping or
+    scaling), the full forward's logits are indexed instead: exact, not faster."""
+    unembed = unembedding(model)
+    if unembed is None:
+        out = model(tokens, attention_mask=attention_mask) if attention_mask is not None else model(tokens)
+        return out[batch_index, pos_index]
+    got: dict = {}
+
+    def keep(t, hook):  # noqa: ARG001 - TL hook signature
+        got["h"] = t
+
+    run_hooked(model, tokens, attention_mask, [(unembed.hook, keep)], stop_at=unembed.hook)
+    return unembed.logits(got["h"][batch_index, pos_index])
+
+
 __all__ = [
     "BlockInput",
     "Lane",
@@ -337,6 +362,7 @@ __all__ = [
     "is_encoder",
     "is_parallel",
     "lane_of",
+    "logits_at",
     "quiet_transformers",
     "remove_hook_point",
     "run_hooked",
