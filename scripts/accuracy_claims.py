@@ -47,9 +47,13 @@ def load(stem: str, data: Path):
     return manifest, rec, items
 
 
-def verdicts(rec) -> list[tuple[str, str, object, str]]:
+INCOMPLETE = "not decided (suite incomplete)"
+
+
+def verdicts(rec, complete: bool = True) -> list[tuple[str, str, object, str]]:
     """``[(setting, rule, PairedDrop, verdict)]`` on all items pooled over texts and kinds, then
-    Holm over each rule's family (the count line of the page)."""
+    Holm over each rule's family (the count line of the page). While the run has not measured
+    every text (``complete`` false in the manifest) a rule decides nothing."""
     import torch
 
     from tl_directional.core.paired import paired_drop, within_verdict, worse_verdict
@@ -59,9 +63,11 @@ def verdicts(rec) -> list[tuple[str, str, object, str]]:
     for lab in [c for c in rec.columns if c not in ("text", "item", "kind", "window", "baseline")]:
         d = paired_drop(base, torch.tensor(rec[lab].to_numpy()), N_RESAMPLES, SEED)
         if lab in WITHIN_FAMILY:
-            out.append((lab, f"within {WITHIN:g} points", d, within_verdict(d, WITHIN)))
+            v = within_verdict(d, WITHIN) if complete else INCOMPLETE
+            out.append((lab, f"within {WITHIN:g} points", d, v))
         elif lab in WORSE_FAMILY:
-            out.append((lab, f"at least {WORSE:g} points worse", d, worse_verdict(d, WORSE)))
+            v = worse_verdict(d, WORSE) if complete else INCOMPLETE
+            out.append((lab, f"at least {WORSE:g} points worse", d, v))
         else:
             out.append((lab, "no rule (context)", d, "-"))
     return out
@@ -70,7 +76,7 @@ def verdicts(rec) -> list[tuple[str, str, object, str]]:
 def verdict_rows(stem: str, data: Path) -> list[tuple[str, str, str]]:
     """``[(claim, statistic, verdict)]`` of every setting under a rule, for the summary table of
     docs/results.md."""
-    _, rec, _ = load(stem, data)
+    manifest, rec, _ = load(stem, data)
     return [
         (
             f"accuracy (sec. 9.4): {lab} {rule} of baseline" if rule.startswith("within")
@@ -78,15 +84,15 @@ def verdict_rows(stem: str, data: Path) -> list[tuple[str, str, str]]:
             f"baseline - edited = {d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] points",
             f"**{v}**",
         )
-        for lab, rule, d, v in verdicts(rec)
+        for lab, rule, d, v in verdicts(rec, manifest.get("complete", True))
         if v != "-"
     ]
 
 
 def drops(stem: str, data: Path) -> dict[str, tuple[object, str]]:
     """``{setting: (PairedDrop, verdict)}`` for every edited setting (``"-"``: no rule)."""
-    _, rec, _ = load(stem, data)
-    return {lab: (d, v) for lab, _, d, v in verdicts(rec)}
+    manifest, rec, _ = load(stem, data)
+    return {lab: (d, v) for lab, _, d, v in verdicts(rec, manifest.get("complete", True))}
 
 
 def holm_counts(rows) -> list[str]:
@@ -133,7 +139,15 @@ def build_page(stem: str, data: Path) -> str:
         f"{manifest['texts'][t]['continuation_items']} |"
         for t in texts
     ]
-    rows = verdicts(rec)
+    complete = manifest.get("complete", True)
+    if not complete:
+        L += [
+            "",
+            f"**Incomplete run**: measured so far on {', '.join(texts)} only. The rules decide on the "
+            "complete suite; until the run is resumed to its end every verdict reads "
+            f"\"{INCOMPLETE}\" and the intervals below describe the texts measured so far.",
+        ]
+    rows = verdicts(rec, complete)
     L += [
         "",
         "## Verdicts (all items pooled; paired item bootstrap, 2,000 resamples, seed 0)",
@@ -145,7 +159,7 @@ def build_page(stem: str, data: Path) -> str:
         f"| {lab} | {rule} | {d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] | {('**' + v + '**') if v != '-' else v} |"
         for lab, rule, d, v in rows
     ]
-    L += [""] + holm_counts(rows)
+    L += [""] + (holm_counts(rows) if complete else [])
     L += ["", "## Accuracy by text and item kind (%)", ""]
     cols = [(t, k) for t in texts for k in ("cloze", "continuation")]
     L += [

@@ -22,7 +22,7 @@ def _load(name):
     return mod
 
 
-def _data(tmp_path, commit="abc1234"):
+def _data(tmp_path, commit="abc1234", complete=None):
     C = _load("accuracy_claims")
     common = _load("_common")
     g = torch.Generator().manual_seed(0)
@@ -69,6 +69,8 @@ def _data(tmp_path, commit="abc1234"):
         "texts": {"kjv": {"windows": 47, "cloze_items": n - 100, "continuation_items": 100}},
         "files": {},
     }
+    if complete is not None:
+        manifest["complete"] = complete
     common.write_data(tmp_path, files, manifest, f"{stem}.manifest.json")
     return C, stem
 
@@ -117,3 +119,15 @@ def test_summary_rows_and_the_lead_table_read_the_same_verdicts(tmp_path):
     assert lo < point < hi and hi < 0  # 0 vs 12 points dropped: hard diagonal loses less, surely
     assert pvo._drop(acc, "smollm2-135m", "hard-diag skip0").startswith("; accuracy drop +0.00 points")
     assert pvo._drop(acc, "gemma-3-270m", "hard-diag skip0") == ""
+
+
+def test_an_incomplete_run_decides_nothing(tmp_path):
+    C, stem = _data(tmp_path, complete=False)
+    page = C.build_page(stem, tmp_path)
+    assert "**Incomplete run**: measured so far on kjv only" in page
+    ruled = [r for r in page.splitlines() if r.startswith("| value-") or r.startswith("| hard-diag")]
+    assert ruled and all(r.endswith(f"**{C.INCOMPLETE}** |") for r in ruled[:4])
+    assert "held in" not in page
+    assert {v for _, _, v in C.verdict_rows(stem, tmp_path)} == {f"**{C.INCOMPLETE}**"}
+    C, stem = _data(tmp_path, complete=True)  # the same data, complete: the rules decide
+    assert "**held**" in C.build_page(stem, tmp_path)
