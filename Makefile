@@ -57,7 +57,8 @@ pass-corpus: $(STAMP)
 	$(PY) scripts/build_pass_corpus.py
 
 # Protocol sec. 10's runs (about 12 CPU-hours; resumable: run it again until it says all tasks
-# are done), then `$(PY) scripts/pass_training.py collect` and `make results`.
+# are done), then `$(PY) scripts/pass_training.py collect` and `make results`. Finished tasks are
+# kept in docs/results/data/pass8m-tasks/ (commit them): a new machine resumes from there.
 JOBS ?= 2
 pass-training: pass-corpus
 	$(PY) scripts/pass_training.py run --jobs $(JOBS)

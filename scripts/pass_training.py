@@ -17,6 +17,11 @@ in its own process, ``--jobs`` at a time. A task's record lands atomically in
 since each task's last checkpoint (own trainer and HF ``Trainer`` checkpoints alike). ``collect``
 reads the records; the page is built by ``scripts/claims.py build`` (``make results``) from the
 committed ``docs/results/data/pass8m.*`` alone.
+
+The grid outlasts one machine: every finished task's record, ``lr.json`` and ``launch.json`` are
+also copied to ``--keep`` (default for ``--scale study``: ``docs/results/data/pass8m-tasks/``, to
+be committed as each task lands), and ``run`` / ``collect`` on a new machine take them from there
+first, so only unfinished tasks run again.
 """
 
 from __future__ import annotations
@@ -76,6 +81,54 @@ def default_out() -> Path:
 
 def _json_write(path: Path, obj) -> None:
     _common.atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
+
+
+def default_keep(scale: str) -> Path | None:
+    """Where finished records are kept for a later machine: committed data for the study, none
+    for the smoke scale unless asked (``--keep``)."""
+    return DATA / f"{STEM}-tasks" if scale == "study" else None
+
+
+def _kept_names(scale: str) -> list[str]:
+    return ["launch.json", "lr.json", *(f"{t}.json" for t in tasks(scale))]
+
+
+def _in_out(out: Path, name: str) -> Path:
+    return out / name if name in ("launch.json", "lr.json") else out / "results" / name
+
+
+def take_kept(out: Path, keep: Path | None, scale: str) -> list[str]:
+    """Copy kept records that ``out`` lacks into it (a new machine resumes the grid); returns
+    the names taken. Records ``out`` already holds are left as they are."""
+    if keep is None or not keep.is_dir():
+        return []
+    taken = []
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    for name in _kept_names(scale):
+        src, dst = keep / name, _in_out(out, name)
+        if src.is_file() and not dst.is_file():
+            try:  # a corrupt kept record stops here, not in a task
+                json.loads(src.read_text())
+            except ValueError as e:
+                raise SystemExit(f"error: {src} is not a readable record ({e}); restore it from git "
+                                 f"(`git checkout -- {src.name}` in {keep}) or delete it to rerun that task") from e
+            _common.atomic_write_text(dst, src.read_text())
+            taken.append(name)
+    return taken
+
+
+def give_kept(out: Path, keep: Path | None, scale: str) -> list[str]:
+    """Copy finished records of ``out`` that ``keep`` lacks into it (atomic per file)."""
+    if keep is None:
+        return []
+    given = []
+    for name in _kept_names(scale):
+        src, dst = _in_out(out, name), keep / name
+        if src.is_file() and not dst.is_file():
+            keep.mkdir(parents=True, exist_ok=True)
+            _common.atomic_write_text(dst, src.read_text())
+            given.append(name)
+    return given
 
 
 def _cfg(scale: str, corpus: Path, **kw):
@@ -187,6 +240,8 @@ def run(args) -> int:
     out, corpus = Path(args.out), Path(args.corpus)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results").mkdir(exist_ok=True)
+    if taken := take_kept(out, args.keep, args.scale):
+        print(f"taken from {args.keep}: {', '.join(taken)}", flush=True)
     launch = out / "launch.json"
     if not launch.is_file():
         import torch
@@ -207,8 +262,11 @@ def run(args) -> int:
             if not t.startswith("lr-"):
                 choose_lr(out, args.scale)
             run_task(t, out=out, corpus=corpus, scale=args.scale)
+            choose_lr(out, args.scale)
+            give_kept(out, args.keep, args.scale)
             print(f"{t}: done", flush=True)
         choose_lr(out, args.scale)
+        give_kept(out, args.keep, args.scale)
         return 0
     running: dict[str, subprocess.Popen] = {}
     failed: list[str] = []
@@ -223,6 +281,8 @@ def run(args) -> int:
                 if not ok:
                     failed.append(t)
         lr_ready = choose_lr(out, args.scale) is not None
+        if given := give_kept(out, args.keep, args.scale):
+            print(f"{time.strftime('%H:%M:%S')} kept in {args.keep}: {', '.join(given)} (commit them)", flush=True)
         for t in list(pending):
             if len(running) >= args.jobs:
                 break
@@ -238,6 +298,7 @@ def run(args) -> int:
             break  # an lr task failed: nothing can start
         time.sleep(args.poll)
     choose_lr(out, args.scale)
+    give_kept(out, args.keep, args.scale)
     if failed or pending:
         print(f"error: {len(failed)} task(s) failed ({failed}), {len(pending)} not started; see the logs "
               f"in {out} and rerun (finished tasks are kept)", file=sys.stderr)
@@ -299,6 +360,9 @@ def collect(args) -> int:
     import io
 
     out, data = Path(args.out), Path(args.data)
+    take_kept(out, args.keep, args.scale)
+    if not (out / "launch.json").is_file():
+        raise SystemExit(f"error: no launch.json under {out} or {args.keep}; run `pass_training.py run` first")
     launch = json.loads((out / "launch.json").read_text())
     if launch.get("dirty") and not args.allow_dirty:
         raise SystemExit(f"error: {out}/launch.json says the run started from a dirty tree; rerun from a clean commit")
@@ -638,6 +702,9 @@ def main(argv=None) -> int:
             p.add_argument("--poll", type=float, default=5.0)
         if name in ("run", "collect"):
             p.add_argument("--allow-dirty", action="store_true")
+            p.add_argument("--keep", type=Path, default=None,
+                           help="finished records kept for a later machine (default for --scale study: "
+                           "docs/results/data/pass8m-tasks; none for smoke)")
         if name == "collect":
             p.add_argument("--data", type=Path, default=DATA)
             p.add_argument("--stem", default=STEM)
@@ -648,6 +715,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.out = args.out or default_out()
     args.corpus = args.corpus or default_corpus()
+    if args.cmd in ("run", "collect"):
+        args.keep = args.keep or default_keep(args.scale)
     if args.cmd == "run":
         if args.jobs < 0:
             raise SystemExit(f"error: --jobs must be >= 0 (0: every task in this process), got {args.jobs}")

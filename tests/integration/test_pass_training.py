@@ -83,3 +83,37 @@ def test_run_collect_page_and_resume(corpus, tmp_path):
     assert all(after[k] == v for k, v in before.items())
     redo = json.loads((out / "results" / "own-baseline-s2.json").read_text())
     assert redo["final_val_loss"] == finals[("baseline", 2)]  # resumed from its last checkpoint: same run
+
+
+def test_kept_records_carry_the_grid_to_a_new_machine(corpus, tmp_path):
+    """Finished records go to --keep as they land; a new --out (a new machine) takes them from
+    there and runs nothing again; collect on that machine reads them."""
+    keep, first = tmp_path / "keep", tmp_path / "first"
+    common = ["--corpus", str(corpus), "--scale", "smoke", "--keep", str(keep), "--allow-dirty"]
+    assert P.main(["run", "--out", str(first), *common, "--jobs", "0"]) == 0
+    kept = sorted(p.name for p in keep.iterdir())
+    assert kept == sorted(["launch.json", "lr.json", *(f"{t}.json" for t in P.tasks("smoke"))])
+    assert (keep / "own-vpara-s2.json").read_bytes() == (first / "results" / "own-vpara-s2.json").read_bytes()
+
+    # a new machine: an empty --out, one kept record lost; only that task runs
+    (keep / "own-baseline-s1.json").unlink()
+    second = tmp_path / "second"
+    assert P.main(["run", "--out", str(second), *common, "--jobs", "0"]) == 0
+    for name in kept:
+        if name != "own-baseline-s1.json":
+            src = second / (name if name in ("launch.json", "lr.json") else f"results/{name}")
+            assert src.read_bytes() == (keep / name).read_bytes(), name
+    redone = json.loads((keep / "own-baseline-s1.json").read_text())
+    assert redone["final_val_loss"] == pytest.approx(
+        json.loads((first / "results" / "own-baseline-s1.json").read_text())["final_val_loss"], abs=1e-6)
+
+    # collect on a third machine reads the kept records alone
+    data = tmp_path / "data"
+    assert P.main(["collect", "--out", str(tmp_path / "third"), *common, "--data", str(data)]) == 0
+    assert json.loads((data / "pass8m.manifest.json").read_text())["complete"]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "lr.json").write_text("{not json")
+    with pytest.raises(SystemExit, match=r"lr.json is not a readable record .*delete it to rerun"):
+        P.main(["run", "--out", str(tmp_path / "fourth"), "--corpus", str(corpus), "--scale", "smoke",
+                "--keep", str(bad), "--jobs", "0", "--allow-dirty"])
