@@ -49,8 +49,19 @@ FORWARD = ForwardState()
 """The one :class:`ForwardState` the hooks of both edit paths read."""
 
 
-#: model -> the ``generate`` that :func:`fix_generate` installed on it.
+#: model -> a weak reference to the ``generate`` that :func:`fix_generate` installed on it. Weak:
+#: that function closes over the model, and a value that holds its key keeps the model alive for
+#: the whole process (every model ever loaded would stay in memory).
 _FIXED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _installed(model):
+    """The ``generate`` :func:`fix_generate` installed on ``model``, or None."""
+    try:
+        ref = _FIXED.get(model)
+    except TypeError:  # not weak-referenceable
+        return None
+    return ref() if ref is not None else None
 
 
 def _marked_generating(generate):
@@ -69,10 +80,7 @@ def _marked_generating(generate):
 
 def generate_fixed(model) -> bool:
     """Whether ``model.generate`` is the one :func:`fix_generate` installed on this instance."""
-    try:
-        installed = _FIXED.get(model)
-    except TypeError:  # not weak-referenceable
-        return False
+    installed = _installed(model)
     return installed is not None and model.__dict__.get("generate") is installed
 
 
@@ -89,7 +97,7 @@ def fix_generate(model):
     # straight into the instance dict: the bridge's __setattr__ would forward it to the HF model
     object.__setattr__(model, "generate", wrapped)
     try:
-        _FIXED[model] = wrapped
+        _FIXED[model] = weakref.ref(wrapped)
     except TypeError:  # pragma: no cover - every TL model is weak-referenceable
         pass
     return model
@@ -102,7 +110,7 @@ def carry_generate_fix(model, clone):
     it is dropped before the copy gets its own."""
     if not generate_fixed(model):
         return clone
-    if clone is not model and clone.__dict__.get("generate") is _FIXED.get(model):
+    if clone is not model and clone.__dict__.get("generate") is _installed(model):
         del clone.__dict__["generate"]
     return fix_generate(clone)
 
