@@ -128,11 +128,19 @@ def build_page(stem: str, data: Path) -> str:
         "",
         f"Suite (seed {manifest['suite']['seed']}): per window {manifest['suite']['cloze_per_window']} four-way "
         f"cloze items (true next token against three from its frequency band of the text, {manifest['suite']['frequency_bands']} "
-        f"bands) read from the perplexity forwards, and {manifest['suite']['continuation_per_window']} continuation "
+        f"bands) read from one forward of each window per setting, and {manifest['suite']['continuation_per_window']} continuation "
         f"items ({manifest['suite']['context_len']}+ context tokens, four {manifest['suite']['continuation_len']}-token "
         "continuations, length-normalised log-likelihood). Chance is 25%.",
         "",
     ]
+    if (chk := manifest.get("scorer_check")) is not None:
+        L += [
+            "Only the positions an item reads are unembedded (`logits_at`); checked in this run against "
+            f"the full forward on {chk['text']} windows {chk['windows'][0]}-{chk['windows'][1]}: largest "
+            f"logit difference {chk['max_abs_logit_difference']:.2g}, "
+            f"{'the same' if chk['same_choices'] else 'NOT the same'} choices.",
+            "",
+        ]
     L += ["| text | windows | cloze items | continuation items |", "|---|---|---|---|"]
     L += [
         f"| {t} | {manifest['texts'][t]['windows']} | {manifest['texts'][t]['cloze_items']} | "
