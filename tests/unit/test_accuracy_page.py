@@ -119,6 +119,14 @@ def test_summary_rows_and_the_lead_table_read_the_same_verdicts(tmp_path):
     assert lo < point < hi and hi < 0  # 0 vs 12 points dropped: hard diagonal loses less, surely
     assert pvo._drop(acc, "smollm2-135m", "hard-diag skip0").startswith("; accuracy drop +0.00 points")
     assert pvo._drop(acc, "gemma-3-270m", "hard-diag skip0") == ""
+    # the lead table's reading follows the interval's side, per model
+    assert "does not restore the paper's order" in pvo._order_reading(
+        acc, "hard-diag skip0", "value-exclusive all s_par=0")
+    assert "restores the paper's order." in pvo._order_reading(
+        acc, "value-exclusive all s_par=0", "hard-diag skip0")
+    both = {"smollm2-135m": drops, "gemma-3-270m": drops}
+    mixed = pvo._order_reading(both, "hard-diag skip0", "value-exclusive-joint all s_par=0")
+    assert mixed.endswith("does not settle the order on every model.") and "across zero" in mixed
 
 
 def test_an_incomplete_run_decides_nothing(tmp_path):
