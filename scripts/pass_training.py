@@ -494,6 +494,51 @@ def verdict_rows(stem: str, data: Path = DATA):
     return rows
 
 
+#: The paper's sentence on the trajectory (``sections/experiments.tex``, "Training-Time Allocation").
+PAPER_TRAJECTORY = ("Suppressing parallel attention updates shifts the learning trajectory downward from early "
+                    "training stages, and this advantage persists consistently through the final checkpoint "
+                    "rather than emerging only as an endpoint artifact.")
+
+
+def trajectory(curves, variant: str) -> dict:
+    """Where ``variant`` runs ahead of the baseline over training: the mean over seeds of the
+    paired validation-loss gap ``variant - baseline`` at every evaluated step after step 0.
+
+    Returns ``{"ahead": [steps with gap < 0], "behind": [steps with gap > 0], "since": step}``, where
+    ``since`` is the first step from which the gap keeps the sign it has at the last step (None
+    without paired steps), and ``seeds``, the seeds paired."""
+    base = curves[curves.variant == "baseline"].set_index(["seed", "step"]).val_loss
+    var = curves[curves.variant == variant].set_index(["seed", "step"]).val_loss
+    both = base.index.intersection(var.index)
+    gap = (var[both] - base[both]).groupby(level="step").mean()
+    gap = gap[gap.index > 0].sort_index()
+    out = {"ahead": [int(k) for k, g in gap.items() if g < 0], "behind": [int(k) for k, g in gap.items() if g > 0],
+           "since": None, "last_behind": None, "seeds": sorted({int(s) for s, _ in both})}
+    if len(gap):
+        last = gap.iloc[-1] > 0
+        since = int(gap.index[-1])
+        for k, g in reversed(list(gap.items())):
+            if (g > 0) != last:
+                break
+            since = int(k)
+        out["since"], out["last_behind"] = since, bool(last)
+    return out
+
+
+def trajectory_sentence(curves, variant: str, per_step: int) -> str:
+    """One computed line on the page: is ``variant`` ahead early and does it stay ahead?"""
+    tr = trajectory(curves, variant)
+    if tr["since"] is None:
+        return f"- {variant}: no paired steps yet."
+    first = int(curves[curves.step > 0].step.min())
+    end = "behind" if tr["last_behind"] else "ahead of"
+    early = "ahead" if first in tr["ahead"] else "behind"
+    seeds = f"mean over seed{'s' if len(tr['seeds']) > 1 else ''} {', '.join(map(str, tr['seeds']))}"
+    return (f"- {variant} ({seeds}): {early} at the first evaluation (step {first}); {end} the baseline from "
+            f"step {tr['since']} ({tr['since'] * per_step:,} tokens) to the end; ahead at {len(tr['ahead'])}, behind "
+            f"at {len(tr['behind'])} of {len(tr['ahead']) + len(tr['behind'])} evaluated steps.")
+
+
 def _band(x):
     """(mean, half-width of the 95% Student-t interval) of a sample (half-width NaN under 2 values)."""
     from tl_directional.training import t975
@@ -656,6 +701,9 @@ def build_page(stem: str, data: Path = DATA) -> str:
             m, hw = _band(d) if d else (math.nan, math.nan)
             cells.append("-" if not d else f"{m:+.4f} +- {hw:.4f}" if math.isfinite(hw) else f"{m:+.4f}")
         L.append(f"| {int(step)} | {int(step) * per_step:,} | " + " | ".join(cells) + " |")
+    L += ["", "Reading (computed from the table above): the paper says \"" + PAPER_TRAJECTORY + "\" "
+          "(`sections/experiments.tex`, \"Training-Time Allocation\", about its 296M-528M runs). Here:", ""]
+    L += [trajectory_sentence(c, v, per_step) for v in ("vpara", "attn-para")]
     sh = t["shares"]
     L += ["", "## Parallel share of each layer's update, before and after training", "",
           f"`par^2 / (par^2 + perp^2)` on {GEOMETRY_WINDOWS} validation windows, read before the edit at its hook "

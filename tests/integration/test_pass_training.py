@@ -51,7 +51,8 @@ def test_run_collect_page_and_resume(corpus, tmp_path):
     manifest = json.loads((data / "pass8m.manifest.json").read_text())
     assert manifest["complete"] and manifest["config"]["lr"] == lr["lr"]
     page = P.build_page("pass8m", data)
-    for text in ("## Verdicts", "attn-para - baseline", "value before", "smaller in parameters", "HF `Trainer`"):
+    for text in ("## Verdicts", "attn-para - baseline", "value before", "smaller in parameters", "HF `Trainer`",
+                 "Reading (computed from the table above)", "- vpara (mean over seeds 0, 1, 2): "):
         assert text in page
     figs = P.build_figures("pass8m", data)
     assert sorted(figs) == ["pass8m_gap.svg", "pass8m_loss.svg", "pass8m_shares.svg"]

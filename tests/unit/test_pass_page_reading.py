@@ -1,0 +1,39 @@
+"""The pass8m page's trajectory reading (protocol sec. 10): where a variant runs ahead of the
+baseline over training, from per-seed validation curves, against the paper's "ahead from early
+training stages ... through the final checkpoint"."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from scripts import pass_training as P
+
+
+def _curves(gaps_by_seed: dict[int, list[float]]) -> pd.DataFrame:
+    rows = []
+    for seed, gaps in gaps_by_seed.items():
+        for i, g in enumerate([0.0, *gaps]):
+            base = 9.0 - 0.5 * i
+            rows.append({"variant": "baseline", "seed": seed, "step": 100 * i, "val_loss": base})
+            rows.append({"variant": "vpara", "seed": seed, "step": 100 * i, "val_loss": base + g})
+    return pd.DataFrame(rows)
+
+
+def test_an_early_lead_that_is_lost_is_read_as_lost():
+    # seed 0 and 1 differ, their mean decides: ahead at 100-300, behind from 400 on
+    c = _curves({0: [-0.2, -0.1, -0.01, 0.02, 0.03], 1: [-0.1, -0.05, -0.03, 0.04, 0.01]})
+    tr = P.trajectory(c, "vpara")
+    assert tr == {"ahead": [100, 200, 300], "behind": [400, 500], "since": 400, "last_behind": True, "seeds": [0, 1]}
+    line = P.trajectory_sentence(c, "vpara", per_step=10)
+    assert "ahead at the first evaluation (step 100); behind the baseline from step 400 (4,000 tokens)" in line
+    assert "ahead at 3, behind at 2 of 5" in line and "mean over seeds 0, 1" in line
+
+
+def test_a_lead_kept_to_the_end_is_read_from_its_first_step():
+    c = _curves({0: [0.05, -0.01, -0.02, -0.03]})
+    tr = P.trajectory(c, "vpara")
+    assert tr["since"] == 200 and tr["last_behind"] is False
+    line = P.trajectory_sentence(c, "vpara", per_step=1)
+    assert "behind at the first evaluation (step 100); ahead of the baseline from step 200" in line
+    # a variant without runs yet says so
+    assert P.trajectory_sentence(c, "attn-para", per_step=1) == "- attn-para: no paired steps yet."
