@@ -504,9 +504,10 @@ def trajectory(curves, variant: str) -> dict:
     """Where ``variant`` runs ahead of the baseline over training: the mean over seeds of the
     paired validation-loss gap ``variant - baseline`` at every evaluated step after step 0.
 
-    Returns ``{"ahead": [steps with gap < 0], "behind": [steps with gap > 0], "since": step}``, where
-    ``since`` is the first step from which the gap keeps the sign it has at the last step (None
-    without paired steps), and ``seeds``, the seeds paired."""
+    Returns ``{"ahead": [steps with gap < 0], "behind": [steps with gap > 0], "since": step,
+    "last_behind": bool, "seeds": [paired seeds]}``: ``since`` is the first step from which the gap
+    keeps the side it has at the last step, ``last_behind`` that side (gap > 0); both None without
+    paired steps."""
     base = curves[curves.variant == "baseline"].set_index(["seed", "step"]).val_loss
     var = curves[curves.variant == variant].set_index(["seed", "step"]).val_loss
     both = base.index.intersection(var.index)
