@@ -157,6 +157,7 @@ def _row(claim, paper, source, ours: dict[str, str], verdicts: str, reading: str
 
 def block(data: Path) -> str:
     import depth_claims
+    import pass_training
     import training_claims
 
     st = {m: _claims_stats(m, data) for m in MODELS}
@@ -271,14 +272,20 @@ def block(data: Path) -> str:
     ))
     tr = training_claims.verdict_rows("training_kjv_10x", data) if (
         data / "training_kjv_10x.manifest.json").is_file() else []
+    ours = {"toy GPT-2 (2 layers)": tr[0][1] if tr else "not measured"}
+    verdicts = f"toy: {tr[0][2]}" if tr else "toy: -"
+    reading = ("The toy: about 700x fewer parameters and 500x fewer tokens than the smallest replicated run, "
+               "repeated data.")
+    if (data / f"{pass_training.STEM}.manifest.json").is_file():
+        p_ours, p_verdicts, p_reading = pass_training.lead_cells(pass_training.STEM, data)
+        ours[f"single pass ({pass_training.STEM})"] = p_ours
+        verdicts += f"; single pass: {p_verdicts}"
+        reading += f" The single pass: {p_reading}"
     L.append(_row(
         "suppressing parallel updates during training lowers validation loss",
         "below baseline at 296M / 436M / 528M, OpenWebText (figure); +0.7 / +1.5 downstream points at "
         "1.4B / 2.7B (single runs)", f"{exp}, \"Training-Time Allocation\"",
-        {"toy GPT-2 (2 layers)": tr[0][1] if tr else "not measured"},
-        tr[0][2] if tr else "-",
-        "About 700x fewer parameters and 500x fewer tokens than the smallest replicated run, repeated "
-        "data: it cannot speak to the paper's scale.",
+        ours, verdicts, reading,
     ))
     L += _instrument_rows(data)
     L += ["", END]

@@ -609,13 +609,50 @@ def build_figures(stem: str, data: Path = DATA) -> dict[str, str]:
     return figs
 
 
+#: The smallest of the paper's replicated runs (``sections/experiments.tex``, "Training-Time Allocation").
+PAPER_SMALLEST = {"params": 296e6, "tokens": 2.1e9}
+
+
+def scale(config: dict) -> dict:
+    """The run's size from its config: tokens per run, parameters outside the embeddings and in all
+    (GPT-2 counting, 12 d_model^2 per layer, tied unembedding), and the factor by which the paper's
+    smallest replicated run (``PAPER_SMALLEST``) is larger in each."""
+    tokens = config["max_steps"] * config["batch_size"] * config["n_ctx"]
+    n_nonemb = 12 * config["n_layers"] * config["d_model"] ** 2
+    n_total = n_nonemb + config["vocab_size"] * config["d_model"] + config["n_ctx"] * config["d_model"]
+    return {"tokens": tokens, "params_nonemb": n_nonemb, "params": n_total,
+            "paper_params_x": PAPER_SMALLEST["params"] / n_total, "paper_tokens_x": PAPER_SMALLEST["tokens"] / tokens}
+
+
+def missing(final) -> list[str]:
+    """The grid's task names (``own-VARIANT-sSEED``, ``hf-VARIANT-sSEED``) with no row in ``final``."""
+    have = {f"{r.path}-{r.variant}-s{int(r.seed)}" for r in final.itertuples()}
+    grid = [f"own-{v}-s{s}" for s in SEEDS for v in VARIANTS] + [f"hf-{v}-s{s}" for s in HF_SEEDS for v in VARIANTS]
+    return [t for t in grid if t not in have]
+
+
+def lead_cells(stem: str, data: Path = DATA) -> tuple[str, str, str]:
+    """The single-pass study's cells of the lead table's training row: (ours, verdicts, reading),
+    each variant's paired difference and verdict as the page states them."""
+    manifest, _ = load(stem, data)
+    cfg, sc = manifest["config"], scale(manifest["config"])
+    rows = verdict_rows(stem, data)
+    ours = "; ".join(stat if stat != "-" else f"{v}: no paired seeds yet" for v, (_, stat, _) in
+                     zip(("vpara", "attn-para"), rows, strict=True))
+    verdicts = "; ".join(f"{v} {verdict_}" for v, (_, _, verdict_) in zip(("vpara", "attn-para"), rows, strict=True))
+    reading = (f"{cfg['n_layers']}-layer GPT-2, {sc['tokens'] / 1e6:.1f}M tokens in one pass of Debian documentation: "
+               f"about {sc['paper_params_x']:,.0f}x fewer parameters and {sc['paper_tokens_x']:,.0f}x fewer tokens "
+               "than the smallest replicated run; it says whether the effect appears at this scale, not at the "
+               "paper's.")
+    return ours, verdicts, reading
+
+
 def build_page(stem: str, data: Path = DATA) -> str:
     manifest, t = load(stem, data)
     cfg = manifest["config"]
     per_step = cfg["batch_size"] * cfg["n_ctx"]
-    tokens = cfg["max_steps"] * per_step
-    n_nonemb = 12 * cfg["n_layers"] * cfg["d_model"] ** 2
-    n_total = n_nonemb + cfg["vocab_size"] * cfg["d_model"] + cfg["n_ctx"] * cfg["d_model"]
+    sc = scale(cfg)
+    tokens, n_nonemb, n_total = sc["tokens"], sc["params_nonemb"], sc["params"]
     corpus = manifest.get("corpus", {})
     L = [
         f"# Claim 4 in a single pass: baseline, V-Para and residual attention suppression ({stem})",
@@ -627,7 +664,8 @@ def build_page(stem: str, data: Path = DATA) -> str:
         f"- Run: `{manifest['command']}` at commit `{manifest['commit']}`, started {manifest['started']}, torch "
         f"{manifest['torch']}; tasks finished at {', '.join(f'`{c}`' for c in manifest.get('task_commits', []))}; "
         f"{manifest['cpu_hours']:.1f} CPU-hours recorded"
-        + ("." if manifest["complete"] else " so far (**incomplete**: the tables show the finished runs)."),
+        + ("." if manifest["complete"] else " so far (**incomplete**: the tables show the finished runs; not yet "
+                                            f"landed: {', '.join(missing(t['final'])) or '-'})."),
         f"- Corpus: `pass8m` (`make pass-corpus`: Debian documentation sources, split by document), "
         f"{corpus.get('train_tokens', 0):,} training tokens in windows; each run reads {tokens:,} of them once "
         "(a single pass, no window repeated).",
@@ -719,8 +757,7 @@ def build_page(stem: str, data: Path = DATA) -> str:
             cells = [f"{g[g.when == w][f'{comp}_share'].mean():.3f}" for comp in ("value", "attn", "mlp")
                      for w in ("before", "after")]
             L.append(f"| {v} | {layer} | " + " | ".join(cells) + " |")
-    ratio_p = 296e6 / n_total
-    ratio_t = 2.1e9 / tokens
+    ratio_p, ratio_t = sc["paper_params_x"], sc["paper_tokens_x"]
     L += [
         "",
         "## What this can and cannot say about the paper's scale",

@@ -69,6 +69,20 @@ def test_run_collect_page_and_resume(corpus, tmp_path):
               for r in (json.loads(p.read_text()) for p in (out / "results").glob("own-*.json"))}
     diffs = [finals[("vpara", s)] - finals[("baseline", s)] for s in P.SEEDS]
     assert f"{sum(diffs) / len(diffs):+.4f}" in rows[0][1]
+    # the lead table's training cells state the same pairs and verdicts, and the scale gap
+    ours, verdicts, reading = P.lead_cells("pass8m", data)
+    assert ours == f"{rows[0][1]}; {rows[1][1]}"
+    assert verdicts == f"vpara {rows[0][2]}; attn-para {rows[1][2]}"
+    sc = P.scale(manifest["config"])
+    assert f"about {sc['paper_params_x']:,.0f}x fewer parameters" in reading
+
+    # a lost task shows on the page as not yet landed, and the verdicts wait for it
+    _, t = P.load("pass8m", data)
+    assert P.missing(t["final"]) == []
+    short = t["final"][~((t["final"].path == "own") & (t["final"].variant == "attn-para") & (t["final"].seed == 1))]
+    assert P.missing(short) == ["own-attn-para-s1"]
+    assert P.verdict(P.paired(short, "attn-para")[1], len(P.paired(short, "attn-para")[0])) == \
+        "not decided (runs incomplete)"
 
     # an edited data file is refused
     (data / "pass8m.final.csv").write_text("variant,seed\n")

@@ -37,3 +37,19 @@ def test_a_lead_kept_to_the_end_is_read_from_its_first_step():
     assert "behind at the first evaluation (step 100); ahead of the baseline from step 200" in line
     # a variant without runs yet says so
     assert P.trajectory_sentence(c, "attn-para", per_step=1) == "- attn-para: no paired steps yet."
+
+
+def test_the_scale_gap_is_counted_from_the_config():
+    # protocol sec. 10's grid: 4 x 128, 2 heads, d_mlp 512, vocabulary 8,192, n_ctx 256
+    cfg = {"n_layers": 4, "d_model": 128, "vocab_size": 8192, "n_ctx": 256, "max_steps": 1100, "batch_size": 32}
+    sc = P.scale(cfg)
+    assert sc["tokens"] == 9_011_200
+    assert sc["params_nonemb"] == 786_432 and sc["params"] == 786_432 + 8192 * 128 + 256 * 128
+    assert round(sc["paper_params_x"]) == 158 and round(sc["paper_tokens_x"]) == 233
+
+
+def test_missing_names_every_task_without_a_final():
+    rows = [{"variant": v, "seed": s, "path": "own"} for v in P.VARIANTS for s in P.SEEDS]
+    rows.remove({"variant": "vpara", "seed": 2, "path": "own"})
+    rows.append({"variant": "baseline", "seed": 0, "path": "hf"})
+    assert P.missing(pd.DataFrame(rows)) == ["own-vpara-s2"] + [f"hf-{v}-s0" for v in P.VARIANTS if v != "baseline"]
