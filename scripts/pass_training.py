@@ -505,16 +505,22 @@ def trajectory(curves, variant: str) -> dict:
     paired validation-loss gap ``variant - baseline`` at every evaluated step after step 0.
 
     Returns ``{"ahead": [steps with gap < 0], "behind": [steps with gap > 0], "since": step,
-    "last_behind": bool, "seeds": [paired seeds]}``: ``since`` is the first step from which the gap
-    keeps the side it has at the last step, ``last_behind`` that side (gap > 0); both None without
-    paired steps."""
+    "last_behind": bool, "seeds": [paired seeds], "clear_ahead": [steps], "clear_behind": [steps]}``:
+    ``since`` is the first step from which the gap keeps the side it has at the last step,
+    ``last_behind`` that side (gap > 0), both None without paired steps; ``clear_ahead`` /
+    ``clear_behind`` the steps whose paired 95% Student-t interval over seeds lies wholly below /
+    above zero (none with fewer than 2 seeds; per step, not corrected for the number of steps)."""
     base = curves[curves.variant == "baseline"].set_index(["seed", "step"]).val_loss
     var = curves[curves.variant == variant].set_index(["seed", "step"]).val_loss
     both = base.index.intersection(var.index)
-    gap = (var[both] - base[both]).groupby(level="step").mean()
+    diff = var[both] - base[both]
+    gap = diff.groupby(level="step").mean()
     gap = gap[gap.index > 0].sort_index()
+    bands = {int(k): _band(list(diff.xs(k, level="step").values)) for k in gap.index}
     out = {"ahead": [int(k) for k, g in gap.items() if g < 0], "behind": [int(k) for k, g in gap.items() if g > 0],
-           "since": None, "last_behind": None, "seeds": sorted({int(s) for s, _ in both})}
+           "since": None, "last_behind": None, "seeds": sorted({int(s) for s, _ in both}),
+           "clear_ahead": [k for k, (m, hw) in bands.items() if math.isfinite(hw) and m + hw < 0],
+           "clear_behind": [k for k, (m, hw) in bands.items() if math.isfinite(hw) and m - hw > 0]}
     if len(gap):
         last = gap.iloc[-1] > 0
         since = int(gap.index[-1])
@@ -535,9 +541,15 @@ def trajectory_sentence(curves, variant: str, per_step: int) -> str:
     end = "behind" if tr["last_behind"] else "ahead of"
     early = "ahead" if first in tr["ahead"] else "behind"
     seeds = f"mean over seed{'s' if len(tr['seeds']) > 1 else ''} {', '.join(map(str, tr['seeds']))}"
-    return (f"- {variant} ({seeds}): {early} at the first evaluation (step {first}); {end} the baseline from "
+    line = (f"- {variant} ({seeds}): {early} at the first evaluation (step {first}); {end} the baseline from "
             f"step {tr['since']} ({tr['since'] * per_step:,} tokens) to the end; ahead at {len(tr['ahead'])}, behind "
-            f"at {len(tr['behind'])} of {len(tr['ahead']) + len(tr['behind'])} evaluated steps.")
+            f"at {len(tr['behind'])} of {len(tr['ahead']) + len(tr['behind'])} evaluated steps")
+    if len(tr["seeds"]) < 2:
+        return line + "."
+    clear = [f"{side} at step{'s' if len(ks) > 1 else ''} {', '.join(map(str, ks))}"
+             for side, ks in (("ahead", tr["clear_ahead"]), ("behind", tr["clear_behind"])) if ks]
+    return line + ("; the paired 95% interval excludes zero " + " and ".join(clear) if clear else
+                   "; the paired 95% interval includes zero at every step") + " (per step, uncorrected)."
 
 
 def _band(x):

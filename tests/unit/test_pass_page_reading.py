@@ -23,10 +23,24 @@ def test_an_early_lead_that_is_lost_is_read_as_lost():
     # seed 0 and 1 differ, their mean decides: ahead at 100-300, behind from 400 on
     c = _curves({0: [-0.2, -0.1, -0.01, 0.02, 0.03], 1: [-0.1, -0.05, -0.03, 0.04, 0.01]})
     tr = P.trajectory(c, "vpara")
-    assert tr == {"ahead": [100, 200, 300], "behind": [400, 500], "since": 400, "last_behind": True, "seeds": [0, 1]}
+    assert tr == {"ahead": [100, 200, 300], "behind": [400, 500], "since": 400, "last_behind": True, "seeds": [0, 1],
+                  "clear_ahead": [], "clear_behind": []}
     line = P.trajectory_sentence(c, "vpara", per_step=10)
     assert "ahead at the first evaluation (step 100); behind the baseline from step 400 (4,000 tokens)" in line
     assert "ahead at 3, behind at 2 of 5" in line and "mean over seeds 0, 1" in line
+    # two seeds that disagree this much leave every step's interval across zero
+    assert line.endswith("the paired 95% interval includes zero at every step (per step, uncorrected).")
+
+
+def test_steps_where_the_paired_interval_excludes_zero_are_named():
+    # three seeds close together: ahead clearly at 100 and 200, behind clearly at 400, unclear at 300
+    c = _curves({0: [-0.10, -0.05, -0.03, 0.050], 1: [-0.11, -0.06, 0.04, 0.052], 2: [-0.12, -0.04, 0.00, 0.048]})
+    tr = P.trajectory(c, "vpara")
+    assert tr["clear_ahead"] == [100, 200] and tr["clear_behind"] == [400]
+    # at 300: mean +0.0033, sd 0.035, half-width 4.303 * 0.035 / sqrt(3) = 0.087: across zero
+    line = P.trajectory_sentence(c, "vpara", per_step=1)
+    assert line.endswith("the paired 95% interval excludes zero ahead at steps 100, 200 and behind at step 400 "
+                         "(per step, uncorrected).")
 
 
 def test_a_lead_kept_to_the_end_is_read_from_its_first_step():
