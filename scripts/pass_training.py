@@ -639,8 +639,7 @@ def scale(config: dict) -> dict:
 def missing(final) -> list[str]:
     """The grid's task names (``own-VARIANT-sSEED``, ``hf-VARIANT-sSEED``) with no row in ``final``."""
     have = {f"{r.path}-{r.variant}-s{int(r.seed)}" for r in final.itertuples()}
-    grid = [f"own-{v}-s{s}" for s in SEEDS for v in VARIANTS] + [f"hf-{v}-s{s}" for s in HF_SEEDS for v in VARIANTS]
-    return [t for t in grid if t not in have]
+    return [t for t in tasks("study") if not t.startswith("lr-") and t not in have]
 
 
 def lead_cells(stem: str, data: Path = DATA) -> tuple[str, str, str]:
