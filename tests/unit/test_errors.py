@@ -14,7 +14,6 @@ KEEPS = {
     "AccuracySuiteError": ValueError,
     "ArtefactError": ValueError,
     "CarrierShapeError": ValueError,
-    "EditCompositionError": ValueError,
     "CarrierUnavailableError": ValueError,
     "CalibrationRequiredError": ValueError,
     "WeightingError": ValueError,

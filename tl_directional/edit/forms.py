@@ -264,9 +264,28 @@ def effective_diagonal_pattern(pattern: Float[Tensor, "batch n_heads query key"]
     """
     dtype = v.dtype
     o = torch.einsum("bhqk,bkhe->bqhe", pattern.to(dtype), v)
+    return diagonal_shifted(pattern.to(dtype), 0, effective_diagonal_shift(o, v, s_par, eps))
+
+
+def effective_diagonal_shift(o: Float[Tensor, "batch query n_heads d_head"],
+                             v: Float[Tensor, "batch query n_heads d_head"], s_par: Tensor,
+                             eps: float) -> Float[Tensor, "batch query n_heads"]:
+    """``(s_par - 1) beta_t``, the change of ``A_tt`` that V-Para makes, with
+    ``beta_t = (o_t . v_t) / ||v_t||^2`` from the unedited aggregate ``o``; in the compute dtype."""
     beta, _, _, _ = projection_coefficient(o, v, eps)  # [batch, q, heads]
-    add = ((s_par - 1.0) * beta).transpose(1, 2)  # [batch, heads, q]
-    return pattern.to(dtype) + torch.diag_embed(add)
+    return (s_par - 1.0) * beta
+
+
+def diagonal_shifted(pattern: Float[Tensor, "batch n_heads query key"], offset: int,
+                     add: Float[Tensor, "batch query n_heads"]) -> Float[Tensor, "batch n_heads query key"]:
+    """``pattern`` with ``A_tt += add`` (absolute query ``t`` is key ``offset + t``), in the dtype
+    of ``pattern`` and ``add`` promoted; the row is not renormalised."""
+    n_q, k_len = pattern.shape[-2:]
+    idx = torch.arange(n_q, device=pattern.device)
+    dtype = torch.promote_types(pattern.dtype, add.dtype)
+    shift = torch.zeros((*add.shape[:1], add.shape[2], n_q, k_len), dtype=dtype, device=pattern.device)
+    shift[:, :, idx, offset + idx] = add.transpose(1, 2).to(dtype)
+    return pattern.to(dtype) + shift
 
 
 def effective_diagonal_aggregate(z: Float[Tensor, "batch query n_heads d_head"],
@@ -276,8 +295,7 @@ def effective_diagonal_aggregate(z: Float[Tensor, "batch query n_heads d_head"],
     the unedited aggregate), in the compute dtype; ``v`` the own values with KV heads expanded,
     ``s_par`` ``[batch|1, query|1, n_heads|1]``."""
     dtype = compute_dtype(z.dtype)
-    beta, _, _, _ = projection_coefficient(z, v, eps)  # [batch, q, heads]
-    return z.to(dtype) + ((s_par - 1.0) * beta).unsqueeze(-1) * v.to(dtype)
+    return z.to(dtype) + effective_diagonal_shift(z, v, s_par, eps).unsqueeze(-1) * v.to(dtype)
 
 
 __all__ = [
@@ -285,8 +303,10 @@ __all__ = [
     "diagonal_removal_factors",
     "diagonal_removed",
     "diagonal_removed_aggregate",
+    "diagonal_shifted",
     "effective_diagonal_aggregate",
     "effective_diagonal_pattern",
+    "effective_diagonal_shift",
     "joint_value_delta",
     "joint_value_scaled",
     "residual_parts",

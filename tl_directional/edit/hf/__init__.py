@@ -25,7 +25,6 @@ from ...model.hf_layout import (
 )
 from .carrier import apply_carrier_edits, install_carrier_edits
 from .edits import (
-    EditCompositionError,
     EditsAlreadyInstalledError,
     HFEditHandle,
     install_edits,
@@ -36,7 +35,6 @@ from .value_chain import edit_label
 
 __all__ = [
     "AttentionPatternUnavailableError",
-    "EditCompositionError",
     "EditsAlreadyInstalledError",
     "HFEditHandle",
     "HFSites",

@@ -28,9 +28,11 @@ Where each space lives on an HF decoder layer (METHOD.md sec. 2-4):
   how :func:`tl_directional.model.sites.resolve_sites` pairs ``hook_attn_out`` / ``hook_mlp_out`` /
   ``hook_resid_post`` with their references.
 
-Composition follows the TransformerLens lane: value edits of a layer apply in the order given,
-before the residual edits of that layer; residual edits at one site apply in the order given,
-each splitting against the live (already edited) stream.
+Composition follows the TransformerLens lane: in a layer, the pattern edits apply first, in the
+order given (an ``"exclusive"`` value edit reads ``A_tt`` as the pattern stands at its place in
+that order, as its ``hook_pattern`` reader does there), then the value edits on the head output
+of the edited pattern, in the order given, then the residual edits; residual edits at one site
+apply in the order given, each splitting against the live (already edited) stream.
 
 The parts: :mod:`tl_directional.model.hf_layout` (the families' module layouts and the resolved
 sites), :mod:`tl_directional.edit.hf.value_chain` (the value-space and pattern edits as functions of
@@ -81,10 +83,6 @@ def _check_pattern_available(model: Any, edit: Edit) -> None:
             "from_pretrained(..., attn_implementation='eager') (or call "
             "model.set_attn_implementation('eager')), or use ValueScale(mode='full') / "
             "EffectiveDiagonal, which need no pattern")
-
-
-class EditCompositionError(TLDirectionalError, ValueError):
-    """A pattern edit shares a layer with another value-space or pattern edit on this lane."""
 
 
 class EditsAlreadyInstalledError(TLDirectionalError, RuntimeError):
@@ -198,18 +196,6 @@ def _check_edits(edits: Sequence[Any]) -> tuple[Edit, ...]:
     return tuple(edits)
 
 
-def _check_composable(layer: int, chain) -> None:
-    """Refuse a pattern edit beside another value-space edit in one layer: this lane rebuilds the
-    head outputs from the edited pattern, which would drop the other edit's change, where the
-    TransformerLens lane applies it on top (different numbers, silently)."""
-    labels = [edit_label(e) for e, _ in chain]
-    if len(chain) > 1 and any(isinstance(e, (DiagonalRemoval, EffectiveDiagonal)) for e, _ in chain):
-        raise EditCompositionError(
-            f"layer {layer} has a pattern edit together with other value-space edits ({labels}); on a plain "
-            "transformers model they do not compose the way the TransformerLens lanes compose them. Put "
-            "them on different layers (layers=...), or run them on a TransformerLens model")
-
-
 def install_edits(model, *edits: Any, when: Callable[[], bool] | None = None) -> HFEditHandle:
     """Install ``edits`` on a plain ``transformers`` causal LM until ``handle.remove()``.
 
@@ -231,7 +217,6 @@ def install_edits(model, *edits: Any, when: Callable[[], bool] | None = None) ->
         UnsupportedModelError: unknown architecture (names the class and the supported families).
         EditsAlreadyInstalledError: the model already has edits installed (remove them first).
         AttentionPatternUnavailableError: an edit needs the pattern and attention is not eager.
-        EditCompositionError: a pattern edit shares a layer with another value-space edit.
     """
     edits = _check_edits(edits)
     sites = resolve_hf_sites(model)
@@ -295,7 +280,6 @@ def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSite
         for L in e._layers(ns):
             per_layer.setdefault(L, []).append((e, _value_chain_fn(e, L, sites, run)))
     for L, chain in sorted(per_layer.items()):
-        _check_composable(L, chain)
         _install_value_layer(handle, sites, L, chain)
     for e in edits:
         if isinstance(e, ResidualScale):
@@ -327,8 +311,17 @@ def _install_value_layer(handle: HFEditHandle, sites: HFSites, layer: int, chain
                 f"({lay.v_source}) did not run with the same positions as the output projection "
                 f"({lay.o_proj}) in this forward pass; this attention module is not supported")
         z = z_flat.view(b, t, sites.n_heads, sites.d_head)
-        for _, fn in chain:
-            z = fn(z, v, weights)
+        # the TransformerLens order: pattern edits at hook_pattern in the order given (each value
+        # edit reads the pattern as it stands at its place in that order), then the value edits
+        # at hook_z, in the order given, on the head output of the edited pattern
+        value_stage = []
+        for e, fn in chain:
+            if isinstance(e, (DiagonalRemoval, EffectiveDiagonal)):
+                z, weights = fn(z, v, weights)
+            else:
+                value_stage.append((fn, weights))
+        for fn, w in value_stage:
+            z = fn(z, v, w)
         return z.reshape(b, t, -1)
 
     def o_pre(module, args):  # noqa: ARG001
@@ -427,7 +420,6 @@ def _install_residual_layer(add, sites: HFSites, e: ResidualScale, layer: int, e
 
 
 __all__ = [
-    "EditCompositionError",
     "EditsAlreadyInstalledError",
     "HFEditHandle",
     "install_edits",
