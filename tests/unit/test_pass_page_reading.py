@@ -67,3 +67,37 @@ def test_missing_names_every_task_without_a_final():
     rows.remove({"variant": "vpara", "seed": 2, "path": "own"})
     rows.append({"variant": "baseline", "seed": 0, "path": "hf"})
     assert P.missing(pd.DataFrame(rows)) == ["own-vpara-s2"] + [f"hf-{v}-s0" for v in P.VARIANTS if v != "baseline"]
+
+
+def _finals(own: dict[str, list[float]], hf: dict[str, float]) -> pd.DataFrame:
+    rows = [{"variant": v, "seed": s, "path": "own", "final_val_loss": x} for v, xs in own.items() for s, x in enumerate(xs)]
+    rows += [{"variant": v, "seed": 0, "path": "hf", "final_val_loss": x} for v, x in hf.items()]
+    return pd.DataFrame(rows)
+
+
+OWN = {"baseline": [4.456, 4.474, 4.478], "vpara": [4.482, 4.449, 4.458], "attn-para": [4.451, 4.490, 4.441]}
+TRAIN = pd.DataFrame({"hf_train_loss": [5.0, 4.6], "own_train_loss": [5.0, 4.6001]})
+
+
+def test_the_users_path_is_equal_within_the_tolerance():
+    hf = {"baseline": 4.456 + 4e-6, "vpara": 4.482 - 9e-6, "attn-para": 4.451}
+    (_, line) = P.hf_reading(_finals(OWN, hf), TRAIN)
+    assert "largest gap of the interval-mean training loss 0.0001, of the final validation loss 9e-06 nats" in line
+    assert "within the existing tolerance of 1e-5 nats, so the user's path is **equal**" in line
+    assert "vpara seed 0: own +0.0260, HF +0.0260 (same sign)" in line
+
+
+def test_above_the_tolerance_the_sign_rule_decides():
+    agree = {"baseline": 4.456 + 2e-5, "vpara": 4.481, "attn-para": 4.452}
+    line = P.hf_reading(_finals(OWN, agree), TRAIN)[1]
+    assert "above the existing tolerance of 1e-5 nats, so not equal" in line
+    assert "the seed-to-seed standard deviation of the baseline's final loss (0.012 nats)" in line
+    # the attn-para difference is -0.005 on the own trainer and -0.004 on the HF path: same sign
+    assert "Under it the user's path **agrees**" in line and "opposite" not in line
+    flips = {"baseline": 4.456 + 2e-5, "vpara": 4.481, "attn-para": 4.460}
+    line = P.hf_reading(_finals(OWN, flips), TRAIN)[1]
+    assert "**does not agree**" in line and "attn-para seed 0: own -0.0050, HF +0.0040 (**opposite sign**)" in line
+    waiting = {"baseline": 4.456 + 2e-5}
+    line = P.hf_reading(_finals(OWN, waiting), TRAIN)[1]
+    assert "waits for the variants' HF runs" in line and line.endswith("on both paths: -.")
+    assert P.hf_reading(_finals(OWN, {}), TRAIN.iloc[:0]) == []
