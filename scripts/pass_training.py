@@ -167,22 +167,80 @@ def parallel_shares(model, tokens, variant: str) -> list[dict]:
     return out
 
 
+class CpuLedger:
+    """CPU seconds one run has spent over every process that worked on it (a run resumed after a
+    kill is several processes). Earlier processes' total is read from ``path``; a daemon thread
+    rewrites it every ``every`` seconds, so a killed process loses at most that much.
+    ``complete`` is False when ``work_dir`` (the run's directory) already held work but there was
+    no ledger (a run begun before the ledger existed): its total then misses those processes."""
+
+    def __init__(self, path: Path, work_dir: Path, every: float = 60.0):
+        import threading
+
+        self.path, self.every = path, every
+        started = work_dir.is_dir() and any(work_dir.iterdir())
+        prior = json.loads(path.read_text()) if path.is_file() else {"cpu_s": 0.0, "processes": 0, "complete": not started}
+        self.prior, self.processes, self.complete = float(prior["cpu_s"]), int(prior["processes"]) + 1, bool(prior["complete"])
+        self._t0 = time.process_time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep, daemon=True)
+
+    def total(self) -> float:
+        return self.prior + time.process_time() - self._t0
+
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _json_write(self.path, {"cpu_s": self.total(), "processes": self.processes, "complete": self.complete})
+
+    def _keep(self) -> None:
+        while not self._stop.wait(self.every):
+            self.write()
+
+    def __enter__(self) -> CpuLedger:
+        self.write()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.write()
+
+
 def run_task(name: str, *, out: Path, corpus: Path, scale: str) -> dict:
     """Run one task to the end (resuming its checkpoints) and write ``results/NAME.json``."""
     import torch
 
+    torch.set_num_threads(1)
+    t_wall = time.perf_counter()
+    kind, rest = name.split("-", 1)
+    with CpuLedger(out / "cpu" / f"{name}.json", _task_dir(out, name)) as ledger:
+        record = _run_task(name, kind, rest, out=out, corpus=corpus, scale=scale)
+    record["commit"] = _common.git_commit()  # a run resumed in a later session may run newer code
+    record["cpu_s"] = ledger.total()
+    record["cpu_processes"], record["cpu_complete"] = ledger.processes, ledger.complete
+    record["wall_s"] = time.perf_counter() - t_wall
+    _json_write(out / "results" / f"{name}.json", record)
+    return record
+
+
+def _task_dir(out: Path, name: str) -> Path:
+    kind, rest = name.split("-", 1)
+    return out / ("lr" if kind == "lr" else "runs" if kind == "own" else "hf") / (name if kind == "lr" else rest)
+
+
+def _run_task(name: str, kind: str, rest: str, *, out: Path, corpus: Path, scale: str) -> dict:
+    import torch
+
     from tl_directional.training import load_init, prepare_data, train
 
-    torch.set_num_threads(1)
-    t_cpu, t_wall = time.process_time(), time.perf_counter()
-    kind, rest = name.split("-", 1)
     if kind == "lr":
         lr = float(rest)
         steps = max(int(SCALES[scale]["max_steps"] * LR_FRACTION), 2)
         cfg = _cfg(scale, corpus, variant="baseline", seed=LR_SEED, lr=lr, max_steps=steps,
                    warmup_steps=min(SCALES[scale]["warmup_steps"], steps // 4),
                    eval_every=max(steps // 4, 1), ckpt_every=max(steps // 8, 1))
-        res = train(cfg, out / "lr" / name, progress=False)
+        res = train(cfg, _task_dir(out, name), progress=False)
         record = {"task": name, "lr": lr, "final_val_loss": res.final_val_loss, "curve": res.metrics,
                   "config": cfg.to_dict()}
     else:
@@ -190,7 +248,7 @@ def run_task(name: str, *, out: Path, corpus: Path, scale: str) -> dict:
         seed = int(seed)
         lr = json.loads((out / "lr.json").read_text())["lr"]
         cfg = _cfg(scale, corpus, variant=variant, seed=seed, lr=lr)
-        run_dir = out / ("runs" if kind == "own" else "hf") / f"{variant}-s{seed}"
+        run_dir = _task_dir(out, name)
         data = prepare_data(cfg, run_dir)
         probe = data.validation[:GEOMETRY_WINDOWS]
         if kind == "own":
@@ -207,10 +265,6 @@ def run_task(name: str, *, out: Path, corpus: Path, scale: str) -> dict:
             record = {"task": name, "variant": variant, "seed": seed, "path": "hf",
                       "final_val_loss": got["val_loss"], "train_losses": got["train_losses"],
                       "config": cfg.to_dict()}
-    record["commit"] = _common.git_commit()  # a run resumed in a later session may run newer code
-    record["cpu_s"] = time.process_time() - t_cpu
-    record["wall_s"] = time.perf_counter() - t_wall
-    _json_write(out / "results" / f"{name}.json", record)
     return record
 
 
@@ -423,6 +477,7 @@ def collect(args) -> int:
         "complete": all(f"own-{v}-s{s}" in recs for v in VARIANTS for s in SEEDS)
         and all(f"hf-{v}-s{s}" in recs for v in VARIANTS for s in HF_SEEDS),
         "cpu_hours": sum(r.get("cpu_s", 0) for r in recs.values()) / 3600,
+        "cpu_partial_runs": sorted(t for t, r in recs.items() if not r.get("cpu_complete", False)),
         "task_commits": sorted({c[:7] + ("+dirty" if c.endswith("+dirty") else "")
                                 for c in (r.get("commit", "unknown") for r in recs.values())}),
         "files": {},
@@ -455,6 +510,16 @@ def io_bytes(raw: bytes):
 
 HF_TOLERANCE = 1e-5  # nats; the final-loss tolerance of tests/integration/test_hf_toy_experiment.py
 TOL_TEXT = "1e-5"
+
+
+def cpu_caveat(manifest: dict, n_runs: int) -> str:
+    """The CPU total's caveat: runs whose time counts only some of their processes (resumed
+    before :class:`CpuLedger` kept their total), so the figure is a lower bound."""
+    partial = manifest.get("cpu_partial_runs")
+    if partial is None or not partial:
+        return "" if partial is not None else " (a lower bound: resumed runs may count only their last process)"
+    return (f" (a lower bound: {len(partial)} of {n_runs} runs were resumed or recorded before the CPU ledger and "
+            "count only their last process)")
 
 
 def hf_reading(final, hf) -> list[str]:
@@ -727,7 +792,7 @@ def build_page(stem: str, data: Path = DATA) -> str:
         "",
         f"- Run: `{manifest['command']}` at commit `{manifest['commit']}`, started {manifest['started']}, torch "
         f"{manifest['torch']}; tasks finished at {', '.join(f'`{c}`' for c in manifest.get('task_commits', []))}; "
-        f"{manifest['cpu_hours']:.1f} CPU-hours recorded"
+        f"{manifest['cpu_hours']:.1f} CPU-hours recorded{cpu_caveat(manifest, len(t['final']) + len(manifest.get('lr_choice', {}).get('candidates', {})))}"
         + ("." if manifest["complete"] else " so far (**incomplete**: the tables show the finished runs; not yet "
                                             f"landed: {', '.join(missing(t['final'])) or '-'})."),
         f"- Corpus: `pass8m` (`make pass-corpus`: Debian documentation sources, split by document), "
