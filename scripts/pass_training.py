@@ -535,9 +535,10 @@ def hf_reading(final, hf) -> list[str]:
         x = final[(final.variant == variant) & (final.path == path) & (final.seed == seed)].final_val_loss
         return float(x.iloc[0]) if len(x) else None
 
-    gaps = [abs(pick("hf", v, s_) - pick("own", v, s_)) for v in VARIANTS for s_ in HF_SEEDS
-            if pick("hf", v, s_) is not None and pick("own", v, s_) is not None]
-    worst = max(gaps) if gaps else math.nan
+    gaps = {f"{v} seed {s_}" if len(HF_SEEDS) > 1 else v: abs(pick("hf", v, s_) - pick("own", v, s_))
+            for v in VARIANTS for s_ in HF_SEEDS if pick("hf", v, s_) is not None and pick("own", v, s_) is not None}
+    worst = max(gaps.values()) if gaps else math.nan
+    each = ", ".join(f"{k} {g:.2g}" for k, g in gaps.items())
     own = final[final.path == "own"]
     spread = own[own.variant == "baseline"].final_val_loss.std(ddof=1) if (own.variant == "baseline").sum() > 1 else math.nan
     signs, agree = [], []
@@ -551,7 +552,7 @@ def hf_reading(final, hf) -> list[str]:
             agree.append(same)
             signs.append(f"{v} seed {seed}: own {d_own:+.4f}, HF {d_hf:+.4f} ({'same sign' if same else '**opposite sign**'})")
     lines = [f"HF `Trainer` + `DirectionalEditCallback` against the own trainer, same seed: largest gap of the "
-             f"interval-mean training loss {gap_train:.2g}, of the final validation loss {worst:.2g} nats"]
+             f"interval-mean training loss {gap_train:.2g}, of the final validation loss {worst:.2g} nats ({each})"]
     if math.isfinite(worst) and worst <= HF_TOLERANCE:
         lines[0] += f"; within the existing tolerance of {TOL_TEXT} nats, so the user's path is **equal**."
     else:

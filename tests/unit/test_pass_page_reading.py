@@ -82,7 +82,8 @@ TRAIN = pd.DataFrame({"hf_train_loss": [5.0, 4.6], "own_train_loss": [5.0, 4.600
 def test_the_users_path_is_equal_within_the_tolerance():
     hf = {"baseline": 4.456 + 4e-6, "vpara": 4.482 - 9e-6, "attn-para": 4.451}
     (_, line) = P.hf_reading(_finals(OWN, hf), TRAIN)
-    assert "largest gap of the interval-mean training loss 0.0001, of the final validation loss 9e-06 nats" in line
+    assert ("largest gap of the interval-mean training loss 0.0001, of the final validation loss 9e-06 nats "
+            "(baseline 4e-06, vpara 9e-06, attn-para 0)") in line
     assert "within the existing tolerance of 1e-5 nats, so the user's path is **equal**" in line
     assert "vpara seed 0: own +0.0260, HF +0.0260 (same sign)" in line
 
