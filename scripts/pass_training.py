@@ -32,6 +32,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -175,8 +176,6 @@ class CpuLedger:
     no ledger (a run begun before the ledger existed): its total then misses those processes."""
 
     def __init__(self, path: Path, work_dir: Path, every: float = 60.0):
-        import threading
-
         self.path, self.every = path, every
         started = work_dir.is_dir() and any(work_dir.iterdir())
         prior = json.loads(path.read_text()) if path.is_file() else {"cpu_s": 0.0, "processes": 0, "complete": not started}
@@ -516,8 +515,10 @@ def cpu_caveat(manifest: dict, n_runs: int) -> str:
     """The CPU total's caveat: runs whose time counts only some of their processes (resumed
     before :class:`CpuLedger` kept their total), so the figure is a lower bound."""
     partial = manifest.get("cpu_partial_runs")
-    if partial is None or not partial:
-        return "" if partial is not None else " (a lower bound: resumed runs may count only their last process)"
+    if partial is None:
+        return " (a lower bound: resumed runs may count only their last process)"
+    if not partial:
+        return ""
     return (f" (a lower bound: {len(partial)} of {n_runs} runs were resumed or recorded before the CPU ledger and "
             "count only their last process)")
 
@@ -535,8 +536,9 @@ def hf_reading(final, hf) -> list[str]:
         x = final[(final.variant == variant) & (final.path == path) & (final.seed == seed)].final_val_loss
         return float(x.iloc[0]) if len(x) else None
 
-    gaps = {f"{v} seed {s_}" if len(HF_SEEDS) > 1 else v: abs(pick("hf", v, s_) - pick("own", v, s_))
-            for v in VARIANTS for s_ in HF_SEEDS if pick("hf", v, s_) is not None and pick("own", v, s_) is not None}
+    both = {(v, s_): (pick("own", v, s_), pick("hf", v, s_)) for v in VARIANTS for s_ in HF_SEEDS}
+    gaps = {f"{v} seed {s_}" if len(HF_SEEDS) > 1 else v: abs(h - o)
+            for (v, s_), (o, h) in both.items() if o is not None and h is not None}
     worst = max(gaps.values()) if gaps else math.nan
     each = ", ".join(f"{k} {g:.2g}" for k, g in gaps.items())
     own = final[final.path == "own"]

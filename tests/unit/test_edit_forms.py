@@ -10,6 +10,8 @@ from tl_directional.edit.forms import (
     cross_aggregate,
     diagonal_removed,
     diagonal_removed_aggregate,
+    diagonal_shifted,
+    diagonal_shifted_aggregate,
     effective_diagonal_aggregate,
     effective_diagonal_pattern,
     residual_parts,
@@ -70,6 +72,27 @@ def test_effective_diagonal_on_the_pattern_equals_it_on_the_output_and_v_para():
     assert torch.allclose(on_pattern, on_output, atol=1e-12) and torch.allclose(on_output, v_para, atol=1e-12)
     one = torch.ones_like(s)
     assert torch.equal(effective_diagonal_aggregate(z, v, one, 1e-12), z)
+
+
+def test_a_shifted_diagonal_by_hand_on_the_output_and_behind_a_cache():
+    """``A_tt += add_t`` on the pattern (key ``offset + t``) and ``z + add_t v_t`` on the output
+    agree, also for queries behind cached keys, and leave every other entry as it was."""
+    a, v = _pattern(), _values()
+    add = torch.randn(B, Q, H, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    got = diagonal_shifted(a, 0, add)
+    want = a.clone()
+    for t in range(Q):
+        want[:, :, t, t] += add[:, t]
+    assert torch.equal(got, want)
+    assert torch.allclose(_aggregate(got, v), diagonal_shifted_aggregate(_aggregate(a, v), v, add), atol=1e-12)
+    # the last two queries against all Q keys (the first Q - 2 cached): the diagonal is at offset + t
+    tail, off = a[:, :, -2:], Q - 2
+    shifted = diagonal_shifted(tail, off, add[:, -2:])
+    for t in range(2):
+        assert torch.equal(shifted[:, :, t, off + t], tail[:, :, t, off + t] + add[:, Q - 2 + t])
+    untouched = torch.ones_like(tail, dtype=torch.bool)
+    untouched[:, :, [0, 1], [off, off + 1]] = False
+    assert torch.equal(shifted[untouched], tail[untouched])
 
 
 def test_value_forms_by_hand_and_the_fast_form_bit_for_bit():

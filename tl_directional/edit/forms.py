@@ -294,8 +294,16 @@ def effective_diagonal_aggregate(z: Float[Tensor, "batch query n_heads d_head"],
     """The same edit on the head output: ``z + (s_par - 1) beta_t v_t`` (``beta_t`` from ``z``,
     the unedited aggregate), in the compute dtype; ``v`` the own values with KV heads expanded,
     ``s_par`` ``[batch|1, query|1, n_heads|1]``."""
+    return diagonal_shifted_aggregate(z, v, effective_diagonal_shift(z, v, s_par, eps))
+
+
+def diagonal_shifted_aggregate(z: Float[Tensor, "batch query n_heads d_head"],
+                               v: Float[Tensor, "batch query n_heads d_head"],
+                               add: Float[Tensor, "batch query n_heads"]) -> Float[Tensor, "batch query n_heads d_head"]:
+    """:func:`diagonal_shifted` written on the head output: ``z + add_t v_t`` (``A_tt += add_t``
+    changes the aggregate by ``add_t`` times the own value), in the compute dtype of ``z``."""
     dtype = compute_dtype(z.dtype)
-    return z.to(dtype) + effective_diagonal_shift(z, v, s_par, eps).unsqueeze(-1) * v.to(dtype)
+    return z.to(dtype) + add.unsqueeze(-1) * v.to(dtype)
 
 
 __all__ = [
@@ -304,6 +312,7 @@ __all__ = [
     "diagonal_removed",
     "diagonal_removed_aggregate",
     "diagonal_shifted",
+    "diagonal_shifted_aggregate",
     "effective_diagonal_aggregate",
     "effective_diagonal_pattern",
     "effective_diagonal_shift",

@@ -294,6 +294,8 @@ def _install_value_layer(handle: HFEditHandle, sites: HFSites, layer: int, chain
     o_proj = sites.module(layer, lay.o_proj, under_attn=True)
     v_mod = sites.module(layer, lay.v_source, under_attn=True)
     post = any(_needs_pattern(e) for e, _ in chain)
+    # whether an edit after position i reads the pattern's values (not only its key offset)
+    read_later = [any(_needs_pattern(e) for e, _ in chain[i + 1:]) for i in range(len(chain))]
     state: dict = {}
 
     def v_hook(module, args, output):  # noqa: ARG001
@@ -315,9 +317,9 @@ def _install_value_layer(handle: HFEditHandle, sites: HFSites, layer: int, chain
         # edit reads the pattern as it stands at its place in that order), then the value edits
         # at hook_z, in the order given, on the head output of the edited pattern
         value_stage = []
-        for e, fn in chain:
+        for i, (e, fn) in enumerate(chain):
             if isinstance(e, (DiagonalRemoval, EffectiveDiagonal)):
-                z, weights = fn(z, v, weights)
+                z, weights = fn(z, v, weights, carry=read_later[i])
             else:
                 value_stage.append((fn, weights))
         for fn, w in value_stage:

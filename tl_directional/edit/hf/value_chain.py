@@ -21,7 +21,7 @@ from ..forms import (
     diagonal_removed,
     diagonal_removed_aggregate,
     diagonal_shifted,
-    effective_diagonal_aggregate,
+    diagonal_shifted_aggregate,
     effective_diagonal_shift,
     joint_value_scaled,
     self_weights,
@@ -73,8 +73,9 @@ def edit_label(e: Edit) -> str:
 
 def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
     """``(z, v, weights) -> z'`` for one value-space edit at ``layer``; for a pattern edit
-    ``(z, v, weights) -> (z', weights')``, the head output and the pattern after the edit
-    (``weights'`` None when ``weights`` is).
+    ``(z, v, weights, carry=True) -> (z', weights')``, the head output and the pattern after the
+    edit (``weights'`` None when ``weights`` is; with ``carry=False``, when no later edit reads
+    the pattern's values, ``weights`` itself, which still gives the key offset).
 
     ``z``: ``[batch, q, n_heads, d_head]`` (o_proj input); ``v``: ``[batch, q, n_heads, d_head]``
     (own values, KV heads expanded); ``weights``: ``[batch, n_heads, q, k]`` or None."""
@@ -106,29 +107,29 @@ def _value_chain_fn(e: Edit, layer: int, sites: HFSites, run: _Run) -> Callable:
                 edited = value_scaled(z, y, v, sp, sq, e.eps)
             return cast_back(edited, z, e, layer)
     elif isinstance(e, EffectiveDiagonal):
-        def fn(z, v, weights):
+        def fn(z, v, weights, carry=True):
             batch, n_q = z.shape[:2]
             dtype = compute_dtype(z.dtype)
             off = offset_of(z, weights)
             s = row_scale(e, s_par, layer, batch, n_q, off, head_mask, z.device, dtype)
             run.record(key, z, v, e.eps)
-            z_new = cast_back(effective_diagonal_aggregate(z, v, s, e.eps), z, e, layer)
-            if weights is None:
-                return z_new, None
-            return z_new, diagonal_shifted(weights, off, effective_diagonal_shift(z, v, s, e.eps))
+            add = effective_diagonal_shift(z, v, s, e.eps)
+            z_new = cast_back(diagonal_shifted_aggregate(z, v, add), z, e, layer)
+            return z_new, (diagonal_shifted(weights, off, add) if carry and weights is not None else weights)
     else:  # DiagonalRemoval: A_tt := 0, row renormalised over s != t
-        def fn(z, v, weights):
+        def fn(z, v, weights, carry=True):
             batch, n_q = z.shape[:2]
             dtype = compute_dtype(z.dtype)
             off = offset_of(z, weights)
             w = weights.to(dtype)
             run.record(key, z, v, 1e-12)
             scope = pattern_scope(head_mask, query_mask(e, batch, n_q, off, z.device), z.device)
-            w_new = diagonal_removed(w, off, scope, e.eps)
             if off == 0 and w.shape[-1] == n_q:
                 # every key's value is here (no KV cache): aggregate the edited pattern again,
                 # the TransformerLens lane's order of operations (A' v as eager attention does it)
+                w_new = diagonal_removed(w, 0, scope, e.eps)
                 z_new = torch.matmul(w_new, v.to(dtype).transpose(1, 2)).transpose(1, 2)
                 return cast_back(z_new, z, e, layer), w_new
-            return cast_back(diagonal_removed_aggregate(z, v, w, off, scope, e.eps), z, e, layer), w_new
+            z_new = cast_back(diagonal_removed_aggregate(z, v, w, off, scope, e.eps), z, e, layer)
+            return z_new, (diagonal_removed(w, off, scope, e.eps) if carry else weights)
     return fn
