@@ -10,7 +10,7 @@ import torch
 
 import tl_directional as tld
 from tests.integration.test_hf_edits import TOL, _loss
-from tl_directional.edit import ResidualScale, ValueScale
+from tl_directional.edit import DiagonalRemoval, EffectiveDiagonal, ResidualScale, ValueScale
 from tl_directional.model.adapter import lane_of
 from tl_directional.model.load import catalog, load_hf_model, load_model
 
@@ -29,14 +29,17 @@ def test_real_models_equal_transformerlens_edit(name):
     # 1e-5 relative there.
     with torch.no_grad():
         gap = abs(float(_loss(tl(ids), ids)) - float(_loss(hf(ids).logits, ids)))
-    for edit in (ValueScale(0.0, mode="exclusive"), ResidualScale("attn", 0.0), ValueScale(0.0)):
+    # the last: a pattern edit and value edits sharing layers, composed as on the TL lanes
+    composed = (DiagonalRemoval(layers=[2, 5]), ValueScale(0.0, mode="exclusive", layers=[2, 5]),
+                EffectiveDiagonal(0.5, layers=[5]))
+    for edits in ((ValueScale(0.0, mode="exclusive"),), (ResidualScale("attn", 0.0),), (ValueScale(0.0),), composed):
         with torch.no_grad():
-            with tld.apply_edits(tl, edit):
+            with tld.apply_edits(tl, *edits):
                 a = _loss(tl(ids), ids)
-            with tld.apply_edits(hf, edit):
+            with tld.apply_edits(hf, *edits):
                 b = _loss(hf(ids).logits, ids)
         tol = TOL if lane_of(tl) == "bridge" else TOL * abs(float(b))
-        assert abs(float(a) - float(b)) <= tol, (name, edit, float(a), float(b), "unedited gap", gap)
+        assert abs(float(a) - float(b)) <= tol, (name, edits, float(a), float(b), "unedited gap", gap)
     with torch.no_grad():
         base = hf(ids).logits
         with tld.apply_edits(hf, ValueScale(1.0, mode="exclusive"), ResidualScale("mlp")):
