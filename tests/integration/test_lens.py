@@ -244,3 +244,48 @@ def test_training_mode_and_multi_token_strings_are_refused(tiny_model):
     if getattr(model, "tokenizer", None) is not None:
         with pytest.raises(LensInputError, match="not one; pass a single-token"):
             split_logit_lens(model, TOKENS, target_tokens=" antidisestablishmentarianism")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_padded_row_equals_the_row_alone(tiny_model, family, side):
+    """With ``attention_mask`` a padded row's lens and its split equal the same row run alone,
+    within float32 round-off (a batched and a single-row forward reduce in other orders), and
+    padded positions are NaN. (Float32: in float64 the bridge's left-padded Llama fills padded
+    positions with NaN that attention then spreads, an upstream behaviour of every verb.)"""
+    from tl_directional.core.roundoff import roundoff_tolerance
+    from tl_directional.model.inputs import pad_sequences
+
+    model = tiny_model(family)
+    short, long = TOKENS[0, :4].tolist(), TOKENS[1].tolist()
+    padded = pad_sequences([short, long], pad_id=0, padding_side=side)
+    targets = torch.full(padded.tokens.shape, 7)
+    got = split_logit_lens(model, padded.tokens, target_tokens=targets, attention_mask=padded.attention_mask)
+    alone = split_logit_lens(model, torch.tensor([short]), target_tokens=7)
+    real = padded.attention_mask[0].bool()
+    terms = model.cfg.d_model * model.cfg.n_layers
+    for name in ("lens_logits", "full", "parallel_if_first", "parallel_if_last"):
+        mine, ref = getattr(got, name)[..., 0, :], getattr(alone, name)[..., 0, :]
+        gap, limit = float((mine[..., real] - ref).abs().max()), roundoff_tolerance(
+            torch.float32, float(alone.lens_logits.abs().max()), terms)
+        assert gap <= limit, (name, gap, limit)
+        assert torch.isnan(mine[..., ~real]).all(), name
+    # without the mask the padded row reads the padding as tokens: the lens moves (test can fail)
+    if side == "left":
+        unmasked = split_logit_lens(model, padded.tokens, target_tokens=targets)
+        assert (unmasked.lens_logits[..., 0, :][..., real] - alone.lens_logits[..., 0, :]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("mask", "needle"),
+    [
+        (torch.tensor([[1, 1, 0.5, 1, 1, 1, 1], [1] * 7]), "dtype torch.float32"),
+        (torch.tensor([[1, 1, 2, 1, 1, 1, 1], [1] * 7]), r"holds \[2\]"),
+        (torch.tensor([[1, 1, -1, 1, 1, 1, 1], [1] * 7]), r"holds \[-1\]"),
+        (torch.ones(2, 6, dtype=torch.long), "shape"),
+        (torch.tensor([[0] * 7, [1] * 7]), "all padding"),
+    ],
+)
+def test_bad_attention_masks_are_refused(tiny_model, mask, needle):
+    with pytest.raises(LensInputError, match=needle):
+        split_logit_lens(tiny_model("gpt2"), TOKENS, target_tokens=7, attention_mask=mask)

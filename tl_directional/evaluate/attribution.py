@@ -44,7 +44,7 @@ from ..core.bootstrap import random_subspace_share
 from ..core.geometry import DEFAULT_EPS, check_eps
 from ..model.adapter import capture_hooks, device_of
 from ..model.inputs import prepare_inputs
-from ..model.sites import ModelSites, is_sandwich_norm, resolve_sites
+from ..model.sites import ModelSites, analysis_sites, is_sandwich_norm, resolve_sites
 from .attribution_scores import AttributionError, node_scores, split_dot
 from .cache_input import cache_tensor, check_names_filter, is_cache
 from .result import DirectionalResult
@@ -104,15 +104,6 @@ def attribution_hooks(model, node_types: Sequence[str] = NODE_TYPES) -> list[str
     sites = resolve_sites(model, warn=False)
     names = _clean_hooks(sites, _check_node_types(node_types))
     return sorted({h for hs in names.values() for h in hs})
-
-
-def _check_eval_mode(model) -> None:
-    training = [n for n, m in model.named_modules() if m.training]
-    if training:
-        raise AttributionError(
-            f"model is in training mode ({training[0] or 'the model itself'} and {len(training) - 1} more "
-            "modules): dropout would make the clean and corrupted runs differ by chance; call model.eval()"
-        )
 
 
 def _metric_vector(metric, logits: Tensor, batch: int) -> Tensor:
@@ -273,8 +264,8 @@ def attribution_patch(
         )
     node_types = _check_node_types(node_types)
     eps = check_eps(eps)
-    _check_eval_mode(model)
-    sites = resolve_sites(model, warn=False)
+    sites = analysis_sites(model, "attribution_patch", AttributionError,
+                           "dropout would make the clean and corrupted runs differ by chance")
     sandwich = is_sandwich_norm(model)
     needed = _clean_hooks(sites, node_types)
     check_names_filter(

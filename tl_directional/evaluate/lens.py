@@ -28,8 +28,9 @@ from torch import Tensor
 from ..core.errors import TLDirectionalError
 from ..core.geometry import DEFAULT_EPS, check_eps, dtype_tolerance, parallel_part
 from ..figures.lens import split_lens_figure
-from ..model.adapter import device_of
-from ..model.sites import POST_LN, SEQUENTIAL, check_hook_api, resolve_sites
+from ..model.adapter import capture, device_of
+from ..model.inputs import check_attention_mask_values
+from ..model.sites import POST_LN, SEQUENTIAL, analysis_sites, check_hook_api
 
 ORDERINGS = ("shapley", "parallel_first", "perpendicular_first")
 
@@ -215,6 +216,26 @@ def _check_tokens(model, tokens) -> Tensor:
     return tokens.long()
 
 
+def _check_mask(attention_mask, shape) -> Tensor | None:
+    """``attention_mask`` as a bool ``[batch, pos]`` tensor (None stays None): 0/1 entries, the
+    tokens' shape, and at least one token in every row."""
+    if attention_mask is None:
+        return None
+    try:
+        check_attention_mask_values(attention_mask)
+    except (TypeError, ValueError) as exc:
+        raise LensInputError(str(exc)) from None
+    mask = attention_mask.unsqueeze(0) if attention_mask.ndim == 1 else attention_mask
+    if tuple(mask.shape) != tuple(shape):
+        raise LensInputError(f"attention_mask has shape {tuple(mask.shape)} but tokens have shape "
+                             f"{tuple(shape)}; pass one 0/1 entry per token")
+    mask = mask.bool().cpu()
+    empty = (~mask.any(-1)).nonzero().flatten().tolist()
+    if empty:
+        raise LensInputError(f"attention_mask rows {empty[:8]} are all padding; drop those rows")
+    return mask
+
+
 def _one_token(model, text: str, where: str) -> int:
     tok = getattr(model, "tokenizer", None)
     if tok is None:
@@ -360,6 +381,7 @@ def split_logit_lens(
     ordering: str = "shapley",
     eps: float = DEFAULT_EPS,
     check_additivity: bool = True,
+    attention_mask: Tensor | None = None,
 ) -> SplitLensResult:
     """Split logit lens of ``target_tokens`` over every layer and position of ``tokens``.
 
@@ -397,6 +419,10 @@ def split_logit_lens(
             gets no parallel part.
         check_additivity: raise unless every step's cached ``start + update`` equals the next
             cached stream to the dtype's tolerance (the identity the split rests on).
+        attention_mask: ``[batch, pos]`` of 0 (padding) / 1 (token), bool or integer, for a
+            padded batch: the forward masks the padding, and every value at a padded position
+            is NaN in the result (a padded position has no lens). Without it every position is a
+            token: a padded batch then gives wrong values at the rows' real tokens too.
 
     Returns:
         A :class:`SplitLensResult` (float64 values; ``.to_frame()``, ``.figure()``, ``.shares()``).
@@ -408,14 +434,11 @@ def split_logit_lens(
     check_hook_api(model)
     ordering = _check_ordering(ordering)
     eps = check_eps(eps)
-    if getattr(model, "training", False):
-        raise LensInputError(
-            "model is in training mode (dropout on), so the lens would be random; call model.eval() first"
-        )
     tokens = _check_tokens(model, tokens)
     batch, pos = tokens.shape
+    mask = _check_mask(attention_mask, tokens.shape)
     targets = _check_targets(model, target_tokens, batch, pos)
-    sites = resolve_sites(model, warn=False)
+    sites = analysis_sites(model, "split_logit_lens", LensInputError, "dropout would make the lens random")
     if sites.arch == POST_LN:
         raise LensInputError(
             f"model {sites.model_name} is a post-LN encoder; the logit lens needs a pre-LN decoder "
@@ -431,7 +454,9 @@ def split_logit_lens(
         | {s.start for row in steps for s in row}
         | {u for row in steps for s in row for u in s.updates}
     )
-    _, cache = model.run_with_cache(tokens.to(device_of(model)), names_filter=lambda n: n in names)
+    device = device_of(model)
+    am = None if mask is None else mask.long().to(device)
+    _, cache = capture(model, tokens.to(device), names, attention_mask=am)
 
     f = _Reader(model, targets)
     lens = torch.stack([f(cache[name]) for name in stream])  # [L + 1, batch, pos]
@@ -466,6 +491,10 @@ def split_logit_lens(
             step_full[L, c] = f_end - f_start
             f_start = f_end
     notes = list(sites.notes)
+    if mask is not None:  # a padded position has no lens: NaN, not a number that looks like one
+        pad = ~mask.to(lens.device)
+        for t in (lens, par_first, par_last, step_full):
+            t[..., pad] = float("nan")
     return SplitLensResult(
         lens_logits=lens.cpu(),
         full=(lens[1:] - lens[:-1]).cpu(),

@@ -15,7 +15,7 @@ from torch import Tensor
 from ..core.geometry import DEFAULT_EPS, check_eps, decompose
 from ..model.adapter import capture, device_of
 from ..model.inputs import prepare_inputs, token_ids
-from ..model.sites import ModelSites, resolve_sites
+from ..model.sites import ModelSites, analysis_sites
 from ..model.weights import final_norm_weight
 from .patch_hooks import integer_columns
 
@@ -74,7 +74,8 @@ def split_logit_attribution(
         ``par_frac`` of the written vector.
     """
     eps = check_eps(eps)
-    sites = resolve_sites(model)
+    sites = analysis_sites(model, "split_logit_attribution", ValueError,
+                           "dropout would make the attribution random")
     if not sites.causal:
         raise ValueError("split_logit_attribution needs a causal LM with an unembedding")
     # a cut text would be attributed at its last kept token, not where the answer follows it

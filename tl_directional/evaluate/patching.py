@@ -37,8 +37,8 @@ from ..model.adapter import (
 )
 from ..model.indices import normalize_heads, normalize_layers
 from ..model.inputs import prepare_inputs
-from ..model.sites import ModelSites, expand_kv_heads, kv_head_index, resolve_sites
-from .cache_input import cache_tensor, check_names_filter, is_cache
+from ..model.sites import ModelSites, analysis_sites, expand_kv_heads, kv_head_index
+from .cache_input import PatchingInputError, cache_tensor, check_names_filter, is_cache
 from .logit_attribution import split_logit_attribution  # the patching page's second tool
 from .patch_hooks import (
     PatchVariant,
@@ -258,7 +258,8 @@ def directional_patch(
     which = _check_which(which)
     batch_size = _check_batch_size(batch_size)
     eps = check_eps(eps)
-    sites = resolve_sites(model)
+    sites = analysis_sites(model, "directional_patch", PatchingInputError,
+                           "dropout would make the patched and corrupted runs differ by chance")
     x_batch = prepare_inputs(model, corrupted, attention_mask, argument="corrupted")
     components = check_components(components, sites.components + ("value",) + STREAM_COMPONENTS + KV_COMPONENTS,
                                   allowed=ALL_COMPONENTS + STREAM_COMPONENTS + KV_COMPONENTS, arch=sites.arch)

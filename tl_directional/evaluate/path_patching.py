@@ -42,7 +42,7 @@ from ..model.adapter import (
     from_block,
 )
 from ..model.inputs import prepare_inputs
-from ..model.sites import POST_LN, resolve_sites
+from ..model.sites import POST_LN, analysis_sites
 from ..model.structure import is_sandwich_norm
 from .cache_input import cache_tensor, check_names_filter, is_cache
 from .path_hooks import PathRun, chunk_hooks
@@ -61,17 +61,6 @@ from .result import DirectionalResult
 PARTS = ("full", "par", "perp")
 _AUTO_LOGIT_ELEMENTS = 2**26
 _AUTO_MAX_RUNS = 64
-
-
-def _check_eval(model) -> None:
-    if not any(m.training for m in model.modules()):
-        return
-    training = [n for n, m in model.named_modules() if m.training]
-    if training:
-        raise PathPatchError(
-            f"model is in training mode ({training[0] or 'the model itself'} and {len(training) - 1} more modules): "
-            "dropout would make the patched and corrupted runs differ by chance; call model.eval()"
-        )
 
 
 def _metric_rows(metric, logits: Tensor, b: int) -> np.ndarray:
@@ -166,7 +155,6 @@ def path_patch(
     clean_cache = None
     if is_cache(corrupted):
         clean_cache, corrupted, clean = corrupted, clean, None
-    _check_eval(model)
     eps = check_eps(eps)
     if space not in SPACES:
         raise PathPatchError(
@@ -175,7 +163,8 @@ def path_patch(
     parts = (parts,) if isinstance(parts, str) else tuple(dict.fromkeys(parts))
     if not parts or any(p not in PARTS for p in parts):
         raise PathPatchError(f"parts={parts!r}: choose from {PARTS}")
-    sites = resolve_sites(model, warn=False)
+    sites = analysis_sites(model, "path_patch", PathPatchError,
+                           "dropout would make the patched and corrupted runs differ by chance")
     if sites.arch == POST_LN:
         raise PathPatchError(
             f"{sites.model_name} is a post-LN encoder: every write passes a LayerNorm before any later "

@@ -251,6 +251,23 @@ def _as_token_batch(model, inputs, argument: str, *, too_long: str | None, mask_
     return batch
 
 
+def check_attention_mask_values(attention_mask, argument: str = "attention_mask") -> None:
+    """Refuse a padding mask that is not bool or integer 0 / 1: ``.long()`` would turn 0.5 into
+    0 and keep 2 or -1, each giving another, silently wrong, result."""
+    if not isinstance(attention_mask, Tensor):
+        raise TypeError(f"{argument} must be a torch.Tensor of 0 (padding) and 1 (token), got "
+                        f"{type(attention_mask).__name__}")
+    if attention_mask.dtype == torch.bool:
+        return
+    if attention_mask.is_floating_point() or attention_mask.is_complex():
+        raise ValueError(f"{argument} has dtype {attention_mask.dtype}; it must be bool or integer "
+                         f"0 (padding) / 1 (token): pass {argument}.long() of a 0/1 mask")
+    bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)]
+    if bad.numel():
+        values = sorted({int(v) for v in bad.flatten()[:1000].tolist()})[:4]
+        raise ValueError(f"{argument} holds {values}; its entries must be 0 (padding) or 1 (token)")
+
+
 def _with_attention_mask(inputs, batch: TokenBatch, attention_mask: Tensor) -> TokenBatch:
     """``batch`` with the caller's ``attention_mask`` (token-id inputs only; shapes must match)."""
     if isinstance(inputs, (str, list, tuple)) and not isinstance(inputs, Tensor):
@@ -259,6 +276,7 @@ def _with_attention_mask(inputs, batch: TokenBatch, attention_mask: Tensor) -> T
                 "attention_mask is only accepted with token-id inputs; for strings the mask "
                 "comes from the tokenizer"
             )
+    check_attention_mask_values(attention_mask)
     attention_mask = attention_mask.unsqueeze(0) if attention_mask.ndim == 1 else attention_mask
     if tuple(attention_mask.shape) != tuple(batch.tokens.shape):
         raise ValueError(

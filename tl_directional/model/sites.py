@@ -255,6 +255,44 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
     return sites
 
 
+def analysis_sites(model, verb: str, error: type[Exception], why: str) -> ModelSites:
+    """The one check every analysis verb makes of its model before it runs anything: refuse a
+    model in training mode (dropout would make two identical runs differ), then the resolved
+    sites, with a :class:`WeightProcessingWarning` when the weights look processed.
+
+    Args:
+        model: a ``TransformerBridge`` or ``HookedTransformer``.
+        verb: the public function's name, for the message (``"path_patch"``).
+        error: the verb's own error class (a ``ValueError`` / ``RuntimeError`` subclass).
+        why: what dropout would spoil, in the verb's terms ("the patched and corrupted runs
+            would differ by chance").
+
+    Raises:
+        error: a module of ``model`` is in training mode; the message names the first one and
+            the fix (``model.eval()``).
+    """
+    training = [n for n, m in model.named_modules() if m.training] if hasattr(model, "named_modules") else []
+    if training:
+        raise error(
+            f"{verb}: model is in training mode ({training[0] or 'the model itself'} and "
+            f"{len(training) - 1} more modules): {why}; call model.eval() first"
+        )
+    with warnings.catch_warnings():
+        # the warning should point at the user's call of the verb, two frames above this one
+        warnings.simplefilter("ignore", WeightProcessingWarning)
+        sites = resolve_sites(model, warn=False)
+    if sites.weights.any:
+        warnings.warn(
+            f"{sites.model_name}: weights look processed ({sites.weights.as_dict()}); {verb} "
+            "splits against the stream these weights produce, which centring and folding change. "
+            "The canonical form is unprocessed (TransformerBridge.boot_transformers without "
+            "enable_compatibility_mode, or HookedTransformer.from_pretrained_no_processing).",
+            WeightProcessingWarning,
+            stacklevel=3,
+        )
+    return sites
+
+
 def _resolve(model) -> ModelSites:
     """One real resolution (see :func:`resolve_sites`, which caches it)."""
     cfg = model.cfg

@@ -1,0 +1,72 @@
+"""Issue 47: every analysis verb makes the same checks of its model and its mask before it runs
+anything (tl_directional.model.sites.analysis_sites, tl_directional.model.inputs.
+check_attention_mask_values): a model in training mode is refused (dropout would make two identical
+calls differ), a mask entry other than 0 / 1 is refused (``.long()`` used to turn 0.5 into 0 and
+keep 2 or -1, each a different, silently wrong result), and processed weights give a
+``WeightProcessingWarning``. Each case failed on at least one verb before the change."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import tl_directional as tld
+
+CLEAN = torch.tensor([[1, 5, 9, 13, 17, 21], [2, 6, 10, 14, 18, 22]])
+CORRUPT = torch.tensor([[1, 5, 9, 30, 17, 21], [2, 6, 10, 31, 18, 22]])
+
+
+def _metric(logits):
+    return logits[:, -1, 3] - logits[:, -1, 4]
+
+
+def _scalar(logits):
+    return _metric(logits).mean()
+
+
+VERBS = {
+    "directional_patch": lambda m, **kw: tld.directional_patch(m, CLEAN, CORRUPT, _scalar,
+                                                              components=("attn",), layers=[0], **kw),
+    "attribution_patch": lambda m, **kw: tld.attribution_patch(m, CLEAN, CORRUPT, _metric, **kw),
+    "path_patch": lambda m, **kw: tld.path_patch(m, CLEAN, CORRUPT, _metric, sender=("head", 0, 0),
+                                                 receivers="q", **kw),
+    "split_logit_lens": lambda m, **kw: tld.split_logit_lens(m, CLEAN, target_tokens=7, **kw),
+    "split_logit_attribution": lambda m, **kw: tld.split_logit_attribution(m, CLEAN, 5, **kw),
+}
+MASKED = [v for v in VERBS if v != "split_logit_attribution"]
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_training_mode_is_refused_by_every_verb(tiny_model, verb):
+    model = tiny_model("gpt2", fresh=True).train()
+    with pytest.raises(ValueError, match=rf"{verb}: model is in training mode .*call model\.eval\(\) first"):
+        VERBS[verb](model)
+
+
+@pytest.mark.parametrize("verb", MASKED)
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [(0.5, r"dtype torch\.float32; it must be bool or integer"), (2, r"holds \[2\]"), (-1, r"holds \[-1\]")],
+)
+def test_mask_entries_other_than_0_or_1_are_refused(tiny_model, verb, entry, needle):
+    model = tiny_model("gpt2")
+    mask = torch.ones_like(CLEAN).to(torch.float32 if isinstance(entry, float) else torch.long)
+    mask[0, 2] = entry
+    with pytest.raises(ValueError, match=needle):
+        VERBS[verb](model, attention_mask=mask)
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_processed_weights_warn_on_every_verb(tiny_model, lane, verb):
+    model = tiny_model("gpt2", fresh=True)
+    if lane == "bridge":
+        model.enable_compatibility_mode(disable_warnings=True)
+    else:  # fold_ln=False: the lens and DLA read ln_final.hook_scale, which folding removes
+        model.process_weights_(fold_ln=False, center_writing_weights=True, center_unembed=True)
+    with warnings.catch_warnings(record=True) as log:
+        warnings.simplefilter("always")
+        VERBS[verb](model)
+    hits = [w for w in log if issubclass(w.category, tld.WeightProcessingWarning)]
+    assert hits and "processed" in str(hits[0].message)
