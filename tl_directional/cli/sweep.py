@@ -87,6 +87,10 @@ def _random_settings(spec: str | None, spaces, s_perps, layer_sets, n_layers: in
 
     if not spec:
         return []
+    if not any(EDIT_SPACES[space].scaled for space in spaces):
+        # nothing to draw scales for: the random rows would be dropped without a word
+        raise UsageError(f"--random draws a per-layer s_par, but no space of --space {','.join(spaces)!r} "
+                         "takes a scale; add a scaled space (e.g. --space value) or drop --random")
     out = []
     for item in filter(None, (x.strip() for x in spec.split(";"))):
         dist, sep, seeds = item.partition(":")

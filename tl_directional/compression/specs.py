@@ -19,6 +19,11 @@ SPEC_HELP = (
 )
 
 
+# each spelling of a key -> the option it sets (two spellings of one option conflict too)
+_CANONICAL_KEYS = {"group": "group_size", "g": "group_size", "sym": "symmetric", "s": "sparsity",
+                   "nm": "n_m", "rank": "rank_fraction"}
+
+
 def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """``"rtn:bits=4,group=128,sym=0"`` -> ``("rtn", {"bits": 4, "group_size": 128, "symmetric": False})``."""
     if not isinstance(spec, str) or not spec.strip():
@@ -32,12 +37,18 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"unknown compression method {method!r}; {SPEC_HELP}")
     method = aliases.get(method, method)
     out: dict[str, Any] = {}
+    given: dict[str, str] = {}  # parsed key -> the item that set it
     for item in filter(None, (x.strip() for x in rest.split(","))):
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"bad item {item!r} in spec {spec!r}: expected key=value; {SPEC_HELP}")
         key = key.strip().lower()
         value = value.strip()
+        canonical = _CANONICAL_KEYS.get(key, key)
+        if canonical in given:
+            raise ValueError(f"spec {spec!r} sets {canonical} twice ({given[canonical]!r} and {item!r}); "
+                             "keep one")
+        given[canonical] = item
         try:
             if key == "bits":
                 out["bits"] = int(value)
@@ -60,6 +71,11 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
                 raise ValueError(f"unknown key {key!r}")
         except ValueError as exc:
             raise ValueError(f"bad item {item!r} in spec {spec!r} ({exc}); {SPEC_HELP}") from None
+    if "sparsity" in out and "n_m" in out:
+        raise ValueError(
+            f"spec {spec!r} gives both {given['sparsity']!r} and {given['n_m']!r}: an N:M pattern "
+            "fixes the sparsity by itself, so the other would be ignored; pass one of them"
+        )
     return method, out
 
 

@@ -47,10 +47,17 @@ def layer_sets(text: str, n_layers: int | None = None) -> list:
     """``"all"`` -> [None]; ``"0-3;5"`` -> [[0, 1, 2, 3], [5]] (``;`` separates sets); negative
     layers count from the end (``-1`` is the last; a range ``0-3`` has non-negative ends).
     With ``n_layers`` every layer is checked and normalised to ``0..n_layers-1``."""
+    if not text.strip():
+        # an unset shell variable (--layers "$L") would otherwise edit every layer
+        raise ValueError("--layers '' is empty; name the layers ('0-3', '0,2;-1') or pass 'all' "
+                         "for every layer")
     out = []
     for part in text.split(";"):
         part = part.strip()
-        if not part or part == "all":
+        if not part:
+            raise ValueError(f"--layers {text!r} has an empty layer set between ';'; drop the extra "
+                             "';' or write 'all' for every layer")
+        if part == "all":
             out.append(None)
             continue
         layers = []
