@@ -164,6 +164,12 @@ class SplitLensResult:
         """How the final lens logit at one position was built: the embedding's lens logit, the sum
         over layers of the parallel and of the perpendicular parts (under ``ordering``), and each
         part's share of the total change ``final - embedding``."""
+        n_batch, n_pos = self.full.shape[-2:]
+        for name, value, n in (("batch", batch, n_batch), ("position", position, n_pos)):
+            if isinstance(value, bool) or not isinstance(value, int) or not -n <= value < n:
+                raise LensInputError(f"shares({name}={value!r}): the result has {n} "
+                                     f"{'sequences' if name == 'batch' else 'positions'}; pass an int "
+                                     f"in [{-n}, {n - 1}]")
         par = float(self.parallel(ordering)[:, batch, position].sum())
         perp = float(self.perpendicular(ordering)[:, batch, position].sum())
         total = float(self.full[:, batch, position].sum())
@@ -205,6 +211,12 @@ def _check_tokens(model, tokens) -> Tensor:
         raise LensInputError(
             f"tokens must be shaped [batch, pos] with pos >= 1, got shape {tuple(tokens.shape)}; "
             "pass a 2-D tensor (a 1-D tensor is read as one sequence)"
+        )
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    if isinstance(n_ctx, int) and tokens.shape[1] > n_ctx:
+        raise LensInputError(
+            f"tokens has {tokens.shape[1]} positions but the model's context window is n_ctx={n_ctx}; "
+            f"pass at most {n_ctx} tokens a sequence (e.g. tokens[:, -{n_ctx}:])"
         )
     d_vocab = int(model.cfg.d_vocab)
     lo, hi = int(tokens.min()), int(tokens.max())

@@ -41,6 +41,7 @@ from ..model.adapter import (
     forward_recording_block_input,
     from_block,
 )
+from ..model.indices import normalize_layers
 from ..model.inputs import prepare_inputs
 from ..model.sites import POST_LN, analysis_sites
 from ..model.structure import is_sandwich_norm
@@ -175,6 +176,11 @@ def path_patch(
         raise PathPatchError(
             f"space='value' splits a head's output against its own value; sender {sender!r} is not a head"
         )
+    if layers is not None:  # a layer past the model used to be blamed on the sender
+        try:
+            layers = normalize_layers(layers, sites.n_layers, "layers")
+        except (TypeError, ValueError) as exc:
+            raise PathPatchError(f"path_patch: {exc}") from None
     recs = parse_receivers(receivers, send, sites, None if layers is None else set(layers))
     if not recs:
         raise PathPatchError(
@@ -239,6 +245,12 @@ def path_patch(
     else:
         clean_metric = np.full_like(corrupted_metric, np.nan)
     corr = {n: store[n][-b:] for n in corr_names}
+    for n in set(clean_store) & set(corr) if clean_cache is not None else ():
+        if clean_store[n].shape != corr[n].shape:  # another model's cache: a shape error deep inside
+            raise PathPatchError(
+                f"clean_cache[{n!r}] has shape {tuple(clean_store[n].shape)} but this model's run gives "
+                f"{tuple(corr[n].shape)}; cache the clean run with this model ({hint})"
+            )
     d_vocab, n_pos = int(logits.shape[-1]), xt.shape[1]
     del logits
     with torch.no_grad():

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import TLDirectionalError
+from ..model.indices import normalize_layers
 from .setting import Setting
 
 DISTRIBUTIONS = ("uniform", "gaussian")
@@ -95,7 +96,12 @@ def random_setting(space: str, n_layers: int, dist: str = "uniform", *, seed: in
     (``"value[random=uniform,seed=3,s_perp=1,L=all]"``), so each draw is its own sweep row.
     """
     values = random_scales(n_layers, dist, seed=seed, **range_args)
-    edited = values if layers is None else values[list(layers)]
+    if layers is not None:  # checked against n_layers: an index past it was a raw IndexError
+        try:
+            layers = normalize_layers(layers, n_layers, "layers")
+        except (TypeError, ValueError) as exc:
+            raise RandomScaleError(f"random_setting: {exc}") from None
+    edited = values if layers is None else values[layers]
     extra = "".join(f",{k}={v:g}" for k, v in sorted(range_args.items()))
     return Setting(space, float(edited.mean()), float(s_perp), None if layers is None else tuple(layers),
                    layer_s_par=tuple(float(v) for v in values), tag=f"random={dist},seed={seed}{extra}")
