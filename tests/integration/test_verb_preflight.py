@@ -70,3 +70,37 @@ def test_processed_weights_warn_on_every_verb(tiny_model, lane, verb):
         VERBS[verb](model)
     hits = [w for w in log if issubclass(w.category, tld.WeightProcessingWarning)]
     assert hits and "processed" in str(hits[0].message)
+
+
+@pytest.mark.parametrize("verb", [v for v in VERBS if "patch" in v])
+def test_a_nan_metric_is_refused(tiny_model, verb):
+    """A metric that is NaN (here on every run: log of a negative number) used to come back as NaN
+    rows beside plausible ones; every patching verb now stops and says so."""
+    model = tiny_model("gpt2")
+    nan = {"directional_patch": lambda lg: torch.log(-_scalar(lg).abs() - 1),
+           "attribution_patch": lambda lg: torch.log(-_metric(lg).abs() - 1),
+           "path_patch": lambda lg: torch.log(-_metric(lg).abs() - 1)}[verb]
+    call = {
+        "directional_patch": lambda: tld.directional_patch(model, CLEAN, CORRUPT, nan, components=("attn",), layers=[0]),
+        "attribution_patch": lambda: tld.attribution_patch(model, CLEAN, CORRUPT, nan),
+        "path_patch": lambda: tld.path_patch(model, CLEAN, CORRUPT, nan, sender=("head", 0, 0), receivers="q"),
+    }[verb]
+    with pytest.raises(ValueError, match=r"metric returned nan .*NaN or inf metric would sit in the result"):
+        call()
+
+
+@pytest.mark.parametrize("verb", ["directional_patch", "attribution_patch", "path_patch"])
+def test_a_nan_in_a_clean_cache_is_refused(tiny_model, verb):
+    model = tiny_model("gpt2")
+    _, cache = model.run_with_cache(CLEAN)
+    cache = {k: v.clone() for k, v in cache.items()}
+    for v in cache.values():
+        if v.is_floating_point() and v.ndim >= 3:
+            v[0, 2] = float("nan")
+    call = {
+        "directional_patch": lambda: tld.directional_patch(model, CORRUPT, cache, _scalar, components=("attn",), layers=[0]),
+        "attribution_patch": lambda: tld.attribution_patch(model, CORRUPT, cache, _metric),
+        "path_patch": lambda: tld.path_patch(model, CORRUPT, cache, _metric, sender=("head", 0, 0), receivers="q"),
+    }[verb]
+    with pytest.raises(ValueError, match=r"clean_cache\['.*'\] holds \d+ NaN or inf entries"):
+        call()

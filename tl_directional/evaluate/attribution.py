@@ -46,7 +46,7 @@ from ..model.adapter import capture_hooks, device_of
 from ..model.inputs import prepare_inputs
 from ..model.sites import ModelSites, analysis_sites, is_sandwich_norm, resolve_sites
 from .attribution_scores import AttributionError, node_scores, split_dot
-from .cache_input import cache_tensor, check_names_filter, is_cache
+from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
 from .result import DirectionalResult
 
 _CACHE_HINT = (
@@ -125,7 +125,7 @@ def _metric_vector(metric, logits: Tensor, batch: int) -> Tensor:
             "grad: detached, built from .item(), or computed under torch.no_grad()); build it from the "
             "logits tensor with torch operations"
         )
-    return value
+    return check_finite_metric(value, AttributionError)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import numpy as np
+import torch
 from torch import Tensor
 
 from ..core.errors import TLDirectionalError
@@ -76,7 +78,28 @@ def cache_tensor(cache, name: str, shape: tuple[int, int], argument: str, hint: 
             f"{argument}[{name!r}] has batch and positions {tuple(t.shape[:2])}, the corrupted tokens {tuple(shape)}; "
             "cache the clean run of tokens of the corrupted run's shape"
         )
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise PatchingInputError(
+            f"{argument}[{name!r}] holds {bad} NaN or inf entries; every patch read from it would be NaN "
+            "beside plausible numbers. Check the weights and inputs of the run you cached (a NaN weight "
+            "makes NaN activations) and cache it again"
+        )
     return t
+
+
+def check_finite_metric(values, error: type[Exception]):
+    """``values`` (a tensor or an array of metric values), unchanged, unless one is NaN or inf:
+    then ``error`` naming it (a NaN metric would sit in the result beside plausible numbers)."""
+    array = values.detach().double().cpu().numpy() if isinstance(values, Tensor) else np.asarray(values, float)
+    bad = ~np.isfinite(array.reshape(-1))
+    if bad.any():
+        raise error(
+            f"metric returned {array.reshape(-1)[bad][0]} (at {int(bad.sum())} of {bad.size} entries); a NaN or "
+            "inf metric would sit in the result beside plausible numbers. Check the metric (a log of 0, a "
+            "division by 0) and the model's logits (a NaN weight or input makes NaN logits)"
+        )
+    return values
 
 
 __all__ = [

@@ -38,7 +38,13 @@ from ..model.adapter import (
 from ..model.indices import normalize_heads, normalize_layers
 from ..model.inputs import prepare_inputs
 from ..model.sites import ModelSites, analysis_sites, expand_kv_heads, kv_head_index
-from .cache_input import PatchingInputError, cache_tensor, check_names_filter, is_cache
+from .cache_input import (
+    PatchingInputError,
+    cache_tensor,
+    check_finite_metric,
+    check_names_filter,
+    is_cache,
+)
 from .logit_attribution import split_logit_attribution  # the patching page's second tool
 from .patch_hooks import (
     PatchVariant,
@@ -80,11 +86,12 @@ def _scalar_metric(metric, logits) -> float:
                 f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number "
                 "per run, e.g. reduce over the batch: lambda logits: (logits[:, -1, a] - logits[:, -1, b]).mean()"
             )
-        return float(value)
+        return float(check_finite_metric(value.reshape(1), PatchingInputError)[0])
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise TypeError(f"metric must return a number or a 1-element tensor, got {type(value).__name__}") from None
+    return float(check_finite_metric(np.array([number]), PatchingInputError)[0])
 
 
 def _scalar_metric_array(metric, logits) -> np.ndarray:
@@ -101,7 +108,7 @@ def _metric_array(metric, logits) -> np.ndarray:
                 f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number per "
                 f"sequence (shape [{logits.shape[0]}]) or one for the batch, e.g. "
                 "lambda logits: logits[:, -1, a] - logits[:, -1, b]")
-        return value.detach().double().cpu().reshape(-1).numpy()
+        return check_finite_metric(value.detach().double().cpu().reshape(-1).numpy(), PatchingInputError)
     return np.array([_scalar_metric(metric, logits)])
 
 

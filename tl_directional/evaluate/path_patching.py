@@ -45,7 +45,7 @@ from ..model.indices import normalize_layers
 from ..model.inputs import prepare_inputs
 from ..model.sites import POST_LN, analysis_sites
 from ..model.structure import is_sandwich_norm
-from .cache_input import cache_tensor, check_names_filter, is_cache
+from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
 from .path_hooks import PathRun, chunk_hooks
 from .path_nodes import (
     SPACES,
@@ -73,14 +73,15 @@ def _metric_rows(metric, logits: Tensor, b: int) -> np.ndarray:
                 f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number per example "
                 f"(shape [{b}]) or one for the batch, e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]"
             )
-        return value.detach().double().cpu().reshape(-1).numpy()
+        return check_finite_metric(value.detach().double().cpu().reshape(-1).numpy(), PathPatchError)
     try:
-        return np.array([float(value)])
+        number = float(value)
     except (TypeError, ValueError):
         raise PathPatchError(
             f"metric must return a number or a tensor, got {type(value).__name__}; "
             "return e.g. (logits[:, -1, a] - logits[:, -1, b]).mean()"
         ) from None
+    return check_finite_metric(np.array([number]), PathPatchError)
 
 
 def _needed_corrupted(sites, receivers: list[Receiver], freeze: bool) -> set[str]:
