@@ -91,6 +91,15 @@ def check_output_path(path: str | os.PathLike, argument: str = "path") -> Path:
     return resolved
 
 
+def _only_lock_records(target: Path) -> bool:
+    """Whether ``target`` holds nothing but the library's own lock files and owner records
+    (``.NAME.lock`` / ``.NAME.owner``, :mod:`tl_directional.io.locks`): what a run killed before its
+    first checkpoint leaves. Such a directory holds no result, so it is as good as empty."""
+    entries = list(target.iterdir())
+    return bool(entries) and all(
+        p.is_file() and p.name.startswith(".") and p.name.endswith((".lock", ".owner")) for p in entries)
+
+
 def check_replaceable(target: str | os.PathLike, kind: str, *, force: bool = False,
                       force_hint: str = "pass force=True", legacy_names: frozenset[str] = frozenset()) -> None:
     """Refuse to replace ``target`` unless it is absent, an empty directory, or a previous
@@ -104,7 +113,7 @@ def check_replaceable(target: str | os.PathLike, kind: str, *, force: bool = Fal
     if not target.is_dir():
         raise ArtefactError(f"{target} exists and is not a directory; choose another output "
                             "directory or remove it")
-    if is_empty_dir(target):
+    if is_empty_dir(target) or _only_lock_records(target):
         return
     try:
         doc = read_manifest(target)
