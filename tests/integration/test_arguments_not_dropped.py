@@ -53,3 +53,22 @@ def test_cli_refuses_each_dropped_argument(tiny_model_dir, tmp_path):
     rc, err = _cli("compress", "--model", model, "--spec", "wanda:sparsity=0.3,nm=2:4", "--out", tmp_path / "c")
     _one_error_line(rc, err, "gives both 'sparsity=0.3' and 'nm=2:4'")
     assert not any((tmp_path / d).exists() for d in "abc")
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (("profile", "--seq-len", "1"), ("--seq-len 1 leaves 0 text token(s)", "--seq-len 3 or more")),
+        (("profile", "--drop-cosine", "--max-sequences", "1", "--seq-len", "2"), ("--seq-len 2 leaves 1",)),
+        (("sweep", "--seq-len", "1"), ("--seq-len 3 or more",)),
+        (("sweep", "--space", "value", "--random", "uniform:99999999999999999999999"),
+         ("seed 99999999999999999999999 is out of range", "[0, 2**63 - 1]")),
+    ],
+)
+def test_internal_messages_no_longer_leak(tiny_model_dir, tmp_path, argv, fragments):
+    """Each used to print an internal message (``range() arg 3 must not be zero``, ``max() arg is
+    an empty sequence``, ``Overflow when unpacking long long``) instead of naming the argument."""
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    rc, err = _cli(*argv, "--model", tiny_model_dir("gpt2"), "--text", text, "--out", tmp_path / "o", "--quiet")
+    _one_error_line(rc, err, *fragments)

@@ -67,6 +67,8 @@ def random_scales(n_layers: Any, dist: Any = "uniform", *, seed: Any, low: Any =
         raise RandomScaleError(f"dist must be one of {DISTRIBUTIONS}, got {dist!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise RandomScaleError(f"seed must be an int (the draw is seeded so it can be reproduced), got {seed!r}")
+    if not 0 <= seed < 2**63:  # torch's generator takes a 64-bit seed
+        raise RandomScaleError(f"seed {seed} is out of range; pass a seed in [0, 2**63 - 1], e.g. 0, 1, 2")
     low, high = _number(low, "low"), _number(high, "high")
     if not 0.0 <= low < high <= 2.0:
         raise RandomScaleError(f"the range [low, high] = [{low:g}, {high:g}] must lie inside [0, 2] with positive "

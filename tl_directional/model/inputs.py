@@ -168,6 +168,10 @@ def load_text_sequences(model, text_file: str | None = None, *, max_sequences: i
     stream = tokenize(model, [text], prepend_bos=False, max_length=10**9).tokens[0]
     bos = getattr(getattr(model, "tokenizer", None), "bos_token_id", None)
     body = seq_len - 1 if bos is not None else seq_len
+    if body < 2:  # a window needs two text tokens: one predicted from the other
+        least = 3 if bos is not None else 2
+        raise ValueError(f"{seq_len_argument} {seq_len} leaves {max(body, 0)} text token(s) a window"
+                         f"{' after BOS' if bos is not None else ''}; pass {seq_len_argument} {least} or more")
     seqs = []
     for start in range(0, stream.numel() - 1, body):
         chunk = stream[start:start + body].tolist()
@@ -176,6 +180,9 @@ def load_text_sequences(model, text_file: str | None = None, *, max_sequences: i
         seqs.append(([int(bos)] if bos is not None else []) + chunk)
         if len(seqs) >= max_sequences:
             break
+    if not seqs:
+        raise ValueError(f"{text_argument} {text_file or '(bundled held-out text)'} has {stream.numel()} token(s), "
+                         "too few for one window of two; pass a longer text")
     return pad_sequences(seqs, pad_id=0, padding_side="right")
 
 
