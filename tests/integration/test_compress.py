@@ -500,6 +500,10 @@ def test_cli_gate_exit_code_follows_threshold(tiny_model_dir, tmp_path, capsys):
     assert main(args + ["--max-perp-error", "0.01", "--report", str(tmp_path / "rep")]) == 1
     out = capsys.readouterr().out
     assert "compress-check FAIL" in out and (tmp_path / "rep" / "report.html").is_file()
+    # --quiet: the verdict line alone (and any reasons), for a CI log
+    assert main(args + ["--max-perp-error", "0.01", "--quiet"]) == 1
+    quiet = capsys.readouterr().out.strip().splitlines()
+    assert quiet[0].startswith("compress-check FAIL: max ") and all(ln.startswith("reason: ") for ln in quiet[1:])
     assert main(["compress-check", "--dense", str(dense), "--compressed", str(dense), "--text", str(text),
                  "--max-sequences", "2", "--seq-len", "32", "--max-perp-error", "0"]) == 0
     assert main(["compress-check", "--dense", str(dense), "--compressed", str(tiny_model_dir("llama")),

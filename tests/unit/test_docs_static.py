@@ -10,6 +10,8 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 import tl_directional
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,3 +140,28 @@ def test_every_test_the_docs_cite_exists():
         elif name and not re.search(rf"^(?:async )?def {name}\(", target.read_text(encoding="utf-8"), re.M):
             bad.append(f"{where}: tests/{rel} defines no {name}")
     assert not bad, "citations of tests that are not there (fix the path):\n" + "\n".join(bad)
+
+
+def test_the_cli_pages_help_copy_is_the_real_help(monkeypatch, capsys):
+    """docs/cli.md quotes ``COLUMNS=100 tl-directional --help``: the quote must be what the
+    command prints today (it once lacked a command)."""
+    from tl_directional.cli import main
+
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    real = capsys.readouterr().out.rstrip("\n")
+    page = (ROOT / "docs" / "cli.md").read_text()
+    quoted = re.search(r"```text\n(usage: tl-directional \[-h\].*?)\n```", page, re.S)
+    assert quoted, "docs/cli.md has no quoted `tl-directional --help`"
+    assert quoted.group(1) == real, "docs/cli.md's --help copy differs from the command's: paste it again"
+
+
+def test_the_lm_eval_page_lists_every_edit_space():
+    """docs/lm_eval.md names the spaces an edit spec takes: all of them (it once left out four)."""
+    from tl_directional.edit import EDIT_SPACES
+
+    page = (ROOT / "docs" / "lm_eval.md").read_text()
+    sentence = page[page.index("`SPACE` is a `tl-directional sweep --space`"):][:600]
+    listed = re.findall(r"`([a-z-]+)`", sentence[: sentence.index("LAYERS")])
+    assert sorted(set(listed) - {"tl-directional"}) == sorted(EDIT_SPACES)
