@@ -319,9 +319,6 @@ def test_install_twice_refused_and_remove(pair):
         assert thf.installed_edits(hf) is handle and _hooks_count(hf) > before
         with pytest.raises(thf.EditsAlreadyInstalledError, match=r"handle\.remove\(\)"):
             thf.install_edits(hf, ResidualScale("attn", 0.0))
-        with pytest.raises(thf.EditsAlreadyInstalledError):
-            with tld.apply_edits(hf, ValueScale(0.5)):
-                pass
     finally:
         handle.remove()
     handle.remove()  # idempotent
@@ -329,6 +326,34 @@ def test_install_twice_refused_and_remove(pair):
     with thf.install_edits(hf, ValueScale(0.0)) as h2:
         assert h2.active
     assert _hooks_count(hf) == before
+
+
+@pytest.mark.parametrize("family", ("gpt2", "llama"))
+def test_nested_apply_edits_compose_as_on_transformerlens(pair64, family):
+    """``apply_edits`` blocks nest on a plain ``transformers`` model as on TransformerLens (they
+    used to raise EditsAlreadyInstalledError there): the inner block's edits compose after the
+    outer ones, equal to one block with both, equal to the TL lane's nesting (float64); on exit
+    the outer edits are back under their own handle, and after the outer block nothing is left."""
+    tl, hf = pair64(family)
+    ids = _ids()
+    outer, inner = ValueScale(0.0, mode="exclusive", layers=[1]), DiagonalRemoval(layers=[1])
+    before = _hooks_count(hf)
+    with torch.no_grad():
+        with tld.apply_edits(hf, outer):
+            handle = thf.installed_edits(hf)
+            outer_only = hf(ids).logits
+            with tld.apply_edits(hf, inner):
+                nested = hf(ids).logits
+            assert thf.installed_edits(hf) is handle and handle.active
+            assert torch.equal(hf(ids).logits, outer_only)
+        assert _hooks_count(hf) == before and thf.installed_edits(hf) is None
+        with tld.apply_edits(hf, outer, inner):
+            together = hf(ids).logits
+        with tld.apply_edits(tl, outer), tld.apply_edits(tl, inner):
+            on_tl = tl(ids)
+    assert torch.equal(nested, together)
+    assert float((nested - outer_only).abs().max()) > 1e-4  # the inner edit acted
+    assert float((nested - on_tl).abs().max()) <= _float64_tolerance(tl)
 
 
 def test_nothing_left_installed_after_an_exception(pair):

@@ -11,14 +11,14 @@ The lane is read once per call: a TransformerLens model (a TL 4 ``TransformerBri
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from ..model.lanes import is_plain_transformers
 from .base import Edit, HookList, restore_instance_dict, track_attention_mask
 from .carrier import MLPCarrierScale
 from .hf.carrier import install_carrier_edits
-from .hf.edits import install_edits
+from .hf.edits import stacked_edits
 
 
 def edit_hooks(model, *edits: Any) -> HookList:
@@ -63,7 +63,9 @@ def apply_edits(model, *edits: Any) -> Iterator[Any]:
     on exit, normal or raising (what the block set on the instance, such as the attention-mask
     tracking ``forward`` of :func:`~tl_directional.edit.base.track_attention_mask`, goes; what it
     replaced comes back); on a plain ``transformers`` model every module hook and the handle the
-    edits installed go. ``model.generate`` inside the block gives a manual greedy loop's tokens
+    edits installed go. Blocks nest on every lane: an inner block's edits compose after the outer
+    block's (on a plain ``transformers`` model through
+    :func:`tl_directional.edit.hf.stacked_edits`). ``model.generate`` inside the block gives a manual greedy loop's tokens
     when it was fixed at load (:func:`~tl_directional.model.load.load_model`) or by
     :func:`tl_directional.model.generation.fix_generate`.
 
@@ -71,24 +73,18 @@ def apply_edits(model, *edits: Any) -> Iterator[Any]:
         TypeError: an item of ``edits`` is not an edit.
         tl_directional.edit.hf.UnsupportedModelError: a plain ``transformers`` model of a family
             the module hooks do not know.
-        tl_directional.edit.hf.EditsAlreadyInstalledError: a plain ``transformers`` model that
-            already carries installed edits.
     """
     if is_plain_transformers(model):
         # The carrier edits act inside the MLP, on modules the other edits never hook, so
         # installing them as a second group keeps the composition order that matters.
         carrier = [e for e in edits if isinstance(e, MLPCarrierScale)]
         others = [e for e in edits if not isinstance(e, MLPCarrierScale)]
-        handles = []
-        try:
-            if others:
-                handles.append(install_edits(model, *others))
+        with ExitStack() as stack:
+            if others:  # on top of edits already installed: nested blocks compose as on TL
+                stack.enter_context(stacked_edits(model, *others))
             if carrier:
-                handles.append(install_carrier_edits(model, *carrier))
+                stack.callback(install_carrier_edits(model, *carrier).remove)
             yield model
-        finally:
-            for handle in reversed(handles):
-                handle.remove()
         return
     before = dict(model.__dict__)
     try:

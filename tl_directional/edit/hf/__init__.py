@@ -30,6 +30,7 @@ from .edits import (
     install_edits,
     installed_edits,
     remove_edits,
+    stacked_edits,
 )
 from .value_chain import edit_label
 
@@ -48,4 +49,5 @@ __all__ = [
     "installed_edits",
     "remove_edits",
     "resolve_hf_sites",
+    "stacked_edits",
 ]

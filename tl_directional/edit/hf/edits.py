@@ -41,7 +41,8 @@ sites), :mod:`tl_directional.edit.hf.value_chain` (the value-space and pattern e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from jaxtyping import Float
@@ -239,6 +240,41 @@ def install_edits(model, *edits: Any, when: Callable[[], bool] | None = None) ->
     return handle
 
 
+@contextmanager
+def stacked_edits(model, *edits: Any) -> Iterator[HFEditHandle]:
+    """``edits`` on top of whatever edits ``model`` already carries, for the ``with`` block: the
+    plain-``transformers`` form of nesting ``apply_edits`` blocks, as the TransformerLens lanes
+    nest them (the inner block's edits compose after the outer ones, in order).
+
+    Module hooks cannot be stacked edit by edit (an exclusive edit and a pattern edit of one layer
+    share one chain), so the outer handle's hooks come off, the outer edits and ``edits`` go on
+    together as one chain (with the outer ``when``), and on exit the outer edits go back on under
+    the outer handle, which stays valid (its measuring state starts afresh).
+    """
+    outer = installed_edits(model)
+    if outer is None:
+        handle = install_edits(model, *edits)
+        try:
+            yield handle
+        finally:
+            handle.remove()
+        return
+    edits = _check_edits(edits)
+    when = outer._run.when
+    outer.remove()
+    try:
+        inner = install_edits(model, *outer.edits, *edits, when=when)
+        try:
+            yield inner
+        finally:
+            inner.remove()
+    finally:
+        outer._handles.clear()
+        _install(outer, model, outer.edits, outer.sites, _Run(when))
+        outer.active = True
+        model.__dict__["_tld_hf_edits"] = outer
+
+
 def remove_edits(model) -> bool:
     """Remove whatever tl_directional HF edits ``model`` carries; True if there were any."""
     h = installed_edits(model)
@@ -427,4 +463,5 @@ __all__ = [
     "install_edits",
     "installed_edits",
     "remove_edits",
+    "stacked_edits",
 ]
