@@ -104,3 +104,18 @@ def test_a_nan_in_a_clean_cache_is_refused(tiny_model, verb):
     }[verb]
     with pytest.raises(ValueError, match=r"clean_cache\['.*'\] holds \d+ NaN or inf entries"):
         call()
+
+
+def test_a_nan_weight_is_named_by_profile_and_sweep(tiny_model):
+    """A NaN weight used to make ``profile`` blame the hook layout and dropout, and ``sweep``
+    record an ``ok`` baseline row with an empty loss; both now name the weight."""
+    from tl_directional.evaluate.sweep import grid, sweep
+
+    model = tiny_model("gpt2", fresh=True)
+    with torch.no_grad():
+        weight = next(p for n, p in model.named_parameters() if "mlp" in n and n.endswith("weight") and p.ndim == 2)
+        weight[0, 0] = float("nan")
+    with pytest.raises(tld.SiteResolutionError, match=r"weights hold NaN or inf: \S*mlp\S* \(1 entries\)"):
+        tld.profile(model, CLEAN, progress=False)
+    with pytest.raises(ValueError, match=r"weights hold NaN or inf: \S*mlp\S* \(1 entries\)"):
+        sweep(model, CLEAN, grid("value", s_par=[0.0]), progress=False)

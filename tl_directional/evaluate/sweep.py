@@ -47,6 +47,7 @@ from ..model.adapter import (
 from ..model.indices import normalize_layers, scale_list
 from ..model.inputs import TokenBatch, iter_batches, prepare_inputs
 from ..model.sites import resolve_sites
+from ..model.weights import nonfinite_message
 from . import metrics as _metrics
 from .metrics import (  # the metric registries; re-exported: `from tl_directional.evaluate.sweep import ...`
     METRIC_REGISTRY,
@@ -397,6 +398,10 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
             part = batches[i].to(device)
             keep = unembed.hook if unembed is not None and not unembed_checked else None
             base_logits, prefixes, kept = _baseline_forward(model, part, needed, keep)
+            if not bool(torch.isfinite(base_logits).all()):  # every row would be NaN, the baseline "ok"
+                raise NonFiniteEditError(nonfinite_message(model) or (
+                    f"the unedited model's logits are NaN or inf on batch {i} while every weight is "
+                    "finite; check the inputs"))
             if keep is not None:
                 unembed_checked = True
                 if kept is None or not unembedding_matches(unembed, kept, base_logits):

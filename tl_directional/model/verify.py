@@ -7,6 +7,7 @@ model instance until its hook layout, mode or hooks change.
 
 from __future__ import annotations
 
+import math
 import weakref
 
 from jaxtyping import Int
@@ -15,6 +16,7 @@ from torch import Tensor
 from ..core.geometry import dtype_tolerance
 from .adapter import capture, hook_state
 from .sites import PARALLEL, ModelSites, SiteResolutionError
+from .weights import nonfinite_message
 
 
 def verify_sites(
@@ -77,6 +79,10 @@ def verify_sites(
             err = float((lhs.double() - rhs.double()).abs().max()) / scale
             errors[key] = err
             tol = dtype_tolerance(lhs.dtype)
+            if not math.isfinite(err):  # NaN activations: name the weights, not the hook layout
+                raise SiteResolutionError(nonfinite_message(model) or (
+                    f"layer {L}: the activations at {desc.split(' == ')[0]} are NaN or inf for these "
+                    "inputs while every weight is finite; check the inputs (token ids, attention_mask)"))
             if not err <= tol:
                 raise SiteResolutionError(
                     f"layer {L}: additive identity {desc} fails (max relative error {err:.3g} > "
