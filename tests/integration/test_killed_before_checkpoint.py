@@ -46,3 +46,18 @@ def test_a_directory_with_a_users_file_is_still_refused(tiny_model_dir, tmp_path
     rc, err = _cli("sweep", "--model", tiny_model_dir("gpt2"), "--text", text, "--space", "value", "--s-par", "0",
                    "--out", out, "--quiet", "--force")
     assert rc == 2 and "refusing to replace" in err and (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_damaged_checkpoint_names_the_command_lines_fix(tiny_model_dir, tmp_path):
+    """The message used to suggest "a new checkpoint path", an option the command line does not
+    have; it now names --restart, and --restart works."""
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    out = tmp_path / "sweep"
+    argv = ("sweep", "--model", tiny_model_dir("gpt2"), "--text", text, "--space", "value", "--s-par", "0",
+            "--max-sequences", "2", "--seq-len", "16", "--out", out, "--quiet")
+    assert _cli(*argv)[0] == 0
+    (out / "sweep.progress.json").write_text("{garbage")
+    rc, err = _cli(*argv)
+    assert rc == 2 and "pass --restart to discard it" in err and "checkpoint path" not in err
+    assert _cli(*argv, "--restart")[0] == 0

@@ -47,6 +47,7 @@ def _sweep_locked(args, out: Path) -> int:
     checkpoint = out / "sweep.progress.json"
     if (args.restart or args.force) and checkpoint.exists():
         checkpoint.unlink()
+    _check_checkpoint(checkpoint, out)
     try:
         df = sweep(model, batch, settings, batch_size=args.batch_size, stack=args.stack,
                    checkpoint=checkpoint, progress=not args.quiet)
@@ -77,6 +78,21 @@ def _sweep_locked(args, out: Path) -> int:
               "sweep.csv); exit status 1", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_checkpoint(checkpoint: Path, out: Path) -> None:
+    """A damaged checkpoint in ``--out`` is named with the command line's fix (the library's own
+    message names a checkpoint path, which the command line does not take)."""
+    from ..evaluate.sweep_store import SweepProgress
+    from ..io.atomic import ArtefactError
+
+    if not checkpoint.exists():
+        return
+    try:
+        SweepProgress.load(checkpoint)
+    except ArtefactError:
+        raise UsageError(f"--out {out} holds {checkpoint.name}, which is damaged or not a sweep checkpoint; "
+                         "pass --restart to discard it and start the sweep afresh, or use another --out") from None
 
 
 def _random_settings(spec: str | None, spaces, s_perps, layer_sets, n_layers: int) -> list:
