@@ -8,6 +8,7 @@ See docs/reliability.md for the guarantees and the tests that hold them.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -37,9 +38,20 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; use the usual mode
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise write_error(exc, path) from exc
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def write_error(exc: OSError, path: str | os.PathLike) -> OSError:
+    """``exc`` (a write error that names no file, such as a full disk or a quota) as an
+    ``OSError`` naming ``path``, what was being written, and the fix where there is one."""
+    fix = "; free space there or write elsewhere" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return OSError(exc.errno, f"{exc.strerror or exc}{fix}", str(path))
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
-from .atomic import ArtefactError, ArtefactLockedError, fault_point
+from .atomic import ArtefactError, ArtefactLockedError, fault_point, write_error
 from .locks import (
     CLAIMED_OUTPUTS,
     exclusive_lock,
@@ -232,6 +232,10 @@ def replace_dir(target: str | os.PathLike, kind: str, *, force: bool = False,
                         os.fsync(fh.fileno())
             write_manifest(tmp, kind, manifest_extra)
             swap_in(tmp, target)
+        except OSError as exc:
+            if exc.filename is not None:
+                raise
+            raise write_error(exc, target) from exc
         finally:
             remove_path(tmp)
             remove_path(target.with_name(f".{target.name}.new-{os.getpid()}"))
