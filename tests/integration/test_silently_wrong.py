@@ -286,3 +286,25 @@ def test_safe_scale_search_counts_an_overflowing_scale_as_over_budget(tiny_model
                              refine_steps=2)
     assert res.evaluations["cost"].iloc[-1] == math.inf  # the overflowing point, not a crash
     assert res.interval[1] < 1e29 and not res.hit_bounds[1]
+
+
+def test_a_config_that_does_not_fit_the_weights_is_refused_before_allocation(tmp_path):
+    """Issue 47: a directory whose config.json says Llama (its defaults: 4096 wide, 32 layers,
+    6.7B values) beside GPT-2 weights used to build the full Llama before any weight check (killed
+    at 22.8 GB on the legacy lane). The CLI runs here under an 8 GB address-space limit: the
+    refusal must come from the file headers, before anything of that size is allocated."""
+    import json
+    import subprocess
+    import sys
+
+    from tl_directional.model.load import default_model_dir
+
+    bad = tmp_path / "llama-config-gpt2-weights"
+    shutil.copytree(default_model_dir(), bad)
+    (bad / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    code = ("import resource, sys\nresource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))\n"
+            "from tl_directional.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", code, "profile", "--model", str(bad), "--out",
+                           str(tmp_path / "out"), "--quiet"], capture_output=True, text=True, timeout=300)
+    _one_error_line(done.returncode, done.stderr, "config.json describes LlamaForCausalLM",
+                    "does not belong to these weights", "nothing was built")

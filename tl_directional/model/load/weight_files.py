@@ -75,6 +75,57 @@ def _mismatched(entries, model: Any, path: Path) -> list[tuple[str, tuple, tuple
     return sorted(out)
 
 
+def _file_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """``{tensor name: shape}`` from the headers of ``path``'s ``*.safetensors`` files (no data
+    read); None when the directory holds no safetensors file."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None
+    shapes: dict[str, tuple[int, ...]] = {}
+    for weights in files:
+        with safe_open(str(weights), framework="pt") as f:
+            shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    return shapes
+
+
+def _names(names, n: int = 4) -> str:
+    names = sorted(names)
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def _check_config_fits_files(cls: Any, hf_config: Any, path: Path, argument: str) -> None:
+    """Refuse, before anything is allocated, a ``config.json`` that does not describe the weight
+    files beside it (most of the tensors it needs are absent by name or shape). ``transformers``'
+    own check (:func:`_weights_loading_info`) allocates every missing tensor on the CPU on some
+    versions (4.57: a Llama config with a GPT-2's weights built the full 7B default before any
+    error), so a config/weights mix-up is caught here from the file headers and a meta-device
+    model (no data)."""
+    in_file = _file_shapes(path)
+    if not in_file:
+        return
+    with torch.device("meta"), quiet_transformers():
+        expected = {k: tuple(v.shape) for k, v in cls(hf_config).state_dict().items()}
+    prefix = getattr(cls, "base_model_prefix", "") + "."
+
+    def found(name: str) -> tuple[int, ...] | None:
+        return in_file.get(name, in_file.get(name.removeprefix(prefix)))
+
+    fits = sum(found(k) == shape for k, shape in expected.items())
+    if fits * 2 >= len(expected):
+        return  # mostly right: transformers' check names the few that are not
+    n_expected = sum(int(torch.Size(s).numel()) for s in expected.values())
+    n_file = sum(int(torch.Size(s).numel()) for s in in_file.values())
+    raise DamagedWeightsError(
+        f"{argument}={str(path)!r}: config.json describes {cls.__name__} ({len(expected)} tensors, "
+        f"{n_expected:,} values) but the weight files hold {len(in_file)} tensors ({n_file:,} values), of which "
+        f"only {fits} fit by name and shape (the files hold e.g. {_names(set(in_file) - set(expected))}; the "
+        f"config needs e.g. {_names(k for k in expected if found(k) is None)}): this config.json does not "
+        "belong to these weights, and nothing was built. Put the model's own config.json beside its weights",
+        [k for k in expected if found(k) is None], sorted(set(in_file) - set(expected)))
+
+
 def check_model_weights(path: str | os.PathLike[str], argument: str = "path", *,
                         damaged_weights: str = "error", dtype: torch.dtype = torch.float32) -> None:
     """Check that a model directory's weight files hold exactly the tensors its architecture
@@ -105,6 +156,7 @@ def check_model_weights(path: str | os.PathLike[str], argument: str = "path", *,
     cls = getattr(transformers, hf_architecture(hf_config), None)
     if cls is None or not hasattr(cls, "from_pretrained"):
         return  # an architecture transformers does not know: the loader names it
+    _check_config_fits_files(cls, hf_config, path, argument)
     model, info = _weights_loading_info(cls, path, dtype)
     missing = sorted(info.get("missing_keys") or ())
     unexpected = sorted(info.get("unexpected_keys") or ())
@@ -114,9 +166,9 @@ def check_model_weights(path: str | os.PathLike[str], argument: str = "path", *,
         return
     parts = []
     if missing:
-        parts.append(f"missing tensor(s) {', '.join(missing)}")
+        parts.append(f"missing tensor(s) {_names(missing, 12)}")
     if unexpected:
-        parts.append(f"unexpected tensor(s) {', '.join(unexpected)}")
+        parts.append(f"unexpected tensor(s) {_names(unexpected, 12)}")
     if mismatched:
         parts.append("wrong-shaped tensor(s) " + ", ".join(
             f"{k} (shape {list(a)} in the file, {list(b)} expected)" for k, a, b in mismatched))
