@@ -118,3 +118,29 @@ def test_console_script_is_declared():
     tomllib = pytest.importorskip("tomllib", reason="Python < 3.11 has no tomllib")
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["tl-directional-lm-eval"] == "tl_directional.cli.lm_eval:main"
+
+
+def test_carrier_edits_and_random_rows_run_and_a_truncated_file_is_one_error_line(tmp_path, capsys):
+    """Issue 47: ``edits=mlp-carrier-input[...]`` was accepted by the spec parser and then failed
+    inside lm-eval (TypeError); a ``sweep --random`` row label was refused (``unknown key
+    'random'``) though every row label reads back; a truncated safetensors file ended in a
+    traceback. The first two now run, the third is one ``error:`` line."""
+    import shutil
+
+    from tl_directional.cli.lm_eval import main
+    from tl_directional.evaluate.random_scales import random_setting
+
+    common = ["--model", "tl-directional", "--tasks", TASK_NAME, "--limit", "1", "--device", "cpu",
+              "--batch_size", "1"]
+    label = random_setting("value", 4, "uniform", seed=2, layers=[1, 2]).label
+    for spec in ("mlp-carrier-input[s_par=0,L=1]", label):
+        assert main([*common, "--model_args", f"pretrained=default,edits={spec}",
+                     "--output_path", str(tmp_path / "o")]) == 0, spec
+    capsys.readouterr()
+    broken = tmp_path / "truncated"
+    shutil.copytree(default_model_dir(), broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert main([*common, "--model_args", f"pretrained={broken}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: pretrained='{broken}' cannot be loaded") and "Traceback" not in "\n".join(err)

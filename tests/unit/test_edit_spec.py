@@ -52,3 +52,21 @@ def test_bad_specs_name_the_argument_value_and_grammar(spec, message):
     text = str(info.value)
     assert text.startswith(f"edits={spec!r}: ") and "SPACE[s_par=X,s_perp=Y,L=LAYERS]" in text
 
+
+
+def test_a_random_row_label_reads_back_as_the_same_draw():
+    """A ``sweep --random`` row's label names its draw; read back (with the layer count) it is the
+    same setting, per-layer scales included (issue 47: it was refused as ``unknown key 'random'``)."""
+    from tl_directional.evaluate.random_scales import random_setting
+
+    for setting in (random_setting("value", 6, "uniform", seed=3, s_perp=0.5),
+                    random_setting("value-exclusive", 6, "gaussian", seed=1, layers=[1, 4]),
+                    random_setting("resid-attn", 6, "uniform", seed=0, low=0.5, high=1.5)):
+        (back,) = parse_edit_spec(setting.label, 6)
+        assert back == setting and back.label == setting.label and back.layer_s_par == setting.layer_s_par
+    with pytest.raises(EditSpecError, match="layer count is needed"):
+        parse_edit_spec("value[random=uniform,seed=3]")
+    with pytest.raises(EditSpecError, match="needs both random=DIST and seed=N"):
+        parse_edit_spec("value[random=uniform]", 6)
+    with pytest.raises(EditSpecError, match="leave s_par out"):
+        parse_edit_spec("value[random=uniform,seed=1,s_par=0]", 6)

@@ -20,9 +20,12 @@ import re
 from ..core.errors import TLDirectionalError
 from ..edit import EDIT_SPACES
 from ..model.indices import normalize_layers
+from .random_scales import RandomScaleError, random_setting
 from .setting import Setting
 
 _KEYS = ("s_par", "s_perp", "L")
+# a random per-layer setting's label (tl_directional.evaluate.random_scales.random_setting)
+_RANDOM_KEYS = ("random", "seed", "low", "high", "mean", "sd")
 _SPEC = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*(?:\[(.*)\])?\s*$", re.S)
 GRAMMAR = ("SPACE[s_par=X,s_perp=Y,L=LAYERS] (a sweep.csv label; keys optional), several joined "
            "by '+', e.g. 'value[s_par=0]' or 'resid-mlp[s_par=1,s_perp=0,L=0-2]+hard-diag[L=3]'")
@@ -120,8 +123,9 @@ def parse_edit_spec(text: str, n_layers: int | None = None, *, argument: str = "
             if "=" in piece:
                 key, value = (s.strip() for s in piece.split("=", 1))
                 key = "L" if key == "layers" else key
-                if key not in _KEYS:
-                    raise fail(f"unknown key {key!r} in {part.strip()!r}; keys are {', '.join(_KEYS)} (or layers)")
+                if key not in _KEYS + _RANDOM_KEYS:
+                    raise fail(f"unknown key {key!r} in {part.strip()!r}; keys are {', '.join(_KEYS)} (or layers), "
+                               f"and for a random per-layer setting {', '.join(_RANDOM_KEYS)}")
                 if key in values:
                     raise fail(f"{key} is given twice in {part.strip()!r}")
                 values[key] = value
@@ -130,6 +134,9 @@ def parse_edit_spec(text: str, n_layers: int | None = None, *, argument: str = "
             else:
                 raise fail(f"{piece.strip()!r} in {part.strip()!r} is not key=value")
         space_def = EDIT_SPACES[space]
+        if "random" in values or set(_RANDOM_KEYS[1:]) & values.keys():
+            settings.append(_random_setting(space, values, n_layers, fail, part.strip()))
+            continue
         if not space_def.scaled and ({"s_par", "s_perp"} & values.keys()):
             raise fail(f"space {space!r} has no scales (it ignores s_par and s_perp); leave them out")
         scales = {}
@@ -154,6 +161,28 @@ def parse_edit_spec(text: str, n_layers: int | None = None, *, argument: str = "
         except ValueError as exc:
             raise fail(str(exc)) from None
     return settings
+
+
+def _random_setting(space: str, values: dict[str, str], n_layers: int | None, fail, part: str) -> Setting:
+    """The random per-layer setting a ``sweep --random`` row label names (``value[random=uniform,
+    seed=3,s_perp=1,L=all]``): the same draw, so the label reads back as exactly that row."""
+    if "random" not in values or "seed" not in values:
+        raise fail(f"{part!r} is a random per-layer setting: it needs both random=DIST and seed=N")
+    if "s_par" in values:
+        raise fail(f"{part!r} draws s_par per layer (random=...); leave s_par out")
+    if n_layers is None:
+        raise fail(f"{part!r} draws one s_par per layer: the model's layer count is needed to read it")
+    try:
+        seed = int(values["seed"])
+        ranges = {k: float(values[k]) for k in _RANDOM_KEYS[2:] if k in values}
+        s_perp = float(values.get("s_perp", "1"))
+    except ValueError as exc:
+        raise fail(f"{part!r}: {exc}") from None
+    try:
+        (layers,) = layer_sets(values.get("L", "all"), n_layers)
+        return random_setting(space, n_layers, values["random"], seed=seed, s_perp=s_perp, layers=layers, **ranges)
+    except (RandomScaleError, ValueError) as exc:
+        raise fail(f"{part!r}: {exc}") from None
 
 
 def spec_edits(text: str, n_layers: int | None = None, *, argument: str = "edits") -> list:

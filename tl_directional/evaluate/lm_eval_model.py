@@ -23,6 +23,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from ..core.errors import TLDirectionalError
+from ..edit.carrier import MLPCarrierScale
+from ..edit.hf.carrier import install_carrier_edits
 from ..edit.hf.edits import install_edits
 from ..model.load import default_model_dir, load_hf_model
 from .edit_spec import parse_edit_spec
@@ -66,24 +68,35 @@ class TLDirectionalLM(HFLM):
         from pathlib import Path
 
         import torch
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
-        parse_edit_spec(edits)  # a bad spec fails before the model loads
         if str(dtype) not in _DTYPES:
             raise ModelArgsError(f"dtype={dtype!r}: choose one of {', '.join(_DTYPES)}")
         path = default_model_dir() if str(pretrained) == "default" else Path(str(pretrained)).expanduser()
         if not path.is_dir():
             raise ModelArgsError(f"pretrained={str(pretrained)!r} is not a directory; pass a local Hugging Face "
                                     "model directory, or pretrained=default for the bundled model")
+        try:  # the layer count from config.json: a bad spec (or a random row's) fails before the weights load
+            n_layers = int(AutoConfig.from_pretrained(str(path)).num_hidden_layers)
+        except (OSError, ValueError, AttributeError) as exc:
+            raise ModelArgsError(f"pretrained={str(path)!r}: its config.json cannot be read ({exc})") from None
+        settings = parse_edit_spec(edits, n_layers)
         device = _resolve_device(device)
-        model = load_hf_model(path, device=device, dtype=getattr(torch, str(dtype)))
-        settings = parse_edit_spec(edits, int(model.config.num_hidden_layers))
+        try:
+            model = load_hf_model(path, device=device, dtype=getattr(torch, str(dtype)))
+        except (TLDirectionalError, OSError, RuntimeError, ValueError) as exc:
+            # a truncated or damaged weight file: one error line, not lm-eval's traceback
+            raise ModelArgsError(f"pretrained={str(path)!r} cannot be loaded: {' '.join(str(exc).split())}") from None
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         super().__init__(pretrained=model, tokenizer=tokenizer, **kwargs)
         self.edit_settings = settings
         self.model_path = str(path)
-        self.edit_handle = (install_edits(model, *[e for s in settings for e in s.edits()])
-                            if settings else None)
+        edits_ = [e for s in settings for e in s.edits()]
+        # the MLP carrier edits hook other modules, installed as a group of their own (as apply_edits does)
+        carrier = [e for e in edits_ if isinstance(e, MLPCarrierScale)]
+        others = [e for e in edits_ if not isinstance(e, MLPCarrierScale)]
+        self.edit_handles = ([install_edits(model, *others)] if others else []) + (
+            [install_carrier_edits(model, *carrier)] if carrier else [])
 
     def get_model_info(self) -> dict:
         """What lm-eval records about the model (offline: HFLM's version asks the hub for a sha)."""
