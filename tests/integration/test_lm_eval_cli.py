@@ -120,7 +120,7 @@ def test_console_script_is_declared():
     assert scripts["tl-directional-lm-eval"] == "tl_directional.cli.lm_eval:main"
 
 
-def test_carrier_edits_and_random_rows_run_and_a_truncated_file_is_one_error_line(tmp_path, capsys):
+def test_carrier_edits_and_random_rows_run_and_a_truncated_file_is_one_error_line(tmp_path):
     """Issue 47: ``edits=mlp-carrier-input[...]`` was accepted by the spec parser and then failed
     inside lm-eval (TypeError); a ``sweep --random`` row label was refused (``unknown key
     'random'``) though every row label reads back; a truncated safetensors file ended in a
@@ -136,11 +136,13 @@ def test_carrier_edits_and_random_rows_run_and_a_truncated_file_is_one_error_lin
     for spec in ("mlp-carrier-input[s_par=0,L=1]", label):
         assert main([*common, "--model_args", f"pretrained=default,edits={spec}",
                      "--output_path", str(tmp_path / "o")]) == 0, spec
-    capsys.readouterr()
     broken = tmp_path / "truncated"
     shutil.copytree(default_model_dir(), broken)
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    assert main([*common, "--model_args", f"pretrained={broken}"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"error: pretrained='{broken}' cannot be loaded") and "Traceback" not in "\n".join(err)
+    # the real command in its own process: its stderr is what a user sees
+    proc = subprocess.run([sys.executable, "-m", "tl_directional.cli.lm_eval", *common, "--model_args",
+                           f"pretrained={broken}"], capture_output=True, text=True, timeout=600, env=_env())
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert err[-1].startswith(f"error: pretrained='{broken}' cannot be loaded") and "truncated" in err[-1]
