@@ -22,16 +22,22 @@ def _metric(logits):
     return logits[:, -1, 3] - logits[:, -1, 4]
 
 
-def _scalar(logits):
-    return _metric(logits).mean()
+PATCHES = ("directional_patch", "attribution_patch", "path_patch")
+
+
+def _patch(verb, model, first, second, metric=_metric, **kw):
+    """One patching verb on ``(clean, corrupted)`` tokens, or TransformerLens's shape
+    ``(corrupted, clean_cache)``; ``metric`` is per pair (directional_patch gets its mean)."""
+    if verb == "directional_patch":
+        return tld.directional_patch(model, first, second, lambda lg: metric(lg).mean(),
+                                     components=("attn",), layers=[0], **kw)
+    if verb == "attribution_patch":
+        return tld.attribution_patch(model, first, second, metric, **kw)
+    return tld.path_patch(model, first, second, metric, sender=("head", 0, 0), receivers="q", **kw)
 
 
 VERBS = {
-    "directional_patch": lambda m, **kw: tld.directional_patch(m, CLEAN, CORRUPT, _scalar,
-                                                              components=("attn",), layers=[0], **kw),
-    "attribution_patch": lambda m, **kw: tld.attribution_patch(m, CLEAN, CORRUPT, _metric, **kw),
-    "path_patch": lambda m, **kw: tld.path_patch(m, CLEAN, CORRUPT, _metric, sender=("head", 0, 0),
-                                                 receivers="q", **kw),
+    **{verb: (lambda m, verb=verb, **kw: _patch(verb, m, CLEAN, CORRUPT, **kw)) for verb in PATCHES},
     "split_logit_lens": lambda m, **kw: tld.split_logit_lens(m, CLEAN, target_tokens=7, **kw),
     "split_logit_attribution": lambda m, **kw: tld.split_logit_attribution(m, CLEAN, 5, **kw),
 }
@@ -72,24 +78,15 @@ def test_processed_weights_warn_on_every_verb(tiny_model, lane, verb):
     assert hits and "processed" in str(hits[0].message)
 
 
-@pytest.mark.parametrize("verb", [v for v in VERBS if "patch" in v])
+@pytest.mark.parametrize("verb", PATCHES)
 def test_a_nan_metric_is_refused(tiny_model, verb):
     """A metric that is NaN (here on every run: log of a negative number) used to come back as NaN
     rows beside plausible ones; every patching verb now stops and says so."""
-    model = tiny_model("gpt2")
-    nan = {"directional_patch": lambda lg: torch.log(-_scalar(lg).abs() - 1),
-           "attribution_patch": lambda lg: torch.log(-_metric(lg).abs() - 1),
-           "path_patch": lambda lg: torch.log(-_metric(lg).abs() - 1)}[verb]
-    call = {
-        "directional_patch": lambda: tld.directional_patch(model, CLEAN, CORRUPT, nan, components=("attn",), layers=[0]),
-        "attribution_patch": lambda: tld.attribution_patch(model, CLEAN, CORRUPT, nan),
-        "path_patch": lambda: tld.path_patch(model, CLEAN, CORRUPT, nan, sender=("head", 0, 0), receivers="q"),
-    }[verb]
     with pytest.raises(ValueError, match=r"metric returned nan .*NaN or inf metric would sit in the result"):
-        call()
+        _patch(verb, tiny_model("gpt2"), CLEAN, CORRUPT, lambda lg: torch.log(-_metric(lg).abs() - 1))
 
 
-@pytest.mark.parametrize("verb", ["directional_patch", "attribution_patch", "path_patch"])
+@pytest.mark.parametrize("verb", PATCHES)
 def test_a_nan_in_a_clean_cache_is_refused(tiny_model, verb):
     model = tiny_model("gpt2")
     _, cache = model.run_with_cache(CLEAN)
@@ -97,13 +94,8 @@ def test_a_nan_in_a_clean_cache_is_refused(tiny_model, verb):
     for v in cache.values():
         if v.is_floating_point() and v.ndim >= 3:
             v[0, 2] = float("nan")
-    call = {
-        "directional_patch": lambda: tld.directional_patch(model, CORRUPT, cache, _scalar, components=("attn",), layers=[0]),
-        "attribution_patch": lambda: tld.attribution_patch(model, CORRUPT, cache, _metric),
-        "path_patch": lambda: tld.path_patch(model, CORRUPT, cache, _metric, sender=("head", 0, 0), receivers="q"),
-    }[verb]
     with pytest.raises(ValueError, match=r"clean_cache\['.*'\] holds \d+ NaN or inf entries"):
-        call()
+        _patch(verb, model, CORRUPT, cache)
 
 
 def test_a_nan_weight_is_named_by_profile_and_sweep(tiny_model):
