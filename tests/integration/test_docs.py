@@ -4,7 +4,8 @@ that need neither the doc toolchain nor a model: tests/unit/test_docs_static.py)
 * The strict build needs the doc toolchain (``pip install -r docs/requirements.txt``); without
   it those tests skip and say so.
 * The pages' ```python blocks run on a tiny seeded GPT-2 (``tiny_model_dir("gpt2")``) in place
-  of the default model: ``docs/run_snippets.py`` swaps the value of each page's single
+  of the default model (``DEFAULT_MODEL_PAGES``, whose code names the bundled model's layers,
+  heads and single-token words, run on that model, as written): ``docs/run_snippets.py`` swaps the value of each page's single
   ``MODEL = "default"`` line. The claims the pages make in words (exact no-op at scale 1,
   halving exactly the perpendicular part, ...) are checked on that model's output.
 """
@@ -19,7 +20,14 @@ from pathlib import Path
 import pytest
 
 import tl_directional
-from tests.unit.test_docs_static import DOCS, ROOT, RUN_PAGES, doc_hooks, snippets
+from tests.unit.test_docs_static import (
+    DEFAULT_MODEL_PAGES,
+    DOCS,
+    ROOT,
+    RUN_PAGES,
+    doc_hooks,
+    snippets,
+)
 
 # -- the strict build --------------------------------------------------------------------------
 
@@ -89,3 +97,12 @@ def test_page_code_runs_on_a_tiny_model(run_docs_page, page):
     }
     for claim in claims.get(page, []):
         assert claim in out, f"{page}: expected {claim!r} in the output"
+
+
+@pytest.mark.parametrize("page", DEFAULT_MODEL_PAGES)
+def test_page_code_runs_as_written_on_the_bundled_model(tmp_path, monkeypatch, page):
+    """Issue 47: docs/sweeps.md's snippets never defined their inputs and named heads and layers
+    the bundled model does not have; every block now runs as written, in order."""
+    monkeypatch.chdir(tmp_path)
+    outputs = snippets.run_page(DOCS / page)
+    assert len(outputs) == len(snippets.python_blocks((DOCS / page).read_text(encoding="utf-8")))

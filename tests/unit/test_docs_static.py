@@ -17,6 +17,8 @@ import tl_directional
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 RUN_PAGES = ("index.md", "quickstart.md", "method.md", "measure.md", "edit.md")
+# pages whose code names layers, heads and single-token words of the bundled model: run on it
+DEFAULT_MODEL_PAGES = ("sweeps.md",)
 
 
 def _load(name: str, path: Path):
@@ -110,7 +112,7 @@ def test_nav_pages_exist():
 
 
 def test_pages_that_swap_the_model_have_exactly_one_model_line():
-    for page in RUN_PAGES:
+    for page in RUN_PAGES + DEFAULT_MODEL_PAGES:
         text = (DOCS / page).read_text(encoding="utf-8")
         assert len(snippets.MODEL_LINE.findall(text)) == (0 if page == "method.md" else 1), page
         assert snippets.python_blocks(text), f"{page} has no python blocks to run"
