@@ -102,7 +102,10 @@ def test_page_code_runs_on_a_tiny_model(run_docs_page, page):
 @pytest.mark.parametrize("page", DEFAULT_MODEL_PAGES)
 def test_page_code_runs_as_written_on_the_bundled_model(tmp_path, monkeypatch, page):
     """Issue 47: docs/sweeps.md's snippets never defined their inputs and named heads and layers
-    the bundled model does not have; every block now runs as written, in order."""
+    the bundled model does not have, and neither it nor lm_eval.md ran in the suite; every block
+    now runs as written, in order (compression.md and views.md run on the tiny model above)."""
+    if page == "lm_eval.md":
+        pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'tl-directional[hf]')")
     monkeypatch.chdir(tmp_path)
     outputs = snippets.run_page(DOCS / page)
     assert len(outputs) == len(snippets.python_blocks((DOCS / page).read_text(encoding="utf-8")))
