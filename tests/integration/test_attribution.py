@@ -17,6 +17,7 @@ from tl_directional.core.bootstrap import (
     bootstrap_mean_interval,
     random_subspace_share,
 )
+from tl_directional.core.roundoff import roundoff_tolerance
 from tl_directional.evaluate.attribution import (
     AttributionError,
     attribution_hooks,
@@ -50,12 +51,16 @@ def gpt2(tiny_model):
 
 
 @pytest.mark.bridge
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize(
     "family", ["gpt2", "llama"]
 )  # tiny llama is GQA: 4 query heads, 2 KV heads
-def test_full_estimate_equals_transformer_lens_attribution_patch(tiny_model, family):
+def test_full_estimate_equals_transformer_lens_attribution_patch(tiny_model, family, dtype):
+    """Every node score equals TransformerLens 4.3's within the round-off bound of the dtype
+    (float64: where equality is the claim; float32: what users run, whose gap moves with the
+    CPU's kernels, 1.1e-6 on an embed node of scale 1.1 with AVX2 forced)."""
     tl_ap = pytest.importorskip("transformer_lens.tools.analysis.attribution_patching")
-    model = tiny_model(family)
+    model = tiny_model(family, fresh=True).to(dtype)
     ours = attribution_patch(model, CLEAN, CORRUPTED, metric)
     theirs = tl_ap.attribution_patch(model, CLEAN, CORRUPTED, lambda logits: metric(logits)[0])
     head, mlp, resid = (
@@ -66,6 +71,9 @@ def test_full_estimate_equals_transformer_lens_attribution_patch(tiny_model, fam
     assert len(theirs.node_scores) == CLEAN.shape[1] * (
         1 + model.cfg.n_layers * (model.cfg.n_heads + 1)
     )
+    largest = max(abs(score) for score in theirs.node_scores.values())
+    # forward and backward through every layer, d_model terms each (tl_directional.core.roundoff)
+    limit = roundoff_tolerance(dtype, largest, 2 * model.cfg.d_model * model.cfg.n_layers)
     for node, score in theirs.node_scores.items():
         if node.kind == "attn_head_out":
             got = head[node.layer, node.position, node.head]
@@ -73,7 +81,7 @@ def test_full_estimate_equals_transformer_lens_attribution_patch(tiny_model, fam
             got = mlp[node.layer, node.position]
         else:  # embed: the stream entering block 0 differs from the embedding by a shared term
             got = resid[0, node.position]
-        assert abs(got - score) < 1e-6, (node, got, score)
+        assert abs(got - score) <= limit, (node, got, score, limit)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "gemma3"])
