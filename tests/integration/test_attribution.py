@@ -103,11 +103,16 @@ def test_parallel_plus_perpendicular_is_full_for_every_node(tiny_model, family):
 
 
 def test_batching_pairs_changes_nothing(gpt2):
+    """Pairs one at a time and all in one batch agree within float32 round-off (batched matrix
+    products reduce in another order; 1.2e-6 on this model with AVX2 kernels forced)."""
     one = attribution_patch(gpt2, CLEAN, CORRUPTED, metric, batch_size=1)
     all_ = attribution_patch(gpt2, CLEAN, CORRUPTED, metric)
+    terms = 2 * gpt2.cfg.d_model * gpt2.cfg.n_layers
     for node in one.node_types:
         for part in ("full", "par"):
-            np.testing.assert_allclose(one.values[node][part], all_.values[node][part], atol=1e-6)
+            a, b = one.values[node][part], all_.values[node][part]
+            limit = roundoff_tolerance(torch.float32, float(np.abs(a).max()), terms)
+            assert np.abs(a - b).max() <= limit, (node, part, np.abs(a - b).max(), limit)
 
 
 # ---------------------------------------------------------------------------------------------
