@@ -226,10 +226,10 @@ def attribution_patch(
             list, or a predicate); one that drops a hook a requested node reads is an error.
         batch_size: pairs per forward/backward (default: all at once). In float32 a pair's scores
             depend slightly on the batch it ran in: batched matrix products reduce in another
-            order (and another CPU kernel may be chosen), which moved SmolLM2-135M's scores by up
-            to 3e-5 against TransformerLens's one-pair calls (scores up to 6.3), against 4.5e-7
-            with ``batch_size=1``. Where exact parity matters, pass ``batch_size=1`` or run the
-            model in float64 (``model.to(torch.float64)``: agreement to about 1e-15);
+            order (and another CPU kernel may be chosen), so they differ from TransformerLens's
+            one-pair calls by float32 round-off, more than with ``batch_size=1``. Where exact
+            parity matters, pass ``batch_size=1`` or run the model in float64
+            (``model.to(torch.float64)``; tests/real/test_attribution_real.py checks both);
             :func:`tl_directional.core.roundoff.roundoff_tolerance` bounds the float32 gap.
         attention_mask: ``[batch, pos]`` padding mask, shared by both runs.
         eps: degenerate threshold on squared norms (METHOD.md sec. 1).
