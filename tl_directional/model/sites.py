@@ -242,17 +242,24 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
                 _RESOLVED[model] = (key, sites)
             except TypeError:  # pragma: no cover - checked above
                 pass
-    weights = sites.weights
-    if warn and weights.any:
-        warnings.warn(
-            f"{sites.model_name}: weights look processed ({weights.as_dict()}). Centering writing "
-            "weights or folding value biases changes every projection; the canonical form is "
-            "unprocessed (TransformerBridge.boot_transformers without enable_compatibility_mode, "
-            "or HookedTransformer.from_pretrained_no_processing).",
-            WeightProcessingWarning,
-            stacklevel=2,
-        )
+    if warn:
+        _warn_if_processed(sites, stacklevel=3)
     return sites
+
+
+def _warn_if_processed(sites: ModelSites, *, stacklevel: int, verb: str = "") -> None:
+    """The :class:`WeightProcessingWarning` of processed weights, pointed ``stacklevel`` frames up."""
+    if not sites.weights.any:
+        return
+    who = f"{verb} splits against" if verb else "every split is taken against"
+    warnings.warn(
+        f"{sites.model_name}: weights look processed ({sites.weights.as_dict()}); {who} the stream "
+        "these weights produce, and centring writing weights or folding value biases changes every "
+        "projection. The canonical form is unprocessed (TransformerBridge.boot_transformers "
+        "without enable_compatibility_mode, or HookedTransformer.from_pretrained_no_processing).",
+        WeightProcessingWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def analysis_sites(model, verb: str, error: type[Exception], why: str) -> ModelSites:
@@ -277,19 +284,8 @@ def analysis_sites(model, verb: str, error: type[Exception], why: str) -> ModelS
             f"{verb}: model is in training mode ({training[0] or 'the model itself'} and "
             f"{len(training) - 1} more modules): {why}; call model.eval() first"
         )
-    with warnings.catch_warnings():
-        # the warning should point at the user's call of the verb, two frames above this one
-        warnings.simplefilter("ignore", WeightProcessingWarning)
-        sites = resolve_sites(model, warn=False)
-    if sites.weights.any:
-        warnings.warn(
-            f"{sites.model_name}: weights look processed ({sites.weights.as_dict()}); {verb} "
-            "splits against the stream these weights produce, which centring and folding change. "
-            "The canonical form is unprocessed (TransformerBridge.boot_transformers without "
-            "enable_compatibility_mode, or HookedTransformer.from_pretrained_no_processing).",
-            WeightProcessingWarning,
-            stacklevel=3,
-        )
+    sites = resolve_sites(model, warn=False)
+    _warn_if_processed(sites, stacklevel=4, verb=verb)  # at the user's call of the verb
     return sites
 
 
