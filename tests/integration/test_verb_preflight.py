@@ -40,15 +40,62 @@ VERBS = {
     **{verb: (lambda m, verb=verb, **kw: _patch(verb, m, CLEAN, CORRUPT, **kw)) for verb in PATCHES},
     "split_logit_lens": lambda m, **kw: tld.split_logit_lens(m, CLEAN, target_tokens=7, **kw),
     "split_logit_attribution": lambda m, **kw: tld.split_logit_attribution(m, CLEAN, 5, **kw),
+    "profile": lambda m, **kw: tld.profile(m, CLEAN, progress=False, **kw),
+    "sweep": lambda m, **kw: tld.sweep(m, CLEAN, tld.grid("value", s_par=[0.0]), progress=False, **kw),
+    "find_safe_scale": lambda m, **kw: tld.find_safe_scale(m, CLEAN, "value", grid_points=2, refine_steps=0, **kw),
+    # the model against itself: the checks run before any comparison (a clone would be refused first)
+    "compression_geometry": lambda m, **kw: tld.compression_geometry(m, m, CLEAN, progress=False, **kw),
 }
-MASKED = [v for v in VERBS if v != "split_logit_attribution"]
+#: verbs without an ``attention_mask`` argument (they take token ids of one length, or a metric)
+MASKED = [v for v in VERBS if v not in ("split_logit_attribution", "find_safe_scale")]
+
+
+def _live_dropout(model, p=0.1):
+    """``model`` in training mode with every dropout module at rate ``p`` (the tiny models are
+    built with rate 0); None on the legacy lane, whose ``HookedTransformer`` has no dropout."""
+    drops = [m for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    for m in drops:
+        m.p = p
+    return model.train() if drops else None
 
 
 @pytest.mark.parametrize("verb", VERBS)
-def test_training_mode_is_refused_by_every_verb(tiny_model, verb):
-    model = tiny_model("gpt2", fresh=True).train()
-    with pytest.raises(ValueError, match=rf"{verb}: model is in training mode .*call model\.eval\(\) first"):
+def test_training_mode_with_live_dropout_is_refused_by_every_verb(tiny_model, verb):
+    model = _live_dropout(tiny_model("gpt2", fresh=True))
+    if model is None:
+        pytest.skip("HookedTransformer has no dropout: training mode cannot change its numbers")
+    with pytest.raises(ValueError, match=rf"{verb}.*: model is in training mode with live dropout "
+                                         r"\(\S*dropout, rate 0\.1, and \d+ more modules\).*call model\.eval\(\) first"):
         VERBS[verb](model)
+
+
+def test_live_dropout_is_what_the_refusal_prevents(tiny_model):
+    """The refusal is not ceremony: with dropout live, two identical forwards differ."""
+    model = _live_dropout(tiny_model("gpt2", fresh=True), p=0.5)
+    if model is None:
+        pytest.skip("HookedTransformer has no dropout")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        assert not torch.equal(model(CLEAN), model(CLEAN))
+
+
+@pytest.mark.parametrize("verb", ["split_logit_lens", "profile", "attribution_patch", "split_logit_attribution"])
+def test_training_mode_without_a_random_module_changes_nothing_and_is_accepted(tiny_model, verb):
+    """A ``HookedTransformer`` (no dropout at all; ``from_pretrained`` returns it in training mode)
+    or a checkpoint with dropout 0 gives the same numbers in either mode: accepted, bit for bit."""
+    model = tiny_model("gpt2", fresh=True)
+    evaluated = VERBS[verb](model.eval())
+    trained = VERBS[verb](model.train())
+    if verb == "profile":
+        evaluated, trained = evaluated.residual, trained.residual
+    elif verb == "split_logit_lens":
+        evaluated, trained = evaluated.full, trained.full
+    elif verb == "attribution_patch":
+        evaluated, trained = evaluated.to_frame(), trained.to_frame()
+    if isinstance(evaluated, torch.Tensor):
+        assert torch.equal(evaluated, trained)
+    else:
+        assert evaluated.equals(trained)
 
 
 @pytest.mark.parametrize("verb", MASKED)
@@ -65,6 +112,17 @@ def test_mask_entries_other_than_0_or_1_are_refused(tiny_model, verb, entry, nee
 
 
 @pytest.mark.parametrize("verb", VERBS)
+def test_a_nan_weight_is_named_by_every_verb(tiny_model, verb):
+    """Issue 47: a NaN weight gave NaN lens and DLA tables, an 'unedited model exceeds the budget'
+    safe-scale result, and blamed the hook layout in profile; every verb now names the weight."""
+    model = tiny_model("gpt2", fresh=True)
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if "mlp" in n and p.ndim == 2)[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=rf"{verb}.*: the model's weights hold NaN or inf: \S*mlp\S* \(1 entries\)"):
+        VERBS[verb](model)
+
+
+@pytest.mark.parametrize("verb", VERBS)
 def test_processed_weights_warn_on_every_verb(tiny_model, lane, verb):
     model = tiny_model("gpt2", fresh=True)
     if lane == "bridge":
@@ -76,6 +134,8 @@ def test_processed_weights_warn_on_every_verb(tiny_model, lane, verb):
         VERBS[verb](model)
     hits = [w for w in log if issubclass(w.category, tld.WeightProcessingWarning)]
     assert hits and "processed" in str(hits[0].message)
+    # pointed at the user's line (here: the VERBS entry), not into the package, contextlib or torch
+    assert hits[0].filename == __file__, (hits[0].filename, hits[0].lineno)
 
 
 @pytest.mark.parametrize("verb", PATCHES)

@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from ..core.errors import renamed_argument
 from ..figures.gate import compress_check_page
 from ..io.outputs import replace_dir
-from ..model.adapter import hf_state_key
+from ..model.finite import nonfinite_parameters
 from ..model.sites import resolve_sites
 from .geometry import compression_geometry, normalize_targets
 
@@ -81,18 +80,6 @@ class CheckResult:
     def _write_report(self, out: Path) -> Path:
         self.geometry.to_csv(out / "geometry.csv", index=False)
         return compress_check_page(self).save(out / "report.html")
-
-
-def nonfinite_parameters(model) -> list[tuple[str, int]]:
-    """``(name, count)`` of every parameter of ``model`` holding NaN or inf values."""
-    out = []
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.is_floating_point() or p.is_complex():
-                bad = int((~torch.isfinite(p)).sum())
-                if bad:  # bridge names without the wrapper hops (adapter.hf_state_key)
-                    out.append((hf_state_key(name), bad))
-    return out
 
 
 def compress_check(dense, compressed, inputs, *, max_perp_error: float, component: str = "block",

@@ -60,7 +60,7 @@ from ..model.adapter import architecture_name, device_of
 from ..model.indices import check_hook_api, normalize_layers
 from ..model.inputs import iter_batches, prepare_inputs
 from ..model.positions import first_token_mask
-from ..model.sites import lane_of
+from ..model.sites import analysis_sites, lane_of
 from ..model.verify import verify_sites
 from .accumulate import (
     _IDX,
@@ -260,6 +260,9 @@ def compression_geometry(
     targets_in = normalize_targets(compressed)
     for _, model, _ in targets_in:
         check_compatible(dense, model)
+    for name, model in [("dense", dense)] + [(f"compressed {n!r}", m) for n, m, _ in targets_in]:
+        analysis_sites(model, f"compression_geometry ({name})", ValueError,
+                       "dropout would make the layer errors random")
     # Same lane, architecture class and shapes (checked above) mean the same hook names.
     sites, has_resid_post = _sites_of(dense)
     if units is not None:

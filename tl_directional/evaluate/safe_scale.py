@@ -14,6 +14,7 @@ from ..edit import EDIT_SPACES, Edit, NonFiniteEditError, apply_edits
 from ..figures.sweep import safe_scale_figure
 from ..model.adapter import device_of
 from ..model.inputs import iter_batches, prepare_inputs
+from ..model.sites import analysis_sites
 from .metrics import BaselineStats, MetricSums
 from .random_scales import RandomScaleError
 from .setting import Setting
@@ -131,6 +132,7 @@ def find_safe_scale(
         raise TypeError(f"edit_factory must be a space name or a callable f(s_par=, s_perp=, layers=), got "
                         f"{type(edit_factory).__name__}")
 
+    analysis_sites(model, "find_safe_scale", ValueError, "dropout would make the damage at each scale random")
     evaluator = _Evaluator(model, inputs, batch_size)
     groups = [None] if layer_groups is None else [None if g is None else tuple(g) for g in layer_groups]
     return [

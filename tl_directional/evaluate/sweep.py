@@ -44,10 +44,10 @@ from ..model.adapter import (
     unembedding,
     unembedding_matches,
 )
+from ..model.finite import nonfinite_message
 from ..model.indices import normalize_layers, scale_list
 from ..model.inputs import TokenBatch, iter_batches, prepare_inputs
-from ..model.sites import resolve_sites
-from ..model.weights import nonfinite_message
+from ..model.sites import analysis_sites
 from . import metrics as _metrics
 from .metrics import (  # the metric registries; re-exported: `from tl_directional.evaluate.sweep import ...`
     METRIC_REGISTRY,
@@ -319,7 +319,7 @@ def sweep(
         raise ValueError(f"metrics has unknown {bad}; choose from {tuple(_metrics.METRIC_REGISTRY)}")
     if not isinstance(stack, int) or stack < 1:
         raise ValueError(f"stack must be a positive int, got {stack!r}")
-    sites = resolve_sites(model)
+    sites = analysis_sites(model, "sweep", ValueError, "dropout would make every setting's loss random")
     if not sites.causal:
         raise ValueError("sweep measures next-token loss, which does not apply to encoders (post-LN BERT)")
     for s in settings:

@@ -40,7 +40,7 @@ from ..model.positions import (
     position_mask,
     resolve_exclude_first_token,
 )
-from ..model.sites import ModelSites, resolve_sites
+from ..model.sites import ModelSites, SiteResolutionError, analysis_sites, resolve_sites
 from ..model.verify import verify_sites
 from .carrier import add_carrier_columns, carrier_table
 from .stream import DROP_COSINE_METRICS as DROP_COSINE_METRICS
@@ -434,7 +434,7 @@ def profile(
     """
     eps = check_eps(eps)
     drop_cosine = check_drop_cosine(drop_cosine)
-    sites = resolve_sites(model)
+    sites = analysis_sites(model, "profile", SiteResolutionError, "dropout would make the measured shares random")
     components = _check_components(components, sites)
     batch = prepare_inputs(model, inputs, attention_mask)
     exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)

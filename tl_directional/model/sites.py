@@ -22,6 +22,8 @@ never the bridge's internal aliases (``blocks.3.hook_in``).
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -32,7 +34,9 @@ from torch import Tensor
 from ..core.components import RESIDUAL_COMPONENTS
 from ..core.errors import TLDirectionalError
 from .adapter import is_encoder, is_parallel, lane_of
+from .finite import nonfinite_message
 from .indices import check_hook_api, check_layer
+from .randomness import random_in_training
 from .structure import (
     SANDWICH_NOTE,
     WeightProcessing,
@@ -243,12 +247,34 @@ def resolve_sites(model, *, warn: bool = True) -> ModelSites:
             except TypeError:  # pragma: no cover - checked above
                 pass
     if warn:
-        _warn_if_processed(sites, stacklevel=3)
+        _warn_if_processed(sites)
     return sites
 
 
-def _warn_if_processed(sites: ModelSites, *, stacklevel: int, verb: str = "") -> None:
-    """The :class:`WeightProcessingWarning` of processed weights, pointed ``stacklevel`` frames up."""
+def _user_stacklevel(warning_frame) -> int:
+    """``warnings.warn``'s ``stacklevel``, for a warning issued in ``warning_frame`` (level 1), of
+    the first frame that is neither this package nor a wrapper around its functions
+    (``contextlib``: ``apply_edits`` is a context manager, torch's ``no_grad`` a decorator;
+    jaxtyping's runtime type checks): the user's line, however deep the verb calls the check
+    (``warnings.warn``'s ``skip_file_prefixes`` needs Python 3.12)."""
+    frame, level = warning_frame.f_back, 2
+    while frame is not None and _is_wrapper_frame(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_WRAPPER_FILES = ("contextlib.py",)  # the standard library's and torch's (torch/utils/_contextlib.py)
+_WRAPPER_PACKAGES = tuple(os.sep + name + os.sep for name in ("jaxtyping", "typeguard", "beartype"))
+
+
+def _is_wrapper_frame(filename: str) -> bool:
+    return (filename.startswith(_PACKAGE_DIR) or filename.endswith(_WRAPPER_FILES)
+            or any(part in filename for part in _WRAPPER_PACKAGES))
+
+
+def _warn_if_processed(sites: ModelSites, *, verb: str = "") -> None:
+    """The :class:`WeightProcessingWarning` of processed weights, pointed at the user's line."""
     if not sites.weights.any:
         return
     who = f"{verb} splits against" if verb else "every split is taken against"
@@ -258,14 +284,16 @@ def _warn_if_processed(sites: ModelSites, *, stacklevel: int, verb: str = "") ->
         "projection. The canonical form is unprocessed (TransformerBridge.boot_transformers "
         "without enable_compatibility_mode, or HookedTransformer.from_pretrained_no_processing).",
         WeightProcessingWarning,
-        stacklevel=stacklevel,
+        stacklevel=_user_stacklevel(sys._getframe()),
     )
 
 
 def analysis_sites(model, verb: str, error: type[Exception], why: str) -> ModelSites:
     """The one check every analysis verb makes of its model before it runs anything: refuse a
-    model in training mode (dropout would make two identical runs differ), then the resolved
-    sites, with a :class:`WeightProcessingWarning` when the weights look processed.
+    model in training mode whose dropout is live (two identical runs would differ; training mode
+    without a random module changes nothing and passes: :mod:`.randomness`) and one whose weights
+    hold NaN or inf (every number downstream would be NaN), then the resolved sites, with a
+    :class:`WeightProcessingWarning` when the weights look processed.
 
     Args:
         model: a ``TransformerBridge`` or ``HookedTransformer``.
@@ -275,17 +303,22 @@ def analysis_sites(model, verb: str, error: type[Exception], why: str) -> ModelS
             would differ by chance").
 
     Raises:
-        error: a module of ``model`` is in training mode; the message names the first one and
-            the fix (``model.eval()``).
+        error: a module of ``model`` draws random numbers in training mode (the message names
+            the first one, its rate and the fix, ``model.eval()``), or a weight is NaN / inf (the
+            message names the weights).
     """
-    training = [n for n, m in model.named_modules() if m.training] if hasattr(model, "named_modules") else []
-    if training:
+    live = random_in_training(model)
+    if live:
+        (first, rate), more = live[0], len(live) - 1
         raise error(
-            f"{verb}: model is in training mode ({training[0] or 'the model itself'} and "
-            f"{len(training) - 1} more modules): {why}; call model.eval() first"
+            f"{verb}: model is in training mode with live dropout ({first}, rate {rate:g}"
+            f"{f', and {more} more modules' if more else ''}): {why}; call model.eval() first"
         )
+    broken = nonfinite_message(model) if hasattr(model, "named_parameters") else None
+    if broken:
+        raise error(f"{verb}: {broken}")
     sites = resolve_sites(model, warn=False)
-    _warn_if_processed(sites, stacklevel=4, verb=verb)  # at the user's call of the verb
+    _warn_if_processed(sites, verb=verb)
     return sites
 
 

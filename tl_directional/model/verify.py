@@ -15,8 +15,8 @@ from torch import Tensor
 
 from ..core.geometry import dtype_tolerance
 from .adapter import capture, hook_state
+from .finite import nonfinite_message
 from .sites import PARALLEL, ModelSites, SiteResolutionError
-from .weights import nonfinite_message
 
 
 def verify_sites(

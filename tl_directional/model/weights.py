@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
@@ -16,25 +15,6 @@ from .adapter import is_encoder, is_parallel, lane_of
 from .indices import check_layer
 from .sites import SiteResolutionError
 from .structure import is_sandwich_norm
-
-
-def nonfinite_parameters(model) -> list[tuple[str, int]]:
-    """``(name, count)`` of every parameter or buffer of ``model`` holding NaN or inf entries (a
-    damaged or diverged checkpoint); empty when all are finite."""
-    named = list(model.named_parameters()) + list(model.named_buffers())
-    # the bridge wraps each HF module: its names carry "._original_component", the HF ones do not
-    return [(n.replace("._original_component", ""), int((~torch.isfinite(t)).sum())) for n, t in named
-            if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-
-
-def nonfinite_message(model) -> str | None:
-    """One sentence naming ``model``'s non-finite weights and the fix, or None when all are finite."""
-    bad = nonfinite_parameters(model)
-    if not bad:
-        return None
-    listed = ", ".join(f"{n} ({c} entries)" for n, c in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
-    return (f"the model's weights hold NaN or inf: {listed}; every activation downstream is NaN, so no "
-            "number can be produced. Load an undamaged checkpoint (or find where training diverged)")
 
 
 def final_norm_weight(model) -> Tensor | None:

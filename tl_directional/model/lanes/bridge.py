@@ -293,7 +293,8 @@ class BridgeLane(Lane):
         fresh.eval()
         probe = torch.arange(min(8, int(model.cfg.d_vocab)), device=param.device).unsqueeze(0)
         with torch.no_grad():
-            same = torch.equal(model(probe), fresh(probe))
+            # bit-equal, NaN where the original is NaN (a model with a NaN weight copies exactly too)
+            same = torch.allclose(model(probe), fresh(probe), rtol=0, atol=0, equal_nan=True)
         if not same:
             raise ValueError(f"cannot copy this TransformerBridge: a fresh copy booted from {source!r} with "
                              "the same weights gives different logits")
