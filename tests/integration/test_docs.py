@@ -106,6 +106,15 @@ def test_page_code_runs_as_written_on_the_bundled_model(tmp_path, monkeypatch, p
     now runs as written, in order (compression.md and views.md run on the tiny model above)."""
     if page == "lm_eval.md":
         pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'tl-directional[hf]')")
+    if page == "hf_training.md":
+        pytest.importorskip("accelerate", reason="Trainer needs accelerate (pip install 'tl-directional[hf]')")
     monkeypatch.chdir(tmp_path)
     outputs = snippets.run_page(DOCS / page)
     assert len(outputs) == len(snippets.python_blocks((DOCS / page).read_text(encoding="utf-8")))
+    claims = {  # what the pages say in words, checked on the output
+        "hf_training.md": ["V-Para removal moves the logits: True", "unedited after remove(): True",
+                           "step 2: s_par 0.50", "2 global steps"],
+    }
+    out = "".join(outputs)
+    for claim in claims.get(page, []):
+        assert claim in out, f"{page}: expected {claim!r} in the output"

@@ -19,7 +19,13 @@ DOCS = ROOT / "docs"
 RUN_PAGES = ("index.md", "quickstart.md", "method.md", "measure.md", "edit.md", "compression.md", "views.md")
 # pages whose code names layers, heads and single-token words of the bundled model (or loads it
 # itself): run on it, as written; the README's example too (a path relative to docs/, as the others)
-DEFAULT_MODEL_PAGES = ("sweeps.md", "lm_eval.md", "../README.md")
+DEFAULT_MODEL_PAGES = ("sweeps.md", "lm_eval.md", "hf_training.md", "../README.md")
+# pages that load a real pretrained model or a hub name: run as written in the real tier
+# (tests/real/test_docs_real.py, hub names against an offline cache of tiny stand-ins)
+REAL_MODEL_PAGES = ("models.md",)
+# rendered notebook runs (notebooks/_render.py), not pages of their own: the notebooks run in
+# tests/integration/test_notebooks_run.py and the renders are bounded in tests/unit/test_notebooks.py
+RENDERED_PAGES = "notebooks/"
 
 
 def _load(name: str, path: Path):
@@ -102,6 +108,21 @@ def test_every_error_class_is_in_the_errors_table():
                     and issubclass(obj, tl_directional.TLDirectionalError) and obj is not tl_directional.TLDirectionalError):
                 imported.add(name)
     assert imported <= listed, f"error classes missing from docs/api/errors.md's table: {sorted(imported - listed)}"
+
+
+def test_every_page_with_python_code_runs_in_the_suite():
+    """Issue 47: pages whose code never ran drifted from the library. Every ```python block of
+    every docs page belongs to a page that one of the suite's runners executes."""
+    ran = set(RUN_PAGES + DEFAULT_MODEL_PAGES + REAL_MODEL_PAGES)
+    missing = []
+    for path in sorted(DOCS.rglob("*.md")):
+        rel = path.relative_to(DOCS).as_posix()
+        if rel.startswith(RENDERED_PAGES) or rel in ran:
+            continue
+        if snippets.python_blocks(path.read_text(encoding="utf-8")):
+            missing.append(rel)
+    assert not missing, (f"docs pages with ```python blocks that no test runs: {missing}; add each to "
+                         "RUN_PAGES (tiny model), DEFAULT_MODEL_PAGES or REAL_MODEL_PAGES")
 
 
 def test_nav_pages_exist():
