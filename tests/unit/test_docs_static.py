@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 RUN_PAGES = ("index.md", "quickstart.md", "method.md", "measure.md", "edit.md", "compression.md", "views.md")
 # pages whose code names layers, heads and single-token words of the bundled model (or loads it
-# itself): run on it, as written
-DEFAULT_MODEL_PAGES = ("sweeps.md", "lm_eval.md", "hf_training.md")
+# itself): run on it, as written; the README's example too (a path relative to docs/, as the others)
+DEFAULT_MODEL_PAGES = ("sweeps.md", "lm_eval.md", "hf_training.md", "../README.md")
 # pages that load a real pretrained model or a hub name: run as written in the real tier
 # (tests/real/test_docs_real.py, hub names against an offline cache of tiny stand-ins)
 REAL_MODEL_PAGES = ("models.md",)
@@ -189,3 +189,71 @@ def test_the_lm_eval_page_lists_every_edit_space():
     sentence = page[page.index("`SPACE` is a `tl-directional sweep --space`"):][:600]
     listed = re.findall(r"`([a-z-]+)`", sentence[: sentence.index("LAYERS")])
     assert sorted(set(listed) - {"tl-directional"}) == sorted(EDIT_SPACES)
+
+
+# -- the README: it starts with the library (issue 49) ------------------------------------------
+
+README = ROOT / "README.md"
+PAPER_TITLE = "Disentangling Representation Evolution in Transformers through Directional Decomposition"
+PAPER_REPOSITORY = "https://github.com/Shwai-He/Transformer-Geometry"
+# a fence's opening line and its info string (```bash, ```python, ...)
+FENCE_OPEN = re.compile(r"^```([\w-]*)[ \t]*$", re.M)
+# a Markdown link or image target: ](path) or ](path#anchor), up to the first space or ')'
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_the_readme_is_short_and_starts_with_a_command():
+    """The README is a front page (at most 120 lines; it was 240, half of it results and a copy of
+    docs/architecture.md), and its first command (a bash or python fence) opens within its first
+    30 lines (it was at line 60)."""
+    text = README.read_text(encoding="utf-8")
+    n_lines = len(text.splitlines())
+    assert n_lines <= 120, f"README.md has {n_lines} lines; keep it at most 120 and move detail to docs/"
+    commands = [text[: m.start()].count("\n") + 1 for m in FENCE_OPEN.finditer(text)
+                if m.group(1) in ("bash", "sh", "shell", "console", "python")]
+    assert commands, "README.md has no ```bash or ```python block"
+    assert commands[0] <= 30, f"README.md's first command block opens at line {commands[0]}; bring it within 30 lines"
+
+
+def test_the_readme_names_and_links_the_paper():
+    """The paper the project tests is named (title and first author) and its repository linked."""
+    text = " ".join(README.read_text(encoding="utf-8").split())  # line breaks inside the title
+    assert PAPER_TITLE in text, "README.md does not name the paper (its title)"
+    assert "Shwai He" in text, "README.md does not name the paper's authors"
+    assert f"]({PAPER_REPOSITORY})" in text, f"README.md does not link the paper's repository {PAPER_REPOSITORY}"
+
+
+def test_the_readme_links_resolve_to_files():
+    """Every relative link and image of the README names a file or folder of the repository."""
+    targets = [t for t in LINK.findall(README.read_text(encoding="utf-8"))
+               if not t.startswith(("http://", "https://", "mailto:", "#"))]
+    assert len(targets) >= 8, f"too few links found in README.md ({targets}): is LINK right?"
+    missing = [t for t in targets if not (ROOT / t.split("#", 1)[0]).exists()]
+    assert not missing, f"README.md links to paths that do not exist: {missing}"
+
+
+def test_the_paper_vs_ours_table_lives_in_the_results_page():
+    """The generated paper-vs-ours block (``make results`` rewrites it between its markers) is in
+    docs/results.md, not in the README, which links the results page instead."""
+    start, end = "<!-- paper-vs-ours -->", "<!-- /paper-vs-ours -->"
+    readme = README.read_text(encoding="utf-8")
+    assert start not in readme and end not in readme, "the paper-vs-ours block belongs in docs/results.md"
+    results = (DOCS / "results.md").read_text(encoding="utf-8")
+    assert results.count(start) == 1 and results.count(end) == 1, "docs/results.md lacks the paper-vs-ours block"
+    assert "(docs/results.md)" in readme, "README.md does not link docs/results.md"
+
+
+def test_the_glossary_names_every_edit_space_and_node_type():
+    """docs/glossary.md lists every edit space the parser accepts (``EDIT_SPACES``, the names of
+    ``--space`` and of edit specs) and every attribution node type, and the README and the home
+    page link it."""
+    from tl_directional.edit import EDIT_SPACES
+
+    glossary = (DOCS / "glossary.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([\w-]+)`", glossary))
+    missing = sorted(set(EDIT_SPACES) - named)
+    assert not missing, f"docs/glossary.md does not name the edit spaces {missing}"
+    node_types = inspect.signature(tl_directional.attribution_patch).parameters["node_types"].default
+    assert set(node_types) <= named, f"docs/glossary.md does not name the node types {sorted(set(node_types) - named)}"
+    assert "(docs/glossary.md)" in README.read_text(encoding="utf-8"), "README.md does not link the glossary"
+    assert "(glossary.md)" in (DOCS / "index.md").read_text(encoding="utf-8"), "docs/index.md does not link the glossary"
