@@ -40,3 +40,23 @@ def test_a_full_disk_names_the_path(tiny_model_dir, tmp_path, tiny_disk, command
                    "--seq-len", "16", *extra, "--out", out, "--quiet")
     line = _one_error_line(rc, err, "No space left on device", "free space there or write elsewhere")
     assert str(out) in line
+
+
+def test_a_sweep_on_a_full_disk_keeps_its_table_and_finishes_once_space_is_freed(tiny_model_dir, tmp_path, tiny_disk):
+    """What a full disk leaves behind is what was complete: the measured table and its checkpoint
+    (``--out`` is kept for them, not removed); the same command, once there is space, resumes and
+    writes the rest, with nothing measured twice."""
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT)
+    out = tiny_disk / "out"
+    argv = ("sweep", "--model", tiny_model_dir("gpt2"), "--text", text, "--max-sequences", "2",
+            "--seq-len", "16", "--space", "value", "--s-par", "0", "--out", out, "--quiet")
+    rc, err = _cli(*argv)
+    assert rc == 2 and "No space left on device" in err
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.csv", "sweep.progress.json"]
+    table = (out / "sweep.csv").read_bytes()
+    subprocess.run(["mount", "-o", "remount,size=32m", str(tiny_disk)], check=True)
+    rc, err = _cli(*argv[:-1])  # without --quiet: the resume is announced
+    assert rc == 0, err
+    assert "resuming from" in err and (out / "sweep.csv").read_bytes() == table
+    assert {"sweep.html", "manifest.json"} <= {p.name for p in out.iterdir()}
