@@ -48,3 +48,28 @@ def test_path_patch_layers_and_another_models_cache(tiny_model, tmp_path):
     _, cache = other.run_with_cache(CLEAN)
     with pytest.raises(PathPatchError, match=r"clean_cache\['.*'\] has shape .* but this model's run gives"):
         tld.path_patch(model, CORRUPT, cache, _metric, sender=("head", 0, 0), receivers="q")
+
+
+@pytest.mark.parametrize("layers", [[], [99], [-3], [0.5], ["a"], [True]])
+def test_every_layers_argument_names_itself_and_the_fix(tiny_model, layers):
+    """Issue 47, by family: each verb and edit that takes layers refuses an empty set, an index
+    out of range and a non-int (``grid`` turned 0.5 into layer 0 and said "invalid literal for
+    int()" for a string), naming ``layers``."""
+    model = tiny_model("gpt2")
+    tokens = torch.tensor([[1, 5, 9, 13, 17, 21]])
+    calls = [
+        lambda: tld.directional_patch(model, tokens, tokens.flip(1), lambda lg: lg[:, -1, 3].mean(),
+                                      components=("attn",), layers=layers),
+        lambda: tld.compression_geometry(model, model, tokens, layers=layers, progress=False),
+        lambda: tld.sweep(model, tokens, tld.grid("value", s_par=[0.0], layers=[layers]), progress=False),
+        # (non-ints in layer_groups meet the suite's runtime type check first; outside it the
+        # library's own check names layers as for the others)
+        *([lambda: tld.find_safe_scale(model, tokens, "value", layer_groups=[layers])]
+          if all(type(x) is int for x in layers) else []),
+        lambda: tld.attach_split_hook_points(model, layers=layers),
+        lambda: tld.edit_hooks(model, tld.ValueScale(0.5, layers=layers)),
+        lambda: tld.random_setting("value", model.cfg.n_layers, seed=0, layers=layers),
+    ]
+    for call in calls:
+        with pytest.raises((ValueError, TypeError), match=r"layers (is empty|has|must hold)"):
+            call()

@@ -18,6 +18,7 @@ scale interval around 1 whose damage stays within a budget. Both are re-exported
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -93,6 +94,11 @@ def grid(
     if layers is not None and any(isinstance(ls, int) for ls in layers):
         raise TypeError(f"layers={layers!r} must be a list of layer sets, e.g. [[0, 1]] for one setting on "
                         "layers 0 and 1, [[0], [1]] for two, or None for all layers")
+    for ls in layers or ():
+        bad = [x for x in (ls or ()) if isinstance(x, bool) or not isinstance(x, numbers.Integral)]
+        if bad:  # int(0.5) would silently edit layer 0
+            raise TypeError(f"layers has {bad[0]!r} ({type(bad[0]).__name__}) in the layer set {list(ls)!r}; "
+                            "layer sets hold ints, e.g. [[0, 1]]")
     layer_sets = [None] if layers is None else [None if ls is None else tuple(int(x) for x in ls) for ls in layers]
     out: list[Setting] = []
     for space in spaces:
