@@ -59,7 +59,7 @@ def worker(way: str, model_dir: str, batch: int, seq: int) -> dict:
     import torch
 
     from tl_directional import ValueScale, apply_edits
-    from tl_directional.evaluate.sweep import BaselineStats
+    from tl_directional.evaluate.sweeps import BaselineStats
     from tl_directional.model.adapter import StopForward, unembedding
     from tl_directional.model.load import load_model
 

@@ -95,7 +95,7 @@ def test_tiny_gemma3_split_dla(tiny_gemma):
     assert table.attrs["notes"] and "sandwich-norm" in table.attrs["notes"][0]
     units = table[table.unit != "head"]
     assert (units["dla"] - units["dla_par"] - units["dla_perp"]).abs().max() < 1e-5
-    from tl_directional.evaluate.logit_attribution import _final_norm_linear
+    from tl_directional.evaluate.patching.logit_attribution import _final_norm_linear
 
     with torch.no_grad():
         logits, cache = tiny_gemma.run_with_cache(tokens)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import tl_directional as tld
-from tl_directional.evaluate.sweep import BaselineStats
+from tl_directional.evaluate.sweeps import BaselineStats
 from tl_directional.model.load import load_model
 
 TEXTS = [

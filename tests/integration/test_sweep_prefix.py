@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.evaluate.sweep import BaselineStats, grid, sweep
+from tl_directional.evaluate.sweeps import BaselineStats, grid, sweep
 
 from ._families import CAUSAL
 

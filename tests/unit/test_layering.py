@@ -32,6 +32,12 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "views": ("core", "io", "model", "figures", "measure", "edit", "evaluate", "compression", "training"),
     "cli": ("core", "io", "model", "figures", "measure", "edit", "evaluate", "compression", "training", "views"),
 }
+#: Floors split into rooms (sub-packages, each with a face ``__init__.py``), in a fixed order: a
+#: room may import its own modules and the rooms before it, never one after it nor its floor's face
+#: (the face imports every room). A module of such a floor sits in one of its rooms.
+ROOMS: dict[str, tuple[str, ...]] = {
+    "evaluate": ("lens", "patching", "sweeps", "suites"),
+}
 FACE = PACKAGE  # tl_directional/__init__.py: may import every floor; no floor imports it
 LAZY_FLOORS = {"cli"}
 
@@ -50,6 +56,13 @@ def floor_of(module: str) -> str | None:
     if parts[-1] == "__main__":  # ``python -m`` entry points are commands
         return "cli"
     return parts[1] if len(parts) > 1 and parts[1] in FLOORS else None
+
+
+def room_of(module: str) -> str | None:
+    """The room of ``module`` (``tl_directional.evaluate.sweeps.runner`` -> ``sweeps``), or None
+    for a floor's face and for floors without rooms."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] in ROOMS else None
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +104,23 @@ def test_no_upward_import(package):
         elif src != dst and dst not in FLOORS[src]:
             bad.append(f"{imp.where(ROOT)} ({src} may import only {', '.join((src, *FLOORS[src]))})")
     _fail("imports that go up or sideways", bad)
+
+
+def test_rooms_import_in_their_order(package):
+    nodes, _, found = package
+    bad = [f"{m}: in no room of {floor_of(m)} (put it in one of {', '.join(ROOMS[floor_of(m)])})"
+           for m in nodes if floor_of(m) in ROOMS and m != f"{PACKAGE}.{floor_of(m)}"
+           and room_of(m) not in ROOMS[floor_of(m)]]
+    for imp in found:
+        floor = floor_of(imp.source)
+        if floor not in ROOMS or floor_of(imp.target) != floor or room_of(imp.source) is None:
+            continue
+        src, dst, order = room_of(imp.source), room_of(imp.target), ROOMS[floor]
+        if dst is None:
+            bad.append(f"{imp.where(ROOT)} (a room imports its floor's face; import the room's module)")
+        elif src != dst and (dst not in order or order.index(dst) > order.index(src)):
+            bad.append(f"{imp.where(ROOT)} ({floor}/{src} may import only {', '.join(order[:order.index(src) + 1])})")
+    _fail("rooms that import out of their order", bad)
 
 
 def _folder(module: str, root: Path = ROOT) -> Path | None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..evaluate.sweep import grid, sweep
+from ..evaluate.sweeps import grid, sweep
 from ..figures.page import Report
 from ..io.outputs import check_output_path, check_replaceable, replace_dir
 from ..measure import profile

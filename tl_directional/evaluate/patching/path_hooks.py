@@ -1,4 +1,4 @@
-"""The hooks of one stacked path-patching forward (see :mod:`~tl_directional.evaluate.path_patching`).
+"""The hooks of one stacked path-patching forward (see :mod:`~tl_directional.evaluate.patching.path_patching`).
 
 Rows: the patched copies of the corrupted batch, then the *shadow* copies whose stream holds
 ``stream + delta`` at each receiver's block; a receiver copies its own head's queries, keys or

@@ -40,12 +40,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..core.bootstrap import random_subspace_share
-from ..core.geometry import DEFAULT_EPS, check_eps
-from ..model.adapter import capture_hooks, device_of
-from ..model.inputs import prepare_inputs
-from ..model.sites import ModelSites, analysis_sites, is_sandwich_norm, resolve_sites
-from .attribution_scores import AttributionError, node_scores, split_dot
+from ...core.bootstrap import random_subspace_share
+from ...core.geometry import DEFAULT_EPS, check_eps
+from ...model.adapter import capture_hooks, device_of
+from ...model.inputs import prepare_inputs
+from ...model.sites import ModelSites, analysis_sites, is_sandwich_norm, resolve_sites
+from .attribution_scores import AttributionError, node_scores
 from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
 from .result import DirectionalResult
 
@@ -235,7 +235,7 @@ def attribution_patch(
         eps: degenerate threshold on squared norms (METHOD.md sec. 1).
 
     Returns:
-        A :class:`~tl_directional.evaluate.result.DirectionalResult` of kind ``"attribution"``:
+        A :class:`~tl_directional.evaluate.patching.result.DirectionalResult` of kind ``"attribution"``:
         ``values[node][which]`` with ``which`` in ``("full", "par", "perp")``, float64 arrays
         ``[example, layer, pos]`` (``head`` / ``value``: ``[example, layer, pos, head]``), and
         ``par_frac[node]`` (the share ``|cos(delta, r)|`` of each difference along its reference)
@@ -394,4 +394,4 @@ def _per_row(value, k: int) -> np.ndarray:
     return t.numpy() if t.numel() == k else np.full(k, float(t.reshape(-1)[0]))
 
 
-__all__ = ["NODE_TYPES", "AttributionError", "attribution_hooks", "attribution_patch", "split_dot"]
+__all__ = ["NODE_TYPES", "attribution_hooks", "attribution_patch"]

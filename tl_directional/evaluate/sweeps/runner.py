@@ -10,8 +10,8 @@ can be stacked along the batch (per-row scales), and progress is checkpointed
 so an interrupted sweep resumes where it stopped. Under ``torchrun`` each rank
 evaluates a shard of the batches and the sums are all-reduced.
 
-The metrics are registries in :mod:`tl_directional.evaluate.metrics` (adding one is one
-entry); :func:`find_safe_scale` (in :mod:`tl_directional.evaluate.safe_scale`) searches the widest
+The metrics are registries in :mod:`tl_directional.evaluate.sweeps.metrics` (adding one is one
+entry); :func:`find_safe_scale` (in :mod:`tl_directional.evaluate.sweeps.safe_scale`) searches the widest
 scale interval around 1 whose damage stays within a budget. Both are re-exported here.
 """
 
@@ -29,11 +29,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..edit import EDIT_SPACES, NonFiniteEditError, apply_edits, scales
-from ..figures.sweep import sweep_figure  # the figure lives in the views; re-exported
-from ..io.distributed import rank_and_world, release_captured_groups
-from ..io.locks import exclusive_lock
-from ..model.adapter import (
+from ...edit import EDIT_SPACES, NonFiniteEditError, apply_edits, scales
+from ...io.distributed import rank_and_world, release_captured_groups
+from ...io.locks import exclusive_lock
+from ...model.adapter import (
     BlockInput,
     StopForward,
     Unembedding,
@@ -44,24 +43,12 @@ from ..model.adapter import (
     unembedding,
     unembedding_matches,
 )
-from ..model.indices import normalize_layers, scale_list
-from ..model.inputs import TokenBatch, iter_batches, prepare_inputs
-from ..model.sites import resolve_sites
-from ..model.weights import nonfinite_message
+from ...model.indices import normalize_layers, scale_list
+from ...model.inputs import TokenBatch, iter_batches, prepare_inputs
+from ...model.sites import resolve_sites
+from ...model.weights import nonfinite_message
 from . import metrics as _metrics
-from .metrics import (  # the metric registries; re-exported: `from tl_directional.evaluate.sweep import ...`
-    METRIC_REGISTRY,
-    METRICS,
-    QUANTITIES,
-    BaselineStats,
-    Metric,
-    MetricSums,
-    Quantity,
-    batch_metric_sums,
-    prediction_mask,
-    top1_agreement,
-)
-from .safe_scale import SafeScaleResult, find_safe_scale  # re-exported
+from .metrics import METRICS, BaselineStats, MetricSums
 from .setting import Setting
 from .sweep_store import (
     CheckpointMismatch,
@@ -310,7 +297,7 @@ def sweep(
     """
     settings = list(edits_grid)
     if not settings:
-        raise ValueError("edits_grid is empty; build one with tl_directional.evaluate.sweep.grid(...)")
+        raise ValueError("edits_grid is empty; build one with tl_directional.evaluate.sweeps.runner.grid(...)")
     for i, s in enumerate(settings):
         if not isinstance(s, Setting):
             raise TypeError(f"edits_grid[{i}] is a {type(s).__name__}, not a Setting; use grid(...)")
@@ -451,6 +438,4 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
     return pd.DataFrame(rows)
 
 
-__all__ = ["METRICS", "METRIC_REGISTRY", "QUANTITIES", "BaselineStats", "Metric", "MetricSums", "Quantity",
-           "SafeScaleResult", "Setting", "batch_metric_sums", "find_safe_scale", "grid", "prediction_mask", "sweep",
-           "sweep_figure", "top1_agreement"]
+__all__ = ["grid", "sweep"]

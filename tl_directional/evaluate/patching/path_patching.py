@@ -33,18 +33,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..core.bootstrap import random_subspace_share
-from ..core.geometry import DEFAULT_EPS, check_eps
-from ..model.adapter import (
+from ...core.bootstrap import random_subspace_share
+from ...core.geometry import DEFAULT_EPS, check_eps
+from ...model.adapter import (
     capture_hooks,
     device_of,
     forward_recording_block_input,
     from_block,
 )
-from ..model.indices import normalize_layers
-from ..model.inputs import prepare_inputs
-from ..model.sites import POST_LN, analysis_sites
-from ..model.structure import is_sandwich_norm
+from ...model.indices import normalize_layers
+from ...model.inputs import prepare_inputs
+from ...model.sites import POST_LN, analysis_sites
+from ...model.structure import is_sandwich_norm
 from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
 from .path_hooks import PathRun, chunk_hooks
 from .path_nodes import (
@@ -144,7 +144,7 @@ def path_patch(
             d_model]`` for mlp; the added ``delta`` for resid / logits).
 
     Returns:
-        A :class:`~tl_directional.evaluate.result.DirectionalResult` of kind ``"path_patch"``:
+        A :class:`~tl_directional.evaluate.patching.result.DirectionalResult` of kind ``"path_patch"``:
         ``values[kind][part]`` effects (metric minus the corrupted metric), float64 ``[example,
         layer, head]`` for q / k / v (head: the key/value head for k / v), ``[example, layer]``
         for mlp / resid, ``[example]`` for logits and joint; NaN where no receiver was patched.
@@ -401,4 +401,4 @@ def _as_result(
     )
 
 
-__all__ = ["PARTS", "PathPatchError", "Receiver", "path_patch"]
+__all__ = ["PARTS", "path_patch"]

@@ -8,7 +8,7 @@ reference, and records a metric. Results come as tensors shaped like
 parallel-only and perpendicular-only effects is reported next to the full
 patch, never assumed equal to it.
 
-:func:`split_logit_attribution` (:mod:`tl_directional.evaluate.logit_attribution`) splits each
+:func:`split_logit_attribution` (:mod:`tl_directional.evaluate.patching.logit_attribution`) splits each
 head's (and each sub-layer's) direct logit attribution into the part carried by its parallel and
 its perpendicular component against the stream it writes into.
 """
@@ -23,11 +23,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..core.bootstrap import random_subspace_share
-from ..core.components import ALL_COMPONENTS, check_components
-from ..core.geometry import DEFAULT_EPS, check_eps, decompose, patch_components
-from ..figures.patching import split_dla_figure  # the figure lives in the views; re-exported
-from ..model.adapter import (
+from ...core.bootstrap import random_subspace_share
+from ...core.components import ALL_COMPONENTS, check_components
+from ...core.geometry import DEFAULT_EPS, check_eps, decompose, patch_components
+from ...model.adapter import (
     BlockInput,
     capture,
     capture_hooks,
@@ -35,9 +34,9 @@ from ..model.adapter import (
     forward_recording_block_input,
     from_block,
 )
-from ..model.indices import normalize_heads, normalize_layers
-from ..model.inputs import prepare_inputs
-from ..model.sites import ModelSites, analysis_sites, expand_kv_heads, kv_head_index
+from ...model.indices import normalize_heads, normalize_layers
+from ...model.inputs import prepare_inputs
+from ...model.sites import ModelSites, analysis_sites, expand_kv_heads, kv_head_index
 from .cache_input import (
     PatchingInputError,
     cache_tensor,
@@ -45,7 +44,6 @@ from .cache_input import (
     check_names_filter,
     is_cache,
 )
-from .logit_attribution import split_logit_attribution  # the patching page's second tool
 from .patch_hooks import (
     PatchVariant,
     integer_columns,
@@ -243,7 +241,7 @@ def directional_patch(
             also return one number per sequence (shape ``[batch]``): per-example values.
         names_filter: the hook points the library may cache, as in ``run_with_cache`` (a name,
             a list, or a predicate); one that drops a hook a requested patch reads is an error.
-        result: return a :class:`~tl_directional.evaluate.result.DirectionalResult` (effects
+        result: return a :class:`~tl_directional.evaluate.patching.result.DirectionalResult` (effects
             per example, means, bootstrap intervals, ``to_frame()``, ``figure()``) instead of
             ``(results, table)``.
         per_position: patch one position at a time (results gain a ``pos`` axis).
@@ -485,4 +483,4 @@ def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[PatchVarian
 # ---------------------------------------------------------------------------
 
 
-__all__ = ["KV_COMPONENTS", "STREAM_COMPONENTS", "WHICH", "directional_patch", "split_dla_figure", "split_logit_attribution"]
+__all__ = ["KV_COMPONENTS", "STREAM_COMPONENTS", "WHICH", "directional_patch"]
