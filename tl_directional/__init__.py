@@ -61,9 +61,8 @@ from .evaluate import (
     split_logit_lens,
     sweep,
 )
-from .measure import Profile, profile
-from .measure.cache_hooks import required_hooks
-from .model.adapter import clone_model
+from .measure import Profile, profile, required_hooks
+from .model.handle import clone_model
 from .model.inputs import TokenBatch, prepare_inputs
 from .model.load import load_default_model, load_model
 from .model.positions import first_token_mask

@@ -93,7 +93,7 @@ def test_scored_rows_only_equal_the_full_forward(suite):
     (``logits_at``); they equal the full forward's numbers, also under an edit's hooks."""
     import tl_directional as tld
     from tl_directional.evaluate.suites.accuracy import cloze_choices
-    from tl_directional.model.adapter import logits_at
+    from tl_directional.model.handle import logits_at
 
     model, batch, items = suite
     reqs = continuation_requests(items)

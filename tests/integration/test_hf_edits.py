@@ -26,7 +26,7 @@ import tl_directional as tld
 from tl_directional.core.roundoff import roundoff_tolerance
 from tl_directional.edit import DiagonalRemoval, EffectiveDiagonal, ResidualScale, ValueScale
 from tl_directional.edit import hf as thf
-from tl_directional.model.adapter import hf_state_dict, lane_of
+from tl_directional.model.handle import hf_state_dict, lane_of
 from tl_directional.model.load import load_hf_model, load_model
 
 FAMILIES = ("gpt2", "llama", "qwen3", "gemma3", "neox")

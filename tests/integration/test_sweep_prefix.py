@@ -69,7 +69,7 @@ def test_chunked_metrics_equal_one_chunk(tiny_model, monkeypatch):
 
 @pytest.mark.parametrize("family", CAUSAL)
 def test_forward_from_block_equals_the_full_forward(tiny_model, family):
-    from tl_directional.model.adapter import forward_from_block, forward_recording_block_input
+    from tl_directional.model.handle import forward_from_block, forward_recording_block_input
 
     model = tiny_model(family)
     batch = tld.prepare_inputs(model, TEXTS)

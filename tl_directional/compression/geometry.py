@@ -56,7 +56,7 @@ from torch import Tensor
 from ..core.errors import TLDirectionalError, renamed_argument
 from ..core.geometry import DEFAULT_EPS, check_eps
 from ..io.distributed import rank_and_world
-from ..model.adapter import architecture_name, device_of
+from ..model.handle import architecture_name, device_of
 from ..model.indices import check_hook_api, normalize_layers
 from ..model.inputs import iter_batches, prepare_inputs
 from ..model.positions import first_token_mask

@@ -25,7 +25,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.errors import TLDirectionalError
-from .adapter import architecture_name, is_bridge
+from .handle import architecture_name, is_bridge
 from .families import BY_ARCH
 from .sites import check_layer, is_sandwich_norm
 from .weights import linear_input_hooks

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..core.components import RESIDUAL_COMPONENTS
 from ..core.errors import TLDirectionalError
-from .adapter import is_encoder, is_parallel, lane_of
+from .handle import is_encoder, is_parallel, lane_of
 from .indices import check_hook_api, check_layer
 from .structure import (
     SANDWICH_NOTE,

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from ..core.components import check_components
 from ..core.geometry import DEFAULT_EPS, check_eps, parallel_part
-from .adapter import add_hook_point, lane_of, remove_hook_point
+from .handle import add_hook_point, lane_of, remove_hook_point
 from .indices import normalize_layers
 from .sites import expand_kv_heads, resolve_sites
 

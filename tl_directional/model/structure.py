@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .adapter import architecture_name, lane_of
+from .handle import architecture_name, lane_of
 from .families import BY_ARCH
 
 # Sandwich-norm decoders: each sub-layer's output is normalised (a norm after W_O and after the

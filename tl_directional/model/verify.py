@@ -14,7 +14,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..core.geometry import dtype_tolerance
-from .adapter import capture, hook_state
+from .handle import capture, hook_state
 from .sites import PARALLEL, ModelSites, SiteResolutionError
 from .weights import nonfinite_message
 

@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .adapter import is_encoder, is_parallel, lane_of
+from .handle import is_encoder, is_parallel, lane_of
 from .indices import check_layer
 from .sites import SiteResolutionError
 from .structure import is_sandwich_norm

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ...core.geometry import DEFAULT_EPS, check_eps, dtype_tolerance, parallel_part
 from ...figures.lens import split_lens_figure
-from ...model.adapter import capture, device_of
+from ...model.handle import capture, device_of
 from ...model.sites import POST_LN, SEQUENTIAL, analysis_sites, check_hook_api
 from .lens_inputs import (
     LensInputError,

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from ...core.bootstrap import random_subspace_share
 from ...core.geometry import DEFAULT_EPS, check_eps
-from ...model.adapter import capture_hooks, device_of
+from ...model.handle import capture_hooks, device_of
 from ...model.inputs import prepare_inputs
 from ...model.sites import ModelSites, analysis_sites, is_sandwich_norm, resolve_sites
 from .attribution_scores import AttributionError, node_scores

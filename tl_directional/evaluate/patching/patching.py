@@ -26,7 +26,7 @@ from torch import Tensor
 from ...core.bootstrap import random_subspace_share
 from ...core.components import ALL_COMPONENTS, check_components
 from ...core.geometry import DEFAULT_EPS, check_eps, decompose, patch_components
-from ...model.adapter import (
+from ...model.handle import (
     BlockInput,
     capture,
     capture_hooks,
@@ -221,7 +221,7 @@ def directional_patch(
 
     How it runs: the clean and corrupted runs are cached once; a patch at layer ``L``
     changes nothing before block ``L``, so its forward starts at block ``L`` from the
-    corrupted run's ``resid_pre`` (``tl_directional.model.adapter.from_block``), and up to
+    corrupted run's ``resid_pre`` (``tl_directional.model.handle.from_block``), and up to
     ``batch_size`` patched runs of the same unit and layer are stacked along the batch
     axis of one forward (the metric still sees each run's own ``[batch, pos, vocab]``
     logits). A patch that writes exactly the corrupted run's tensor (e.g. a position

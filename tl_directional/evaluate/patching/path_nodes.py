@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ...core.errors import TLDirectionalError
 from ...core.geometry import decompose, patch_components
-from ...model.adapter import StopForward, from_block
+from ...model.handle import StopForward, from_block
 from ...model.sites import ModelSites, kv_head_index
 from ...model.weights import attention_output_weights
 

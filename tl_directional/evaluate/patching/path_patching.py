@@ -15,7 +15,7 @@ the shadow's queries, keys, values and MLP input itself (norm, projections, bias
 norms), and a receiver copies only its own head (or its MLP input) from the shadow. One shadow
 serves every single-receiver run of a part in the forward; ``joint`` runs get one each (their
 live stream differs from the corrupted one). Forwards start at the first receiver's block
-(:func:`~tl_directional.model.adapter.from_block`).
+(:func:`~tl_directional.model.handle.from_block`).
 
 With ``freeze_norm=True`` the receiver's norm keeps the live stream's statistics (its
 ``hook_scale``), so the change of the receiver's input is linear in ``delta`` and the parallel
@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ...core.bootstrap import random_subspace_share
 from ...core.geometry import DEFAULT_EPS, check_eps
-from ...model.adapter import (
+from ...model.handle import (
     capture_hooks,
     device_of,
     forward_recording_block_input,

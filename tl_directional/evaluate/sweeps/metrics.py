@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
-from ...model.adapter import Unembedding
+from ...model.handle import Unembedding
 
 
 def prediction_mask(attention_mask: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos-1"]:

@@ -32,7 +32,7 @@ from torch import Tensor
 from ...edit import EDIT_SPACES, NonFiniteEditError, apply_edits, scales
 from ...io.distributed import rank_and_world, release_captured_groups
 from ...io.locks import exclusive_lock
-from ...model.adapter import (
+from ...model.handle import (
     BlockInput,
     StopForward,
     Unembedding,
@@ -211,7 +211,7 @@ def _edited_forward(model, run, batch: TokenBatch, unembed: Unembedding | None) 
 # When a setting edits only layers >= L, blocks 0..L-1 compute the same thing as in the
 # unedited forward. The baseline forward records blocks.L.hook_resid_pre once per batch (for
 # every such L among the stacked groups); each group's forward then starts at its block L from
-# the recorded residual (tl_directional.model.adapter.from_block:
+# the recorded residual (tl_directional.model.handle.from_block:
 # TransformerLens's own start_at_layer on the legacy lane; on the bridge, whose start_at_layer
 # still runs the earlier blocks, they are passed through).
 

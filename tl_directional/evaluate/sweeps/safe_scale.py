@@ -12,7 +12,7 @@ import torch
 
 from ...edit import EDIT_SPACES, Edit, NonFiniteEditError, apply_edits
 from ...figures.sweep import safe_scale_figure
-from ...model.adapter import device_of
+from ...model.handle import device_of
 from ...model.inputs import iter_batches, prepare_inputs
 from .metrics import BaselineStats, MetricSums
 from .random_draws import RandomScaleError

@@ -24,7 +24,7 @@ The public names are re-exported here: ``from tl_directional.model.load import l
 
 from __future__ import annotations
 
-from ..adapter import Lane, quiet_transformers
+from ..handle import Lane, quiet_transformers
 from ..families import Family
 from ..families.hf import FAMILIES
 from ..lanes.legacy_config import LEGACY_MAX_CTX, legacy_config_dict

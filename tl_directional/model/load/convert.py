@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ...io.atomic import fault_point
 from ...io.records import sha256_file
-from ..adapter import quiet_transformers
+from ..handle import quiet_transformers
 from ..families.hf import from_pretrained_kwargs
 from .catalog import (
     CONVERT_REQUIREMENTS,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ...io.model_files import check_model_dir
-from ..adapter import Lane, installed_lane, quiet_transformers
+from ..handle import Lane, installed_lane, quiet_transformers
 from ..families.hf import from_pretrained_kwargs, hf_architecture
 from ..generation import fix_generate
 from ..lanes import lane_named

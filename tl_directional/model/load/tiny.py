@@ -17,7 +17,7 @@ import torch
 
 from tl_directional.io.corpus import heldout_text
 
-from ..adapter import quiet_transformers
+from ..handle import quiet_transformers
 from ..families import REGISTRY, get_family
 from ..families.hf import FAMILIES, FAMILY_TO_ARCH, transformers_major
 from .tokenizer import ENDOFTEXT, train_tokenizer

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ...io.atomic import ArtefactError
-from ..adapter import quiet_transformers
+from ..handle import quiet_transformers
 from ..families.hf import from_pretrained_kwargs, hf_architecture
 
 

@@ -1,4 +1,8 @@
-"""Lane-neutral model helpers, and the lane-specific ones as functions of the model.
+"""What the analyses do with a loaded model handle: its device and architecture flags, capture
+hooks and early stops, partial forwards, extra hook points, the unembedding, clone and HF export.
+(Named for that job; TransformerLens's "adapters" are its per-architecture bridge classes, which
+this module is not.) The lane-neutral parts are written here; the lane-specific ones are
+functions of the model that ask its lane.
 
 Two lanes are supported: the TL 4 ``TransformerBridge`` (``"bridge"``: a wrapper around a
 Hugging Face ``transformers`` model) and the legacy ``HookedTransformer`` (``"legacy"``: TL 2.x /
