@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tl_directional.model.handle import is_encoder
 from tl_directional.model.families import REGISTRY
+from tl_directional.model.handle import is_encoder
 from tl_directional.model.structure import is_sandwich_norm
 
 

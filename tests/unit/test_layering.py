@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tools.code_shape import function_lengths, reexports
 from tests.tools.import_graph import PACKAGE, Import, cycles, graph, module_path
 from tests.tools.import_graph import modules as module_paths
 
@@ -47,6 +48,30 @@ MAX_MODULE_LINES = 500
 #: test fails on an entry that is no longer needed).
 LONG_MODULES: dict[str, str] = {
 }  # the only floor that imports package modules inside functions (start-up time)
+
+
+#: A function longer than this many code lines (docstring, blank and comment lines left out;
+#: tests/tools/code_shape.py) does several jobs: split it into named steps.
+MAX_FUNCTION_LINES = 80
+#: Functions allowed over the limit, each with why. Remove an entry once its function is short
+#: enough (the test fails on an entry that is no longer needed).
+LONG_FUNCTIONS: dict[str, str] = {
+    f"{PACKAGE}.evaluate.patching.path_patching.path_patch": "to be split into named steps (issue 49)",
+    f"{PACKAGE}.evaluate.patching.attribution.attribution_patch": "to be split into named steps (issue 49)",
+    f"{PACKAGE}.evaluate.patching.path_hooks.chunk_hooks": "to be split into named steps (issue 49)",
+    f"{PACKAGE}.evaluate.sweeps.runner._sweep_locked": "to be split into named steps (issue 49)",
+}
+
+#: Faces that pass on the public names of another floor, each with why. Every other module may
+#: pass a public name on only from below it: the defining module, then each ``__init__`` above it
+#: up to the top face ``tl_directional``.
+PUBLIC_FACES: dict[str, tuple[str, str]] = {
+    f"{PACKAGE}.views": (f"{PACKAGE}.figures.",
+                         "the figures floor has no face of its own: users take every figure from views"),
+    f"{PACKAGE}.edit.hf": (f"{PACKAGE}.model.hf_layout",
+                           "the plain-transformers lane's one face; its site layout sits in model because "
+                           "model.load needs it too"),
+}
 
 
 def floor_of(module: str) -> str | None:
@@ -210,3 +235,54 @@ def test_no_module_is_longer_than_the_limit():
             + "; remove its entry"
             for rel in LONG_MODULES if lengths.get(rel, 0) <= MAX_MODULE_LINES]
     _fail(f"modules over {MAX_MODULE_LINES} lines", bad)
+
+
+def test_no_function_is_longer_than_the_limit():
+    """No library function over :data:`MAX_FUNCTION_LINES` code lines but those
+    :data:`LONG_FUNCTIONS` names (with why); an entry now short enough (or gone) must be removed."""
+    lengths = {}
+    for module, path in module_paths(ROOT).items():
+        lengths.update(function_lengths(path, module))
+    bad = [f"{name}: {n} code lines (split it into named steps, or name it in LONG_FUNCTIONS with why)"
+           for name, n in lengths.items() if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS]
+    bad += [f"{name}: in LONG_FUNCTIONS but "
+            + (f"{lengths[name]} code lines now" if name in lengths else "no longer exists")
+            + "; remove its entry"
+            for name in LONG_FUNCTIONS if lengths.get(name, 0) <= MAX_FUNCTION_LINES]
+    _fail(f"functions over {MAX_FUNCTION_LINES} code lines", bad)
+
+
+def test_every_public_name_has_one_home():
+    """A public name is exported by the module that defines it and by the faces above that module
+    (its room's, its floor's, the top face), nowhere else: a module that re-exports a name for old
+    imports (in its ``__all__``, or imported and never used) fails; import the name from its home.
+    :data:`PUBLIC_FACES` names the faces that serve another floor's names, with why."""
+    bad = [f"{module}: re-exports {name} (defined in {home}; import it from there or from a face above it)"
+           for name, home, module in reexports(ROOT)
+           if not (module in PUBLIC_FACES and home.startswith(PUBLIC_FACES[module][0]))]
+    used = {module for _, home, module in reexports(ROOT)
+            if module in PUBLIC_FACES and home.startswith(PUBLIC_FACES[module][0])}
+    bad += [f"{face}: in PUBLIC_FACES but passes on no name of {PUBLIC_FACES[face][0]}; remove its entry"
+            for face in PUBLIC_FACES if face not in used]
+    _fail("public names re-exported away from their home", bad)
+
+
+def test_the_shape_scans_see_what_they_name(tmp_path):
+    """The function-length count leaves out docstrings, blank and comment lines; the re-export
+    scan flags an unused import and an ``__all__`` entry, not a face above the defining module."""
+    path = tmp_path / "m.py"
+    path.write_text('def f(x):\n    """Doc\n    string."""\n\n    # why\n    y = x\n    return (\n        y)\n'
+                    "\n\nclass C:\n    def g(self):\n        def h():\n            return 1\n        return h\n")
+    assert function_lengths(path, "m") == {"m.f": 3, "m.C.g": 3, "m.C.g.<locals>.h": 1}
+    pkg = tmp_path / PACKAGE
+    for rel, text in {
+        "__init__.py": "from .core.a import x\n__all__ = ['x']\n",
+        "core/__init__.py": "from .a import x\n",
+        "core/a.py": "x = 1\n",
+        "model/__init__.py": "",
+        "model/b.py": "from ..core.a import x\n",
+        "model/c.py": "from ..core.a import x\n\ny = x\n",
+    }.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    assert reexports(pkg) == [("x", f"{PACKAGE}.core.a", f"{PACKAGE}.model.b")]

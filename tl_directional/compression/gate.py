@@ -15,7 +15,7 @@ import torch
 from ..core.errors import renamed_argument
 from ..figures.gate import compress_check_page
 from ..io.outputs import replace_dir
-from ..model.handle import hf_state_key
+from ..model.lanes.bridge import hf_state_key
 from ..model.sites import resolve_sites
 from .geometry import compression_geometry, normalize_targets
 

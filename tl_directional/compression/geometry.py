@@ -65,8 +65,6 @@ from ..model.verify import verify_sites
 from .accumulate import (
     _IDX,
     _STATS,
-    STAT_INDEX,
-    STAT_NAMES,
     _all_reduce_sums,
     _choose_plan,
     _components,
@@ -393,8 +391,6 @@ def pooled_sums(sums: Tensor, rows: Sequence[tuple[int, str]], unit: str, layers
 
 __all__ = [
     "MODES",
-    "STAT_INDEX",
-    "STAT_NAMES",
     "CompatibilityError",
     "check_compatible",
     "compression_geometry",

@@ -30,14 +30,9 @@ from .families import BY_ARCH
 from .generation import carry_generate_fix
 from .lanes import (
     BlockInput,
-    Lane,
     Unembedding,
-    installed_lane,
-    is_bridge,
     lane_of,
-    quiet_transformers,
 )
-from .lanes.bridge import hf_attention_module, hf_module, hf_state_key
 from .lanes.bridge import hf_state_dict as _bridge_hf_state_dict
 
 # ---------------------------------------------------------------------------------------------
@@ -344,10 +339,7 @@ def logits_at(model, tokens: Tensor, batch_index: Tensor, pos_index: Tensor,
 
 
 __all__ = [
-    "BlockInput",
-    "Lane",
     "StopForward",
-    "Unembedding",
     "add_hook_point",
     "architecture_name",
     "capture",
@@ -357,17 +349,10 @@ __all__ = [
     "forward_from_block",
     "from_block",
     "forward_recording_block_input",
-    "hf_attention_module",
-    "hf_module",
     "hf_state_dict",
-    "hf_state_key",
-    "installed_lane",
-    "is_bridge",
     "is_encoder",
     "is_parallel",
-    "lane_of",
     "logits_at",
-    "quiet_transformers",
     "remove_hook_point",
     "run_hooked",
     "save_hf_directory",

@@ -25,8 +25,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.errors import TLDirectionalError
-from .handle import architecture_name, is_bridge
 from .families import BY_ARCH
+from .handle import architecture_name
+from .lanes import is_bridge
 from .sites import check_layer, is_sandwich_norm
 from .weights import linear_input_hooks
 

@@ -31,8 +31,9 @@ from torch import Tensor
 
 from ..core.components import RESIDUAL_COMPONENTS
 from ..core.errors import TLDirectionalError
-from .handle import is_encoder, is_parallel, lane_of
+from .handle import is_encoder, is_parallel
 from .indices import check_hook_api, check_layer
+from .lanes import lane_of
 from .structure import (
     SANDWICH_NOTE,
     WeightProcessing,

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .handle import architecture_name, lane_of
 from .families import BY_ARCH
+from .handle import architecture_name
+from .lanes import lane_of
 
 # Sandwich-norm decoders: each sub-layer's output is normalised (a norm after W_O and after the
 # MLP) before the residual add, so the update is not linear in hook_z. Residual-space identities

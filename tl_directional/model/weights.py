@@ -12,8 +12,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from .handle import is_encoder, is_parallel, lane_of
+from .handle import is_encoder, is_parallel
 from .indices import check_layer
+from .lanes import lane_of
 from .sites import SiteResolutionError
 from .structure import is_sandwich_norm
 

@@ -48,8 +48,9 @@ from ..figures.base import (
     View,
 )
 from ..figures.gate import compress_check_page
+from ..figures.libraries import circuitsvis_js, library_script, plotly_js
 from ..figures.notebook_output import notebook_libraries, set_notebook_libraries
-from ..figures.page import circuitsvis_js, library_script, plotly_js
+from ..figures.page import Report
 from ..figures.patching import split_dla_figure
 from ..figures.plots import (
     compression_errors,
@@ -95,6 +96,7 @@ __all__ = [
     "NEGATIVE_COLOR",
     "POSITIVE_COLOR",
     "PlotlyView",
+    "Report",
     "View",
     "attention_triptych",
     "attention_triptych_figure",

@@ -212,4 +212,4 @@ def build_report(
     return out / "index.html"
 
 
-__all__ = ["Report", "build_report", "external_references", "pick_head"]
+__all__ = ["build_report", "external_references", "pick_head"]

@@ -27,7 +27,6 @@ from ...core.bootstrap import random_subspace_share
 from ...core.components import ALL_COMPONENTS, check_components
 from ...core.geometry import DEFAULT_EPS, check_eps, decompose, patch_components
 from ...model.handle import (
-    BlockInput,
     capture,
     capture_hooks,
     device_of,
@@ -36,6 +35,7 @@ from ...model.handle import (
 )
 from ...model.indices import normalize_heads, normalize_layers
 from ...model.inputs import prepare_inputs
+from ...model.lanes import BlockInput
 from ...model.sites import ModelSites, analysis_sites, expand_kv_heads, kv_head_index
 from .cache_input import (
     PatchingInputError,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
-from ...model.handle import Unembedding
+from ...model.lanes import Unembedding
 
 
 def prediction_mask(attention_mask: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos-1"]:

@@ -33,9 +33,7 @@ from ...edit import EDIT_SPACES, NonFiniteEditError, apply_edits, scales
 from ...io.distributed import rank_and_world, release_captured_groups
 from ...io.locks import exclusive_lock
 from ...model.handle import (
-    BlockInput,
     StopForward,
-    Unembedding,
     capture_hooks,
     device_of,
     forward_recording_block_input,
@@ -45,6 +43,7 @@ from ...model.handle import (
 )
 from ...model.indices import normalize_layers, scale_list
 from ...model.inputs import TokenBatch, iter_batches, prepare_inputs
+from ...model.lanes import BlockInput, Unembedding
 from ...model.sites import resolve_sites
 from ...model.weights import nonfinite_message
 from . import metrics as _metrics
