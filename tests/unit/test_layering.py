@@ -56,10 +56,6 @@ MAX_FUNCTION_LINES = 80
 #: Functions allowed over the limit, each with why. Remove an entry once its function is short
 #: enough (the test fails on an entry that is no longer needed).
 LONG_FUNCTIONS: dict[str, str] = {
-    f"{PACKAGE}.evaluate.patching.path_patching.path_patch": "to be split into named steps (issue 49)",
-    f"{PACKAGE}.evaluate.patching.attribution.attribution_patch": "to be split into named steps (issue 49)",
-    f"{PACKAGE}.evaluate.patching.path_hooks.chunk_hooks": "to be split into named steps (issue 49)",
-    f"{PACKAGE}.evaluate.sweeps.runner._sweep_locked": "to be split into named steps (issue 49)",
 }
 
 #: Faces that pass on the public names of another floor, each with why. Every other module may

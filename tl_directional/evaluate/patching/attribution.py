@@ -299,6 +299,17 @@ def attribution_patch(
             f"got {batch_size!r}"
         )
 
+    clean_names, act_names, grad_names = _run_hooks(sites, node_types, needed)
+    parts, clean_metric, corrupted_metric = _score_batches(
+        model, sites, sandwich, node_types, metric, eps, clean_cache=clean_cache, ct=ct, xt=xt, am=am,
+        batch_size=batch_size, names=(clean_names, act_names, grad_names),
+    )
+    return _as_result(sites, sandwich, node_types, parts, clean_metric, corrupted_metric, clean_cache is not None)
+
+
+def _run_hooks(sites, node_types, needed: dict) -> tuple[set[str], set[str], set[str]]:
+    """The hooks :func:`attribution_patch` reads: the clean activations, the corrupted run's
+    activations and the corrupted run's gradients, for ``node_types``."""
     clean_names = {h for hs in needed.values() for h in hs}
     act_names = set(clean_names)
     grad_names: set[str] = set()
@@ -318,7 +329,17 @@ def attribution_patch(
             act_names.add(sites.value[L].resid_hook)
             grad_names.add(sites.units["attn"][L].update_hook)
             act_names.add(sites.value[L].z_hook)
+    return clean_names, act_names, grad_names
 
+
+def _score_batches(model, sites, sandwich, node_types, metric, eps, *, clean_cache, ct, xt, am, batch_size,
+                   names) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+    """The node scores of every ``batch_size`` rows (a clean forward, unless ``clean_cache``,
+    then one corrupted forward and backward): ``{node: {full, par, perp, frac: [arrays]}}`` and
+    the clean and corrupted metrics per batch."""
+    clean_names, act_names, grad_names = names
+    b, n_pos = xt.shape
+    device = xt.device
     parts: dict[str, dict[str, list[np.ndarray]]] = {
         n: {"full": [], "par": [], "perp": [], "frac": []} for n in node_types
     }
@@ -355,7 +376,11 @@ def attribution_patch(
             for w, t in res.items():
                 parts[n][w].append(t.cpu().numpy())
         del acts, grads, clean
+    return parts, clean_metric, corrupted_metric
 
+
+def _as_result(sites, sandwich, node_types, parts, clean_metric, corrupted_metric, from_cache) -> DirectionalResult:
+    """:func:`attribution_patch`'s batches joined into one :class:`DirectionalResult`."""
     values = {
         n: {w: np.concatenate(parts[n][w]) for w in ("full", "par", "perp")} for n in node_types
     }
@@ -374,7 +399,7 @@ def attribution_patch(
             "the post-attention norm linearised at the corrupted run (what reaches the stream to first "
             "order); the full estimate is dz_h . g_z as on any model."
         )
-    if clean_cache is not None:
+    if from_cache:
         notes.append("clean activations from clean_cache: the clean metric is not known (NaN).")
     return DirectionalResult(
         kind="attribution",

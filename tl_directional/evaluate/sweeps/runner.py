@@ -330,30 +330,7 @@ def sweep(
 
 def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, ckpt_path,
                   checkpoint_every, progress, rank, world, shared_prefix=False) -> pd.DataFrame:
-    fingerprint = {
-        "settings": [s.label for s in settings],
-        "settings_exact": [[s.space, repr(float(s.s_par)), repr(float(s.s_perp)),
-                            None if s.layers is None else list(s.layers)]
-                           + ([] if s.layer_s_par is None else [[repr(v) for v in s.layer_s_par]])
-                           for s in settings],
-        "n_sequences": len(batch),
-        "n_tokens": batch.n_tokens,
-        "batch_size": batch_size,
-        "stack": stack,
-        "shared_prefix": bool(shared_prefix),  # equal to the full forward to float tolerance, not bit-exact
-        "tokens_sha256": tokens_sha256(batch),
-        "model": model_fingerprint(model) if ckpt_path is not None else None,
-        "world_size": world,
-        "rank": rank,
-    }
-    state = SweepProgress(fingerprint)
-    if ckpt_path is not None and ckpt_path.exists():
-        state = SweepProgress.load(ckpt_path)
-        if state.fingerprint != fingerprint:
-            diff = sorted(k for k in fingerprint if state.fingerprint.get(k) != fingerprint[k])
-            old_batches = -(-int(state.fingerprint.get("n_sequences", 0)) // max(1, int(state.fingerprint.get("batch_size", 1))))
-            raise CheckpointMismatch(ckpt_path, diff, state.batches_done, old_batches,
-                                     len(state.fingerprint.get("settings", [])))
+    state = _resume_state(model, settings, batch, batch_size, stack, ckpt_path, rank, world, shared_prefix)
     sums = {s.label: state.sums.get(s.label, MetricSums()) for s in settings}
     failed = state.failed  # label -> reason, carried by the checkpoint
     base_sums = state.sums.get("__baseline__", MetricSums())
@@ -407,17 +384,57 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
         state.batches_done = len(batches)
         save_progress(state, sums, base_sums, ckpt_path)
     if world > 1:
-        stacked = torch.stack([base_sums.as_tensor()] + [sums[s.label].as_tensor() for s in settings])
-        torch.distributed.all_reduce(stacked)
-        base_sums = MetricSums.from_tensor(stacked[0])
-        sums = {s.label: MetricSums.from_tensor(stacked[j + 1]) for j, s in enumerate(settings)}
-        gathered: list = [None] * world  # a setting failed on any rank failed
-        torch.distributed.all_gather_object(gathered, failed)
-        failed = {k: v for part in gathered for k, v in part.items()}
-        # loading the model after init_process_group() made torch.distributed.nn.functional hold
-        # the group; let the caller's destroy_process_group() free it (see tl_directional.io.distributed)
-        release_captured_groups()
+        base_sums, sums, failed = _reduce_ranks(base_sums, sums, failed, settings, world)
+    return _results_frame(settings, metrics, base_sums, sums, failed)
 
+
+def _resume_state(model, settings, batch, batch_size, stack, ckpt_path, rank, world, shared_prefix) -> SweepProgress:
+    """A fresh :class:`SweepProgress`, or the one saved at ``ckpt_path`` when it is of this very
+    sweep (raise :class:`CheckpointMismatch` naming what differs when it is not)."""
+    fingerprint = {
+        "settings": [s.label for s in settings],
+        "settings_exact": [[s.space, repr(float(s.s_par)), repr(float(s.s_perp)),
+                            None if s.layers is None else list(s.layers)]
+                           + ([] if s.layer_s_par is None else [[repr(v) for v in s.layer_s_par]])
+                           for s in settings],
+        "n_sequences": len(batch),
+        "n_tokens": batch.n_tokens,
+        "batch_size": batch_size,
+        "stack": stack,
+        "shared_prefix": bool(shared_prefix),  # equal to the full forward to float tolerance, not bit-exact
+        "tokens_sha256": tokens_sha256(batch),
+        "model": model_fingerprint(model) if ckpt_path is not None else None,
+        "world_size": world,
+        "rank": rank,
+    }
+    state = SweepProgress(fingerprint)
+    if ckpt_path is not None and ckpt_path.exists():
+        state = SweepProgress.load(ckpt_path)
+        if state.fingerprint != fingerprint:
+            diff = sorted(k for k in fingerprint if state.fingerprint.get(k) != fingerprint[k])
+            old_batches = -(-int(state.fingerprint.get("n_sequences", 0)) // max(1, int(state.fingerprint.get("batch_size", 1))))
+            raise CheckpointMismatch(ckpt_path, diff, state.batches_done, old_batches,
+                                     len(state.fingerprint.get("settings", [])))
+    return state
+
+
+def _reduce_ranks(base_sums, sums, failed, settings, world):
+    """Every rank's sums added up and their failed settings joined (all ranks get the result)."""
+    stacked = torch.stack([base_sums.as_tensor()] + [sums[s.label].as_tensor() for s in settings])
+    torch.distributed.all_reduce(stacked)
+    base_sums = MetricSums.from_tensor(stacked[0])
+    sums = {s.label: MetricSums.from_tensor(stacked[j + 1]) for j, s in enumerate(settings)}
+    gathered: list = [None] * world  # a setting failed on any rank failed
+    torch.distributed.all_gather_object(gathered, failed)
+    failed = {k: v for part in gathered for k, v in part.items()}
+    # loading the model after init_process_group() made torch.distributed.nn.functional hold
+    # the group; let the caller's destroy_process_group() free it (see tl_directional.io.distributed)
+    release_captured_groups()
+    return base_sums, sums, failed
+
+
+def _results_frame(settings, metrics, base_sums, sums, failed) -> pd.DataFrame:
+    """The sweep's table: the baseline row, then one row per setting (NaN metrics if it failed)."""
     registry = _metrics.METRIC_REGISTRY  # looked up here: one entry there is all a new metric needs
     cols = ["tokens"] + [c for m in metrics for c in registry[m].columns]
     rows = []
