@@ -69,7 +69,11 @@ def is_encoder(model) -> bool:
     before a LayerNorm, attention is not causal, there is no block update. Read from the
     family record (``Family.encoder``); an
     architecture outside the registry counts as one when its name says BERT."""
-    name = architecture_name(model)
+    return encoder_architecture(architecture_name(model))
+
+
+def encoder_architecture(name: str) -> bool:
+    """Whether HF architecture ``name`` is a post-LN encoder (see :func:`is_encoder`)."""
     family = BY_ARCH.get(name)
     return family.encoder if family is not None else "Bert" in name
 
@@ -350,6 +354,7 @@ __all__ = [
     "from_block",
     "forward_recording_block_input",
     "hf_state_dict",
+    "encoder_architecture",
     "is_encoder",
     "is_parallel",
     "logits_at",

@@ -27,8 +27,9 @@ from torch import Tensor
 from ..core.errors import TLDirectionalError
 from .families import BY_ARCH
 from .handle import architecture_name
+from .indices import check_layer
 from .lanes import is_bridge
-from .sites import check_layer, is_sandwich_norm
+from .structure import is_sandwich_norm
 from .weights import linear_input_hooks
 
 

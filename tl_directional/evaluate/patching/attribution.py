@@ -44,7 +44,7 @@ from ...core.bootstrap import random_subspace_share
 from ...core.geometry import DEFAULT_EPS, check_eps
 from ...model.handle import capture_hooks, device_of
 from ...model.inputs import prepare_inputs
-from ...model.sites import ModelSites, analysis_sites, is_sandwich_norm, resolve_sites
+from ...model.sites import ModelSites, analysis_sites, resolve_sites
 from .attribution_scores import AttributionError, node_scores
 from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
 from .result import DirectionalResult
@@ -266,7 +266,7 @@ def attribution_patch(
     eps = check_eps(eps)
     sites = analysis_sites(model, "attribution_patch", AttributionError,
                            "dropout would make the clean and corrupted runs differ by chance")
-    sandwich = is_sandwich_norm(model)
+    sandwich = sites.sandwich
     needed = _clean_hooks(sites, node_types)
     check_names_filter(
         names_filter,

@@ -45,7 +45,6 @@ from ...model.handle import (
 from ...model.indices import normalize_layers
 from ...model.inputs import prepare_inputs
 from ...model.sites import POST_LN, ModelSites, analysis_sites
-from ...model.structure import is_sandwich_norm
 from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
 from .path_hooks import PathRun, chunk_hooks
 from .path_nodes import (
@@ -240,7 +239,7 @@ def _plan(model, *, sender, receivers, parts, space, layers, joint, freeze_norm,
         isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
     ):
         raise PathPatchError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    sandwich = is_sandwich_norm(model)
+    sandwich = sites.sandwich
     clean_names, corr_names = sender_hooks(send, sites, space)
     corr_names |= _needed_corrupted(sites, recs, freeze_norm) | {
         f"blocks.{send.layer}.hook_resid_pre"
