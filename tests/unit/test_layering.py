@@ -219,18 +219,26 @@ def test_no_name_shadows_a_module(package):
     _fail("names that shadow a module", bad)
 
 
+def _over_limit(lengths: dict[str, int], limit: int, allowed: dict[str, str], allow_list: str, unit: str,
+                fix: str) -> list[str]:
+    """Entries of ``lengths`` over ``limit`` that ``allowed`` does not name, and entries of
+    ``allowed`` no longer needed (now within the limit, or gone)."""
+    bad = [f"{name}: {n} {unit} ({fix}, or name it in {allow_list} with why)"
+           for name, n in lengths.items() if n > limit and name not in allowed]
+    bad += [f"{name}: in {allow_list} but "
+            + (f"{lengths[name]} {unit} now" if name in lengths else "no longer exists")
+            + "; remove its entry"
+            for name in allowed if lengths.get(name, 0) <= limit]
+    return bad
+
+
 def test_no_module_is_longer_than_the_limit():
     """No module of the package over :data:`MAX_MODULE_LINES` lines but those :data:`LONG_MODULES`
     names (with why); an entry whose module is now short enough (or gone) must be removed."""
     lengths = {path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
                for path in module_paths(ROOT).values()}
-    bad = [f"{PACKAGE}/{rel}: {n} lines (split it by job, or name it in LONG_MODULES with why)"
-           for rel, n in lengths.items() if n > MAX_MODULE_LINES and rel not in LONG_MODULES]
-    bad += [f"{PACKAGE}/{rel}: in LONG_MODULES but "
-            + (f"{lengths[rel]} lines now" if rel in lengths else "no longer exists")
-            + "; remove its entry"
-            for rel in LONG_MODULES if lengths.get(rel, 0) <= MAX_MODULE_LINES]
-    _fail(f"modules over {MAX_MODULE_LINES} lines", bad)
+    bad = _over_limit(lengths, MAX_MODULE_LINES, LONG_MODULES, "LONG_MODULES", "lines", "split it by job")
+    _fail(f"modules over {MAX_MODULE_LINES} lines", [f"{PACKAGE}/{line}" for line in bad])
 
 
 def test_no_function_is_longer_than_the_limit():
@@ -239,13 +247,9 @@ def test_no_function_is_longer_than_the_limit():
     lengths = {}
     for module, path in module_paths(ROOT).items():
         lengths.update(function_lengths(path, module))
-    bad = [f"{name}: {n} code lines (split it into named steps, or name it in LONG_FUNCTIONS with why)"
-           for name, n in lengths.items() if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS]
-    bad += [f"{name}: in LONG_FUNCTIONS but "
-            + (f"{lengths[name]} code lines now" if name in lengths else "no longer exists")
-            + "; remove its entry"
-            for name in LONG_FUNCTIONS if lengths.get(name, 0) <= MAX_FUNCTION_LINES]
-    _fail(f"functions over {MAX_FUNCTION_LINES} code lines", bad)
+    _fail(f"functions over {MAX_FUNCTION_LINES} code lines",
+          _over_limit(lengths, MAX_FUNCTION_LINES, LONG_FUNCTIONS, "LONG_FUNCTIONS", "code lines",
+                      "split it into named steps"))
 
 
 def test_every_public_name_has_one_home():
@@ -282,3 +286,10 @@ def test_the_shape_scans_see_what_they_name(tmp_path):
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_text(text)
     assert reexports(pkg) == [("x", f"{PACKAGE}.core.a", f"{PACKAGE}.model.b")]
+
+
+def test_rooms_are_told_from_the_module_name():
+    assert room_of(f"{PACKAGE}.evaluate.sweeps.runner") == "sweeps"
+    assert room_of(f"{PACKAGE}.evaluate.suites") == "suites"  # a room's face sits in its room
+    assert room_of(f"{PACKAGE}.evaluate") is None  # the floor's face: no room
+    assert room_of(f"{PACKAGE}.model.lanes.bridge") is None  # a floor without rooms
