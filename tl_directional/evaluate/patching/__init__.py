@@ -12,7 +12,9 @@ nodes and hooks in :mod:`~tl_directional.evaluate.patching.path_nodes` /
 :func:`split_logit_attribution` (:mod:`~tl_directional.evaluate.patching.logit_attribution`)
 splits each head's direct logit attribution. All but the last return a
 :class:`DirectionalResult` (:mod:`~tl_directional.evaluate.patching.result`); the cache and
-metric checks they share live in :mod:`~tl_directional.evaluate.patching.cache_input`.
+metric checks they share live in :mod:`~tl_directional.evaluate.patching.cache_input`, and the
+stacked forward of several patched copies (with how many fit in one) that directional and path
+patching both run in :mod:`~tl_directional.evaluate.patching.stacked`.
 """
 
 from .attribution import NODE_TYPES, attribution_hooks, attribution_patch

@@ -31,7 +31,6 @@ from ...model.handle import (
     capture_hooks,
     device_of,
     forward_recording_block_input,
-    from_block,
 )
 from ...model.indices import normalize_heads, normalize_layers
 from ...model.inputs import prepare_inputs
@@ -54,6 +53,7 @@ from .patch_hooks import (
 )
 from .path_nodes import hook_names
 from .result import DirectionalResult
+from .stacked import copies_per_forward, stacked_forward
 
 WHICH = ("par", "perp", "full")
 
@@ -68,9 +68,6 @@ STREAM_COMPONENTS = ("resid_pre",)
 #: these are patched per KV head (``heads`` index KV heads), which TransformerLens refuses (#980).
 KV_COMPONENTS = ("k", "v")
 
-#: Default bound on one stacked forward's logits (elements), when ``batch_size`` is None.
-_AUTO_LOGIT_ELEMENTS = 2**26
-_AUTO_MAX_RUNS = 64
 
 
 
@@ -182,8 +179,6 @@ def _is_identity(sites: ModelSites, c: str, L: int, v: PatchVariant, clean: dict
 
 
 
-def _auto_batch_size(b: int, n_pos: int, d_vocab: int) -> int:
-    return max(1, min(_AUTO_MAX_RUNS, _AUTO_LOGIT_ELEMENTS // max(1, b * n_pos * d_vocab)))
 
 
 def directional_patch(
@@ -303,7 +298,7 @@ def directional_patch(
     d_vocab = int(corr_logits.shape[-1])
     del corr_logits
     b, n_pos = xt.shape
-    k_max = batch_size or _auto_batch_size(b, n_pos, d_vocab)
+    k_max = batch_size or copies_per_forward(b, n_pos, d_vocab)
 
     work = _plan(sites, components, layer_list, head_list, kv_list, which, n_pos if per_position else None)
     iterator = work
@@ -468,10 +463,7 @@ def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[PatchVarian
             u = sites.units[c][L]
             clean_u, _ = _unit_tensors(sites, c, L, clean)
             hooks = stacked_residual_hooks(u, clean_u, chunk, b, eps)
-    tokens = xt.repeat(k, 1) if k > 1 else xt
-    mask = am.repeat(k, 1) if k > 1 else am
-    with from_block(model, BlockInput(L, stacked, block0.output_form)) as run, model.hooks(fwd_hooks=hooks):
-        logits = run(tokens, mask)
+    logits = stacked_forward(model, block0, L, stacked, xt, am, hooks, k)
     for i, v in enumerate(chunk):
         v.value = metric_values(metric, logits[i * b:(i + 1) * b])
     del logits

@@ -26,7 +26,6 @@ effects, whatever the norm, once the metric is non-linear in the receiver's inpu
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,7 +39,6 @@ from ...model.handle import (
     capture_hooks,
     device_of,
     forward_recording_block_input,
-    from_block,
 )
 from ...model.indices import normalize_layers
 from ...model.inputs import prepare_inputs
@@ -59,10 +57,9 @@ from .path_nodes import (
     sender_hooks,
 )
 from .result import DirectionalResult
+from .stacked import copies_per_forward, stacked_forward
 
 PARTS = ("full", "par", "perp")
-_AUTO_LOGIT_ELEMENTS = 2**26
-_AUTO_MAX_RUNS = 64
 
 
 def _metric_rows(metric, logits: Tensor, b: int) -> np.ndarray:
@@ -335,9 +332,7 @@ def _patched_runs(model, plan: _Plan, base: _Base, deltas: dict, metric, *, join
         if joint
         else [PathRun((r,), p) for r in plan.recs for p in run_parts]
     )
-    k_max = batch_size or max(
-        1, min(_AUTO_MAX_RUNS, _AUTO_LOGIT_ELEMENTS // max(1, b * xt.shape[1] * base.d_vocab))
-    )
+    k_max = batch_size or copies_per_forward(b, xt.shape[1], base.d_vocab)
     captured: dict | None = {} if return_inputs else None
     inputs: dict = {}
     # one forward for as many runs as fit (on small models a forward's fixed cost dominates);
@@ -358,17 +353,9 @@ def _patched_runs(model, plan: _Plan, base: _Base, deltas: dict, metric, *, join
         hooks = chunk_hooks(
             plan.sites, plan.hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured
         )
-        with (
-            from_block(
-                model, type(block0)(start, resid.repeat(n, 1, 1), block0.output_form)
-            ) as fwd,
-            model.hooks(fwd_hooks=hooks),
-            warnings.catch_warnings(),
-        ):
-            # freeze_norm edits hook_scale on purpose: the bridge then rebuilds the norm's output
-            # from the hooked values (and says so); the unpatched route is rebuilt the same way
-            warnings.filterwarnings("ignore", "A forward hook edited hook_scale", UserWarning)
-            out = fwd(xt.repeat(n, 1), am.repeat(n, 1))
+        # freeze_norm edits hook_scale on purpose: the unpatched route is rebuilt the same way
+        out = stacked_forward(model, block0, start, resid.repeat(n, 1, 1), xt, am, hooks, n,
+                              edits_norm_scale=True)
         for i, run in enumerate(chunk):
             run.value = _metric_rows(metric, out[i * b : (i + 1) * b], b)
             for rec in run.receivers if captured is not None else ():
