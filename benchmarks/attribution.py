@@ -62,7 +62,7 @@ def attribution_vs_transformer_lens(bench: Bench):
         raise NotAvailable(
             f"TransformerLens has no attribution_patching here (needs 4.3): {exc}"
         ) from None
-    from tl_directional.evaluate.attribution import attribution_patch
+    from tl_directional.evaluate.patching import attribution_patch
     from tl_directional.model.sites import resolve_sites
 
     model = bench.model

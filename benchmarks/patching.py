@@ -1,6 +1,6 @@
 """Activation patching against TransformerLens's own helper.
 
-``patching_vs_transformer_lens``: :func:`tl_directional.evaluate.patching.directional_patch` full-update
+``patching_vs_transformer_lens``: :func:`tl_directional.evaluate.patching.patching.directional_patch` full-update
 patching of the residual stream (``components=("resid_pre",)``, ``which="full"``) at every layer
 and every position / ``transformer_lens.patching.get_act_patch_resid_pre`` on the same prompt
 pair and metric (one forward per layer x position), equal results checked (within the float32 round-off bound of

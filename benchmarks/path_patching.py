@@ -66,7 +66,7 @@ def path_patching_vs_transformer_lens(bench: Bench):
         raise NotAvailable(
             "transformer_lens.patching has no get_act_patch_direct_path here (needs 4.3)"
         )
-    from tl_directional.evaluate.path_patching import path_patch
+    from tl_directional.evaluate.patching import path_patch
     from tl_directional.model.sites import resolve_sites
     from tl_directional.model.structure import is_sandwich_norm
 

@@ -81,7 +81,7 @@ def layout_of_dir(path: str | Path) -> str:
     import torch
     import transformers
 
-    from tl_directional.model.load import quiet_transformers
+    from tl_directional.model.lanes import quiet_transformers
 
     config = transformers.AutoConfig.from_pretrained(str(path))
     with quiet_transformers(), torch.device("meta"):

@@ -10,7 +10,7 @@ below follow the API described here; if the real API changes, the record comes o
 APIs used (keyword arguments a function does not accept are dropped, see ``_call``):
 
 ``sweep_cost`` (target <= 1.05; ``sweep_shared_prefix`` <= 0.80 with edits from the middle layer on)
-    ``tl_directional.evaluate.sweep.sweep(model, inputs, edits_grid, *, batch_size, progress=False)``
+    ``tl_directional.evaluate.sweeps.runner.sweep(model, inputs, edits_grid, *, batch_size, progress=False)``
     evaluates the unedited model plus every setting of ``edits_grid`` on ``inputs`` and returns
     one row per setting (baseline first). The grid is ``grid("value", s_par=S)`` with K = 8
     non-identity V-Para scales ``S`` (a list of ``ValueScale`` edits if ``grid`` is missing);
@@ -107,7 +107,7 @@ def _check_slice(batch):
 def sweep_cost(bench: Bench):
     """A sweep over the unedited model plus K = 8 V-Para settings / 9 plain forwards of the
     same batch."""
-    mod = _require("tl_directional.evaluate.sweep", "sweep")
+    mod = _require("tl_directional.evaluate.sweeps.runner", "sweep")
     model, batch = bench.model, bench.inputs
     # ADJUST HERE if the sweep API changes.
     if hasattr(mod, "grid"):
@@ -144,9 +144,9 @@ def sweep_shared_prefix(bench: Bench):
     """The sweep of ``sweep_cost`` with edits from the middle layer on, running blocks before it
     once per batch and branching every setting from the recorded residual / 9 plain forwards.
     ``extra.check_max_abs_delta_loss_diff`` compares it with the full-forward sweep."""
-    mod = _require("tl_directional.evaluate.sweep", "sweep", "grid")
+    mod = _require("tl_directional.evaluate.sweeps.runner", "sweep", "grid")
     if "shared_prefix" not in inspect.signature(mod.sweep).parameters:
-        raise NotAvailable("tl_directional.evaluate.sweep.sweep has no shared_prefix argument")
+        raise NotAvailable("tl_directional.evaluate.sweeps.runner.sweep has no shared_prefix argument")
     model, batch = bench.model, bench.inputs
     n_layers = int(model.cfg.n_layers)
     start = n_layers // 2
@@ -185,9 +185,9 @@ def layer_sweep_shared_prefix(bench: Bench):
     setting's forward starting at its own layer from the residual recorded in the baseline
     forward / ``n_layers + 1`` plain forwards. ``extra.check_max_abs_delta_loss_diff`` compares it
     with the same sweep run as full forwards."""
-    mod = _require("tl_directional.evaluate.sweep", "sweep", "grid")
+    mod = _require("tl_directional.evaluate.sweeps.runner", "sweep", "grid")
     if "shared_prefix" not in inspect.signature(mod.sweep).parameters:
-        raise NotAvailable("tl_directional.evaluate.sweep.sweep has no shared_prefix argument")
+        raise NotAvailable("tl_directional.evaluate.sweeps.runner.sweep has no shared_prefix argument")
     model, batch = bench.model, bench.inputs
     n_layers = int(model.cfg.n_layers)
     settings = mod.grid("value", s_par=0.0, layers=[[L] for L in range(n_layers)])

@@ -7,7 +7,7 @@ Reports the peak RSS increment, in units of one ``[batch, pos, vocab]`` float32 
 three ways to get one edited setting's metrics once the baseline's logits exist:
 
 * ``hidden`` (what ``sweep`` runs now for an edited setting): the edited forward stops at the
-  unembedding's input (``tl_directional.model.adapter.unembedding``) and
+  unembedding's input (``tl_directional.model.handle.unembedding``) and
   ``BaselineStats.compare_hidden`` forms the logits a chunk of positions at a time, so no
   edited ``[batch, pos, vocab]`` tensor exists; the edited forward is inside the measurement;
 * ``chunked``: ``BaselineStats(base).compare(logits)`` on edited logits that already exist
@@ -59,8 +59,8 @@ def worker(way: str, model_dir: str, batch: int, seq: int) -> dict:
     import torch
 
     from tl_directional import ValueScale, apply_edits
-    from tl_directional.evaluate.sweep import BaselineStats
-    from tl_directional.model.adapter import StopForward, unembedding
+    from tl_directional.evaluate.sweeps import BaselineStats
+    from tl_directional.model.handle import StopForward, unembedding
     from tl_directional.model.load import load_model
 
     torch.set_num_threads(1)

@@ -12,7 +12,7 @@ from tl_directional.model.sites import resolve_sites
 def text_batch(model, n_seq: int, seq: int) -> TokenBatch:
     """``n_seq`` windows of ``seq`` tokens of the bundled held-out text (BOS first where the
     tokenizer has one), on the CPU. Windows repeat from the start if the text runs out."""
-    from tl_directional.cli import load_text_sequences
+    from tl_directional.model.inputs import load_text_sequences
 
     n_ctx = int(getattr(model.cfg, "n_ctx", seq) or seq)
     if seq > n_ctx:

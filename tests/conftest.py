@@ -41,13 +41,8 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tl_directional.model.load import (  # noqa: E402
-    FAMILIES,
-    build_tiny_hf_model,
-    load_hf_model,
-    load_model,
-    tl_lane,
-)
+from tl_directional.model.families.hf import FAMILIES
+from tl_directional.model.load import build_tiny_hf_model, load_hf_model, load_model, tl_lane
 
 # The suite's folders, each also a marker (pyproject.toml) put on every test in it, so a run can
 # pick by need: ``pytest tests/unit`` (or ``-m unit``; about 30 s), ``-m "not real and not browser"``.

@@ -42,17 +42,27 @@ from .edit import (
     hf,  # noqa: F401  the plain-transformers lane (install_edits, handles, the supported families)
     scales,
 )
-from .evaluate.attribution import AttributionError, attribution_hooks, attribution_patch
-from .evaluate.cache_input import PatchingInputError
-from .evaluate.lens import SplitLensResult, split_logit_lens
-from .evaluate.patching import directional_patch, split_logit_attribution
-from .evaluate.path_patching import PathPatchError, path_patch
-from .evaluate.random_scales import random_scales, random_setting
-from .evaluate.result import DirectionalResult
-from .evaluate.sweep import Setting, find_safe_scale, grid, sweep
-from .measure import Profile, profile
-from .measure.cache_hooks import required_hooks
-from .model.adapter import clone_model
+from .evaluate import (
+    AttributionError,
+    DirectionalResult,
+    PatchingInputError,
+    PathPatchError,
+    Setting,
+    SplitLensResult,
+    attribution_hooks,
+    attribution_patch,
+    directional_patch,
+    find_safe_scale,
+    grid,
+    path_patch,
+    random_scales,
+    random_setting,
+    split_logit_attribution,
+    split_logit_lens,
+    sweep,
+)
+from .measure import Profile, profile, required_hooks
+from .model.handle import clone_model
 from .model.inputs import TokenBatch, prepare_inputs
 from .model.load import load_default_model, load_model
 from .model.positions import first_token_mask

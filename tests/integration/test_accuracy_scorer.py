@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tl_directional.evaluate.accuracy import (
+from tl_directional.evaluate.suites.accuracy import (
     build_cloze_items,
     build_continuation_items,
     cloze_choice_logits,
@@ -66,7 +66,7 @@ def test_scorer_equals_lm_eval_loglikelihood(suite):
     pytest.importorskip(
         "lm_eval", reason="lm-eval is not installed on this lane (pip install 'tl-directional[hf]')"
     )
-    from tl_directional.evaluate.lm_eval_model import TLDirectionalLM
+    from tl_directional.evaluate.suites.lm_eval_model import TLDirectionalLM
 
     _, _, items = suite
     lm = TLDirectionalLM(pretrained="default", batch_size=4)
@@ -92,8 +92,8 @@ def test_scored_rows_only_equal_the_full_forward(suite):
     """``loglikelihoods(model, ...)`` and ``cloze_choices`` unembed only the positions they read
     (``logits_at``); they equal the full forward's numbers, also under an edit's hooks."""
     import tl_directional as tld
-    from tl_directional.evaluate.accuracy import cloze_choices
-    from tl_directional.model.adapter import logits_at
+    from tl_directional.evaluate.suites.accuracy import cloze_choices
+    from tl_directional.model.handle import logits_at
 
     model, batch, items = suite
     reqs = continuation_requests(items)
@@ -118,7 +118,7 @@ def test_scored_rows_only_equal_the_full_forward(suite):
 
 
 def test_cloze_choices_refuses_items_of_other_windows(suite):
-    from tl_directional.evaluate.accuracy import AccuracySuiteError, cloze_choices
+    from tl_directional.evaluate.suites.accuracy import AccuracySuiteError, cloze_choices
 
     model, batch, _ = suite
     bands = frequency_bands(batch.tokens[:, 1:].flatten().tolist(), 4)

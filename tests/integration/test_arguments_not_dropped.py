@@ -11,7 +11,7 @@ import pytest
 from tests.integration.test_cli_rough_edges import _one_error_line
 from tests.integration.test_habits import _cli
 from tl_directional.compression.specs import parse_spec
-from tl_directional.evaluate.edit_spec import layer_sets
+from tl_directional.evaluate.sweeps.edit_spec import layer_sets
 
 TEXT = " ".join(f"In the beginning word {i} was spoken and the people heard it." for i in range(20))
 

@@ -18,14 +18,14 @@ from tl_directional.core.bootstrap import (
     random_subspace_share,
 )
 from tl_directional.core.roundoff import roundoff_tolerance
-from tl_directional.evaluate.attribution import (
+from tl_directional.evaluate.patching import (
     AttributionError,
     attribution_hooks,
     attribution_patch,
+    directional_patch,
 )
-from tl_directional.evaluate.cache_input import PatchingInputError
-from tl_directional.evaluate.patching import directional_patch
-from tl_directional.evaluate.result import DirectionalResult, ResultError
+from tl_directional.evaluate.patching.cache_input import PatchingInputError
+from tl_directional.evaluate.patching.result import DirectionalResult, ResultError
 from tl_directional.model.load import load_model
 
 GEN = torch.Generator().manual_seed(0)

@@ -258,7 +258,7 @@ def test_a_finished_sweep_directory_says_what_it_holds(tiny_model_dir, tmp_path,
 def test_sweep_never_suggests_deleting_a_file_it_did_not_write(tiny_model, tmp_path):
     import torch
 
-    from tl_directional.evaluate.sweep import grid, sweep
+    from tl_directional.evaluate.sweeps import grid, sweep
     from tl_directional.io.atomic import ArtefactError
 
     theirs = tmp_path / "hosts"

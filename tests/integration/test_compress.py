@@ -33,8 +33,9 @@ from tl_directional.compression.compressors import (
 from tl_directional.compression.methods import low_rank_matrix, magnitude_mask, nm_mask, rtn_matrix
 from tl_directional.compression.save import save_compressed
 from tl_directional.compression.specs import parse_spec
-from tl_directional.model.adapter import clone_model, hf_module
+from tl_directional.model.handle import clone_model
 from tl_directional.model.inputs import TokenBatch
+from tl_directional.model.lanes.bridge import hf_module
 from tl_directional.model.sites import lane_of, resolve_sites
 from tl_directional.model.weights import linear_input_hooks
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.evaluate.sweep import grid, sweep
+from tl_directional.evaluate.sweeps import grid, sweep
 
 # device_map placement is the bridge's (legacy HookedTransformer splits with n_devices, which
 # needs several GPUs)

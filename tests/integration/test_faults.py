@@ -377,8 +377,8 @@ def test_sweep_killed_and_resumed_equals_uninterrupted_exactly(tiny_model_dir, t
 
 
 def test_sweep_counts_stay_exact_above_2_to_the_24(tmp_path):
-    from tl_directional.evaluate.sweep import MetricSums
-    from tl_directional.evaluate.sweep_store import SweepProgress
+    from tl_directional.evaluate.sweeps import MetricSums
+    from tl_directional.evaluate.sweeps.sweep_store import SweepProgress
 
     big = MetricSums(2**24 + 1, 1e-9 + 12345.678, 0.1, 0.2, 2**24 + 1)
     path = tmp_path / "p.json"
@@ -388,7 +388,7 @@ def test_sweep_counts_stay_exact_above_2_to_the_24(tmp_path):
 
 
 def test_sweep_of_another_model_into_the_same_checkpoint_is_refused(tmp_path, tiny_model_dir):
-    from tl_directional.evaluate.sweep import grid, sweep
+    from tl_directional.evaluate.sweeps import grid, sweep
 
     a = load_model(tiny_model_dir("gpt2"))
     b = load_model(build_tiny_hf_model("gpt2", tmp_path / "b", seed=1))
@@ -402,7 +402,7 @@ def test_sweep_of_another_model_into_the_same_checkpoint_is_refused(tmp_path, ti
 
 @pytest.mark.parametrize("damage", ["digit", "truncate"])
 def test_damaged_sweep_progress_is_refused(tmp_path, tiny_model, damage):
-    from tl_directional.evaluate.sweep import grid, sweep
+    from tl_directional.evaluate.sweeps import grid, sweep
 
     m = tiny_model("gpt2")
     toks = torch.randint(1, 400, (4, 12), generator=torch.Generator().manual_seed(0))
@@ -492,7 +492,7 @@ def test_profile_killed_mid_save_keeps_the_previous_one(tmp_path):
 
 
 def test_concurrent_writers_are_refused_and_a_dead_owner_is_taken_over(tmp_path, tiny_model):
-    from tl_directional.evaluate.sweep import grid, sweep
+    from tl_directional.evaluate.sweeps import grid, sweep
 
     target = tmp_path / "p"
     ckpt = tmp_path / "sweep.progress.json"

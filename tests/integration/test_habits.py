@@ -365,7 +365,7 @@ def test_cli_real_entry_point_subprocess(tmp_path):
 # -- 8. errors that name the argument ---------------------------------------------------
 
 def test_argument_errors_name_the_fix(tiny_model):
-    from tl_directional.evaluate.sweep import grid
+    from tl_directional.evaluate.sweeps import grid
 
     model = tiny_model("gpt2")
     assert [s.s_par for s in grid("value", s_par=0.5)] == [0.5]  # a scalar is accepted
@@ -405,8 +405,12 @@ def pd_is_integer(series):
 # -- 9. views ---------------------------------------------------------------------
 
 def test_views_are_views_with_titles_and_robust_colours(tiny_model):
-    from tl_directional.evaluate.patching import split_dla_figure
-    from tl_directional.views import View, attention_triptych_figure, top_perpendicular_tokens
+    from tl_directional.views import (
+        View,
+        attention_triptych_figure,
+        split_dla_figure,
+        top_perpendicular_tokens,
+    )
 
     model = tiny_model("gpt2")
     dla_view = split_dla_figure(tld.split_logit_attribution(model, TEXTS[:1], [5]))

@@ -26,7 +26,8 @@ import tl_directional as tld
 from tl_directional.core.roundoff import roundoff_tolerance
 from tl_directional.edit import DiagonalRemoval, EffectiveDiagonal, ResidualScale, ValueScale
 from tl_directional.edit import hf as thf
-from tl_directional.model.adapter import hf_state_dict, lane_of
+from tl_directional.model.handle import hf_state_dict
+from tl_directional.model.lanes import lane_of
 from tl_directional.model.load import load_hf_model, load_model
 
 FAMILIES = ("gpt2", "llama", "qwen3", "gemma3", "neox")
@@ -65,7 +66,7 @@ def _build_qwen3(path: Path, tokenizer_dir: Path) -> Path:
     with torch.random.fork_rng(devices=[]):
         model = transformers.Qwen3ForCausalLM(cfg)
     _seeded_init_(model, 0, 32)
-    from tl_directional.model.load import quiet_transformers
+    from tl_directional.model.lanes import quiet_transformers
 
     with quiet_transformers():
         model.save_pretrained(path)

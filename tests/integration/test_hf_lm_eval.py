@@ -17,7 +17,7 @@ pytest.importorskip("lm_eval", reason="lm-eval is not installed on this lane (pi
 from transformers import AutoTokenizer  # noqa: E402
 
 from tl_directional.edit import ResidualScale, ValueScale  # noqa: E402
-from tl_directional.evaluate.lm_eval_task import (  # noqa: E402
+from tl_directional.evaluate.suites.lm_eval_task import (  # noqa: E402
     TASK_NAME,
     check_task_dir,
     evaluate_edited,

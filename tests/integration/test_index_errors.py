@@ -8,8 +8,8 @@ import torch
 
 import tl_directional as tld
 from tl_directional.evaluate.lens import LensInputError, split_logit_lens
-from tl_directional.evaluate.path_nodes import PathPatchError
-from tl_directional.evaluate.random_scales import RandomScaleError, random_setting
+from tl_directional.evaluate.patching.path_nodes import PathPatchError
+from tl_directional.evaluate.sweeps.random_draws import RandomScaleError, random_setting
 from tl_directional.model.load import build_tiny_hf_model, load_model
 
 CLEAN = torch.tensor([[1, 5, 9, 13, 17, 21]])

@@ -10,9 +10,9 @@ import torch
 
 import tl_directional as tld
 import tl_directional.model.sites as sites_mod
-from tl_directional.evaluate.sweep import grid, sweep
-from tl_directional.model.adapter import add_hook_point, clone_model, remove_hook_point
+from tl_directional.evaluate.sweeps import grid, sweep
 from tl_directional.model.generation import fix_generate, generate_fixed
+from tl_directional.model.handle import add_hook_point, clone_model, remove_hook_point
 from tl_directional.model.lanes import BRIDGE, LEGACY, Lane, installed_lane, lane_named, lane_of
 from tl_directional.model.load import tl_lane
 

@@ -1,4 +1,4 @@
-"""The split logit lens (tl_directional.evaluate.lens) on tiny seeded models.
+"""The split logit lens (tl_directional.evaluate.lens.lens) on tiny seeded models.
 
 * parity: unsplit, the lens logits equal TransformerLens 4.3's ``logit_lens`` (recomputed final-norm
   statistics) to 1e-6 on the bridge lane (GPT-2 LayerNorm, Llama RMSNorm with GQA, Gemma-3

@@ -1,5 +1,5 @@
 """lm-evaluation-harness's own command line on an edited model: the registered ``tl-directional``
-model (tl_directional.evaluate.lm_eval_model) run through ``tl-directional-lm-eval`` (lm-eval's
+model (tl_directional.evaluate.suites.lm_eval_model) run through ``tl-directional-lm-eval`` (lm-eval's
 ``cli_evaluate`` with the model registered; here as ``python -m tl_directional.cli.lm_eval``,
 the same function the console script calls, so the test needs no reinstall) equals the Python
 route (``evaluate_edited``) item for item on the bundled task and the bundled default model."""
@@ -20,8 +20,8 @@ pytest.importorskip("lm_eval", reason="lm-eval is not installed on this lane (pi
 from transformers import AutoTokenizer  # noqa: E402
 
 from tl_directional.core.roundoff import roundoff_tolerance  # noqa: E402
-from tl_directional.evaluate.edit_spec import spec_edits  # noqa: E402
-from tl_directional.evaluate.lm_eval_task import TASK_NAME, evaluate_edited  # noqa: E402
+from tl_directional.evaluate.suites.lm_eval_task import TASK_NAME, evaluate_edited  # noqa: E402
+from tl_directional.evaluate.sweeps.edit_spec import spec_edits  # noqa: E402
 from tl_directional.model.load import default_model_dir, load_hf_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,7 +128,7 @@ def test_carrier_edits_and_random_rows_run_and_a_truncated_file_is_one_error_lin
     import shutil
 
     from tl_directional.cli.lm_eval import main
-    from tl_directional.evaluate.random_scales import random_setting
+    from tl_directional.evaluate.sweeps.random_draws import random_setting
 
     common = ["--model", "tl-directional", "--tasks", TASK_NAME, "--limit", "1", "--device", "cpu",
               "--batch_size", "1"]

@@ -15,7 +15,7 @@ import torch
 import tl_directional as tld
 from tl_directional.core.carrier import CarrierShapeError
 from tl_directional.edit import EDIT_SPACES, edits_for_space
-from tl_directional.evaluate.sweep import find_safe_scale, grid, sweep
+from tl_directional.evaluate.sweeps import find_safe_scale, grid, sweep
 from tl_directional.model.load import build_tiny_hf_model, load_model, tl_lane
 from tl_directional.model.mlp_carrier import CarrierUnavailableError, carrier_site, down_weight
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tl_directional.model.families.hf import FAMILIES
 from tl_directional.model.load import (
     BUILD_INFO_FILE,
     DEFAULT_MODEL_SPEC,
     ENDOFTEXT,
-    FAMILIES,
     build_tiny_hf_model,
     default_model_dir,
     load_default_model,

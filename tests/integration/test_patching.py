@@ -4,11 +4,8 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.evaluate.patching import (
-    directional_patch,
-    split_dla_figure,
-    split_logit_attribution,
-)
+from tl_directional.evaluate.patching import directional_patch, split_logit_attribution
+from tl_directional.views import split_dla_figure
 
 from ._families import CAUSAL
 
@@ -48,7 +45,7 @@ def test_patched_tensor_is_the_directional_mix(tiny_model):
     _, clean = model.run_with_cache(CLEAN)
     _, corr = model.run_with_cache(CORRUPTED)
     seen = {}
-    from tl_directional.evaluate.patch_hooks import patch_residual_hooks
+    from tl_directional.evaluate.patching.patch_hooks import patch_residual_hooks
 
     unit = tld.resolve_sites(model).unit("mlp", 1)
     hooks = patch_residual_hooks(unit, clean[name_u], "par", None, 1e-12)
@@ -101,8 +98,8 @@ ALL_UNITS = ("attn", "mlp", "block", "value", "resid_pre")
 
 def _slow_patch(model, clean, corrupted, metric_fn, components, per_position, heads=None, attention_mask=None):
     """One full ``run_with_hooks`` forward per patch: the previous implementation's loop."""
-    from tl_directional.evaluate.patch_hooks import patch_residual_hooks, patch_value_hooks
     from tl_directional.evaluate.patching import WHICH
+    from tl_directional.evaluate.patching.patch_hooks import patch_residual_hooks, patch_value_hooks
 
     sites = tld.resolve_sites(model, warn=False)
     _, cache = model.run_with_cache(clean, attention_mask=attention_mask)

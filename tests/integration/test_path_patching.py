@@ -13,8 +13,8 @@ import torch
 
 import tl_directional as tld
 from tl_directional.core.errors import TLDirectionalError
-from tl_directional.evaluate.cache_input import PatchingInputError
-from tl_directional.evaluate.path_patching import PathPatchError, Receiver, path_patch
+from tl_directional.evaluate.patching import PathPatchError, Receiver, path_patch
+from tl_directional.evaluate.patching.cache_input import PatchingInputError
 from tl_directional.model.load import load_model
 
 GEN = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""Random per-layer scales (tl_directional.evaluate.random_scales): seeded draws checked against an
+"""Random per-layer scales (tl_directional.evaluate.sweeps.random_draws): seeded draws checked against an
 independent implementation, run by sweep as a setting, resumable, with clear errors."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 import tl_directional as tld
 from tl_directional.cli import main
 from tl_directional.edit import apply_edits, edits_for_space
-from tl_directional.evaluate.random_scales import RandomScaleError, prefill_positions
-from tl_directional.evaluate.sweep import CheckpointMismatch
+from tl_directional.evaluate.sweeps import CheckpointMismatch
+from tl_directional.evaluate.sweeps.random_draws import RandomScaleError, prefill_positions
 from tl_directional.figures.sweep import sweep_figure
 
 TEXTS = ["In the beginning God created the heaven and the earth.", "And the earth was without form, and void."]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.evaluate.random_scales import RandomScaleError
+from tl_directional.evaluate.sweeps.random_draws import RandomScaleError
 
 TEXTS = [
     "In the beginning God created the heaven and the earth.",

@@ -38,9 +38,11 @@ def tiny_gemma(tiny_model):
 def test_tiny_gemma3_is_detected_as_sandwich_and_others_are_not(tiny_model):
     sites = resolve_sites(tiny_model("gemma3"), warn=False)
     assert not sites.factorization_applicable and any("sandwich-norm" in n for n in sites.notes)
+    assert sites.sandwich  # the analyses read the fact from the sites, resolved once
     for family in ("gpt2", "llama", "neox"):
         assert not is_sandwich_norm(tiny_model(family)), family
-        assert resolve_sites(tiny_model(family), warn=False).factorization_applicable
+        other = resolve_sites(tiny_model(family), warn=False)
+        assert other.factorization_applicable and not other.sandwich
 
 
 def test_tiny_gemma3_profile_masks_only_the_factorization(tiny_gemma):
@@ -95,7 +97,7 @@ def test_tiny_gemma3_split_dla(tiny_gemma):
     assert table.attrs["notes"] and "sandwich-norm" in table.attrs["notes"][0]
     units = table[table.unit != "head"]
     assert (units["dla"] - units["dla_par"] - units["dla_perp"]).abs().max() < 1e-5
-    from tl_directional.evaluate.logit_attribution import _final_norm_linear
+    from tl_directional.evaluate.patching.logit_attribution import _final_norm_linear
 
     with torch.no_grad():
         logits, cache = tiny_gemma.run_with_cache(tokens)

@@ -131,7 +131,7 @@ def test_edits_at_ordinary_scales_do_not_raise(tiny_model):
 
 
 def test_sweep_records_an_overflowing_setting_with_its_reason(tiny_model):
-    from tl_directional.evaluate.sweep import grid, sweep
+    from tl_directional.evaluate.sweeps import grid, sweep
 
     model = tiny_model("gpt2")
     texts = [TEXT[:200], TEXT[200:400], TEXT[400:600]]
@@ -166,7 +166,7 @@ def test_cli_sweep_with_an_overflowing_scale_exits_1_with_the_reason(tiny_model_
 
 
 def test_a_space_that_cannot_take_the_requested_s_perp_is_an_error_not_a_dropped_row(tiny_model_dir, tmp_path):
-    from tl_directional.evaluate.sweep import grid
+    from tl_directional.evaluate.sweeps import grid
 
     with pytest.raises(ValueError, match=r"spaces has 'eff-diag', which scales only the parallel part .*"
                                          r"s_perp \(--s-perp\) has 0.5; sweep 'eff-diag' in a grid of its own"):
@@ -279,7 +279,7 @@ def test_processed_weights_warn_on_edits_too(tiny_model, lane):
 
 
 def test_safe_scale_search_counts_an_overflowing_scale_as_over_budget(tiny_model):
-    from tl_directional.evaluate.sweep import find_safe_scale
+    from tl_directional.evaluate.sweeps import find_safe_scale
 
     model = tiny_model("gpt2")
     (res,) = find_safe_scale(model, [TEXT[:200]], "value", budget=10.0, bounds=(-1.0, 1e30), grid_points=3,

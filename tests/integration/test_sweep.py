@@ -11,15 +11,15 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.evaluate.sweep import (
+from tl_directional.evaluate.sweeps import (
     Setting,
     batch_metric_sums,
     find_safe_scale,
     grid,
     sweep,
-    sweep_figure,
 )
 from tl_directional.io.corpus import chunk_text, heldout_text
+from tl_directional.views import sweep_figure
 
 from ._families import CAUSAL
 
@@ -162,7 +162,7 @@ DDP_SCRIPT = textwrap.dedent("""
     import os, sys, json, torch, torch.distributed as dist
     sys.path.insert(0, {root!r})
     from tl_directional.model.load import load_model
-    from tl_directional.evaluate.sweep import grid, sweep
+    from tl_directional.evaluate.sweeps import grid, sweep
     dist.init_process_group("gloo")
     model = load_model({path!r})
     texts = json.loads(open({texts!r}).read())

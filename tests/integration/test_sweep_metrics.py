@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import tl_directional as tld
-from tl_directional.evaluate.sweep import BaselineStats
+from tl_directional.evaluate.sweeps import BaselineStats
 from tl_directional.model.load import load_model
 
 TEXTS = [
@@ -83,7 +83,7 @@ def test_compare_hidden_forms_the_logits_in_blocks_and_equals_compare(tiny_model
                                                                       block_chunks, keep_probs):
     # the sweep's edited forwards stop at the unembedding's input; the blocks of chunks that
     # compare_hidden unembeds must give the sums compare gives on the model's own logits
-    from tl_directional.model.adapter import unembedding
+    from tl_directional.model.handle import unembedding
 
     model = load_model(tiny_model_dir("gpt2"), dtype=torch.float64).eval()
     batch = tld.prepare_inputs(model, TEXTS)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tl_directional as tld
-from tl_directional.evaluate.sweep import BaselineStats, grid, sweep
+from tl_directional.evaluate.sweeps import BaselineStats, grid, sweep
 
 from ._families import CAUSAL
 
@@ -69,7 +69,7 @@ def test_chunked_metrics_equal_one_chunk(tiny_model, monkeypatch):
 
 @pytest.mark.parametrize("family", CAUSAL)
 def test_forward_from_block_equals_the_full_forward(tiny_model, family):
-    from tl_directional.model.adapter import forward_from_block, forward_recording_block_input
+    from tl_directional.model.handle import forward_from_block, forward_recording_block_input
 
     model = tiny_model(family)
     batch = tld.prepare_inputs(model, TEXTS)

@@ -1,4 +1,4 @@
-"""Issue 21: the sweep's metrics are registries (tl_directional.evaluate.metrics). Adding a metric
+"""Issue 21: the sweep's metrics are registries (tl_directional.evaluate.sweeps.metrics). Adding a metric
 is one entry (a Quantity and a Metric), and the real-model scripts (scripts/_realrun.py) count
 every metric, top-1 agreement included, by the sweep's own rule."""
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tl_directional.evaluate.metrics as M
-from tl_directional.evaluate.sweep import BaselineStats, MetricSums, grid, sweep
-from tl_directional.evaluate.sweep_store import SweepProgress
+import tl_directional.evaluate.sweeps.metrics as M
+from tl_directional.evaluate.sweeps import BaselineStats, MetricSums, grid, sweep
+from tl_directional.evaluate.sweeps.sweep_store import SweepProgress
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 

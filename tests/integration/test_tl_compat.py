@@ -10,7 +10,7 @@ from types import MappingProxyType
 import pytest
 import torch
 
-from tl_directional.model.adapter import add_hook_point, remove_hook_point
+from tl_directional.model.handle import add_hook_point, remove_hook_point
 from tl_directional.model.split_hooks import attach_split_hook_points, split_hook_points
 from tl_directional.model.tl_compat import (
     SUPPORTED_TRANSFORMER_LENS,

@@ -161,7 +161,7 @@ def test_a_nan_in_a_clean_cache_is_refused(tiny_model, verb):
 def test_a_nan_weight_is_named_by_profile_and_sweep(tiny_model):
     """A NaN weight used to make ``profile`` blame the hook layout and dropout, and ``sweep``
     record an ``ok`` baseline row with an empty loss; both now name the weight."""
-    from tl_directional.evaluate.sweep import grid, sweep
+    from tl_directional.evaluate.sweeps import grid, sweep
 
     model = tiny_model("gpt2", fresh=True)
     with torch.no_grad():

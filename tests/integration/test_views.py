@@ -21,8 +21,9 @@ import torch
 
 import tl_directional as tld
 from tl_directional import views as tv
+from tl_directional.figures.page import Report
 from tl_directional.views.data import one_sequence
-from tl_directional.views.report import Report, external_references, pick_head
+from tl_directional.views.report import external_references, pick_head
 
 TEXT = "In the beginning God created the heaven and the earth. And the earth was without form, and void."
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tl_directional.core.roundoff import roundoff_tolerance
-from tl_directional.evaluate.attribution import attribution_patch
+from tl_directional.evaluate.patching import attribution_patch
 from tl_directional.model.load import catalog, load_model, tl_lane
 
 REAL = ("smollm2-135m", "gemma-3-270m")

@@ -211,7 +211,7 @@ def test_real_split_dla_adds_up_to_the_logit_difference(real):
         logits, cache = model.run_with_cache(tokens)
     diff = logits[:, -1].gather(1, answer[:, None]) - logits[:, -1].gather(1, wrong[:, None])
     # the embedding's share, through the same linearised final norm
-    from tl_directional.evaluate.logit_attribution import _final_norm_linear
+    from tl_directional.evaluate.patching.logit_attribution import _final_norm_linear
 
     with torch.no_grad():
         emb = _final_norm_linear(model, resolve_sites(model, warn=False),

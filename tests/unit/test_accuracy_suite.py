@@ -20,7 +20,7 @@ from tl_directional.core.paired import (
     within_verdict,
     worse_verdict,
 )
-from tl_directional.evaluate.accuracy import (
+from tl_directional.evaluate.suites.accuracy import (
     AccuracySuiteError,
     ClozeItem,
     ContinuationItem,

@@ -13,8 +13,8 @@ from tl_directional.edit import (
     edit_space,
     edits_for_space,
 )
-from tl_directional.evaluate import sweep as sweep_module
-from tl_directional.evaluate.sweep import Setting
+from tl_directional.evaluate.sweeps import Setting
+from tl_directional.evaluate.sweeps import runner as sweep_module
 
 #: What each documented space name must build at (s_par=0.5, s_perp=1, layers): written out here,
 #: independently of the registry, so a registry or sweep change that builds other edits fails.

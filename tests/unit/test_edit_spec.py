@@ -1,4 +1,4 @@
-"""The edit spec of the lm-eval model (tl_directional.evaluate.edit_spec): a sweep.csv row label read back
+"""The edit spec of the lm-eval model (tl_directional.evaluate.sweeps.edit_spec): a sweep.csv row label read back
 into the sweep setting it names, with the sweep command line's spaces and layer grammar."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tl_directional.edit import EDIT_SPACES
-from tl_directional.evaluate.edit_spec import EditSpecError, parse_edit_spec, spec_edits
-from tl_directional.evaluate.sweep import Setting, grid
+from tl_directional.evaluate.sweeps import Setting, grid
+from tl_directional.evaluate.sweeps.edit_spec import EditSpecError, parse_edit_spec, spec_edits
 
 
 def test_every_sweep_label_reads_back_as_its_setting():
@@ -57,7 +57,7 @@ def test_bad_specs_name_the_argument_value_and_grammar(spec, message):
 def test_a_random_row_label_reads_back_as_the_same_draw():
     """A ``sweep --random`` row's label names its draw; read back (with the layer count) it is the
     same setting, per-layer scales included (issue 47: it was refused as ``unknown key 'random'``)."""
-    from tl_directional.evaluate.random_scales import random_setting
+    from tl_directional.evaluate.sweeps.random_draws import random_setting
 
     for setting in (random_setting("value", 6, "uniform", seed=3, s_perp=0.5),
                     random_setting("value-exclusive", 6, "gaussian", seed=1, layers=[1, 4]),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tl_directional.model.adapter import is_encoder
 from tl_directional.model.families import REGISTRY
-from tl_directional.model.structure import is_sandwich_norm
+from tl_directional.model.handle import is_encoder
+from tl_directional.model.structure import is_sandwich_norm, model_facts
 
 
 def _model(architecture: str) -> SimpleNamespace:
@@ -28,6 +28,18 @@ def test_architectures_outside_the_registry_keep_their_answers():
     assert is_sandwich_norm(_model("Gemma3ForConditionalGeneration"))
     assert is_sandwich_norm(_model("Olmo3ForCausalLM"))
     assert not is_sandwich_norm(_model("SomeNewForCausalLM"))
+
+
+def test_model_facts_read_once_agree_with_each_question():
+    """``model_facts`` (what resolve_sites reads, the architecture name read once) gives the
+    same answers as the separate predicates, for every family and for names outside the registry."""
+    names = [f.hf_class for f in REGISTRY.values()] + ["DistilBertForMaskedLM", "Olmo3ForCausalLM", "SomeNew", ""]
+    for name in names:
+        model = _model(name)
+        facts = model_facts(model)
+        assert (facts.architecture, facts.encoder, facts.sandwich, facts.parallel) == (
+            name, is_encoder(model), is_sandwich_norm(model), False), name
+        assert facts.family is next((f for f in REGISTRY.values() if f.hf_class == name), None), name
 
 
 def test_the_plain_transformers_lane_reads_its_module_paths_from_the_family_records():

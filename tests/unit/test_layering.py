@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.tools.code_shape import function_lengths, reexports
 from tests.tools.import_graph import PACKAGE, Import, cycles, graph, module_path
 from tests.tools.import_graph import modules as module_paths
 
@@ -32,6 +33,12 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "views": ("core", "io", "model", "figures", "measure", "edit", "evaluate", "compression", "training"),
     "cli": ("core", "io", "model", "figures", "measure", "edit", "evaluate", "compression", "training", "views"),
 }
+#: Floors split into rooms (sub-packages, each with a face ``__init__.py``), in a fixed order: a
+#: room may import its own modules and the rooms before it, never one after it nor its floor's face
+#: (the face imports every room). A module of such a floor sits in one of its rooms.
+ROOMS: dict[str, tuple[str, ...]] = {
+    "evaluate": ("lens", "patching", "sweeps", "suites"),
+}
 FACE = PACKAGE  # tl_directional/__init__.py: may import every floor; no floor imports it
 LAZY_FLOORS = {"cli"}
 
@@ -43,6 +50,26 @@ LONG_MODULES: dict[str, str] = {
 }  # the only floor that imports package modules inside functions (start-up time)
 
 
+#: A function longer than this many code lines (docstring, blank and comment lines left out;
+#: tests/tools/code_shape.py) does several jobs: split it into named steps.
+MAX_FUNCTION_LINES = 80
+#: Functions allowed over the limit, each with why. Remove an entry once its function is short
+#: enough (the test fails on an entry that is no longer needed).
+LONG_FUNCTIONS: dict[str, str] = {
+}
+
+#: Faces that pass on the public names of another floor, each with why. Every other module may
+#: pass a public name on only from below it: the defining module, then each ``__init__`` above it
+#: up to the top face ``tl_directional``.
+PUBLIC_FACES: dict[str, tuple[str, str]] = {
+    f"{PACKAGE}.views": (f"{PACKAGE}.figures.",
+                         "the figures floor has no face of its own: users take every figure from views"),
+    f"{PACKAGE}.edit.hf": (f"{PACKAGE}.model.hf_layout",
+                           "the plain-transformers lane's one face; its site layout sits in model because "
+                           "model.load needs it too"),
+}
+
+
 def floor_of(module: str) -> str | None:
     if module == FACE:
         return FACE
@@ -50,6 +77,13 @@ def floor_of(module: str) -> str | None:
     if parts[-1] == "__main__":  # ``python -m`` entry points are commands
         return "cli"
     return parts[1] if len(parts) > 1 and parts[1] in FLOORS else None
+
+
+def room_of(module: str) -> str | None:
+    """The room of ``module`` (``tl_directional.evaluate.sweeps.runner`` -> ``sweeps``), or None
+    for a floor's face and for floors without rooms."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] in ROOMS else None
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +125,23 @@ def test_no_upward_import(package):
         elif src != dst and dst not in FLOORS[src]:
             bad.append(f"{imp.where(ROOT)} ({src} may import only {', '.join((src, *FLOORS[src]))})")
     _fail("imports that go up or sideways", bad)
+
+
+def test_rooms_import_in_their_order(package):
+    nodes, _, found = package
+    bad = [f"{m}: in no room of {floor_of(m)} (put it in one of {', '.join(ROOMS[floor_of(m)])})"
+           for m in nodes if floor_of(m) in ROOMS and m != f"{PACKAGE}.{floor_of(m)}"
+           and room_of(m) not in ROOMS[floor_of(m)]]
+    for imp in found:
+        floor = floor_of(imp.source)
+        if floor not in ROOMS or floor_of(imp.target) != floor or room_of(imp.source) is None:
+            continue
+        src, dst, order = room_of(imp.source), room_of(imp.target), ROOMS[floor]
+        if dst is None:
+            bad.append(f"{imp.where(ROOT)} (a room imports its floor's face; import the room's module)")
+        elif src != dst and (dst not in order or order.index(dst) > order.index(src)):
+            bad.append(f"{imp.where(ROOT)} ({floor}/{src} may import only {', '.join(order[:order.index(src) + 1])})")
+    _fail("rooms that import out of their order", bad)
 
 
 def _folder(module: str, root: Path = ROOT) -> Path | None:
@@ -168,15 +219,77 @@ def test_no_name_shadows_a_module(package):
     _fail("names that shadow a module", bad)
 
 
+def _over_limit(lengths: dict[str, int], limit: int, allowed: dict[str, str], allow_list: str, unit: str,
+                fix: str) -> list[str]:
+    """Entries of ``lengths`` over ``limit`` that ``allowed`` does not name, and entries of
+    ``allowed`` no longer needed (now within the limit, or gone)."""
+    bad = [f"{name}: {n} {unit} ({fix}, or name it in {allow_list} with why)"
+           for name, n in lengths.items() if n > limit and name not in allowed]
+    bad += [f"{name}: in {allow_list} but "
+            + (f"{lengths[name]} {unit} now" if name in lengths else "no longer exists")
+            + "; remove its entry"
+            for name in allowed if lengths.get(name, 0) <= limit]
+    return bad
+
+
 def test_no_module_is_longer_than_the_limit():
     """No module of the package over :data:`MAX_MODULE_LINES` lines but those :data:`LONG_MODULES`
     names (with why); an entry whose module is now short enough (or gone) must be removed."""
     lengths = {path.relative_to(ROOT).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
                for path in module_paths(ROOT).values()}
-    bad = [f"{PACKAGE}/{rel}: {n} lines (split it by job, or name it in LONG_MODULES with why)"
-           for rel, n in lengths.items() if n > MAX_MODULE_LINES and rel not in LONG_MODULES]
-    bad += [f"{PACKAGE}/{rel}: in LONG_MODULES but "
-            + (f"{lengths[rel]} lines now" if rel in lengths else "no longer exists")
-            + "; remove its entry"
-            for rel in LONG_MODULES if lengths.get(rel, 0) <= MAX_MODULE_LINES]
-    _fail(f"modules over {MAX_MODULE_LINES} lines", bad)
+    bad = _over_limit(lengths, MAX_MODULE_LINES, LONG_MODULES, "LONG_MODULES", "lines", "split it by job")
+    _fail(f"modules over {MAX_MODULE_LINES} lines", [f"{PACKAGE}/{line}" for line in bad])
+
+
+def test_no_function_is_longer_than_the_limit():
+    """No library function over :data:`MAX_FUNCTION_LINES` code lines but those
+    :data:`LONG_FUNCTIONS` names (with why); an entry now short enough (or gone) must be removed."""
+    lengths = {}
+    for module, path in module_paths(ROOT).items():
+        lengths.update(function_lengths(path, module))
+    _fail(f"functions over {MAX_FUNCTION_LINES} code lines",
+          _over_limit(lengths, MAX_FUNCTION_LINES, LONG_FUNCTIONS, "LONG_FUNCTIONS", "code lines",
+                      "split it into named steps"))
+
+
+def test_every_public_name_has_one_home():
+    """A public name is exported by the module that defines it and by the faces above that module
+    (its room's, its floor's, the top face), nowhere else: a module that re-exports a name for old
+    imports (in its ``__all__``, or imported and never used) fails; import the name from its home.
+    :data:`PUBLIC_FACES` names the faces that serve another floor's names, with why."""
+    bad = [f"{module}: re-exports {name} (defined in {home}; import it from there or from a face above it)"
+           for name, home, module in reexports(ROOT)
+           if not (module in PUBLIC_FACES and home.startswith(PUBLIC_FACES[module][0]))]
+    used = {module for _, home, module in reexports(ROOT)
+            if module in PUBLIC_FACES and home.startswith(PUBLIC_FACES[module][0])}
+    bad += [f"{face}: in PUBLIC_FACES but passes on no name of {PUBLIC_FACES[face][0]}; remove its entry"
+            for face in PUBLIC_FACES if face not in used]
+    _fail("public names re-exported away from their home", bad)
+
+
+def test_the_shape_scans_see_what_they_name(tmp_path):
+    """The function-length count leaves out docstrings, blank and comment lines; the re-export
+    scan flags an unused import and an ``__all__`` entry, not a face above the defining module."""
+    path = tmp_path / "m.py"
+    path.write_text('def f(x):\n    """Doc\n    string."""\n\n    # why\n    y = x\n    return (\n        y)\n'
+                    "\n\nclass C:\n    def g(self):\n        def h():\n            return 1\n        return h\n")
+    assert function_lengths(path, "m") == {"m.f": 3, "m.C.g": 3, "m.C.g.<locals>.h": 1}
+    pkg = tmp_path / PACKAGE
+    for rel, text in {
+        "__init__.py": "from .core.a import x\n__all__ = ['x']\n",
+        "core/__init__.py": "from .a import x\n",
+        "core/a.py": "x = 1\n",
+        "model/__init__.py": "",
+        "model/b.py": "from ..core.a import x\n",
+        "model/c.py": "from ..core.a import x\n\ny = x\n",
+    }.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    assert reexports(pkg) == [("x", f"{PACKAGE}.core.a", f"{PACKAGE}.model.b")]
+
+
+def test_rooms_are_told_from_the_module_name():
+    assert room_of(f"{PACKAGE}.evaluate.sweeps.runner") == "sweeps"
+    assert room_of(f"{PACKAGE}.evaluate.suites") == "suites"  # a room's face sits in its room
+    assert room_of(f"{PACKAGE}.evaluate") is None  # the floor's face: no room
+    assert room_of(f"{PACKAGE}.model.lanes.bridge") is None  # a floor without rooms

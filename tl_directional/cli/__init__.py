@@ -28,7 +28,6 @@ import sys
 from pathlib import Path
 
 # the one (tl_directional.model.inputs), re-exported; the commands pass text_argument="--text"
-from ..model.inputs import load_text_sequences
 from . import compress as _compress_cmd
 from . import models as _models_cmd
 from . import profile as _profile_cmd
@@ -37,7 +36,7 @@ from . import sweep as _sweep_cmd
 from .errors import USER_ERRORS, UsageError, report_user_error
 from .options import _Parser
 
-__all__ = ["USER_ERRORS", "UsageError", "build_parser", "load_text_sequences", "main", "report_user_error"]
+__all__ = ["USER_ERRORS", "UsageError", "build_parser", "main", "report_user_error"]
 
 #: The commands parsed here, in the order ``--help`` lists them (one module each).
 _COMMAND_MODULES = (_profile_cmd, _sweep_cmd, _report_cmd, _models_cmd, _compress_cmd)

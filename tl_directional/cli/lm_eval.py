@@ -3,7 +3,7 @@ model registered and the bundled tasks on the task path.
 
 lm-eval 0.4.13 discovers models only from its own package (``lm_eval --model NAME`` looks NAME up
 in a registry that nothing outside lm-eval fills before the command runs: no entry points, no
-``--include_package``). This launcher imports :mod:`tl_directional.evaluate.lm_eval_model` (which
+``--include_package``). This launcher imports :mod:`tl_directional.evaluate.suites.lm_eval_model` (which
 registers ``tl-directional``) and then runs lm-eval's ``cli_evaluate`` on the same arguments, so
 every lm-eval option works as documented there::
 
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 def _with_bundled_tasks(argv: list[str]) -> list[str]:
     """``argv`` with ``--include_path`` set to the bundled task folder where it names none
     (lm-eval 0.4.13 takes one folder there; one given by the user is left as it is)."""
-    from ..evaluate.lm_eval_task import task_dir
+    from ..evaluate.suites.lm_eval_task import task_dir
 
     if any(a == "--include_path" or a.startswith("--include_path=") for a in argv):
         return list(argv)
@@ -38,8 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     registered; returns the exit status."""
     from lm_eval.__main__ import cli_evaluate
 
-    from ..evaluate.edit_spec import EditSpecError
-    from ..evaluate.lm_eval_model import ModelArgsError  # importing it registers the model
+    from ..evaluate.suites.lm_eval_model import ModelArgsError  # importing it registers the model
+    from ..evaluate.sweeps.edit_spec import EditSpecError
 
     args = _with_bundled_tasks(list(sys.argv[1:] if argv is None else argv))
     saved = sys.argv

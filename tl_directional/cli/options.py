@@ -129,9 +129,9 @@ def _positive_int(text: str) -> int:
 
 
 def _layer_sets(text: str, n_layers: int | None = None) -> list:
-    """``--layers``' layer sets (:func:`tl_directional.evaluate.edit_spec.layer_sets`); a
+    """``--layers``' layer sets (:func:`tl_directional.evaluate.sweeps.edit_spec.layer_sets`); a
     mistake is a :class:`UsageError` (one ``error:`` line)."""
-    from ..evaluate.edit_spec import layer_sets
+    from ..evaluate.sweeps.edit_spec import layer_sets
 
     try:
         return layer_sets(text, n_layers)

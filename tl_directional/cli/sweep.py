@@ -29,7 +29,8 @@ def _cmd_sweep(args) -> int:
 def _sweep_locked(args, out: Path) -> int:
     import shutil
 
-    from ..evaluate.sweep import CheckpointMismatch, grid, sweep, sweep_figure
+    from ..evaluate.sweeps import CheckpointMismatch, grid, sweep
+    from ..figures.sweep import sweep_figure
     from ..io.atomic import atomic_path, fault_point
     from ..io.records import write_manifest
 
@@ -83,7 +84,7 @@ def _sweep_locked(args, out: Path) -> int:
 def _check_checkpoint(checkpoint: Path, out: Path) -> None:
     """A damaged checkpoint in ``--out`` is named with the command line's fix (the library's own
     message names a checkpoint path, which the command line does not take)."""
-    from ..evaluate.sweep_store import SweepProgress
+    from ..evaluate.sweeps.sweep_store import SweepProgress
     from ..io.atomic import ArtefactError
 
     if not checkpoint.exists():
@@ -97,9 +98,9 @@ def _check_checkpoint(checkpoint: Path, out: Path) -> None:
 
 def _random_settings(spec: str | None, spaces, s_perps, layer_sets, n_layers: int) -> list:
     """``--random "uniform:0,1;gaussian:0"``: one random per-layer setting per scaled space, s_perp,
-    layer set, distribution and seed (tl_directional.evaluate.random_scales)."""
+    layer set, distribution and seed (tl_directional.evaluate.sweeps.random_draws)."""
     from ..edit import EDIT_SPACES
-    from ..evaluate.random_scales import DISTRIBUTIONS, random_setting
+    from ..evaluate.sweeps.random_draws import DISTRIBUTIONS, random_setting
 
     if not spec:
         return []

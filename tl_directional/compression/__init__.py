@@ -35,7 +35,6 @@ from .gate import (
     GATE_METRICS,
     CheckResult,
     compress_check,
-    nonfinite_parameters,
 )
 from .geometry import (
     MODES,
@@ -69,7 +68,6 @@ __all__ = [
     "GATE_COMPONENTS",
     "CheckResult",
     "compress_check",
-    "nonfinite_parameters",
     # compressors (tl_directional.compression.compressors)
     "CompressionRecord",
     "CompressionResult",

@@ -19,7 +19,7 @@ from torch import Tensor
 from ..core.components import RESIDUAL_COMPONENTS, check_components
 from ..core.errors import TLDirectionalError
 from ..core.geometry import compute_dtype, dtype_tolerance
-from ..model.adapter import capture_hooks, run_hooked
+from ..model.handle import capture_hooks, run_hooked
 from ..model.inputs import TokenBatch, iter_batches
 from ..model.sites import SEQUENTIAL, ModelSites, UnitSite, resolve_sites
 from ..model.weights import mlp_branch

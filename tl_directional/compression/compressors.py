@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..model.adapter import clone_model, device_of, is_encoder
+from ..model.handle import clone_model, device_of, is_encoder
 from ..model.indices import normalize_layers
 from ..model.inputs import iter_batches, prepare_inputs
 from ..model.sites import lane_of

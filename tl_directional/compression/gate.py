@@ -163,4 +163,4 @@ def compress_check(dense, compressed, inputs, *, max_perp_error: float, componen
                        geometry, dense_name, compressed_name)
 
 
-__all__ = ["GATE_COMPONENTS", "GATE_METRICS", "CheckResult", "compress_check", "nonfinite_parameters"]
+__all__ = ["GATE_COMPONENTS", "GATE_METRICS", "CheckResult", "compress_check"]

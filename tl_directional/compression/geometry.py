@@ -56,7 +56,7 @@ from torch import Tensor
 from ..core.errors import TLDirectionalError, renamed_argument
 from ..core.geometry import DEFAULT_EPS, check_eps
 from ..io.distributed import rank_and_world
-from ..model.adapter import architecture_name, device_of
+from ..model.handle import architecture_name, device_of
 from ..model.indices import check_hook_api, normalize_layers
 from ..model.inputs import iter_batches, prepare_inputs
 from ..model.positions import first_token_mask
@@ -65,8 +65,6 @@ from ..model.verify import verify_sites
 from .accumulate import (
     _IDX,
     _STATS,
-    STAT_INDEX,
-    STAT_NAMES,
     _all_reduce_sums,
     _choose_plan,
     _components,
@@ -396,8 +394,6 @@ def pooled_sums(sums: Tensor, rows: Sequence[tuple[int, str]], unit: str, layers
 
 __all__ = [
     "MODES",
-    "STAT_INDEX",
-    "STAT_NAMES",
     "CompatibilityError",
     "check_compatible",
     "compression_geometry",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..io.atomic import ArtefactError
 from ..io.outputs import replace_dir
-from ..model.adapter import save_hf_directory
+from ..model.handle import save_hf_directory
 from ..model.sites import lane_of
 from .compressors import RECORD_FILE, CompressionRecord
 

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from ..core.errors import TLDirectionalError
-from ..model.adapter import device_of
+from ..model.handle import device_of
 from ..model.inputs import iter_batches, prepare_inputs
 from ..model.sites import resolve_sites
 from ..model.weights import linear_input_hooks

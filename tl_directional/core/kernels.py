@@ -227,4 +227,4 @@ def value_stats(
                       self_term=self_term, cross_term=alpha_head - self_term, recon=recon)
 
 
-__all__ = ["Scratch", "SplitStats", "ValueStats", "split_stats", "squared_norm", "value_stats"]
+__all__ = ["Scratch", "ValueStats", "split_stats", "squared_norm", "value_stats"]

@@ -27,7 +27,6 @@ module hooks).
 
 from __future__ import annotations
 
-from ..model.sites import COMPONENTS
 from .apply import apply_edits, edit_hooks
 from .base import Edit, restore_instance_dict, track_attention_mask
 from .carrier import MLPCarrierScale
@@ -38,7 +37,6 @@ from .tensors import NonFiniteEditError, Scales, scales
 from .value import ValueScale
 
 __all__ = [
-    "COMPONENTS",
     "DiagonalRemoval",
     "EDIT_SPACES",
     "Edit",

@@ -15,7 +15,7 @@ def directional_heatmap(
     """Three plotly heat maps on one colour scale, ``full`` | ``par`` | ``perp``, of one node type.
 
     Args:
-        frame: a :meth:`DirectionalResult.to_frame <tl_directional.evaluate.result.DirectionalResult.to_frame>`
+        frame: a :meth:`DirectionalResult.to_frame <tl_directional.evaluate.patching.result.DirectionalResult.to_frame>`
             table (columns ``node_type``, ``layer``, ``pos``, ``head``, ``full``, ``par``, ``perp``).
         node: the node type to draw (``"attn"``, ``"head"``, ...).
         reduce_pos: for node types with a head axis, how positions are combined (``"sum"`` or

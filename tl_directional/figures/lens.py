@@ -1,4 +1,4 @@
-"""The figure of :mod:`tl_directional.evaluate.lens`: the split logit lens as heat maps."""
+"""The figure of :mod:`tl_directional.evaluate.lens.lens`: the split logit lens as heat maps."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def split_lens_figure(table: pd.DataFrame, batch: int = 0):
     ``parallel`` and ``perpendicular`` parts, side by side on one diverging colour scale, in a
     :class:`~tl_directional.views.PlotlyView` (``.figure``, ``.data`` = the rows shown, ``.save``).
 
-    ``table`` is :meth:`tl_directional.evaluate.lens.SplitLensResult.to_frame`'s frame (columns
+    ``table`` is :meth:`tl_directional.evaluate.lens.lens.SplitLensResult.to_frame`'s frame (columns
     ``layer``, ``position``, ``full``, ``parallel``, ``perpendicular``, optional ``batch``).
     """
     missing = [c for c in ("layer", "position", *PANELS) if c not in table.columns]

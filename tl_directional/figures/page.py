@@ -19,7 +19,7 @@ import html
 import re
 from pathlib import Path
 
-from .libraries import LIBRARIES, circuitsvis_js, library_script, plotly_js
+from .libraries import library_script
 from .notebook_output import notebook_html
 
 
@@ -152,4 +152,4 @@ class Report:
         return notebook_html(self.libraries(), "\n".join(v.body_html() for v in self.views))
 
 
-__all__ = ["LIBRARIES", "Report", "circuitsvis_js", "library_script", "plotly_js"]
+__all__ = ["Report"]

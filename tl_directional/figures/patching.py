@@ -1,4 +1,4 @@
-"""The figure of :mod:`tl_directional.evaluate.patching`: the split direct logit attribution per head."""
+"""The figure of :mod:`tl_directional.evaluate.patching.patching`: the split direct logit attribution per head."""
 
 from __future__ import annotations
 

@@ -178,7 +178,7 @@ def sweep_curves(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl
     """Component-scaling curves: ``y`` (default delta perplexity) against ``x`` per edit space.
 
     Args:
-        results: the table :func:`~tl_directional.evaluate.sweep.sweep` returns: columns ``space``,
+        results: the table :func:`~tl_directional.evaluate.sweeps.runner.sweep` returns: columns ``space``,
             ``layers``, ``x`` and ``y`` (rows with ``space == "baseline"`` are skipped).
         unscaled: the spaces without a scale, drawn as dashed horizontal lines
             (:func:`tl_directional.views.sweep_curves` passes those of ``EDIT_SPACES``: ``hard-diag``).

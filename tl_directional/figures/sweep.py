@@ -1,4 +1,4 @@
-"""The figures of :mod:`tl_directional.evaluate.sweep`: the component-scaling figure and the safe-scale search."""
+"""The figures of :mod:`tl_directional.evaluate.sweeps.runner`: the component-scaling figure and the safe-scale search."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def sweep_figure(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl
     go, _ = plotly_api()
     fig = go.Figure()
     df = results[results["space"] != "baseline"]
-    # random per-layer scales (evaluate/random_scales.py): markers at their mean s_par, not on the fixed-scale lines
+    # random per-layer scales (evaluate/sweeps/random_draws.py): markers at their mean s_par, not on the fixed-scale lines
     drawn = df["label"].astype(str).str.contains("[random=", regex=False)
     for (space, layers), part in df[~drawn].groupby(["space", "layers"], sort=False):
         part = part.sort_values(x)
@@ -29,7 +29,7 @@ def sweep_figure(results: pd.DataFrame, *, x: str = "s_par", y: str = "delta_ppl
 
 
 def safe_scale_figure(result):
-    """Plotly figure of a :class:`~tl_directional.evaluate.safe_scale.SafeScaleResult`: the evaluated
+    """Plotly figure of a :class:`~tl_directional.evaluate.sweeps.safe_scale.SafeScaleResult`: the evaluated
     damage with the budget and the interval."""
     go, _ = plotly_api()
     ev = result.evaluations.sort_values("scale")

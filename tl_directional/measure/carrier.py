@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..core.carrier import carrier_split_energy, check_remainder, n_carrier_blocks
 from ..core.geometry import DEFAULT_EPS, check_eps
-from ..model.adapter import device_of
+from ..model.handle import device_of
 from ..model.indices import normalize_layers
 from ..model.inputs import TokenBatch, iter_batches, prepare_inputs
 from ..model.mlp_carrier import carrier_site, down_weight

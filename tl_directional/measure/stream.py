@@ -13,7 +13,7 @@ from torch import Tensor
 from ..core.geometry import projection_coefficient
 from ..core.kernels import Scratch, split_stats, squared_norm, value_stats
 from ..core.stats import StreamingSummary
-from ..model.adapter import StopForward
+from ..model.handle import StopForward
 from ..model.sites import ModelSites, UnitSite, ValueSite, expand_kv_heads
 from ..model.weights import attention_output_weights
 from .cosine import drop_cosine, stream_beta
@@ -248,7 +248,7 @@ def _pattern_diagonal(pattern: Float[Tensor, "batch n_heads query key"]) -> Floa
 
 
 def _with_stop(hooks: list, stop_at: str, state: dict, n_actions: int) -> list:
-    """``hooks`` with :class:`~tl_directional.model.adapter.StopForward` raised on ``stop_at`` after
+    """``hooks`` with :class:`~tl_directional.model.handle.StopForward` raised on ``stop_at`` after
     that hook's own measuring work, once all ``n_actions`` measuring actions of the forward
     have run."""
 

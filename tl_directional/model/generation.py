@@ -32,7 +32,6 @@ import weakref
 from torch import Tensor
 
 from .lanes import lane_of
-from .lanes.bridge import kv_cache_matches
 
 
 class ForwardState:
@@ -115,4 +114,4 @@ def carry_generate_fix(model, clone):
     return fix_generate(clone)
 
 
-__all__ = ["FORWARD", "ForwardState", "carry_generate_fix", "fix_generate", "generate_fixed", "kv_cache_matches"]
+__all__ = ["FORWARD", "ForwardState", "carry_generate_fix", "fix_generate", "generate_fixed"]

@@ -65,7 +65,7 @@ class HFSites:
             model_name=self.model_type, lane="hf", arch=PARALLEL if self.parallel else SEQUENTIAL,
             n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, d_model=self.d_model,
             d_head=self.d_head, causal=True, factorization_applicable=not self.sandwich,
-            weights=WeightProcessing(False, False, False))
+            weights=WeightProcessing(False, False, False), sandwich=self.sandwich)
 
     def module(self, layer: int, name: str | None, under_attn: bool = False) -> torch.nn.Module | None:
         if name is None:

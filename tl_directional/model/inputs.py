@@ -18,7 +18,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..io.corpus import heldout_text
-from .adapter import is_encoder
+from .handle import is_encoder
 
 
 @dataclass

@@ -25,9 +25,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.errors import TLDirectionalError
-from .adapter import architecture_name, is_bridge
 from .families import BY_ARCH
-from .sites import check_layer, is_sandwich_norm
+from .handle import architecture_name
+from .indices import check_layer
+from .lanes import is_bridge
+from .structure import is_sandwich_norm
 from .weights import linear_input_hooks
 
 

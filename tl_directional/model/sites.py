@@ -33,16 +33,16 @@ from torch import Tensor
 
 from ..core.components import RESIDUAL_COMPONENTS
 from ..core.errors import TLDirectionalError
-from .adapter import is_encoder, is_parallel, lane_of
 from .finite import nonfinite_message
 from .indices import check_hook_api, check_layer
+from .lanes import lane_of
 from .randomness import random_in_training
 from .structure import (
     SANDWICH_NOTE,
     WeightProcessing,
     config_value,
     detect_weight_processing,
-    is_sandwich_norm,
+    model_facts,
 )
 
 COMPONENTS = RESIDUAL_COMPONENTS  # the residual components, in their order (one home: components.py)
@@ -119,6 +119,7 @@ class ModelSites:
     units: dict[str, list[UnitSite]] = field(default_factory=dict)
     value: list[ValueSite] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sandwich: bool = False  # a norm after each sub-layer, before the residual add (Gemma-2/3, OLMo-2)
 
     @property
     def components(self) -> tuple[str, ...]:
@@ -331,7 +332,8 @@ def _resolve(model) -> ModelSites:
     n_kv = int(config_value(model, "n_key_value_heads", default=n_heads) or n_heads)
     if n_heads % n_kv:
         raise SiteResolutionError(f"n_heads={n_heads} is not a multiple of n_key_value_heads={n_kv}")
-    is_post_ln = is_encoder(model)
+    facts = model_facts(model)  # the architecture name and family record, read once
+    is_post_ln = facts.encoder
     if is_post_ln and not lane.resolves_encoders:
         raise SiteResolutionError(
             "post-LN encoders are supported on the TL 4 TransformerBridge only "
@@ -339,12 +341,12 @@ def _resolve(model) -> ModelSites:
         )
     if is_post_ln:
         arch = POST_LN
-    elif is_parallel(model):
+    elif facts.parallel:
         arch = PARALLEL
     else:
         arch = SEQUENTIAL
-    sandwich = is_sandwich_norm(model)
-    weights = detect_weight_processing(model)
+    sandwich = facts.sandwich
+    weights = detect_weight_processing(model, facts)
     model_name = str(config_value(model, "model_name", default=type(model).__name__))
     units: dict[str, list[UnitSite]] = {"attn": [], "mlp": []}
     if arch != POST_LN:
@@ -394,6 +396,7 @@ def _resolve(model) -> ModelSites:
         causal=not is_post_ln,
         factorization_applicable=not sandwich,
         weights=weights,
+        sandwich=sandwich,
         units=units,
         value=value,
         notes=notes,

@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 
 from ..core.components import check_components
 from ..core.geometry import DEFAULT_EPS, check_eps, parallel_part
-from .adapter import add_hook_point, lane_of, remove_hook_point
+from .handle import add_hook_point, remove_hook_point
 from .indices import normalize_layers
+from .lanes import lane_of
 from .sites import expand_kv_heads, resolve_sites
 
 #: The updates that can carry split hook points (residual attention / MLP, value space).

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .adapter import architecture_name, lane_of
-from .families import BY_ARCH
+from .families import BY_ARCH, Family
+from .handle import architecture_name, encoder_architecture, is_parallel
+from .lanes import lane_of
 
 # Sandwich-norm decoders: each sub-layer's output is normalised (a norm after W_O and after the
 # MLP) before the residual add, so the update is not linear in hook_z. Residual-space identities
@@ -60,15 +61,44 @@ class WeightProcessing:
         }
 
 
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a model's config and family record say about how its blocks are built, read once
+    (:func:`model_facts`): the HF ``architecture`` name ("" if unknown), its ``family`` record
+    (None outside the registry), and whether it is a post-LN ``encoder``, ``parallel``
+    (attention and MLP read one stream) or ``sandwich``-normed."""
+
+    architecture: str
+    family: Family | None
+    encoder: bool
+    parallel: bool
+    sandwich: bool
+
+
+def model_facts(model) -> ModelFacts:
+    """The :class:`ModelFacts` of ``model`` (the architecture name is read once)."""
+    name = architecture_name(model)
+    return ModelFacts(
+        architecture=name,
+        family=BY_ARCH.get(name),
+        encoder=encoder_architecture(name),
+        parallel=is_parallel(model),
+        sandwich=_is_sandwich(model, name),
+    )
+
+
 def is_sandwich_norm(model) -> bool:
     """Whether ``model`` normalises each sub-layer output before the residual add (Gemma-2/3,
     OLMo-2 style): the legacy ``cfg.use_normalization_before_and_after`` flag, a known
     architecture's family record (``Family.sandwich``),
     a known architecture outside the registry, or a post-norm child module in the first block (the
     bridge has no flag)."""
+    return _is_sandwich(model, architecture_name(model))
+
+
+def _is_sandwich(model, name: str) -> bool:
     if bool(getattr(model.cfg, "use_normalization_before_and_after", False)):
         return True
-    name = architecture_name(model)
     family = BY_ARCH.get(name)
     if (family is not None and family.sandwich) or name in SANDWICH_ARCHITECTURES:
         return True
@@ -86,9 +116,10 @@ def config_value(model, *names, default=None):
     return default
 
 
-def detect_weight_processing(model) -> WeightProcessing:
+def detect_weight_processing(model, facts: ModelFacts | None = None) -> WeightProcessing:
     """Tell from the weights whether writing weights were centred, value biases
-    folded, or LayerNorm folded (METHOD.md sec. 2, "Weight processing")."""
+    folded, or LayerNorm folded (METHOD.md sec. 2, "Weight processing"). ``facts``: the
+    model's :class:`ModelFacts` when the caller has them (read from the model otherwise)."""
     centered = True
     any_b_v_nonzero = False
     any_b_o_nonzero = False
@@ -106,7 +137,7 @@ def detect_weight_processing(model) -> WeightProcessing:
                 any_b_v_nonzero = True
             if b_o is not None and bool((b_o != 0).any()):
                 any_b_o_nonzero = True
-    family = BY_ARCH.get(architecture_name(model))
+    family = (facts or model_facts(model)).family
     has_value_bias = family is None or family.layout.value_bias  # GPT-Neo: b_O but no b_V
     norm = str(config_value(model, "normalization_type", default="") or "")
     folded_ln = norm.endswith("Pre") or bool(getattr(model.cfg, "layer_norm_folding", False))

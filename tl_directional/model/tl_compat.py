@@ -4,7 +4,7 @@
 tested on :data:`TESTED_TRANSFORMER_LENS`. On TransformerLens 4 (``TransformerBridge``) the
 nested split hook points (:mod:`tl_directional.model.split_hooks`) are entries of the bridge's
 private ``_hook_registry`` (there is no public call to add a hook point; see
-:func:`tl_directional.model.adapter.add_hook_point`). :func:`check_hook_registry` checks the shape
+:func:`tl_directional.model.handle.add_hook_point`). :func:`check_hook_registry` checks the shape
 the package relies on (a dict of name -> ``HookPoint`` behind ``hook_dict``) and raises
 :class:`HookRegistryChangedError` naming the installed version when it does not hold, so a
 TransformerLens release that changes it fails loudly instead of leaving hook points that

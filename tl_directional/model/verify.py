@@ -14,8 +14,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ..core.geometry import dtype_tolerance
-from .adapter import capture, hook_state
 from .finite import nonfinite_message
+from .handle import capture, hook_state
 from .sites import PARALLEL, ModelSites, SiteResolutionError
 
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from jaxtyping import Float
 from torch import Tensor
 
-from .adapter import is_encoder, is_parallel, lane_of
+from .handle import is_encoder, is_parallel
 from .indices import check_layer
+from .lanes import lane_of
 from .sites import SiteResolutionError
 from .structure import is_sandwich_norm
 

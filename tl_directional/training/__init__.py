@@ -81,7 +81,6 @@ from .experiment import (
     pre_edit_geometry,
     run_experiment,
     run_name,
-    t975,
     write_report,
 )
 from .export import check_tokenizer_matches, evaluate_text, export_model
@@ -153,7 +152,6 @@ __all__ = [
     "run_experiment",
     "run_name",
     "stream_windows",
-    "t975",
     "tokenizer_sha256",
     "train",
     "trainable_parameters",

@@ -46,7 +46,7 @@ from ..core.stats import energy_ratio
 from ..core.student_t import t975
 from ..edit import edit_hooks
 from ..measure import profile
-from ..model.adapter import capture_hooks
+from ..model.handle import capture_hooks
 from ..model.load import load_model
 from ..model.sites import resolve_sites
 from .checkpoint import checkpoint_paths, read_checkpoint

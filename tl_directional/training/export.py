@@ -14,7 +14,8 @@ import torch
 
 from ..edit import Edit, edit_hooks
 from ..io.outputs import replace_dir
-from ..model.adapter import device_of, quiet_transformers
+from ..model.handle import device_of
+from ..model.lanes import quiet_transformers
 from ..model.load import BUILD_INFO_FILE
 from ..model.sites import lane_of
 from .data import TokenizerMismatchError, encode_text, make_windows

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..io.model_files import check_model_dir
 from ..io.records import write_manifest
-from ..model.adapter import lane_of, quiet_transformers
+from ..model.lanes import lane_of, quiet_transformers
 from ..model.load import ENDOFTEXT, hf_config, load_model
 from .checkpoint import CheckpointError
 from .config import TrainConfig

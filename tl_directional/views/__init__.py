@@ -24,7 +24,7 @@ circuitsvis views (run the model on a short text): :func:`attention_triptych`,
 :func:`colored_tokens`, :func:`colored_tokens_multi`, :func:`top_perpendicular_tokens`.
 
 Figures of other modules live here too: :func:`sweep_figure` and :func:`safe_scale_figure`
-(of :mod:`tl_directional.evaluate.sweep`), :func:`split_dla_figure` (of :mod:`tl_directional.evaluate.patching`),
+(of :mod:`tl_directional.evaluate.sweeps.runner`), :func:`split_dla_figure` (of :mod:`tl_directional.evaluate.patching.patching`),
 :func:`svg_chart` (self-contained SVG charts) and :func:`compress_check_page` (the
 compress-check report). Their modules re-export them.
 
@@ -48,8 +48,9 @@ from ..figures.base import (
     View,
 )
 from ..figures.gate import compress_check_page
+from ..figures.libraries import circuitsvis_js, library_script, plotly_js
 from ..figures.notebook_output import notebook_libraries, set_notebook_libraries
-from ..figures.page import circuitsvis_js, library_script, plotly_js
+from ..figures.page import Report
 from ..figures.patching import split_dla_figure
 from ..figures.plots import (
     compression_errors,
@@ -81,7 +82,7 @@ def sweep_curves(results, *, x: str = "s_par", y: str = "delta_ppl", title: str 
     as dashed horizontal lines (:func:`tl_directional.figures.plots.sweep_curves`).
 
     Args:
-        results: the table :func:`~tl_directional.evaluate.sweep.sweep` returns: columns ``space``,
+        results: the table :func:`~tl_directional.evaluate.sweeps.runner.sweep` returns: columns ``space``,
             ``layers``, ``x`` and ``y`` (rows with ``space == "baseline"`` are skipped).
     """
     unscaled = tuple(name for name, space in EDIT_SPACES.items() if not space.scaled)
@@ -95,6 +96,7 @@ __all__ = [
     "NEGATIVE_COLOR",
     "POSITIVE_COLOR",
     "PlotlyView",
+    "Report",
     "View",
     "attention_triptych",
     "attention_triptych_figure",

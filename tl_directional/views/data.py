@@ -15,7 +15,7 @@ import torch
 
 from ..edit import edit_hooks, edits_for_space
 from ..measure import profile as run_profile
-from ..model.adapter import capture_hooks, device_of
+from ..model.handle import capture_hooks, device_of
 from ..model.indices import normalize_index
 from ..model.inputs import pad_sequences, prepare_inputs
 from ..model.sites import resolve_sites

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..evaluate.sweep import grid, sweep
+from ..evaluate.sweeps import grid, sweep
 from ..figures.page import Report
 from ..io.outputs import check_output_path, check_replaceable, replace_dir
 from ..measure import profile
@@ -212,4 +212,4 @@ def build_report(
     return out / "index.html"
 
 
-__all__ = ["Report", "build_report", "external_references", "pick_head"]
+__all__ = ["build_report", "external_references", "pick_head"]

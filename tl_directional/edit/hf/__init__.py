@@ -9,7 +9,7 @@
 
 The ``transformers.Trainer`` callback that keeps an edit active during training is
 :class:`tl_directional.training.hf_callback.DirectionalEditCallback`, and the lm-evaluation-harness
-plug-in is :mod:`tl_directional.evaluate.lm_eval_task` / :mod:`tl_directional.evaluate.lm_eval_model`:
+plug-in is :mod:`tl_directional.evaluate.suites.lm_eval_task` / :mod:`tl_directional.evaluate.suites.lm_eval_model`:
 they build on this lane (training and evaluation depend on the edits, not the reverse).
 """
 

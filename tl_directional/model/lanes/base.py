@@ -27,7 +27,7 @@ LinearSpec = tuple[str, tuple[int, int], Callable[[], Tensor], Callable[[Tensor]
 class BlockInput:
     """The residual entering block ``start`` in one batch's unedited forward, and how the
     model's blocks return their output (``"tensor"``, ``"tuple1"`` or None if unknown; needed to
-    skip blocks on the bridge). Made by :func:`tl_directional.model.adapter.forward_recording_block_input`;
+    skip blocks on the bridge). Made by :func:`tl_directional.model.handle.forward_recording_block_input`;
     fed back by :meth:`Lane.from_block`."""
 
     def __init__(self, start: int, resid: Tensor, output_form: str | None):
@@ -186,7 +186,7 @@ class Lane(str):
 
     def add_hook_point(self, model, name: str, hook_point) -> None:
         """Register an extra ``HookPoint`` under ``name`` (see
-        :func:`tl_directional.model.adapter.add_hook_point`); ``name`` is new (checked by the caller)."""
+        :func:`tl_directional.model.handle.add_hook_point`); ``name`` is new (checked by the caller)."""
         raise NotImplementedError
 
     def remove_hook_point(self, model, name: str) -> None:
@@ -230,7 +230,7 @@ class Lane(str):
     def from_block(self, model, block_input: BlockInput, repeat: int = 1) -> Iterator:
         """Within: ``run(tokens, attention_mask) -> logits``, a forward that starts at block
         ``block_input.start`` from the recorded residual (see
-        :func:`tl_directional.model.adapter.from_block`).
+        :func:`tl_directional.model.handle.from_block`).
 
         This shared form: the earlier blocks are replaced for the call by pass-throughs (the
         wrapped HF model still builds its masks and positions from ``tokens``) and the residual

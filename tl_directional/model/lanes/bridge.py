@@ -268,7 +268,7 @@ class BridgeLane(Lane):
             return TransformerBridge.boot_transformers(str(path), device=device, dtype=dtype)
 
     def clone(self, model):
-        # A deep copy is not safe (see tl_directional.model.adapter.clone_model): boot afresh and copy
+        # A deep copy is not safe (see tl_directional.model.handle.clone_model): boot afresh and copy
         # every parameter and buffer of the wrapped transformers model over.
         from transformer_lens.model_bridge import TransformerBridge
 

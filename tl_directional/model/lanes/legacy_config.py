@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from ..families import BY_ARCH, LEGACY_MAX_CTX, Family, rope_type
-from ..families.bert import bert_for_converter
+from ..families import BY_ARCH, Family, rope_type
 from ..families.hf import hf_architecture
 
 
@@ -79,5 +78,5 @@ def legacy_config_dict(hf_config: Any, *, device: Any = "cpu", dtype: Any = torc
     return d
 
 
-__all__ = ["LEGACY_MAX_CTX", "bert_for_converter", "check_rope_scaling", "legacy_config_dict",
+__all__ = ["check_rope_scaling", "legacy_config_dict",
            "legacy_family", "legacy_refusal"]

@@ -24,10 +24,6 @@ The public names are re-exported here: ``from tl_directional.model.load import l
 
 from __future__ import annotations
 
-from ..adapter import Lane, quiet_transformers
-from ..families import Family
-from ..families.hf import FAMILIES
-from ..lanes.legacy_config import LEGACY_MAX_CTX, legacy_config_dict
 from . import catalog
 from .default import (
     DEFAULT_MODEL_SPEC,
@@ -51,10 +47,6 @@ __all__ = [
     "DamagedWeightsWarning",
     "DEFAULT_MODEL_SPEC",
     "ENDOFTEXT",
-    "FAMILIES",
-    "Family",
-    "LEGACY_MAX_CTX",
-    "Lane",
     "UnknownModelError",
     "build_tiny_hf_model",
     "bundled_model_dir",
@@ -65,11 +57,9 @@ __all__ = [
     "check_model_weights",
     "default_model_dir",
     "hf_config",
-    "legacy_config_dict",
     "load_default_model",
     "load_hf_model",
     "load_model",
-    "quiet_transformers",
     "seeded_default_model_dir",
     "tl_lane",
     "train_tokenizer",

@@ -397,6 +397,5 @@ __all__ = [
     "owner_tag",
     "remove_dead_builds",
     "remove_stale_builds",
-    "sha256_file",
     "verify_entry",
 ]

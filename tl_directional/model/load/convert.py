@@ -26,8 +26,8 @@ from pathlib import Path
 
 from ...io.atomic import fault_point
 from ...io.records import sha256_file
-from ..adapter import quiet_transformers
 from ..families.hf import from_pretrained_kwargs
+from ..lanes import quiet_transformers
 from .catalog import (
     CONVERT_REQUIREMENTS,
     FORMAT_VERSION,

@@ -20,10 +20,9 @@ from typing import Any
 import torch
 
 from ...io.model_files import check_model_dir
-from ..adapter import Lane, installed_lane, quiet_transformers
 from ..families.hf import from_pretrained_kwargs, hf_architecture
 from ..generation import fix_generate
-from ..lanes import lane_named
+from ..lanes import Lane, installed_lane, lane_named, quiet_transformers
 from .catalog import REAL_MODELS, check_tokenizer
 from .convert import real_model_dir
 from .default import default_model_dir

@@ -17,9 +17,9 @@ import torch
 
 from tl_directional.io.corpus import heldout_text
 
-from ..adapter import quiet_transformers
 from ..families import REGISTRY, get_family
 from ..families.hf import FAMILIES, FAMILY_TO_ARCH, transformers_major
+from ..lanes import quiet_transformers
 from .tokenizer import ENDOFTEXT, train_tokenizer
 
 # Written next to config.json so a directory records how it was made.

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from ...io.atomic import ArtefactError
-from ..adapter import quiet_transformers
 from ..families.hf import from_pretrained_kwargs, hf_architecture
+from ..lanes import quiet_transformers
 
 
 class DamagedWeightsError(ArtefactError):

@@ -25,12 +25,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..core.geometry import DEFAULT_EPS, check_eps, dtype_tolerance, parallel_part
-from ..figures.lens import split_lens_figure
-from ..model.adapter import capture, device_of
-from ..model.sites import POST_LN, SEQUENTIAL, analysis_sites, check_hook_api
+from ...core.geometry import DEFAULT_EPS, check_eps, dtype_tolerance, parallel_part
+from ...figures.lens import split_lens_figure
+from ...model.handle import capture, device_of
+from ...model.sites import POST_LN, SEQUENTIAL, analysis_sites, check_hook_api
 from .lens_inputs import (
-    ORDERINGS,
     LensInputError,
     _check_mask,
     _check_ordering,
@@ -383,10 +382,4 @@ def split_logit_lens(
     )
 
 
-__all__ = [
-    "ORDERINGS",
-    "LensInputError",
-    "SplitLensResult",
-    "split_logit_lens",
-    "split_lens_figure",
-]
+__all__ = ["SplitLensResult", "split_logit_lens"]

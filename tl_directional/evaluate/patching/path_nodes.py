@@ -6,7 +6,7 @@ head, the MLP input of a block, the residual stream entering a block, or the log
 parses and checks them against a model's resolved sites and computes the sender's difference in
 residual coordinates, ``delta = u* - u_x`` with ``u*`` the directional patch of METHOD.md sec. 5
 (:func:`~tl_directional.core.geometry.patch_components`) and ``u_x`` the corrupted update, which
-:func:`~tl_directional.evaluate.path_patching.path_patch` then adds along the chosen path.
+:func:`~tl_directional.evaluate.patching.path_patching.path_patch` then adds along the chosen path.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from ..core.errors import TLDirectionalError
-from ..core.geometry import decompose, patch_components
-from ..model.adapter import StopForward, from_block
-from ..model.sites import ModelSites, kv_head_index
-from ..model.weights import attention_output_weights
+from ...core.errors import TLDirectionalError
+from ...core.geometry import decompose, patch_components
+from ...model.handle import StopForward, from_block
+from ...model.sites import ModelSites, kv_head_index
+from ...model.weights import attention_output_weights
 
 SENDER_KINDS = ("head", "attn", "mlp")
 RECEIVER_KINDS = ("q", "k", "v", "mlp", "resid", "logits")

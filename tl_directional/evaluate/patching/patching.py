@@ -8,7 +8,7 @@ reference, and records a metric. Results come as tensors shaped like
 parallel-only and perpendicular-only effects is reported next to the full
 patch, never assumed equal to it.
 
-:func:`split_logit_attribution` (:mod:`tl_directional.evaluate.logit_attribution`) splits each
+:func:`split_logit_attribution` (:mod:`tl_directional.evaluate.patching.logit_attribution`) splits each
 head's (and each sub-layer's) direct logit attribution into the part carried by its parallel and
 its perpendicular component against the stream it writes into.
 """
@@ -23,21 +23,19 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..core.bootstrap import random_subspace_share
-from ..core.components import ALL_COMPONENTS, check_components
-from ..core.geometry import DEFAULT_EPS, check_eps, decompose, patch_components
-from ..figures.patching import split_dla_figure  # the figure lives in the views; re-exported
-from ..model.adapter import (
-    BlockInput,
+from ...core.bootstrap import random_subspace_share
+from ...core.components import ALL_COMPONENTS, check_components
+from ...core.geometry import DEFAULT_EPS, check_eps, decompose, patch_components
+from ...model.handle import (
     capture,
     capture_hooks,
     device_of,
     forward_recording_block_input,
-    from_block,
 )
-from ..model.indices import normalize_heads, normalize_layers
-from ..model.inputs import prepare_inputs
-from ..model.sites import ModelSites, analysis_sites, expand_kv_heads, kv_head_index
+from ...model.indices import normalize_heads, normalize_layers
+from ...model.inputs import prepare_inputs
+from ...model.lanes import BlockInput
+from ...model.sites import ModelSites, analysis_sites, expand_kv_heads, kv_head_index
 from .cache_input import (
     PatchingInputError,
     cache_tensor,
@@ -45,7 +43,6 @@ from .cache_input import (
     check_names_filter,
     is_cache,
 )
-from .logit_attribution import split_logit_attribution  # the patching page's second tool
 from .patch_hooks import (
     PatchVariant,
     integer_columns,
@@ -56,6 +53,7 @@ from .patch_hooks import (
 )
 from .path_nodes import hook_names
 from .result import DirectionalResult
+from .stacked import copies_per_forward, stacked_forward
 
 WHICH = ("par", "perp", "full")
 
@@ -70,9 +68,6 @@ STREAM_COMPONENTS = ("resid_pre",)
 #: these are patched per KV head (``heads`` index KV heads), which TransformerLens refuses (#980).
 KV_COMPONENTS = ("k", "v")
 
-#: Default bound on one stacked forward's logits (elements), when ``batch_size`` is None.
-_AUTO_LOGIT_ELEMENTS = 2**26
-_AUTO_MAX_RUNS = 64
 
 
 
@@ -184,8 +179,6 @@ def _is_identity(sites: ModelSites, c: str, L: int, v: PatchVariant, clean: dict
 
 
 
-def _auto_batch_size(b: int, n_pos: int, d_vocab: int) -> int:
-    return max(1, min(_AUTO_MAX_RUNS, _AUTO_LOGIT_ELEMENTS // max(1, b * n_pos * d_vocab)))
 
 
 def directional_patch(
@@ -223,7 +216,7 @@ def directional_patch(
 
     How it runs: the clean and corrupted runs are cached once; a patch at layer ``L``
     changes nothing before block ``L``, so its forward starts at block ``L`` from the
-    corrupted run's ``resid_pre`` (``tl_directional.model.adapter.from_block``), and up to
+    corrupted run's ``resid_pre`` (``tl_directional.model.handle.from_block``), and up to
     ``batch_size`` patched runs of the same unit and layer are stacked along the batch
     axis of one forward (the metric still sees each run's own ``[batch, pos, vocab]``
     logits). A patch that writes exactly the corrupted run's tensor (e.g. a position
@@ -243,7 +236,7 @@ def directional_patch(
             also return one number per sequence (shape ``[batch]``): per-example values.
         names_filter: the hook points the library may cache, as in ``run_with_cache`` (a name,
             a list, or a predicate); one that drops a hook a requested patch reads is an error.
-        result: return a :class:`~tl_directional.evaluate.result.DirectionalResult` (effects
+        result: return a :class:`~tl_directional.evaluate.patching.result.DirectionalResult` (effects
             per example, means, bootstrap intervals, ``to_frame()``, ``figure()``) instead of
             ``(results, table)``.
         per_position: patch one position at a time (results gain a ``pos`` axis).
@@ -305,7 +298,7 @@ def directional_patch(
     d_vocab = int(corr_logits.shape[-1])
     del corr_logits
     b, n_pos = xt.shape
-    k_max = batch_size or _auto_batch_size(b, n_pos, d_vocab)
+    k_max = batch_size or copies_per_forward(b, n_pos, d_vocab)
 
     work = _plan(sites, components, layer_list, head_list, kv_list, which, n_pos if per_position else None)
     iterator = work
@@ -470,10 +463,7 @@ def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[PatchVarian
             u = sites.units[c][L]
             clean_u, _ = _unit_tensors(sites, c, L, clean)
             hooks = stacked_residual_hooks(u, clean_u, chunk, b, eps)
-    tokens = xt.repeat(k, 1) if k > 1 else xt
-    mask = am.repeat(k, 1) if k > 1 else am
-    with from_block(model, BlockInput(L, stacked, block0.output_form)) as run, model.hooks(fwd_hooks=hooks):
-        logits = run(tokens, mask)
+    logits = stacked_forward(model, block0, L, stacked, xt, am, hooks, k)
     for i, v in enumerate(chunk):
         v.value = metric_values(metric, logits[i * b:(i + 1) * b])
     del logits
@@ -485,4 +475,4 @@ def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[PatchVarian
 # ---------------------------------------------------------------------------
 
 
-__all__ = ["KV_COMPONENTS", "STREAM_COMPONENTS", "WHICH", "directional_patch", "split_dla_figure", "split_logit_attribution"]
+__all__ = ["KV_COMPONENTS", "STREAM_COMPONENTS", "WHICH", "directional_patch"]

@@ -1,6 +1,6 @@
 """The sweep's resumable store: the sealed checkpoint of its sums after each batch, the model and
 token fingerprints that keep another sweep from resuming it, and the error that says what a
-foreign checkpoint holds. :func:`tl_directional.evaluate.sweep.sweep` drives it.
+foreign checkpoint holds. :func:`tl_directional.evaluate.sweeps.runner.sweep` drives it.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from ..io.atomic import ArtefactError, atomic_write_bytes, fault_point
-from ..io.records import SEAL_KEY, sealed_json_dumps, sealed_json_loads
-from ..model.inputs import TokenBatch
+from ...io.atomic import ArtefactError, atomic_write_bytes, fault_point
+from ...io.records import SEAL_KEY, sealed_json_dumps, sealed_json_loads
+from ...model.inputs import TokenBatch
 from .metrics import MetricSums
 
 

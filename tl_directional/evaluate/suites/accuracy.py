@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from tl_directional.core.errors import TLDirectionalError
-from tl_directional.model.adapter import logits_at
+from tl_directional.model.handle import logits_at
 
 N_CHOICES = 4
 
@@ -244,7 +244,7 @@ def cloze_choices(
 ) -> Tensor:
     """``[n_items, 4]``: :func:`cloze_choice_logits` of a TransformerLens ``model``'s forward on
     ``windows`` (``[batch, seq]``, windows ``window_offset ..``), with only the items' positions
-    unembedded (:func:`~tl_directional.model.adapter.logits_at`; each position once, however many
+    unembedded (:func:`~tl_directional.model.handle.logits_at`; each position once, however many
     items read it). Hooks active on the model apply (an edit's context)."""
     _check_windows(windows)
     b = [it.window - window_offset for it in items]
@@ -279,7 +279,7 @@ def loglikelihoods(
 ) -> Tensor:
     """``[n_requests]`` float64: ``sum_i log p(cont_i | context, cont_<i)`` per request, from
     ``forward``: a TransformerLens model (only the scored positions are unembedded,
-    :func:`~tl_directional.model.adapter.logits_at`; hooks active on it apply) or any causal
+    :func:`~tl_directional.model.handle.logits_at`; hooks active on it apply) or any causal
     callable (token ids ``[b, s]`` -> logits ``[b, s, d_vocab]``). Each request runs as
     ``context + continuation[:-1]``, right-padded with its own last token (causal: the padding
     is never read by a scored position)."""

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..edit import Edit
-from ..edit.apply import apply_edits
+from ...edit import Edit
+from ...edit.apply import apply_edits
 
 TASK_NAME = "tld_kjv_cloze"
 _REQUIRED_KEYS = ("task", "output_type", "doc_to_text", "doc_to_choice", "doc_to_target")
@@ -36,7 +36,7 @@ def check_task_dir(path: str | os.PathLike[str], tasks: Sequence[str]) -> Path:
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"task_dir={str(p)!r} is not a directory; pass the folder holding the task "
-                                f"YAML files (the bundled one: tl_directional.evaluate.lm_eval_task.task_dir())")
+                                f"YAML files (the bundled one: tl_directional.evaluate.suites.lm_eval_task.task_dir())")
     found: dict[str, Path] = {}
     for f in sorted(p.rglob("*.yaml")):
         try:

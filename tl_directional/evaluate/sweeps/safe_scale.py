@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from ..edit import EDIT_SPACES, Edit, NonFiniteEditError, apply_edits
-from ..figures.sweep import safe_scale_figure
-from ..model.adapter import device_of
-from ..model.inputs import iter_batches, prepare_inputs
-from ..model.sites import analysis_sites
+from ...edit import EDIT_SPACES, Edit, NonFiniteEditError, apply_edits
+from ...figures.sweep import safe_scale_figure
+from ...model.handle import device_of
+from ...model.inputs import iter_batches, prepare_inputs
+from ...model.sites import analysis_sites
 from .metrics import BaselineStats, MetricSums
-from .random_scales import RandomScaleError
+from .random_draws import RandomScaleError
 from .setting import Setting
 
 
@@ -86,7 +86,7 @@ def find_safe_scale(
         edit_factory: a scaled space name from :data:`~tl_directional.edit.EDIT_SPACES` or a callable
             ``f(s_par=..., s_perp=..., layers=...) -> Edit | [Edit]``. A :class:`Setting` is refused
             (its scales are fixed); a random per-layer one (``random_setting``) with a
-            :class:`~tl_directional.evaluate.random_scales.RandomScaleError` that gives the callable
+            :class:`~tl_directional.evaluate.sweeps.random_draws.RandomScaleError` that gives the callable
             searching the draw's amplitude, ``s_par_L = 1 + (s - 1) * (draw_L - 1)`` (``s = 2``
             is the draw).
         budget: the largest allowed ``metric`` (``delta_loss`` in nats, or ``kl``).
@@ -146,7 +146,7 @@ def _refuse_setting(setting: Setting) -> None:
     """A :class:`Setting` fixes its scales, so the search has nothing to vary: say what to pass instead.
 
     A random per-layer setting (``layer_s_par``, from ``random_setting``) is refused with a
-    :class:`~tl_directional.evaluate.random_scales.RandomScaleError`: its draw *is* every layer's
+    :class:`~tl_directional.evaluate.sweeps.random_draws.RandomScaleError`: its draw *is* every layer's
     ``s_par``, and a search over one scalar cannot be defined on it without choosing a path through
     the per-layer values. The path this library documents (docs/sweeps.md, "Safe-scale search")
     is the draw's amplitude, ``s_par_L = 1 + (s - 1) * (draw_L - 1)``, passed as a callable.

@@ -40,12 +40,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..core.bootstrap import random_subspace_share
-from ..core.geometry import DEFAULT_EPS, check_eps
-from ..model.adapter import capture_hooks, device_of
-from ..model.inputs import prepare_inputs
-from ..model.sites import ModelSites, analysis_sites, is_sandwich_norm, resolve_sites
-from .attribution_scores import AttributionError, node_scores, split_dot
+from ...core.bootstrap import random_subspace_share
+from ...core.geometry import DEFAULT_EPS, check_eps
+from ...model.handle import capture_hooks, device_of
+from ...model.inputs import prepare_inputs
+from ...model.sites import ModelSites, analysis_sites, resolve_sites
+from .attribution_scores import AttributionError, node_scores
 from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
 from .result import DirectionalResult
 
@@ -235,7 +235,7 @@ def attribution_patch(
         eps: degenerate threshold on squared norms (METHOD.md sec. 1).
 
     Returns:
-        A :class:`~tl_directional.evaluate.result.DirectionalResult` of kind ``"attribution"``:
+        A :class:`~tl_directional.evaluate.patching.result.DirectionalResult` of kind ``"attribution"``:
         ``values[node][which]`` with ``which`` in ``("full", "par", "perp")``, float64 arrays
         ``[example, layer, pos]`` (``head`` / ``value``: ``[example, layer, pos, head]``), and
         ``par_frac[node]`` (the share ``|cos(delta, r)|`` of each difference along its reference)
@@ -266,7 +266,7 @@ def attribution_patch(
     eps = check_eps(eps)
     sites = analysis_sites(model, "attribution_patch", AttributionError,
                            "dropout would make the clean and corrupted runs differ by chance")
-    sandwich = is_sandwich_norm(model)
+    sandwich = sites.sandwich
     needed = _clean_hooks(sites, node_types)
     check_names_filter(
         names_filter,
@@ -299,6 +299,17 @@ def attribution_patch(
             f"got {batch_size!r}"
         )
 
+    clean_names, act_names, grad_names = _run_hooks(sites, node_types, needed)
+    parts, clean_metric, corrupted_metric = _score_batches(
+        model, sites, sandwich, node_types, metric, eps, clean_cache=clean_cache, ct=ct, xt=xt, am=am,
+        batch_size=batch_size, names=(clean_names, act_names, grad_names),
+    )
+    return _as_result(sites, sandwich, node_types, parts, clean_metric, corrupted_metric, clean_cache is not None)
+
+
+def _run_hooks(sites, node_types, needed: dict) -> tuple[set[str], set[str], set[str]]:
+    """The hooks :func:`attribution_patch` reads: the clean activations, the corrupted run's
+    activations and the corrupted run's gradients, for ``node_types``."""
     clean_names = {h for hs in needed.values() for h in hs}
     act_names = set(clean_names)
     grad_names: set[str] = set()
@@ -318,7 +329,17 @@ def attribution_patch(
             act_names.add(sites.value[L].resid_hook)
             grad_names.add(sites.units["attn"][L].update_hook)
             act_names.add(sites.value[L].z_hook)
+    return clean_names, act_names, grad_names
 
+
+def _score_batches(model, sites, sandwich, node_types, metric, eps, *, clean_cache, ct, xt, am, batch_size,
+                   names) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+    """The node scores of every ``batch_size`` rows (a clean forward, unless ``clean_cache``,
+    then one corrupted forward and backward): ``{node: {full, par, perp, frac: [arrays]}}`` and
+    the clean and corrupted metrics per batch."""
+    clean_names, act_names, grad_names = names
+    b, n_pos = xt.shape
+    device = xt.device
     parts: dict[str, dict[str, list[np.ndarray]]] = {
         n: {"full": [], "par": [], "perp": [], "frac": []} for n in node_types
     }
@@ -355,7 +376,11 @@ def attribution_patch(
             for w, t in res.items():
                 parts[n][w].append(t.cpu().numpy())
         del acts, grads, clean
+    return parts, clean_metric, corrupted_metric
 
+
+def _as_result(sites, sandwich, node_types, parts, clean_metric, corrupted_metric, from_cache) -> DirectionalResult:
+    """:func:`attribution_patch`'s batches joined into one :class:`DirectionalResult`."""
     values = {
         n: {w: np.concatenate(parts[n][w]) for w in ("full", "par", "perp")} for n in node_types
     }
@@ -374,7 +399,7 @@ def attribution_patch(
             "the post-attention norm linearised at the corrupted run (what reaches the stream to first "
             "order); the full estimate is dz_h . g_z as on any model."
         )
-    if clean_cache is not None:
+    if from_cache:
         notes.append("clean activations from clean_cache: the clean metric is not known (NaN).")
     return DirectionalResult(
         kind="attribution",
@@ -394,4 +419,4 @@ def _per_row(value, k: int) -> np.ndarray:
     return t.numpy() if t.numel() == k else np.full(k, float(t.reshape(-1)[0]))
 
 
-__all__ = ["NODE_TYPES", "AttributionError", "attribution_hooks", "attribution_patch", "split_dot"]
+__all__ = ["NODE_TYPES", "attribution_hooks", "attribution_patch"]

@@ -10,8 +10,8 @@ can be stacked along the batch (per-row scales), and progress is checkpointed
 so an interrupted sweep resumes where it stopped. Under ``torchrun`` each rank
 evaluates a shard of the batches and the sums are all-reduced.
 
-The metrics are registries in :mod:`tl_directional.evaluate.metrics` (adding one is one
-entry); :func:`find_safe_scale` (in :mod:`tl_directional.evaluate.safe_scale`) searches the widest
+The metrics are registries in :mod:`tl_directional.evaluate.sweeps.metrics` (adding one is one
+entry); :func:`find_safe_scale` (in :mod:`tl_directional.evaluate.sweeps.safe_scale`) searches the widest
 scale interval around 1 whose damage stays within a budget. Both are re-exported here.
 """
 
@@ -30,14 +30,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..edit import EDIT_SPACES, NonFiniteEditError, apply_edits, scales
-from ..figures.sweep import sweep_figure  # the figure lives in the views; re-exported
-from ..io.distributed import rank_and_world, release_captured_groups
-from ..io.locks import exclusive_lock
-from ..model.adapter import (
-    BlockInput,
+from ...edit import EDIT_SPACES, NonFiniteEditError, apply_edits, scales
+from ...io.distributed import rank_and_world, release_captured_groups
+from ...io.locks import exclusive_lock
+from ...model.finite import nonfinite_message
+from ...model.handle import (
     StopForward,
-    Unembedding,
     capture_hooks,
     device_of,
     forward_recording_block_input,
@@ -45,24 +43,12 @@ from ..model.adapter import (
     unembedding,
     unembedding_matches,
 )
-from ..model.finite import nonfinite_message
-from ..model.indices import normalize_layers, scale_list
-from ..model.inputs import TokenBatch, iter_batches, prepare_inputs
-from ..model.sites import analysis_sites
+from ...model.indices import normalize_layers, scale_list
+from ...model.inputs import TokenBatch, iter_batches, prepare_inputs
+from ...model.lanes import BlockInput, Unembedding
+from ...model.sites import analysis_sites
 from . import metrics as _metrics
-from .metrics import (  # the metric registries; re-exported: `from tl_directional.evaluate.sweep import ...`
-    METRIC_REGISTRY,
-    METRICS,
-    QUANTITIES,
-    BaselineStats,
-    Metric,
-    MetricSums,
-    Quantity,
-    batch_metric_sums,
-    prediction_mask,
-    top1_agreement,
-)
-from .safe_scale import SafeScaleResult, find_safe_scale  # re-exported
+from .metrics import METRICS, BaselineStats, MetricSums
 from .setting import Setting
 from .sweep_store import (
     CheckpointMismatch,
@@ -230,7 +216,7 @@ def _edited_forward(model, run, batch: TokenBatch, unembed: Unembedding | None) 
 # When a setting edits only layers >= L, blocks 0..L-1 compute the same thing as in the
 # unedited forward. The baseline forward records blocks.L.hook_resid_pre once per batch (for
 # every such L among the stacked groups); each group's forward then starts at its block L from
-# the recorded residual (tl_directional.model.adapter.from_block:
+# the recorded residual (tl_directional.model.handle.from_block:
 # TransformerLens's own start_at_layer on the legacy lane; on the bridge, whose start_at_layer
 # still runs the earlier blocks, they are passed through).
 
@@ -316,7 +302,7 @@ def sweep(
     """
     settings = list(edits_grid)
     if not settings:
-        raise ValueError("edits_grid is empty; build one with tl_directional.evaluate.sweep.grid(...)")
+        raise ValueError("edits_grid is empty; build one with tl_directional.evaluate.sweeps.runner.grid(...)")
     for i, s in enumerate(settings):
         if not isinstance(s, Setting):
             raise TypeError(f"edits_grid[{i}] is a {type(s).__name__}, not a Setting; use grid(...)")
@@ -350,30 +336,7 @@ def sweep(
 
 def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, ckpt_path,
                   checkpoint_every, progress, rank, world, shared_prefix=False) -> pd.DataFrame:
-    fingerprint = {
-        "settings": [s.label for s in settings],
-        "settings_exact": [[s.space, repr(float(s.s_par)), repr(float(s.s_perp)),
-                            None if s.layers is None else list(s.layers)]
-                           + ([] if s.layer_s_par is None else [[repr(v) for v in s.layer_s_par]])
-                           for s in settings],
-        "n_sequences": len(batch),
-        "n_tokens": batch.n_tokens,
-        "batch_size": batch_size,
-        "stack": stack,
-        "shared_prefix": bool(shared_prefix),  # equal to the full forward to float tolerance, not bit-exact
-        "tokens_sha256": tokens_sha256(batch),
-        "model": model_fingerprint(model) if ckpt_path is not None else None,
-        "world_size": world,
-        "rank": rank,
-    }
-    state = SweepProgress(fingerprint)
-    if ckpt_path is not None and ckpt_path.exists():
-        state = SweepProgress.load(ckpt_path)
-        if state.fingerprint != fingerprint:
-            diff = sorted(k for k in fingerprint if state.fingerprint.get(k) != fingerprint[k])
-            old_batches = -(-int(state.fingerprint.get("n_sequences", 0)) // max(1, int(state.fingerprint.get("batch_size", 1))))
-            raise CheckpointMismatch(ckpt_path, diff, state.batches_done, old_batches,
-                                     len(state.fingerprint.get("settings", [])))
+    state = _resume_state(model, settings, batch, batch_size, stack, ckpt_path, rank, world, shared_prefix)
     sums = {s.label: state.sums.get(s.label, MetricSums()) for s in settings}
     failed = state.failed  # label -> reason, carried by the checkpoint
     base_sums = state.sums.get("__baseline__", MetricSums())
@@ -427,17 +390,57 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
         state.batches_done = len(batches)
         save_progress(state, sums, base_sums, ckpt_path)
     if world > 1:
-        stacked = torch.stack([base_sums.as_tensor()] + [sums[s.label].as_tensor() for s in settings])
-        torch.distributed.all_reduce(stacked)
-        base_sums = MetricSums.from_tensor(stacked[0])
-        sums = {s.label: MetricSums.from_tensor(stacked[j + 1]) for j, s in enumerate(settings)}
-        gathered: list = [None] * world  # a setting failed on any rank failed
-        torch.distributed.all_gather_object(gathered, failed)
-        failed = {k: v for part in gathered for k, v in part.items()}
-        # loading the model after init_process_group() made torch.distributed.nn.functional hold
-        # the group; let the caller's destroy_process_group() free it (see tl_directional.io.distributed)
-        release_captured_groups()
+        base_sums, sums, failed = _reduce_ranks(base_sums, sums, failed, settings, world)
+    return _results_frame(settings, metrics, base_sums, sums, failed)
 
+
+def _resume_state(model, settings, batch, batch_size, stack, ckpt_path, rank, world, shared_prefix) -> SweepProgress:
+    """A fresh :class:`SweepProgress`, or the one saved at ``ckpt_path`` when it is of this very
+    sweep (raise :class:`CheckpointMismatch` naming what differs when it is not)."""
+    fingerprint = {
+        "settings": [s.label for s in settings],
+        "settings_exact": [[s.space, repr(float(s.s_par)), repr(float(s.s_perp)),
+                            None if s.layers is None else list(s.layers)]
+                           + ([] if s.layer_s_par is None else [[repr(v) for v in s.layer_s_par]])
+                           for s in settings],
+        "n_sequences": len(batch),
+        "n_tokens": batch.n_tokens,
+        "batch_size": batch_size,
+        "stack": stack,
+        "shared_prefix": bool(shared_prefix),  # equal to the full forward to float tolerance, not bit-exact
+        "tokens_sha256": tokens_sha256(batch),
+        "model": model_fingerprint(model) if ckpt_path is not None else None,
+        "world_size": world,
+        "rank": rank,
+    }
+    state = SweepProgress(fingerprint)
+    if ckpt_path is not None and ckpt_path.exists():
+        state = SweepProgress.load(ckpt_path)
+        if state.fingerprint != fingerprint:
+            diff = sorted(k for k in fingerprint if state.fingerprint.get(k) != fingerprint[k])
+            old_batches = -(-int(state.fingerprint.get("n_sequences", 0)) // max(1, int(state.fingerprint.get("batch_size", 1))))
+            raise CheckpointMismatch(ckpt_path, diff, state.batches_done, old_batches,
+                                     len(state.fingerprint.get("settings", [])))
+    return state
+
+
+def _reduce_ranks(base_sums, sums, failed, settings, world):
+    """Every rank's sums added up and their failed settings joined (all ranks get the result)."""
+    stacked = torch.stack([base_sums.as_tensor()] + [sums[s.label].as_tensor() for s in settings])
+    torch.distributed.all_reduce(stacked)
+    base_sums = MetricSums.from_tensor(stacked[0])
+    sums = {s.label: MetricSums.from_tensor(stacked[j + 1]) for j, s in enumerate(settings)}
+    gathered: list = [None] * world  # a setting failed on any rank failed
+    torch.distributed.all_gather_object(gathered, failed)
+    failed = {k: v for part in gathered for k, v in part.items()}
+    # loading the model after init_process_group() made torch.distributed.nn.functional hold
+    # the group; let the caller's destroy_process_group() free it (see tl_directional.io.distributed)
+    release_captured_groups()
+    return base_sums, sums, failed
+
+
+def _results_frame(settings, metrics, base_sums, sums, failed) -> pd.DataFrame:
+    """The sweep's table: the baseline row, then one row per setting (NaN metrics if it failed)."""
     registry = _metrics.METRIC_REGISTRY  # looked up here: one entry there is all a new metric needs
     cols = ["tokens"] + [c for m in metrics for c in registry[m].columns]
     rows = []
@@ -457,6 +460,4 @@ def _sweep_locked(model, settings, batch, batches, metrics, batch_size, stack, c
     return pd.DataFrame(rows)
 
 
-__all__ = ["METRICS", "METRIC_REGISTRY", "QUANTITIES", "BaselineStats", "Metric", "MetricSums", "Quantity",
-           "SafeScaleResult", "Setting", "batch_metric_sums", "find_safe_scale", "grid", "prediction_mask", "sweep",
-           "sweep_figure", "top1_agreement"]
+__all__ = ["grid", "sweep"]

@@ -1,6 +1,6 @@
 """The scores of directional attribution patching: the split of one dot product and every
 node's ``full`` / ``par`` / ``perp`` / ``frac`` from the corrupted run's activations and gradients
-(:mod:`tl_directional.evaluate.attribution` runs the model; this module only reads tensors).
+(:mod:`tl_directional.evaluate.patching.attribution` runs the model; this module only reads tensors).
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from ..core.geometry import DEFAULT_EPS
-from ..model.sites import ModelSites, expand_kv_heads
-from ..model.weights import attention_output_weights
+from ...core.geometry import DEFAULT_EPS
+from ...model.sites import ModelSites, expand_kv_heads
+from ...model.weights import attention_output_weights
 from .cache_input import PatchingInputError
 
 

@@ -1,4 +1,4 @@
-"""The split logit lens's input checks (:func:`tl_directional.evaluate.lens.split_logit_lens`):
+"""The split logit lens's input checks (:func:`tl_directional.evaluate.lens.lens.split_logit_lens`):
 tokens, padding mask, targets and ordering, each refused with :class:`LensInputError` naming the
 argument, its valid range and the fix."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..core.errors import TLDirectionalError
-from ..model.inputs import check_attention_mask_values
+from ...core.errors import TLDirectionalError
+from ...model.inputs import check_attention_mask_values
 
 ORDERINGS = ("shapley", "parallel_first", "perpendicular_first")
 

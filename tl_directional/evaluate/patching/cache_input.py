@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..core.errors import TLDirectionalError
+from ...core.errors import TLDirectionalError
 
 
 class PatchingInputError(TLDirectionalError, ValueError):

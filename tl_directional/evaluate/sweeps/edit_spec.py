@@ -1,10 +1,10 @@
 """An edit setting as one string: the sweep's row label, read back.
 
 ``tl-directional sweep`` names each row of ``sweep.csv`` by its setting's label
-(:attr:`tl_directional.evaluate.sweep.Setting.label`), e.g. ``value[s_par=0,s_perp=1,L=all]`` or
+(:attr:`tl_directional.evaluate.sweeps.runner.Setting.label`), e.g. ``value[s_par=0,s_perp=1,L=all]`` or
 ``resid-mlp[s_par=1,s_perp=0,L=0,1]``. :func:`parse_edit_spec` reads such a label back into the
-:class:`~tl_directional.evaluate.sweep.Setting` it names, so a row of a sweep can be passed on as is
-(``lm_eval --model_args edits=...``, :mod:`tl_directional.evaluate.lm_eval_model`). The grammar is the
+:class:`~tl_directional.evaluate.sweeps.runner.Setting` it names, so a row of a sweep can be passed on as is
+(``lm_eval --model_args edits=...``, :mod:`tl_directional.evaluate.suites.lm_eval_model`). The grammar is the
 sweep command line's: a space of ``--space`` (:data:`tl_directional.edit.EDIT_SPACES`), scales as
 ``--s-par`` / ``--s-perp`` take them, one layer set as ``--layers`` writes it (``all``, ``0-3``,
 ``0,2``, ``-1``; parsed by the same function). Keys may be left out (``s_par`` and ``s_perp``
@@ -17,14 +17,14 @@ from __future__ import annotations
 import math
 import re
 
-from ..core.errors import TLDirectionalError
-from ..edit import EDIT_SPACES
-from ..model.indices import normalize_layers
-from .random_scales import RandomScaleError, random_setting
+from ...core.errors import TLDirectionalError
+from ...edit import EDIT_SPACES
+from ...model.indices import normalize_layers
+from .random_draws import RandomScaleError, random_setting
 from .setting import Setting
 
 _KEYS = ("s_par", "s_perp", "L")
-# a random per-layer setting's label (tl_directional.evaluate.random_scales.random_setting)
+# a random per-layer setting's label (tl_directional.evaluate.sweeps.random_draws.random_setting)
 _RANDOM_KEYS = ("random", "seed", "low", "high", "mean", "sd")
 _SPEC = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*(?:\[(.*)\])?\s*$", re.S)
 GRAMMAR = ("SPACE[s_par=X,s_perp=Y,L=LAYERS] (a sweep.csv label; keys optional), several joined "
@@ -86,7 +86,7 @@ def layer_sets(text: str, n_layers: int | None = None) -> list:
 
 
 def parse_edit_spec(text: str, n_layers: int | None = None, *, argument: str = "edits") -> list:
-    """The sweep settings (:class:`tl_directional.evaluate.sweep.Setting`) an edit spec names.
+    """The sweep settings (:class:`tl_directional.evaluate.sweeps.runner.Setting`) an edit spec names.
 
     Args:
         text: the spec (see the module docstring); empty or ``"none"``: no edit.

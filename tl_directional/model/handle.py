@@ -1,4 +1,8 @@
-"""Lane-neutral model helpers, and the lane-specific ones as functions of the model.
+"""What the analyses do with a loaded model handle: its device and architecture flags, capture
+hooks and early stops, partial forwards, extra hook points, the unembedding, clone and HF export.
+(Named for that job; TransformerLens's "adapters" are its per-architecture bridge classes, which
+this module is not.) The lane-neutral parts are written here; the lane-specific ones are
+functions of the model that ask its lane.
 
 Two lanes are supported: the TL 4 ``TransformerBridge`` (``"bridge"``: a wrapper around a
 Hugging Face ``transformers`` model) and the legacy ``HookedTransformer`` (``"legacy"``: TL 2.x /
@@ -26,14 +30,9 @@ from .families import BY_ARCH
 from .generation import carry_generate_fix
 from .lanes import (
     BlockInput,
-    Lane,
     Unembedding,
-    installed_lane,
-    is_bridge,
     lane_of,
-    quiet_transformers,
 )
-from .lanes.bridge import hf_attention_module, hf_module, hf_state_key
 from .lanes.bridge import hf_state_dict as _bridge_hf_state_dict
 
 # ---------------------------------------------------------------------------------------------
@@ -70,7 +69,11 @@ def is_encoder(model) -> bool:
     before a LayerNorm, attention is not causal, there is no block update. Read from the
     family record (``Family.encoder``); an
     architecture outside the registry counts as one when its name says BERT."""
-    name = architecture_name(model)
+    return encoder_architecture(architecture_name(model))
+
+
+def encoder_architecture(name: str) -> bool:
+    """Whether HF architecture ``name`` is a post-LN encoder (see :func:`is_encoder`)."""
     family = BY_ARCH.get(name)
     return family.encoder if family is not None else "Bert" in name
 
@@ -340,10 +343,7 @@ def logits_at(model, tokens: Tensor, batch_index: Tensor, pos_index: Tensor,
 
 
 __all__ = [
-    "BlockInput",
-    "Lane",
     "StopForward",
-    "Unembedding",
     "add_hook_point",
     "architecture_name",
     "capture",
@@ -353,17 +353,11 @@ __all__ = [
     "forward_from_block",
     "from_block",
     "forward_recording_block_input",
-    "hf_attention_module",
-    "hf_module",
     "hf_state_dict",
-    "hf_state_key",
-    "installed_lane",
-    "is_bridge",
+    "encoder_architecture",
     "is_encoder",
     "is_parallel",
-    "lane_of",
     "logits_at",
-    "quiet_transformers",
     "remove_hook_point",
     "run_hooked",
     "save_hf_directory",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..edit import EDIT_SPACES, Edit, edit_space, edits_for_space
+from ...edit import EDIT_SPACES, Edit, edit_space, edits_for_space
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class Setting:
 
     ``layer_s_par`` (optional, ``[n_layers]`` values): a per-layer ``s_par`` that replaces the
     scalar in the edits (random per-layer scales,
-    :func:`~tl_directional.evaluate.random_scales.random_setting`); ``s_par`` then only
+    :func:`~tl_directional.evaluate.sweeps.random_draws.random_setting`); ``s_par`` then only
     summarises it, and ``tag`` names it in the label.
     """
 

@@ -12,11 +12,11 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from ..core.geometry import DEFAULT_EPS, check_eps, decompose
-from ..model.adapter import capture, device_of
-from ..model.inputs import prepare_inputs, token_ids
-from ..model.sites import ModelSites, analysis_sites
-from ..model.weights import final_norm_weight
+from ...core.geometry import DEFAULT_EPS, check_eps, decompose
+from ...model.handle import capture, device_of
+from ...model.inputs import prepare_inputs, token_ids
+from ...model.sites import ModelSites, analysis_sites
+from ...model.weights import final_norm_weight
 from .patch_hooks import integer_columns
 
 

@@ -1,7 +1,7 @@
 """The hook functions of directional activation patching (METHOD.md sec. 5): one patched run, or
 several stacked along the batch, each replacing a unit's update (or one head's ``hook_z``) in the
 corrupted run by its clean value's parallel, perpendicular or full part against the corrupted
-run's live reference. :mod:`tl_directional.evaluate.patching` plans the runs and reads the metric.
+run's live reference. :mod:`tl_directional.evaluate.patching.patching` plans the runs and reads the metric.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..core.geometry import patch_components
-from ..model.sites import kv_head_index
+from ...core.geometry import patch_components
+from ...model.sites import kv_head_index
 
 
 def integer_columns(table: pd.DataFrame, columns) -> pd.DataFrame:

@@ -4,7 +4,7 @@ reported metrics, and :class:`BaselineStats`, which forms them in one fused pass
 Adding a metric is one entry: a :class:`Quantity` in :data:`QUANTITIES` (what is summed over
 the predicted tokens, its formula on one chunk of positions, its value for the baseline
 against itself) and a :class:`Metric` in :data:`METRIC_REGISTRY` (the columns it reports from
-the sums, and their baseline values). :func:`tl_directional.evaluate.sweep.sweep` (its ``metrics=``,
+the sums, and their baseline values). :func:`tl_directional.evaluate.sweeps.runner.sweep` (its ``metrics=``,
 checkpoints, the baseline row) and the per-sequence sums of the real-model scripts
 (``scripts/_realrun.py``) both read these registries, so they count every metric, top-1
 agreement included, by the same rule (:func:`top1_agreement`).
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
-from ..model.adapter import Unembedding
+from ...model.lanes import Unembedding
 
 
 def prediction_mask(attention_mask: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos-1"]:

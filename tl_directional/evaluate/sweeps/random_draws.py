@@ -4,8 +4,8 @@ The paper's revision ("random layerwise value-space scaling") asks whether a mod
 *different* parallel scale at every layer as well as one fixed scale. :func:`random_scales` draws
 the ``[n_layers]`` tensor of ``s_par`` values that every edit already accepts as a per-layer scale
 (:class:`~tl_directional.edit.ValueScale`, :class:`~tl_directional.edit.ResidualScale`, ...);
-:func:`random_setting` wraps it as a sweep :class:`~tl_directional.evaluate.setting.Setting`, so
-:func:`~tl_directional.evaluate.sweep.sweep` runs it beside fixed scales (seeded, named in the
+:func:`random_setting` wraps it as a sweep :class:`~tl_directional.evaluate.sweeps.setting.Setting`, so
+:func:`~tl_directional.evaluate.sweeps.runner.sweep` runs it beside fixed scales (seeded, named in the
 setting's label, its exact scales in the checkpoint's fingerprint, resumable like any setting).
 
 Distributions, on ``[low, high]`` (default ``[0, 2]``, the revision's range):
@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..core.errors import TLDirectionalError
-from ..model.indices import normalize_layers
+from ...core.errors import TLDirectionalError
+from ...model.indices import normalize_layers
 from .setting import Setting
 
 DISTRIBUTIONS = ("uniform", "gaussian")

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..core.bootstrap import bootstrap_mean_interval
-from ..core.errors import TLDirectionalError
-from ..figures.directional import directional_heatmap
+from ...core.bootstrap import bootstrap_mean_interval
+from ...core.errors import TLDirectionalError
+from ...figures.directional import directional_heatmap
 
 PARTS = ("full", "par", "perp")
 

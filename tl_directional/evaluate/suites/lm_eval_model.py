@@ -3,10 +3,10 @@
 ``TLDirectionalLM(pretrained=DIR, edits=SPEC)`` is lm-eval's ``HFLM`` around
 :func:`tl_directional.model.load.load_hf_model` (eager attention, float32 by default) with the
 edits of ``SPEC`` installed by :func:`tl_directional.edit.hf.install_edits` for the model's
-lifetime. ``SPEC`` is a ``sweep.csv`` row label (:mod:`tl_directional.evaluate.edit_spec`), e.g.
+lifetime. ``SPEC`` is a ``sweep.csv`` row label (:mod:`tl_directional.evaluate.sweeps.edit_spec`), e.g.
 ``value[s_par=0,s_perp=1,L=all]``; ``pretrained=default`` is the bundled model. The same model,
 tokenizer, batch size and edits give exactly the numbers of
-:func:`tl_directional.evaluate.lm_eval_task.evaluate_edited` (the Python route).
+:func:`tl_directional.evaluate.suites.lm_eval_task.evaluate_edited` (the Python route).
 
 Importing this module registers the class under :data:`MODEL_NAME` in lm-eval's model
 registry. lm-eval 0.4.13's own ``lm_eval`` command imports no plugins (no entry points, no
@@ -22,12 +22,12 @@ from typing import Any
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
-from ..core.errors import TLDirectionalError
-from ..edit.carrier import MLPCarrierScale
-from ..edit.hf.carrier import install_carrier_edits
-from ..edit.hf.edits import install_edits
-from ..model.load import default_model_dir, load_hf_model
-from .edit_spec import parse_edit_spec
+from ...core.errors import TLDirectionalError
+from ...edit.carrier import MLPCarrierScale
+from ...edit.hf.carrier import install_carrier_edits
+from ...edit.hf.edits import install_edits
+from ...model.load import default_model_dir, load_hf_model
+from ..sweeps.edit_spec import parse_edit_spec
 
 MODEL_NAME = "tl-directional"
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -56,7 +56,7 @@ class TLDirectionalLM(HFLM):
 
     Args:
         pretrained: a local HF model directory, or ``"default"`` for the bundled model.
-        edits: an edit spec (:data:`tl_directional.evaluate.edit_spec.GRAMMAR`); empty: no edit.
+        edits: an edit spec (:data:`tl_directional.evaluate.sweeps.edit_spec.GRAMMAR`); empty: no edit.
         dtype: parameter dtype, one of ``float32`` (default), ``bfloat16``, ``float16``.
         device: where the model runs (lm_eval passes its ``--device``; CUDA falls back to
             the CPU where there is none).

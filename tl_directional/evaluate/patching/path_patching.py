@@ -15,7 +15,7 @@ the shadow's queries, keys, values and MLP input itself (norm, projections, bias
 norms), and a receiver copies only its own head (or its MLP input) from the shadow. One shadow
 serves every single-receiver run of a part in the forward; ``joint`` runs get one each (their
 live stream differs from the corrupted one). Forwards start at the first receiver's block
-(:func:`~tl_directional.model.adapter.from_block`).
+(:func:`~tl_directional.model.handle.from_block`).
 
 With ``freeze_norm=True`` the receiver's norm keeps the live stream's statistics (its
 ``hook_scale``), so the change of the receiver's input is linear in ``delta`` and the parallel
@@ -26,31 +26,30 @@ effects, whatever the norm, once the metric is non-linear in the receiver's inpu
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ..core.bootstrap import random_subspace_share
-from ..core.geometry import DEFAULT_EPS, check_eps
-from ..model.adapter import (
+from ...core.bootstrap import random_subspace_share
+from ...core.geometry import DEFAULT_EPS, check_eps
+from ...model.handle import (
     capture_hooks,
     device_of,
     forward_recording_block_input,
-    from_block,
 )
-from ..model.indices import normalize_layers
-from ..model.inputs import prepare_inputs
-from ..model.sites import POST_LN, analysis_sites
-from ..model.structure import is_sandwich_norm
+from ...model.indices import normalize_layers
+from ...model.inputs import prepare_inputs
+from ...model.sites import POST_LN, ModelSites, analysis_sites
 from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
 from .path_hooks import PathRun, chunk_hooks
 from .path_nodes import (
     SPACES,
     PathPatchError,
     Receiver,
+    Sender,
     hook_names,
     parse_receivers,
     parse_sender,
@@ -58,10 +57,9 @@ from .path_nodes import (
     sender_hooks,
 )
 from .result import DirectionalResult
+from .stacked import copies_per_forward, stacked_forward
 
 PARTS = ("full", "par", "perp")
-_AUTO_LOGIT_ELEMENTS = 2**26
-_AUTO_MAX_RUNS = 64
 
 
 def _metric_rows(metric, logits: Tensor, b: int) -> np.ndarray:
@@ -144,7 +142,7 @@ def path_patch(
             d_model]`` for mlp; the added ``delta`` for resid / logits).
 
     Returns:
-        A :class:`~tl_directional.evaluate.result.DirectionalResult` of kind ``"path_patch"``:
+        A :class:`~tl_directional.evaluate.patching.result.DirectionalResult` of kind ``"path_patch"``:
         ``values[kind][part]`` effects (metric minus the corrupted metric), float64 ``[example,
         layer, head]`` for q / k / v (head: the key/value head for k / v), ``[example, layer]``
         for mlp / resid, ``[example]`` for logits and joint; NaN where no receiver was patched.
@@ -158,6 +156,49 @@ def path_patch(
     if is_cache(corrupted):
         clean_cache, corrupted, clean = corrupted, clean, None
     eps = check_eps(eps)
+    plan = _plan(model, sender=sender, receivers=receivers, parts=parts, space=space, layers=layers,
+                 joint=joint, freeze_norm=freeze_norm, batch_size=batch_size, names_filter=names_filter)
+    base = _base_runs(model, plan, metric, clean, corrupted, clean_cache, attention_mask)
+    with torch.no_grad():
+        deltas, share = sender_deltas(
+            model, plan.sites, plan.send, space, plan.parts, base.clean_store, base.corr, base.block0,
+            base.xt, base.am, plan.sandwich, eps
+        )
+        runs, inputs = _patched_runs(model, plan, base, deltas, metric, joint=joint, freeze_norm=freeze_norm,
+                                     batch_size=batch_size, return_inputs=return_inputs)
+    result = _as_result(
+        plan.sites,
+        runs,
+        plan.recs,
+        plan.parts,
+        joint,
+        base.corrupted_metric,
+        base.clean_metric,
+        share,
+        space,
+        clean_cache is not None,
+        plan.sandwich,
+    )
+    return (result, inputs) if return_inputs else result
+
+
+@dataclass
+class _Plan:
+    """What :func:`path_patch` checked and resolved before any forward: the model's sites, the
+    sender, its receivers, the parts, and the hooks the clean and corrupted runs must cache."""
+
+    sites: ModelSites
+    send: Sender
+    recs: list[Receiver]
+    parts: tuple[str, ...]
+    clean_names: set[str]
+    corr_names: set[str]
+    hook_dict: dict
+    sandwich: bool
+
+
+def _plan(model, *, sender, receivers, parts, space, layers, joint, freeze_norm, batch_size, names_filter) -> _Plan:
+    """Check :func:`path_patch`'s arguments against the model; raise PathPatchError naming the fix."""
     if space not in SPACES:
         raise PathPatchError(
             f"space={space!r}: choose 'residual' (against the stream) or 'value' (a head's own value)"
@@ -195,7 +236,7 @@ def path_patch(
         isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
     ):
         raise PathPatchError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    sandwich = is_sandwich_norm(model)
+    sandwich = sites.sandwich
     clean_names, corr_names = sender_hooks(send, sites, space)
     corr_names |= _needed_corrupted(sites, recs, freeze_norm) | {
         f"blocks.{send.layer}.hook_resid_pre"
@@ -212,6 +253,28 @@ def path_patch(
         {"path_patch": sorted(clean_names | corr_names)},
         "path_patch caches the sender's hooks and the receivers' stream and norm hooks",
     )
+    return _Plan(sites, send, recs, parts, clean_names, corr_names, hook_dict, sandwich)
+
+
+@dataclass
+class _Base:
+    """The unpatched runs: corrupted tokens ``xt`` / mask ``am`` ``[b, pos]``, the clean and
+    corrupted activations :func:`path_patch` needs, the block-0 input and both metrics."""
+
+    xt: Tensor
+    am: Tensor
+    b: int
+    clean_store: dict[str, Tensor]
+    corr: dict[str, Tensor]
+    block0: object
+    corrupted_metric: np.ndarray
+    clean_metric: np.ndarray
+    d_vocab: int
+
+
+def _base_runs(model, plan: _Plan, metric, clean, corrupted, clean_cache, attention_mask) -> _Base:
+    """The clean and corrupted runs in one forward (or the corrupted one and ``clean_cache``)."""
+    clean_names, corr_names = plan.clean_names, plan.corr_names
     device = device_of(model)
     x_batch = prepare_inputs(model, corrupted, attention_mask, argument="corrupted")
     xt, am = x_batch.tokens.to(device), x_batch.attention_mask.to(device)
@@ -252,81 +315,59 @@ def path_patch(
                 f"clean_cache[{n!r}] has shape {tuple(clean_store[n].shape)} but this model's run gives "
                 f"{tuple(corr[n].shape)}; cache the clean run with this model ({hint})"
             )
-    d_vocab, n_pos = int(logits.shape[-1]), xt.shape[1]
-    del logits
-    with torch.no_grad():
-        deltas, share = sender_deltas(
-            model, sites, send, space, parts, clean_store, corr, block0, xt, am, sandwich, eps
-        )
-        # with return_inputs, a zero difference along the same route gives the receiver's unpatched
-        # input computed exactly as the patched ones are (the bridge's norm fallback rounds differently)
-        run_parts = parts + (("zero",) if return_inputs else ())
-        deltas["zero"] = torch.zeros_like(deltas[parts[0]])
-        runs = (
-            [PathRun(tuple(recs), p) for p in run_parts]
-            if joint
-            else [PathRun((r,), p) for r in recs for p in run_parts]
-        )
-        k_max = batch_size or max(
-            1, min(_AUTO_MAX_RUNS, _AUTO_LOGIT_ELEMENTS // max(1, b * n_pos * d_vocab))
-        )
-        captured: dict | None = {} if return_inputs else None
-        inputs: dict = {}
-        # one forward for as many runs as fit (on small models a forward's fixed cost dominates);
-        # it starts at the chunk's first receiver block (runs are sorted by their first block)
-        runs.sort(key=lambda run: min(r.layer for r in run.receivers))
-        for c0 in range(0, len(runs), k_max):
-            chunk = runs[c0 : c0 + k_max]
-            start = min(r.layer for r in chunk[0].receivers)
-            if joint:
-                shadows = [(run.part, i) for i, run in enumerate(chunk)]
-            else:
-                shadows = [(p, None) for p in dict.fromkeys(run.part for run in chunk)]
-            index = {p: j for j, (p, _) in enumerate(shadows)}
-            for i, run in enumerate(chunk):
-                run.shadow = i if joint else index[run.part]
-            n = len(chunk) + len(shadows)
-            resid = corr[f"blocks.{start}.hook_resid_pre"]
-            hooks = chunk_hooks(
-                sites, hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured
-            )
-            with (
-                from_block(
-                    model, type(block0)(start, resid.repeat(n, 1, 1), block0.output_form)
-                ) as fwd,
-                model.hooks(fwd_hooks=hooks),
-                warnings.catch_warnings(),
-            ):
-                # freeze_norm edits hook_scale on purpose: the bridge then rebuilds the norm's output
-                # from the hooked values (and says so); the unpatched route is rebuilt the same way
-                warnings.filterwarnings("ignore", "A forward hook edited hook_scale", UserWarning)
-                out = fwd(xt.repeat(n, 1), am.repeat(n, 1))
-            for i, run in enumerate(chunk):
-                run.value = _metric_rows(metric, out[i * b : (i + 1) * b], b)
-                for rec in run.receivers if captured is not None else ():
-                    inputs[(run.part, rec)] = captured.pop((i, rec), deltas[run.part])
-            del out
-        for key in [key for key in inputs if key[0] != "zero"]:
-            zero = inputs[("zero", key[1])]
-            inputs[key] = (
-                inputs[key] - zero if key[1].kind not in ("resid", "logits") else inputs[key]
-            )
-        inputs = {key: t for key, t in inputs.items() if key[0] != "zero"}
-        runs = [run for run in runs if run.part != "zero"]
-    result = _as_result(
-        sites,
-        runs,
-        recs,
-        parts,
-        joint,
-        corrupted_metric,
-        clean_metric,
-        share,
-        space,
-        clean_cache is not None,
-        sandwich,
+    return _Base(xt, am, b, clean_store, corr, block0, corrupted_metric, clean_metric, int(logits.shape[-1]))
+
+
+def _patched_runs(model, plan: _Plan, base: _Base, deltas: dict, metric, *, joint, freeze_norm, batch_size,
+                  return_inputs) -> tuple[list[PathRun], dict]:
+    """Every patched run (a receiver set and a part), stacked into as few forwards as fit; each
+    run's ``value`` is its metric. Also the receivers' input changes when ``return_inputs``."""
+    b, xt, am, corr, block0 = base.b, base.xt, base.am, base.corr, base.block0
+    # with return_inputs, a zero difference along the same route gives the receiver's unpatched
+    # input computed exactly as the patched ones are (the bridge's norm fallback rounds differently)
+    run_parts = plan.parts + (("zero",) if return_inputs else ())
+    deltas["zero"] = torch.zeros_like(deltas[plan.parts[0]])
+    runs = (
+        [PathRun(tuple(plan.recs), p) for p in run_parts]
+        if joint
+        else [PathRun((r,), p) for r in plan.recs for p in run_parts]
     )
-    return (result, inputs) if return_inputs else result
+    k_max = batch_size or copies_per_forward(b, xt.shape[1], base.d_vocab)
+    captured: dict | None = {} if return_inputs else None
+    inputs: dict = {}
+    # one forward for as many runs as fit (on small models a forward's fixed cost dominates);
+    # it starts at the chunk's first receiver block (runs are sorted by their first block)
+    runs.sort(key=lambda run: min(r.layer for r in run.receivers))
+    for c0 in range(0, len(runs), k_max):
+        chunk = runs[c0 : c0 + k_max]
+        start = min(r.layer for r in chunk[0].receivers)
+        if joint:
+            shadows = [(run.part, i) for i, run in enumerate(chunk)]
+        else:
+            shadows = [(p, None) for p in dict.fromkeys(run.part for run in chunk)]
+        index = {p: j for j, (p, _) in enumerate(shadows)}
+        for i, run in enumerate(chunk):
+            run.shadow = i if joint else index[run.part]
+        n = len(chunk) + len(shadows)
+        resid = corr[f"blocks.{start}.hook_resid_pre"]
+        hooks = chunk_hooks(
+            plan.sites, plan.hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured
+        )
+        # freeze_norm edits hook_scale on purpose: the unpatched route is rebuilt the same way
+        out = stacked_forward(model, block0, start, resid.repeat(n, 1, 1), xt, am, hooks, n,
+                              edits_norm_scale=True)
+        for i, run in enumerate(chunk):
+            run.value = _metric_rows(metric, out[i * b : (i + 1) * b], b)
+            for rec in run.receivers if captured is not None else ():
+                inputs[(run.part, rec)] = captured.pop((i, rec), deltas[run.part])
+        del out
+    for key in [key for key in inputs if key[0] != "zero"]:
+        zero = inputs[("zero", key[1])]
+        inputs[key] = (
+            inputs[key] - zero if key[1].kind not in ("resid", "logits") else inputs[key]
+        )
+    inputs = {key: t for key, t in inputs.items() if key[0] != "zero"}
+    return [run for run in runs if run.part != "zero"], inputs
 
 
 def _as_result(
@@ -401,4 +442,4 @@ def _as_result(
     )
 
 
-__all__ = ["PARTS", "PathPatchError", "Receiver", "path_patch"]
+__all__ = ["PARTS", "path_patch"]
