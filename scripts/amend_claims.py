@@ -23,6 +23,7 @@ except ImportError:  # loaded by file path (the tests): through the package
     from scripts import _common  # noqa: F401
 
 import claims as C  # the claims study's data layout, bootstrap and verdict rules
+from tl_directional.core.paired import holm  # noqa: E402
 
 #: The revision's exclude-self PPL sweep (Qwen3-1.7B, WikiText-2, every decoder layer), from its
 #: figure-source table ``figs/para_ablation_corrected/ppl_component_scaling_corrected_sources.csv``
@@ -279,7 +280,7 @@ def build_atlas_page(stem: str, data: Path) -> str:
     L += _provenance(manifest, stem, texts, tokens)
     level = C.BUDGET / n
     pvals = {lab: float(np.mean(st[lab]["pooled"][1:] <= level)) for lab in labels}
-    above = C._holm(pvals)
+    above = holm(pvals)
     total = np.sum([st[lab]["pooled"] for lab in labels], axis=0)
     early = np.sum([st[lab]["pooled"] for lab in labels[:2]], axis=0)
     L += [

@@ -1,12 +1,15 @@
 """The claims study's statistics and verdict rules (docs/results/protocol.md): the protocol's
 budgets and grid, the stratified window bootstrap, per-setting statistics, intervals and their
-formatting, the verdict rules, Holm's step-down and a tie-safe Spearman, and the verdicts of
-claims A-E.
+formatting, the verdict rules, and the verdicts of claims A-E (Holm's step-down and Spearman's
+rho are the library's: :mod:`tl_directional.core.paired`, :mod:`tl_directional.core.rank`).
 
 Imported by :mod:`claims` (which re-exports these names for the other claims scripts).
 """
 
 from __future__ import annotations
+
+from tl_directional.core.paired import holm
+from tl_directional.core.rank import spearman
 
 BUDGET = 0.05  # nats/token: "barely changes behaviour" (about 5% perplexity); protocol sec. 2
 BUDGET_TO3 = 0.065  # the revision's 1.3x allowance up to s_par = 3
@@ -104,34 +107,6 @@ def _verdict_sign(stat, held_if_positive=True):
     return "**not decided**"
 
 
-def _holm(pvals: dict[str, float], alpha=0.05) -> set[str]:
-    order = sorted(pvals, key=pvals.get)
-    rejected = set()
-    for i, k in enumerate(order):
-        if pvals[k] <= alpha / (len(order) - i):
-            rejected.add(k)
-        else:
-            break
-    return rejected
-
-
-def _avg_ranks(a):
-    """Ranks with ties sharing their average rank (a bootstrap resample repeats values; the
-    order an unstable sort gives ties differs between numpy builds)."""
-    import numpy as np
-
-    ranks = np.empty(len(a))
-    ranks[np.argsort(a, kind="stable")] = np.arange(len(a))
-    _, inv = np.unique(a, return_inverse=True)
-    return (np.bincount(inv, ranks) / np.bincount(inv))[inv]
-
-
-def _spearman(x, y):
-    import numpy as np
-
-    return float(np.corrcoef(_avg_ranks(x), _avg_ranks(y))[0, 1])
-
-
 def _head_spearman(pv, texts, column: str):
     """Per text ``(text, [B + 1] Spearman of mean A_tt with column, heads)``, bootstrap over heads
     (one generator seeded ``SEED`` per call, so each statistic draws the same resamples)."""
@@ -142,11 +117,9 @@ def _head_spearman(pv, texts, column: str):
     for text in texts:
         g = pv[pv.text == text]
         x, y = g.A_tt_mean.to_numpy(), g[column].to_numpy()
-        rho = [_spearman(x, y)]
-        for _ in range(B):
-            idx = rng.integers(0, len(x), len(x))
-            rho.append(_spearman(x[idx], y[idx]))
-        rows.append((text, np.array(rho), len(x)))
+        # one draw per resample, in the order the committed pages were built with
+        idx = np.stack([np.arange(len(x))] + [rng.integers(0, len(x), len(x)) for _ in range(B)])
+        rows.append((text, spearman(x[idx], y[idx]), len(x)))
     return rows
 
 
@@ -233,7 +206,7 @@ def claim_verdicts(st, prof, texts):
         mn = np.min(list(diffs.values()), axis=0)
         p_pos = {sp: float(np.mean(d[1:] <= 0)) for sp, d in diffs.items()}
         p_neg = {sp: float(np.mean(d[1:] >= 0)) for sp, d in diffs.items()}
-        pos, neg = _holm(p_pos), _holm(p_neg)
+        pos, neg = holm(p_pos), holm(p_neg)
         verdicts.append(
             (
                 cid,

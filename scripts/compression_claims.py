@@ -113,13 +113,15 @@ KEEP = ("n", "t_err_par", "t_err_perp", "t_cos", "t_rel_mse", "u_sq", "e_sq", "e
 LAYER_KEEP = ("n", "t_err_par", "t_err_perp", "t_cos", "t_rel_mse")
 
 
+from tl_directional.core.paired import holm  # noqa: E402
+from tl_directional.core.rank import spearman  # noqa: E402
+
 DataError = C.DataError
 sha256_bytes = _common.sha256_bytes
 git_state = _common.git_state
 _csv = C._csv
 _ci = C._ci
 _fmt = C._fmt
-_holm = C._holm
 
 # The study's parts, one module per job (re-exported): measuring (compression_claims_run) and
 # statistics (compression_claims_stats); this module reads the data and renders the pages.
@@ -134,8 +136,6 @@ from compression_claims_stats import (  # noqa: E402, F401
     Study,
     _diag_parts,
     _label_form,
-    _rank_rows,
-    _spearman_rows,
     _verdict,
 )
 
@@ -261,7 +261,7 @@ def build_page(stem: str) -> str:
         diffs = {c: r["perp"] - r[c] for c in COMPARATORS}
         T = np.min(np.stack([diffs[c] for c in COMPARATORS]), 0)
         pv = {c: float(np.mean(diffs[c][1:] <= 0)) for c in COMPARATORS}
-        beats = _holm(pv)
+        beats = holm(pv)
         beat = f"{len(beats)} of 3" + (f" ({', '.join(c for c in COMPARATORS if c in beats)})" if beats else "")
         name = _label_form(*f) + (" (**pre-registered**)" if f == ("attn", "mean") else " (secondary)")
         L.append(f"| {name} | {_fmt(T)} | " + " | ".join(_fmt(diffs[c]) for c in COMPARATORS)
@@ -297,7 +297,7 @@ def build_page(stem: str) -> str:
         y = st.loss_increase(w)
         vals = {}
         for d, (num, den, tr) in _diag_parts("attn", "mean").items():
-            vals[d] = float(_spearman_rows(st.pooled(num, den, tr, w), y)[0])
+            vals[d] = float(spearman(st.pooled(num, den, tr, w), y, if_constant=0.0)[0])
         T = min(vals["perp"] - vals[c] for c in COMPARATORS)
         L.append(f"| `{t}` | " + " | ".join(f"{vals[d]:+.2f}" for d in DIAG) + f" | {T:+.3f} |")
     fam = {"quantisation (rtn, awq)": ("rtn", "awq"), "pruning (magnitude, wanda)": ("magnitude", "wanda")}
@@ -311,7 +311,7 @@ def build_page(stem: str) -> str:
         cells = []
         for d, (num, den, tr) in _diag_parts("attn", "mean").items():
             if d in DIAG:
-                cells.append(f"{float(_spearman_rows(st.pooled(num, den, tr)[:1, sel], y_all[:, sel])[0]):+.2f}")
+                cells.append(f"{float(spearman(st.pooled(num, den, tr)[:1, sel], y_all[:, sel], if_constant=0.0)[0]):+.2f}")
         L.append(f"| {name} ({len(sel)}) | " + " | ".join(cells) + " |")
 
     # ---- per layer ---------------------------------------------------------------------------
@@ -326,7 +326,7 @@ def build_page(stem: str) -> str:
         n = g["n"].to_numpy()
         vals = {"perp": g.t_err_perp.to_numpy() / n, "par": g.t_err_par.to_numpy() / n,
                 "1-cos": 1 - g.t_cos.to_numpy() / n, "MSE": g.t_rel_mse.to_numpy() / n}
-        rr = {d: float(_spearman_rows(v[None, :], y0)[0]) for d, v in vals.items()}
+        rr = {d: float(spearman(v[None, :], y0, if_constant=0.0)[0]) for d, v in vals.items()}
         ratio = float(np.mean(vals["perp"]) / np.mean(vals["par"]))
         L.append(f"| {int(layer)} | " + " | ".join(f"{rr[d]:+.2f}" for d in DIAG) + f" | {ratio:.2f} |")
 

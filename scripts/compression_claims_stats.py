@@ -7,6 +7,7 @@ Imported by :mod:`compression_claims` (which re-exports these names).
 from __future__ import annotations
 
 from claims import DataError
+from tl_directional.core.rank import spearman
 from claims_stats import _ci
 
 MIN_SETTINGS = 20  # protocol sec. 6: fewer finished settings -> not decided
@@ -31,25 +32,6 @@ def _diag_parts(unit: str, form: str):
                 "raw MSE": (u + "e_sq", u + "n", None)}
     return {"perp": (u + "e_perp_sq", u + "u_sq", "sqrt"), "par": (u + "e_par_sq", u + "u_sq", "sqrt"),
             "1-cos": (u + "t_cos", u + "n", "one_minus"), "MSE": (u + "e_sq", u + "u_sq", None)}
-
-
-def _rank_rows(x):
-    """Average ranks along axis 1 (ties share their mean rank)."""
-    import pandas as pd
-
-    return pd.DataFrame(x).rank(axis=1, method="average").to_numpy()
-
-
-def _spearman_rows(x, y):
-    import numpy as np
-
-    rx, ry = _rank_rows(x), _rank_rows(y)
-    rx = rx - rx.mean(1, keepdims=True)
-    ry = ry - ry.mean(1, keepdims=True)
-    den = np.sqrt((rx * rx).sum(1) * (ry * ry).sum(1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        r = (rx * ry).sum(1) / den
-    return np.where(den > 0, r, 0.0)
 
 
 class Study:
@@ -119,7 +101,7 @@ class Study:
         out = {}
         for d, (num, den, tr) in _diag_parts(unit, form).items():
             x = np.take_along_axis(self.pooled(num, den, tr, w), idx, 1)
-            out[d] = _spearman_rows(x, y)
+            out[d] = spearman(x, y, if_constant=0.0)
         return out
 
     def text_weights(self, t):

@@ -99,7 +99,7 @@ from compression_study_page import (  # noqa: E402, F401
     write_outputs,
     write_page,
 )
-from compression_study_stats import DIAGNOSTICS, UNITS, diagnostics, rankdata, spearman  # noqa: E402, F401
+from compression_study_stats import DIAGNOSTICS, UNITS, diagnostics, spearman  # noqa: E402, F401
 
 
 @torch.no_grad()

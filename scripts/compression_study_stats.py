@@ -1,6 +1,6 @@
 """The discriminativeness study's statistics (``scripts/compression_study.py``): the
-label-free diagnostics from pooled local-error sums, and average ranks and Spearman's rho
-vectorised over bootstrap draws.
+label-free diagnostics from pooled local-error sums, and Spearman's rho vectorised over
+bootstrap draws (the library's, :mod:`tl_directional.core.rank`, on tensors).
 
 Imported by :mod:`compression_study` (the entry point, which re-exports these names).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from tl_directional.compression.geometry import STAT_INDEX
+from tl_directional.core import rank
 
 UNITS = ("attn", "mlp", "block")
 # name -> (function of pooled sums [..., K], description); bigger = more damage for all of them
@@ -42,34 +43,8 @@ def diagnostics(sums: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def rankdata(x: torch.Tensor) -> torch.Tensor:
-    """Average ranks along the last axis (ties share their mean rank)."""
-    order = torch.argsort(x, dim=-1, stable=True)
-    ranks = torch.empty_like(x, dtype=torch.float64)
-    ar = torch.arange(x.shape[-1], dtype=torch.float64).expand_as(ranks)
-    ranks.scatter_(-1, order, ar)
-    # average ties
-    xs = x.gather(-1, order)
-    out = ranks.clone()
-    flat_x, flat_o, flat_out = xs.reshape(-1, x.shape[-1]), order.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
-    tied = (flat_x[:, 1:] == flat_x[:, :-1]).any(-1)  # only rows with ties need the loop
-    for r in torch.nonzero(tied).flatten().tolist():
-        row = flat_x[r]
-        i = 0
-        while i < row.numel():
-            j = i
-            while j + 1 < row.numel() and row[j + 1] == row[i]:
-                j += 1
-            if j > i:
-                flat_out[r, flat_o[r, i:j + 1]] = (i + j) / 2.0
-            i = j + 1
-    return flat_out.reshape(x.shape)
-
-
 def spearman(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Spearman rho along the last axis (Pearson correlation of average ranks)."""
-    rx, ry = rankdata(x), rankdata(y)
-    rx = rx - rx.mean(-1, keepdim=True)
-    ry = ry - ry.mean(-1, keepdim=True)
-    den = (rx.pow(2).sum(-1) * ry.pow(2).sum(-1)).sqrt()
-    return torch.where(den > 0, (rx * ry).sum(-1) / den.clamp_min(1e-300), torch.zeros_like(den))
+    """Spearman rho along the last axis, as a float64 tensor: :func:`tl_directional.core.rank.spearman`
+    (average ranks for ties), a constant side reading 0 (no rank agreement)."""
+    rho = rank.spearman(x.detach().cpu().numpy(), y.detach().cpu().numpy(), if_constant=0.0)
+    return torch.as_tensor(rho, dtype=torch.float64)

@@ -30,6 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = _common.ROOT
 
 import claims as C  # noqa: E402  (the claims study's data layout, hashing and bootstrap)
+from tl_directional.core.paired import holm  # noqa: E402
 
 COMPONENTS = ("attn", "mlp")
 
@@ -222,7 +223,7 @@ def build_page(stem: str, data: Path | None = None) -> str:
         v, lo, hi = C._ci(mean_x)
         verdict = "**held**" if lo > level else ("**failed**" if hi < level else "not decided")
         pvals = {str(k): float(np.mean(d["x"][1:] <= 0)) for k, d in per.items()}
-        passed = C._holm(pvals)
+        passed = holm(pvals)
         L.append(
             f"| {cid} | {comp} updates are aligned with their own token's stream beyond anisotropy: mean over "
             f"layers of the excess above the random-direction level {level:.3f} | {v:+.3f} [{lo:+.3f}, {hi:+.3f}]; "

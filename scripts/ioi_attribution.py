@@ -43,6 +43,8 @@ try:
 except ImportError:  # loaded by file path (the tests): through the package
     from scripts import _common
 
+from tl_directional.core.rank import spearman  # noqa: E402, F401  (re-exported: the tests read it here)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = _common.ROOT
 DATA = ROOT / "docs" / "results" / "data"
@@ -163,17 +165,6 @@ def head_patches(model, sites, clean_tokens, corrupted_tokens, metric, eps: floa
                 out[part][:, L, h] = metric(logits[h * b : (h + 1) * b]).double().numpy() - base
             del logits
     return out
-
-
-def spearman(x, y) -> float:
-    """Spearman's rank correlation (average ranks for ties); NaN when either side is constant."""
-    import numpy as np
-    import pandas as pd
-
-    rx, ry = pd.Series(x).rank().to_numpy(), pd.Series(y).rank().to_numpy()
-    if np.std(rx) == 0 or np.std(ry) == 0:
-        return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def measure_group(model, sites, group: list[dict]):
