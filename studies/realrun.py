@@ -27,6 +27,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing from a model hub, ever
 from studies import common
+
 ROOT, git_commit, sha256_file = common.ROOT, common.git_commit, common.sha256_file
 
 import tl_directional.evaluate.metrics as M  # noqa: E402  (the sweep's metric registries)

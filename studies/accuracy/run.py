@@ -1,4 +1,4 @@
-"""The accuracy study's measuring step (``python scripts/claims.py run --settings accuracy``,
+"""The accuracy study's measuring step (``python -m studies run claims --settings accuracy``,
 protocol sec. 9.4): an offline multiple-choice suite cut from the three held-out texts, scored
 under each edit, written per item as ``docs/results/data/accuracy_<model>.*``.
 
@@ -9,13 +9,23 @@ their own short forwards (four per item); both unembed only the positions they r
 
 from __future__ import annotations
 
-import io
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
 
 from studies import common
+from studies.claims.data import csv_bytes
+from studies.claims.run import (
+    SOURCES,
+    TEXTS,
+    amend_settings,
+    layer_sets,
+    run_header,
+    settings_manifest,
+)
+from studies.runner import WindowStudy, run_windows, window_batches
 
 #: the suite's fixed parameters (protocol sec. 9.4); part of every manifest
 SUITE = {
@@ -46,8 +56,6 @@ def accuracy_settings(model, sites):
     """Sec. 9.4's grid as ``[(label, family, space, s_par, s_perp, context factory)]``: the amend
     grid's edits (the paper's joint form beside per head, its layer conventions), with full
     aggregate, residual and hard diagonal removal on the benchmarks' convention (all but layer 0)."""
-    from studies.claims.run import amend_settings, layer_sets
-
     import tl_directional as tld
 
     amend = {s[0]: s for s in amend_settings(model, sites)}
@@ -63,16 +71,8 @@ def accuracy_settings(model, sites):
     return [(*amend[lab][:1], "accuracy", *amend[lab][2:]) for lab in ACCURACY_SETTINGS]
 
 
-def _csv(df) -> bytes:
-    buf = io.StringIO()
-    df.to_csv(buf, index=False, float_format="%.10g", lineterminator="\n")
-    return buf.getvalue().encode()
-
-
 def _header(args, sites, commit, dirty):
-    if args.model in _common_sources():
-        from studies.claims.run import run_header
-
+    if args.model in SOURCES:
         return run_header("accuracy", args, sites, commit, dirty)
     return {
         "study": "accuracy",
@@ -81,12 +81,6 @@ def _header(args, sites, commit, dirty):
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "model": {"name": args.model, "source_sha256": None, "n_layers": sites.n_layers},
     }
-
-
-def _common_sources():
-    from studies.claims.run import SOURCES
-
-    return SOURCES
 
 
 def build_suite(model, text_name: str, path: Path, windows, suite: dict):
@@ -116,157 +110,132 @@ def build_suite(model, text_name: str, path: Path, windows, suite: dict):
     return cloze, cont
 
 
-def run_accuracy(args) -> int:
-    import pandas as pd
-    import torch
-    from studies.realrun import protocol_windows, run_stem
-    from studies.claims.run import TEXTS
+class AccuracyRun(WindowStudy):
+    """Protocol sec. 9.4 on one model: per text, the suite's cloze and continuation items scored
+    under the baseline and each setting; data ``accuracy_<model>.{records.csv,items.json}``."""
 
-    from tl_directional.evaluate.accuracy import (
-        cloze_choice_logits,
-        cloze_choices,
-        continuation_choice_scores,
-        continuation_requests,
-        loglikelihoods,
-    )
-    from tl_directional.model.load import load_model
-    from tl_directional.model.sites import resolve_sites
+    prefix = "accuracy"
+    texts = TEXTS
+    unit = "items"
+    record_commits = False
 
-    commit, dirty = common.git_state()
-    if (refused := common.refuse_dirty(dirty, args.allow_dirty)) is not None:
-        return refused
-    data = Path(args.data_dir) if args.data_dir else common.ROOT / "docs" / "results" / "data"
-    torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
-    t0 = time.time()
-    model = load_model(args.model)
-    sites = resolve_sites(model, warn=False)
-    stem = run_stem("accuracy", args)
-    manifest = _header(args, sites, commit, dirty) | {
-        "windows": args.windows,
-        "seq_len": args.seq_len,
-        "suite": SUITE,
-        "texts": {},
-        "complete": False,
-        "files": {},
-    }
-    sets = accuracy_settings(model, sites)
-    labels = ["baseline"] + [s[0] for s in sets]
-    rows, items = [], []
-    mpath = data / f"{stem}.manifest.json"
-    if args.resume and mpath.is_file():
-        old = json.loads(mpath.read_text())
+    def __init__(self, args):
+        super().__init__(args)
+        self.rows: list[dict] = []
+        self.items: list[dict] = []
+
+    def header(self) -> dict:
+        r = self.run
+        return _header(self.args, r.sites, r.commit, r.dirty) | {
+            "windows": self.args.windows, "seq_len": self.args.seq_len, "suite": SUITE, "texts": {},
+            "complete": False, "files": {}}
+
+    def prepare(self) -> int | None:
+        self.sets = accuracy_settings(self.run.model, self.run.sites)
+        self.labels = ["baseline"] + [s[0] for s in self.sets]
+        self.manifest["settings"] = settings_manifest(self.sets)
+        return None
+
+    def resume(self, stem: str) -> str | None:
+        import pandas as pd
+
+        old = json.loads((self.data / f"{stem}.manifest.json").read_text())
         for key in ("windows", "seq_len", "suite"):
-            if old[key] != manifest[key]:
-                print(
-                    f"error: --resume: {stem} was run with {key}={old[key]}, this run has {manifest[key]}; "
-                    "use the same options or another --tag",
-                    file=sys.stderr,
-                )
-                return 2
-        if [s["label"] for s in old["settings"]] != labels[1:]:
-            print(
-                f"error: --resume: {stem} holds other settings; use another --tag", file=sys.stderr
-            )
-            return 2
-        manifest["texts"] = old["texts"]
-        rows = pd.read_csv(data / f"{stem}.records.csv").to_dict("records")
-        items = json.loads((data / f"{stem}.items.json").read_text())
-        print(f"resuming {stem}: keeping {', '.join(old['texts'])}", flush=True)
-    from studies.claims.run import settings_manifest
+            if old[key] != self.manifest[key]:
+                return f"was run with {key}={old[key]}, this run has {self.manifest[key]}; use the same options or another --tag"
+        if [s["label"] for s in old["settings"]] != self.labels[1:]:
+            return "holds other settings; use another --tag"
+        self.manifest["texts"] = old["texts"]
+        self.rows = pd.read_csv(self.data / f"{stem}.records.csv").to_dict("records")
+        self.items = json.loads((self.data / f"{stem}.items.json").read_text())
+        return None
 
-    manifest["settings"] = settings_manifest(sets)
-    for text in args.texts:
-        if text in manifest["texts"]:
-            continue
-        desc, rel = TEXTS[text]
-        path = common.ROOT / rel
-        if (batch := protocol_windows(model, text, rel, args)) is None:
+    def _edits(self):
+        return [("baseline", None)] + [(s[0], s[-1]) for s in self.sets]
+
+    def _scorer_check(self, text, i, part, its, ch) -> int | None:
+        # the scored-positions path against the full forward, once per run
+        import torch
+
+        from tl_directional.evaluate.accuracy import cloze_choice_logits
+
+        full = cloze_choice_logits(self.run.model(part), its, window_offset=i)
+        err = float((full - ch).abs().max())
+        self.manifest["scorer_check"] = {"text": text, "windows": [i, i + part.shape[0] - 1],
+                                         "max_abs_logit_difference": err,
+                                         "same_choices": bool(torch.equal(full.argmax(-1), ch.argmax(-1)))}
+        if err > 1e-3 * (float(full.abs().max()) + 1.0):
+            print(f"error: scored-positions logits differ from the full forward by {err:.3g}", file=sys.stderr)
             return 2
-        cloze, cont = build_suite(model, text, path, batch.tokens, SUITE)
-        t1 = time.time()
-        print(
-            f"{text}: {len(batch)} windows, {len(cloze)} cloze + {len(cont)} continuation items, "
-            f"{len(labels)} settings",
-            flush=True,
-        )
-        correct = {lab: [] for lab in labels}
-        spent = dict.fromkeys(labels, 0.0)  # seconds per setting, for planning runs
-        for i in range(0, len(batch), args.batch_size):
-            part = batch.tokens[i : i + args.batch_size]
+        return None
+
+    def _score_cloze(self, text, batch, cloze, correct, spent, t1) -> int | None:
+        import torch
+
+        from tl_directional.evaluate.accuracy import cloze_choices
+
+        model = self.run.model
+        for i, window_part in window_batches(batch, self.args.batch_size, t1, what="cloze windows"):
+            part = window_part.tokens
             its = [it for it in cloze if i <= it.window < i + part.shape[0]]
-            for lab, make in [("baseline", None)] + [(s[0], s[-1]) for s in sets]:
+            for lab, make in self._edits():
                 ts = time.time()
-                if make is None:
+                with make() if make is not None else contextlib.nullcontext():
                     ch = cloze_choices(model, part, its, window_offset=i)
-                else:
-                    with make():
-                        ch = cloze_choices(model, part, its, window_offset=i)
-                correct[lab] += (
-                    (ch.argmax(-1) == torch.tensor([it.answer for it in its])).long().tolist()
-                )
+                correct[lab] += (ch.argmax(-1) == torch.tensor([it.answer for it in its])).long().tolist()
                 spent[lab] += time.time() - ts
-                if make is None and "scorer_check" not in manifest:
-                    # the scored-positions path against the full forward, once per run
-                    full = cloze_choice_logits(model(part), its, window_offset=i)
-                    err = float((full - ch).abs().max())
-                    manifest["scorer_check"] = {
-                        "text": text,
-                        "windows": [i, i + part.shape[0] - 1],
-                        "max_abs_logit_difference": err,
-                        "same_choices": bool(torch.equal(full.argmax(-1), ch.argmax(-1))),
-                    }
-                    if err > 1e-3 * (float(full.abs().max()) + 1.0):
-                        print(f"error: scored-positions logits differ from the full forward by {err:.3g}",
-                              file=sys.stderr)
-                        return 2
-            print(
-                f"  cloze windows {i}-{i + part.shape[0] - 1} done ({time.time() - t1:.0f} s)",
-                flush=True,
-            )
+                if make is None and "scorer_check" not in self.manifest:
+                    if (rc := self._scorer_check(text, i, part, its, ch)) is not None:
+                        return rc
+        return None
+
+    def _score_continuation(self, cont, correct, spent) -> None:
+        import torch
+
+        from tl_directional.evaluate.accuracy import (
+            continuation_choice_scores,
+            continuation_requests,
+            loglikelihoods,
+        )
+
         reqs = continuation_requests(cont)
-        for lab, make in [("baseline", None)] + [(s[0], s[-1]) for s in sets]:
+        for lab, make in self._edits():
             ts = time.time()
-            if make is None:
-                lls = loglikelihoods(model, reqs, batch_size=args.batch_size)
-            else:
-                with make():
-                    lls = loglikelihoods(model, reqs, batch_size=args.batch_size)
+            with make() if make is not None else contextlib.nullcontext():
+                lls = loglikelihoods(self.run.model, reqs, batch_size=self.args.batch_size)
             sc = continuation_choice_scores(lls, cont)
-            correct[lab] += (
-                (sc.argmax(-1) == torch.tensor([it.answer for it in cont])).long().tolist()
-            )
+            correct[lab] += (sc.argmax(-1) == torch.tensor([it.answer for it in cont])).long().tolist()
             spent[lab] += time.time() - ts
+
+    def measure_text(self, text: str, batch) -> dict | int:
+        cloze, cont = build_suite(self.run.model, text, common.ROOT / TEXTS[text][1], batch.tokens, SUITE)
+        t1 = time.time()
+        print(f"{text}: {len(batch)} windows, {len(cloze)} cloze + {len(cont)} continuation items, "
+              f"{len(self.labels)} settings", flush=True)
+        correct = {lab: [] for lab in self.labels}
+        spent = dict.fromkeys(self.labels, 0.0)  # seconds per setting, for planning runs
+        if (rc := self._score_cloze(text, batch, cloze, correct, spent, t1)) is not None:
+            return rc
+        self._score_continuation(cont, correct, spent)
         print(f"  continuation items done ({time.time() - t1:.0f} s)", flush=True)
         for k, it in enumerate([*cloze, *cont]):
-            rows.append(
-                {
-                    "text": text,
-                    "item": k,
-                    "kind": it.to_json()["kind"],
-                    "window": it.window,
-                    **{lab: correct[lab][k] for lab in labels},
-                }
-            )
-            items.append(it.to_json())
-        manifest["texts"][text] = {
-            "description": desc,
-            "file": rel,
-            "sha256": common.sha256_bytes(path.read_bytes()),
-            "windows": len(batch),
-            "cloze_items": len(cloze),
-            "continuation_items": len(cont),
-            "seconds": round(time.time() - t1, 1),
-            "setting_seconds": {lab: round(v, 1) for lab, v in spent.items()},
-            "commit": manifest["commit"],
-            "command": manifest["command"],
-        }
-        manifest["seconds"] = round(time.time() - t0, 1)
-        manifest["complete"] = set(args.texts) <= set(manifest["texts"])
-        files = {
-            f"{stem}.records.csv": _csv(pd.DataFrame(rows)),
-            f"{stem}.items.json": (json.dumps(items, separators=(",", ":")) + "\n").encode(),
-        }
-        common.write_data(data, files, manifest, f"{stem}.manifest.json")
-        print(f"wrote {data / stem}.* ({len(rows)} items)", flush=True)
-    return 0
+            self.rows.append({"text": text, "item": k, "kind": it.to_json()["kind"], "window": it.window,
+                              **{lab: correct[lab][k] for lab in self.labels}})
+            self.items.append(it.to_json())
+        return {"cloze_items": len(cloze), "continuation_items": len(cont), "seconds": round(time.time() - t1, 1),
+                "setting_seconds": {lab: round(v, 1) for lab, v in spent.items()}}
+
+    def files(self) -> dict[str, bytes]:
+        import pandas as pd
+
+        stem = self.stem()
+        return {f"{stem}.records.csv": csv_bytes(pd.DataFrame(self.rows)),
+                f"{stem}.items.json": (json.dumps(self.items, separators=(",", ":")) + "\n").encode()}
+
+    def count(self) -> int:
+        return len(self.rows)
+
+
+def run_accuracy(args) -> int:
+    """Measure protocol sec. 9.4's suite (``--settings accuracy`` of the claims command line)."""
+    return run_windows(AccuracyRun(args))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-
 from studies.claims import data as D
 from studies.claims import stats as S
 from tl_directional.core.paired import holm  # noqa: E402

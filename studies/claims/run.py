@@ -1,9 +1,8 @@
-"""The claims study's measuring step (``python scripts/claims.py run``): the settings (every
+"""The claims study's measuring step (``python -m studies run claims``): the settings (every
 all-layer edit of protocol sec. 3), one run's manifest header, and the per-window records and
-profiles written to ``docs/results/data/claims_<model>.*``.
-
-Imported by :mod:`claims` (the entry point, which re-exports these names); the data layout
-(``DATA``), its writer and the reader used by ``--resume`` stay there.
+profiles written to ``docs/results/data/claims_<model>.*`` through the shared pipeline
+(:func:`studies.runner.run_windows`). The data layout, its writer and reader are
+:mod:`studies.claims.data`'s.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ import sys
 import time
 
 from studies import common
-
-from studies.claims.data import DATA, load_data, write_data
+from studies.claims.data import DATA, csv_bytes, load_data
 from studies.claims.stats import EXCL_GRID
+from studies.runner import WindowStudy, record_windows, run_windows
 
 TEXTS = {
     "kjv": ("bundled held-out KJV slice (test-split books)", "tl_directional/data/kjv_heldout.txt"),
@@ -368,131 +367,90 @@ def run_header(study: str, args, sites, commit: str, dirty: bool) -> dict:
     }
 
 
-def run(args) -> int:
-    import pandas as pd
-    import torch
-    from studies.realrun import protocol_windows, run_stem, window_records
+PROFILE_VALUE = ["layer", "head", "count", "A_tt_mean", "beta_mean", "gamma_mean", "par_frac_full_mean",
+                 "par_frac_exclusive_mean", "energy_ratio_full", "energy_ratio_exclusive"]
+PROFILE_RESIDUAL = ["layer", "component", "count", "energy_ratio", "par_frac_mean", "par_frac_median"]
 
-    import tl_directional as tld
-    from tl_directional.model.load import load_model
-    from tl_directional.model.load.catalog import REAL_MODELS
-    from tl_directional.model.sites import resolve_sites
 
-    commit, dirty = common.git_state()
-    if (refused := common.refuse_dirty(dirty, args.allow_dirty)) is not None:
-        return refused
-    torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
-    t0 = time.time()
-    model = load_model(args.model)
-    sites = resolve_sites(model, warn=False)
-    entry = REAL_MODELS[args.model]
-    prefix = args.settings if args.settings in AMENDED_SETS else "claims"
-    stem = run_stem(prefix, args)
-    manifest = run_header("claims", args, sites, commit, dirty)
-    manifest |= {
-        "windows": args.windows,
-        "seq_len": args.seq_len,
-        "texts": {},
-        "complete": False,
-        "files": {},
-    }
-    records, profiles = [], []
-    if args.resume and (DATA / f"{stem}.manifest.json").is_file():
-        # Keep the texts an earlier run of the same stem finished; each text names its own commit and
-        # command, so a page stitched from several runs says which run made which text.
+class ClaimsRun(WindowStudy):
+    """Protocol secs. 3-4 and 9 on one real model: per text, the value-space and residual profile
+    (BOS excluded), then the per-window records of every setting; data
+    ``<claims|amend|atlas>_<model>.{records,profile}.csv``."""
+
+    texts = TEXTS
+
+    def __init__(self, args):
+        super().__init__(args)
+        self.data = DATA
+        self.prefix = args.settings if args.settings in AMENDED_SETS else "claims"
+        self.records: list[dict] = []
+        self.profiles: list = []
+
+    def header(self) -> dict:
+        r = self.run
+        return run_header("claims", self.args, r.sites, r.commit, r.dirty) | {
+            "windows": self.args.windows, "seq_len": self.args.seq_len, "texts": {}, "complete": False, "files": {}}
+
+    def resume(self, stem: str) -> str | None:
+        # each kept text names its own commit and command, so a page stitched from several runs
+        # says which run made which text
+        from tl_directional.model.load.catalog import REAL_MODELS
+
         old, old_rec, old_prof = load_data(stem)
         for key in ("windows", "seq_len"):
-            if old[key] != manifest[key]:
-                print(
-                    f"error: --resume: {stem} was run with {key}={old[key]}, this run has {manifest[key]}; "
-                    "use the same options or another --tag",
-                    file=sys.stderr,
-                )
-                return 2
-        if old["model"]["source_sha256"] != entry.source_sha256:
-            print(f"error: --resume: {stem} holds another model's data", file=sys.stderr)
-            return 2
+            if old[key] != self.manifest[key]:
+                return (f"was run with {key}={old[key]}, this run has {self.manifest[key]}; "
+                        "use the same options or another --tag")
+        if old["model"]["source_sha256"] != REAL_MODELS[self.args.model].source_sha256:
+            return "holds another model's data"
         for t, info in old["texts"].items():
             info.setdefault("commit", old["commit"])
             info.setdefault("command", old["command"])
-            manifest["texts"][t] = info
-        manifest["settings"] = old["settings"]
-        records = old_rec.to_dict("records")
-        profiles = [old_prof]
-        print(f"resuming {stem}: keeping {', '.join(old['texts'])}", flush=True)
-    for text in args.texts:
-        if text in manifest["texts"]:
-            continue
-        desc, rel = TEXTS[text]
-        path = common.ROOT / rel
-        if (batch := protocol_windows(model, text, rel, args)) is None:
-            return 2
-        prof = tld.profile(
-            model,
-            batch.tokens,
-            attention_mask=batch.attention_mask,
-            batch_size=args.batch_size,
-            exclude_first_token=True,
-            components=["attn", "mlp", "value"],
-            progress=False,
-        )
-        pv = prof.value[
-            [
-                "layer",
-                "head",
-                "count",
-                "A_tt_mean",
-                "beta_mean",
-                "gamma_mean",
-                "par_frac_full_mean",
-                "par_frac_exclusive_mean",
-                "energy_ratio_full",
-                "energy_ratio_exclusive",
-            ]
-        ].copy()
-        pr = prof.residual[
-            ["layer", "component", "count", "energy_ratio", "par_frac_mean", "par_frac_median"]
-        ].copy()
+            self.manifest["texts"][t] = info
+        self.manifest["settings"] = old["settings"]
+        self.records, self.profiles = old_rec.to_dict("records"), [old_prof]
+        return None
+
+    def _profile(self, text: str, batch):
+        import tl_directional as tld
+
+        prof = tld.profile(self.run.model, batch.tokens, attention_mask=batch.attention_mask,
+                           batch_size=self.args.batch_size, exclude_first_token=True,
+                           components=["attn", "mlp", "value"], progress=False)
+        pv, pr = prof.value[PROFILE_VALUE].copy(), prof.residual[PROFILE_RESIDUAL].copy()
         for df, kind in ((pv, "value"), (pr, "residual")):
             df.insert(0, "table", kind)
             df.insert(0, "text", text)
-            profiles.append(df)
-        if args.settings in AMENDED_SETS:
-            sets = AMENDED_SETS[args.settings](model, sites)
-        else:
-            sets = settings(model, sites, pv, pr)
+            self.profiles.append(df)
+        return pv, pr
+
+    def measure_text(self, text: str, batch) -> dict | int:
+        args, model, sites = self.args, self.run.model, self.run.sites
+        pv, pr = self._profile(text, batch)
+        sets = AMENDED_SETS[args.settings](model, sites) if args.settings in AMENDED_SETS else settings(model, sites, pv, pr)
         if args.settings == "headline":
             sets = [x for x in sets if x[0] in HEADLINE]
-        if manifest.get("settings") and [s["label"] for s in manifest["settings"]] != [s[0] for s in sets]:
-            print(
-                f"error: --resume: {stem} holds other settings; use the same --settings or another --tag",
-                file=sys.stderr,
-            )
+        if self.manifest.get("settings") and [s["label"] for s in self.manifest["settings"]] != [s[0] for s in sets]:
+            print(f"error: --resume: {self.stem()} holds other settings; use the same --settings or another --tag",
+                  file=sys.stderr)
             return 2
         t1 = time.time()
         print(f"{text}: {len(batch)} windows x {args.seq_len}, {len(sets)} settings", flush=True)
-        for i in range(0, len(batch), args.batch_size):
-            part = batch.slice(i, i + args.batch_size)
-            records += window_records(model, part, sets, text, i)
-            print(
-                f"  windows {i}-{i + part.tokens.shape[0] - 1} done ({time.time() - t1:.0f} s)",
-                flush=True,
-            )
-        manifest["texts"][text] = {
-            "description": desc,
-            "file": rel,
-            "sha256": common.sha256_bytes(path.read_bytes()),
-            "windows": len(batch),
-            "seconds": round(time.time() - t1, 1),
-            "commit": manifest["commit"],
-            "command": manifest["command"],
-        }
-        manifest["settings"] = settings_manifest(sets)
-        manifest["seconds"] = round(time.time() - t0, 1)
-        manifest["complete"] = set(args.texts) <= set(manifest["texts"])
-        commits = list(dict.fromkeys(v.get("commit", manifest["commit"]) for v in manifest["texts"].values()))
-        if len(commits) > 1:
-            manifest["commits"] = commits
-        write_data(stem, pd.DataFrame(records), pd.concat(profiles, ignore_index=True), manifest)
-    return 0
+        self.records += record_windows(model, batch, sets, text, args.batch_size, t1)
+        self.manifest["settings"] = settings_manifest(sets)
+        return {"seconds": round(time.time() - t1, 1)}
+
+    def files(self) -> dict[str, bytes]:
+        import pandas as pd
+
+        stem = self.stem()
+        return {f"{stem}.records.csv": csv_bytes(pd.DataFrame(self.records)),
+                f"{stem}.profile.csv": csv_bytes(pd.concat(self.profiles, ignore_index=True))}
+
+    def count(self) -> int:
+        return len(self.records)
+
+
+def run(args) -> int:
+    """Measure the claims settings of ``args`` (the claims command line) on its model."""
+    return run_windows(ClaimsRun(args))

@@ -4,12 +4,21 @@ protocol sec. 9.5."""
 
 from __future__ import annotations
 
-from tl_directional.core.paired import holm
-from tl_directional.core.rank import spearman
-
 from studies.claims import stats as S
 from studies.compression.layout import DATA, LAYER_KEEP, PAGES, ROOT, DataError, load_data
-from studies.compression.stats import COMPARATORS, DIAG, FORMS, SEED, B, Study, diag_parts, label_form, verdict
+from studies.compression.stats import (
+    COMPARATORS,
+    DIAG,
+    FORMS,
+    SEED,
+    B,
+    Study,
+    diag_parts,
+    label_form,
+    verdict,
+)
+from tl_directional.core.paired import holm
+from tl_directional.core.rank import spearman
 
 _ci = S.interval
 _fmt = S.fmt_interval

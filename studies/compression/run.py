@@ -28,7 +28,7 @@ from studies.compression.layout import (
     write_data,
 )
 from studies.compression.stats import SEED
-
+from studies.runner import start
 
 # ---------------------------------------------------------------------------
 # run
@@ -54,7 +54,17 @@ def window_nll(model, batch, batch_size):
     return torch.cat(nll), torch.cat(cnt)
 
 
+def _check_windows(args) -> int | None:
+    if args.windows > CALIB_START:
+        print(f"error: --windows must be <= {CALIB_START} (calibration windows start there)", file=sys.stderr)
+        return 2
+    return None
+
+
 def run(args) -> int:
+    """Measure every setting of the grid (or ``args.grid``) on ``args.model``, writing the data
+    after each: the pipeline's opening (:func:`studies.runner.start`), then setting by setting
+    (compress, held-out NLL, local geometry per window)."""
     import gc
 
     import pandas as pd
@@ -64,17 +74,11 @@ def run(args) -> int:
     from tl_directional.compression.compressors import collect_input_stats, compress
     from tl_directional.compression.geometry import STAT_INDEX
     from tl_directional.model.inputs import TokenBatch, load_text_sequences
-    from tl_directional.model.load import load_model
-    from tl_directional.model.sites import resolve_sites
 
-    commit, dirty = common.git_state()
-    if (refused := common.refuse_dirty(dirty, args.allow_dirty)) is not None:
-        return refused
-    torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
-    t0 = time.time()
-    model = load_model(args.model)
-    sites = resolve_sites(model, warn=False)
+    started = start(args, lambda: _check_windows(args))
+    if isinstance(started, int):
+        return started
+    commit, dirty, model, sites, t0 = started.commit, started.dirty, started.model, started.sites, started.t0
     src, quant, deq = SOURCES[args.model]
     stem = f"compression_{args.model}" + (f"_{args.tag}" if args.tag else "")
     model_info = {"name": args.model, "source_file": src, "quantisation": quant, "dequantised": deq,
@@ -88,9 +92,6 @@ def run(args) -> int:
         model_info["safetensors_sha256"] = man.get("files", {}).get("model.safetensors", {}).get("sha256")
     else:
         model_info["architecture"] = "GPT2LMHeadModel (4 layers, trained on KJV)"
-    if args.windows > CALIB_START:
-        print(f"error: --windows must be <= {CALIB_START} (calibration windows start there)", file=sys.stderr)
-        return 2
     evals, calibs, texts_info, wtext, wwin = [], [], {}, [], []
     for text in args.texts:
         desc, rel = TEXTS[text]

@@ -7,8 +7,8 @@ Imported by :mod:`compression_claims` (which re-exports these names).
 from __future__ import annotations
 
 from studies.claims.data import DataError
-from tl_directional.core.rank import spearman
 from studies.claims.stats import interval as _ci
+from tl_directional.core.rank import spearman
 
 MIN_SETTINGS = 20  # protocol sec. 6: fewer finished settings -> not decided
 B = 2000

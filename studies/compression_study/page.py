@@ -14,7 +14,6 @@ import torch
 
 from studies import realrun as R
 from studies.compression_study.stats import DIAGNOSTICS, UNITS, spearman
-
 from tl_directional.figures.svg import svg_chart
 
 # Settings drawn in the per-layer figure (all are in per_layer.csv).

@@ -56,7 +56,6 @@ from studies.registry import study
 ROOT = common.ROOT
 
 from studies import realrun as R  # noqa: E402, F401  (first: it sets HF_HUB_OFFLINE before transformers loads)
-
 from tl_directional.compression import compression_geometry  # noqa: E402
 from tl_directional.compression.compressors import collect_input_stats, compress  # noqa: E402
 from tl_directional.compression.geometry import STAT_INDEX  # noqa: E402
@@ -286,7 +285,6 @@ def main(argv=None) -> int:
     torch.set_grad_enabled(False)
 
     from studies.realrun import text_windows
-
     from tl_directional.model.load import bundled_model_dir, load_model
     from tl_directional.model.sites import lane_of, resolve_sites
 

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from studies import common
+
 ROOT = common.ROOT
 
 from tl_directional.training import (  # noqa: E402

@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tl_directional.core.paired import holm
-
 from studies import common
 from studies.claims import data as D
 from studies.claims import stats as S
 from studies.depth.run import COMPONENTS
+from tl_directional.core.paired import holm
+
 
 def load(stem: str, data: Path | None = None):
     """``(manifest, records)`` of ``docs/results/data/<stem>.*`` (or ``data``), checked like the

@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from studies import common
-from studies import realrun as R
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from studies import common
+from studies import realrun as R
 from tl_directional.edit import edits_for_space  # noqa: E402
 from tl_directional.evaluate.sweep import Setting  # noqa: E402
 

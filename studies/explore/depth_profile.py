@@ -26,9 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd  # noqa: E402
+
 from studies import common
 from studies import realrun as R
-import pandas as pd  # noqa: E402
 
 FACTORIZATION_COLS = ("phi", "alpha_head", "self_term", "cross_term", "factorization_error")
 

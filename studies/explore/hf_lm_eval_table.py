@@ -15,7 +15,6 @@ import torch
 from transformers import AutoTokenizer
 
 from studies import common
-
 from tl_directional.edit import DiagonalRemoval, ResidualScale, ValueScale
 from tl_directional.evaluate.lm_eval_task import TASK_NAME, evaluate_edited
 from tl_directional.model.load import default_model_dir, load_hf_model

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from studies import common
+
 ROOT = common.ROOT
 
 PATHS = ("own", "hf")

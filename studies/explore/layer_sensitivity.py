@@ -21,11 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-from studies import common
-from studies import realrun as R
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from studies import common
+from studies import realrun as R
 from tl_directional.evaluate.sweep import Setting  # noqa: E402
 
 SPACES = ["value", "value-exclusive", "resid-attn", "resid-mlp", "hard-diag"]

@@ -20,11 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from studies import common
-
 import pandas as pd
 import torch
 
+from studies import common
 from tl_directional.evaluate.sweep import Setting, grid, sweep, sweep_figure
 from tl_directional.model.inputs import load_text_sequences
 from tl_directional.model.load import load_model

@@ -23,12 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-from studies import common
-from studies import realrun as R
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from studies.explore.paper_ordering import PAPER_BASE_PPL, PAPER_REMOVAL  # noqa: E402
 
+from studies import common
+from studies import realrun as R
+from studies.explore.paper_ordering import PAPER_BASE_PPL, PAPER_REMOVAL  # noqa: E402
 from tl_directional.evaluate.sweep import grid  # noqa: E402
 
 SPACES = ["value", "value-exclusive", "resid-attn", "resid-mlp", "resid-both"]

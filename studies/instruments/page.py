@@ -17,7 +17,6 @@ import json
 from pathlib import Path
 
 from studies import common
-
 from studies.claims import stats as S  # the bootstrap, intervals and verdict rules of secs. 2-3
 
 #: the revision's numbers (Shwai-He/Transformer-Geometry, _overleaf_/ARR_May_Revision_Overleaf/

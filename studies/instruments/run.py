@@ -2,9 +2,9 @@
 the residual MLP edit, component-weighted Wanda against Wanda, random per-layer value-space scales
 against fixed half retention. Measured per window, written as ``docs/results/data/instruments_<model>.*``.
 
-    python scripts/claims.py run --model smollm2-135m --settings instruments --windows 24 --batch-size 8
-    python scripts/claims.py run --model gemma-3-270m --settings instruments --windows 24 --batch-size 8
-    # resumable by text (--resume); the page: python scripts/claims.py build (make results)
+    python -m studies run claims --model smollm2-135m --settings instruments --windows 24 --batch-size 8
+    python -m studies run claims --model gemma-3-270m --settings instruments --windows 24 --batch-size 8
+    # resumable by text (--resume); the page: python -m studies build (make results)
 
 Files: ``records.csv`` (text, window, setting, tokens, nll, base_nll, kl, agree: sums over the
 window's predicted tokens, the claims study's layout), ``profile.csv`` (the MLP carrier blocks'
@@ -20,13 +20,14 @@ zeroes the masked weights of the one loaded model in place for its forward and r
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import sys
 import time
-from pathlib import Path
 
 from studies import common
+from studies.claims.data import csv_bytes
+from studies.claims.run import SOURCES, TEXTS, run_header, settings_manifest
+from studies.runner import WindowStudy, record_windows, run_windows
 
 #: protocol sec. 11: Wanda at 50% unstructured, calibration windows 64-67 of each text (sec. 6)
 SPARSITY, CALIB_START, CALIB_PER_TEXT, N_NULL, SEED = 0.5, 64, 4, 8, 0
@@ -184,15 +185,7 @@ def instrument_settings(model, sites, masks):
     return out
 
 
-def _csv(df) -> bytes:
-    buf = io.StringIO()
-    df.to_csv(buf, index=False, float_format="%.10g", lineterminator="\n")
-    return buf.getvalue().encode()
-
-
 def _header(args, sites, commit, dirty):
-    from studies.claims.run import SOURCES, run_header
-
     if args.model in SOURCES:
         return run_header("instruments", args, sites, commit, dirty)
     return {  # the bundled default model: smoke runs only (no catalogue source to name)
@@ -233,169 +226,120 @@ def _check_resume(old, manifest, labels) -> str | None:
     return None
 
 
-def run_instruments(args) -> int:
-    import pandas as pd
-    import torch
-    from studies.realrun import protocol_windows, run_stem, window_records
-    from studies.claims.run import TEXTS, settings_manifest
+class InstrumentsRun(WindowStudy):
+    """Protocol sec. 11 on one model: Wanda masks calibrated once on every text's windows 64-67,
+    then per text the MLP carrier profile and the per-window records of every instrument."""
 
-    import tl_directional as tld
-    from tl_directional.core.carrier import n_carrier_blocks
-    from tl_directional.model.inputs import TokenBatch, load_text_sequences
-    from tl_directional.model.load import load_model
-    from tl_directional.model.mlp_carrier import carrier_site
-    from tl_directional.model.sites import resolve_sites
+    prefix = "instruments"
+    texts = TEXTS
 
-    commit, dirty = common.git_state()
-    if (refused := common.refuse_dirty(dirty, args.allow_dirty)) is not None:
-        return refused
-    if args.windows > CALIB_START:
-        print(
-            f"error: --windows must be <= {CALIB_START} (calibration windows start there)",
-            file=sys.stderr,
-        )
-        return 2
-    if args.windows != PROTOCOL_WINDOWS:
-        print(
-            f"note: protocol sec. 11 fixes {PROTOCOL_WINDOWS} windows per text; this run has --windows "
-            f"{args.windows} (the manifest and the page say so)",
-            file=sys.stderr,
-        )
-    data = Path(args.data_dir) if args.data_dir else common.ROOT / "docs" / "results" / "data"
-    torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
-    t0 = time.time()
-    model = load_model(args.model)
-    sites = resolve_sites(model, warn=False)
-    stem = run_stem("instruments", args)
-    d_mlp = carrier_site(model, 0).d_mlp
-    manifest = _header(args, sites, commit, dirty) | {
-        "windows": args.windows,
-        "seq_len": args.seq_len,
-        "calibration": {
-            "first_window": CALIB_START,
-            "windows_per_text": CALIB_PER_TEXT,
-            "texts": list(TEXTS),
-            "sparsity": SPARSITY,
-            "n_null": N_NULL,
-            "seed": SEED,
-        },
-        "carrier": {
-            "d_mlp": d_mlp,
-            "d_model": sites.d_model,
-            "remainder": "pad",
-            "blocks": n_carrier_blocks(d_mlp, sites.d_model, "pad"),
-            "partial_width": d_mlp % sites.d_model,
-        },
-        "texts": {},
-        "complete": False,
-        "files": {},
-    }
-    labels = setting_labels()
-    records, profiles = [], []
-    mpath = data / f"{stem}.manifest.json"
-    old = json.loads(mpath.read_text()) if args.resume and mpath.is_file() else None
-    # calibration (every text's windows 64-67, disjoint from the evaluation windows): one pass
-    t1 = time.time()
-    calibs = []
-    for text in TEXTS:
-        b = load_text_sequences(
-            model,
-            str(common.ROOT / TEXTS[text][1]),
-            max_sequences=CALIB_START + CALIB_PER_TEXT,
-            seq_len=args.seq_len,
-        )
-        if len(b) < CALIB_START + CALIB_PER_TEXT:
-            print(
-                f"error: text {text} gives only {len(b)} windows of {args.seq_len}; calibration needs "
-                f"{CALIB_START + CALIB_PER_TEXT}",
-                file=sys.stderr,
-            )
+    def __init__(self, args):
+        super().__init__(args)
+        self.records: list[dict] = []
+        self.profiles: list = []
+        self.labels = setting_labels()
+
+    def check(self) -> int | None:
+        if self.args.windows > CALIB_START:
+            print(f"error: --windows must be <= {CALIB_START} (calibration windows start there)", file=sys.stderr)
             return 2
-        calibs.append(b.slice(CALIB_START, CALIB_START + CALIB_PER_TEXT))
-    calib = TokenBatch(
-        torch.cat([b.tokens for b in calibs]), torch.cat([b.attention_mask for b in calibs])
-    )
-    masks, wstats, ranking, calib_tokens = wanda_masks(model, calib, args.batch_size)
-    manifest["calibration"]["tokens"] = int(calib_tokens)
-    manifest["wanda"] = {WEIGHTING_LABELS[w]: s for w, s in wstats.items()}
-    manifest["calibration_seconds"] = round(time.time() - t1, 1)
-    print(f"calibration and pruning masks: {manifest['calibration_seconds']:.0f} s", flush=True)
-    sets = instrument_settings(model, sites, masks)
-    manifest["settings"] = [
-        m | ({"extra": s[5]} if s[5] else {})
-        for m, s in zip(settings_manifest(sets), sets, strict=True)
-    ]
-    if old is not None:
-        if (why := _check_resume(old, manifest, labels)) is not None:
-            print(f"error: --resume: {stem} {why}", file=sys.stderr)
-            return 2
-        manifest["texts"] = old["texts"]
-        records = pd.read_csv(data / f"{stem}.records.csv").to_dict("records")
-        profiles = [pd.read_csv(data / f"{stem}.profile.csv")]
-        print(f"resuming {stem}: keeping {', '.join(old['texts'])}", flush=True)
-    for text in args.texts:
-        if text in manifest["texts"]:
-            continue
-        desc, rel = TEXTS[text]
-        path = common.ROOT / rel
-        if (batch := protocol_windows(model, text, rel, args)) is None:
-            return 2
-        t1 = time.time()
-        prof = tld.profile(
-            model,
-            batch.tokens,
-            attention_mask=batch.attention_mask,
-            batch_size=args.batch_size,
-            exclude_first_token=True,
-            components=["mlp"],
-            carrier=True,
-            progress=False,
-        )
-        pr = prof.residual[
-            [
-                "layer",
-                "count",
-                "energy_ratio",
-                "par_frac_mean",
-                "carrier_blocks",
-                "carrier_input_par_share",
-                "carrier_input_energy_ratio",
-                "carrier_block_par_share",
-                "carrier_block_energy_ratio",
-            ]
-        ].copy()
+        if self.args.windows != PROTOCOL_WINDOWS:
+            print(f"note: protocol sec. 11 fixes {PROTOCOL_WINDOWS} windows per text; this run has --windows "
+                  f"{self.args.windows} (the manifest and the page say so)", file=sys.stderr)
+        return None
+
+    def complete_texts(self) -> list[str]:
+        return list(TEXTS)
+
+    def header(self) -> dict:
+        from tl_directional.core.carrier import n_carrier_blocks
+        from tl_directional.model.mlp_carrier import carrier_site
+
+        args, r = self.args, self.run
+        d_mlp, d_model = carrier_site(r.model, 0).d_mlp, r.sites.d_model
+        return _header(args, r.sites, r.commit, r.dirty) | {
+            "windows": args.windows,
+            "seq_len": args.seq_len,
+            "calibration": {"first_window": CALIB_START, "windows_per_text": CALIB_PER_TEXT, "texts": list(TEXTS),
+                            "sparsity": SPARSITY, "n_null": N_NULL, "seed": SEED},
+            "carrier": {"d_mlp": d_mlp, "d_model": d_model, "remainder": "pad",
+                        "blocks": n_carrier_blocks(d_mlp, d_model, "pad"), "partial_width": d_mlp % d_model},
+            "texts": {},
+            "complete": False,
+            "files": {},
+        }
+
+    def prepare(self) -> int | None:
+        # calibration (every text's windows 64-67, disjoint from the evaluation windows): one pass
+        import torch
+
+        from tl_directional.model.inputs import TokenBatch, load_text_sequences
+
+        model, seq_len, t1 = self.run.model, self.args.seq_len, time.time()
+        calibs = []
+        for text in TEXTS:
+            b = load_text_sequences(model, str(common.ROOT / TEXTS[text][1]),
+                                    max_sequences=CALIB_START + CALIB_PER_TEXT, seq_len=seq_len)
+            if len(b) < CALIB_START + CALIB_PER_TEXT:
+                print(f"error: text {text} gives only {len(b)} windows of {seq_len}; calibration needs "
+                      f"{CALIB_START + CALIB_PER_TEXT}", file=sys.stderr)
+                return 2
+            calibs.append(b.slice(CALIB_START, CALIB_START + CALIB_PER_TEXT))
+        calib = TokenBatch(torch.cat([b.tokens for b in calibs]), torch.cat([b.attention_mask for b in calibs]))
+        masks, wstats, self.ranking, calib_tokens = wanda_masks(model, calib, self.args.batch_size)
+        m = self.manifest
+        m["calibration"]["tokens"] = int(calib_tokens)
+        m["wanda"] = {WEIGHTING_LABELS[w]: s for w, s in wstats.items()}
+        m["calibration_seconds"] = round(time.time() - t1, 1)
+        print(f"calibration and pruning masks: {m['calibration_seconds']:.0f} s", flush=True)
+        self.sets = instrument_settings(model, self.run.sites, masks)
+        m["settings"] = [x | ({"extra": s[5]} if s[5] else {})
+                         for x, s in zip(settings_manifest(self.sets), self.sets, strict=True)]
+        return None
+
+    def resume(self, stem: str) -> str | None:
+        import pandas as pd
+
+        old = json.loads((self.data / f"{stem}.manifest.json").read_text())
+        if (why := _check_resume(old, self.manifest, self.labels)) is not None:
+            return why
+        self.manifest["texts"] = old["texts"]
+        self.records = pd.read_csv(self.data / f"{stem}.records.csv").to_dict("records")
+        self.profiles = [pd.read_csv(self.data / f"{stem}.profile.csv")]
+        return None
+
+    def measure_text(self, text: str, batch) -> dict | int:
+        import tl_directional as tld
+
+        args, t1 = self.args, time.time()
+        prof = tld.profile(self.run.model, batch.tokens, attention_mask=batch.attention_mask,
+                           batch_size=args.batch_size, exclude_first_token=True, components=["mlp"], carrier=True,
+                           progress=False)
+        pr = prof.residual[PROFILE_COLUMNS].copy()
         pr.insert(0, "text", text)
-        profiles.append(pr)
-        spent = {"profile": time.time() - t1, "baseline": 0.0} | dict.fromkeys(labels, 0.0)
-        print(f"{text}: {len(batch)} windows x {args.seq_len}, {len(sets)} settings", flush=True)
-        for i in range(0, len(batch), args.batch_size):
-            part = batch.slice(i, i + args.batch_size)
-            records += window_records(model, part, sets, text, i, spent)
-            print(
-                f"  windows {i}-{i + part.tokens.shape[0] - 1} done ({time.time() - t1:.0f} s)",
-                flush=True,
-            )
-        manifest["texts"][text] = {
-            "description": desc,
-            "file": rel,
-            "sha256": common.sha256_bytes(path.read_bytes()),
-            "windows": len(batch),
-            "seconds": round(time.time() - t1, 1),
-            "setting_seconds": {k: round(v, 1) for k, v in spent.items()},
-            "commit": manifest["commit"],
-            "command": manifest["command"],
-        }
-        manifest["seconds"] = round(time.time() - t0, 1)
-        manifest["complete"] = set(TEXTS) <= set(manifest["texts"])
-        commits = list(dict.fromkeys(v["commit"] for v in manifest["texts"].values()))
-        if len(commits) > 1:
-            manifest["commits"] = commits
-        files = {
-            f"{stem}.records.csv": _csv(pd.DataFrame(records)),
-            f"{stem}.profile.csv": _csv(pd.concat(profiles, ignore_index=True)),
-            f"{stem}.ranking.csv": _csv(ranking),
-        }
-        common.write_data(data, files, manifest, f"{stem}.manifest.json")
-        print(f"wrote {data / stem}.* ({len(records)} records)", flush=True)
-    return 0
+        self.profiles.append(pr)
+        spent = {"profile": time.time() - t1, "baseline": 0.0} | dict.fromkeys(self.labels, 0.0)
+        print(f"{text}: {len(batch)} windows x {args.seq_len}, {len(self.sets)} settings", flush=True)
+        self.records += record_windows(self.run.model, batch, self.sets, text, args.batch_size, t1, spent)
+        return {"seconds": round(time.time() - t1, 1), "setting_seconds": {k: round(v, 1) for k, v in spent.items()}}
+
+    def files(self) -> dict[str, bytes]:
+        import pandas as pd
+
+        stem = self.stem()
+        return {f"{stem}.records.csv": csv_bytes(pd.DataFrame(self.records)),
+                f"{stem}.profile.csv": csv_bytes(pd.concat(self.profiles, ignore_index=True)),
+                f"{stem}.ranking.csv": csv_bytes(self.ranking)}
+
+    def count(self) -> int:
+        return len(self.records)
+
+
+#: the MLP carrier profile's columns kept per layer and text
+PROFILE_COLUMNS = ["layer", "count", "energy_ratio", "par_frac_mean", "carrier_blocks", "carrier_input_par_share",
+                   "carrier_input_energy_ratio", "carrier_block_par_share", "carrier_block_energy_ratio"]
+
+
+def run_instruments(args) -> int:
+    """Measure protocol sec. 11's instruments (``--settings instruments`` of the claims command line)."""
+    return run_windows(InstrumentsRun(args))

@@ -8,7 +8,15 @@ import math
 from pathlib import Path
 
 from studies import common
-from studies.pass_training.run import DATA, GEOMETRY_WINDOWS, HF_SEEDS, SEEDS, VARIANTS, DataError, tasks
+from studies.pass_training.run import (
+    DATA,
+    GEOMETRY_WINDOWS,
+    HF_SEEDS,
+    SEEDS,
+    VARIANTS,
+    DataError,
+    tasks,
+)
 
 
 def load(stem: str, data: Path = DATA):

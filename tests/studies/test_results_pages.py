@@ -1,52 +1,71 @@
-"""The claims pages are a pure function of the committed data (docs/results/data/): rebuilt
-here byte for byte, and a corrupt data file, data from another model or a hand-edited page is
-refused with an error that names the file."""
+"""Every results page is a pure function of the committed data (docs/results/data/): rebuilt
+here byte for byte (``python -m studies build --check``, the page writer :mod:`studies.pages`),
+and a corrupt data file, data from another model or a hand-edited page is refused with an error
+that names the file."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from studies import pages as page_writer
+from studies.claims import data as claims_data
+from studies.training import page as training_page
+
 ROOT = Path(__file__).resolve().parents[2]
+DATA, PAGES = claims_data.DATA, claims_data.PAGES
 
 
 @pytest.fixture(scope="module")
 def claims():
-    spec = importlib.util.spec_from_file_location("claims_script", ROOT / "scripts" / "claims.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["claims_script"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The page writer (``build(check)``) and the real data folder (``DATA``, ``PAGES``)."""
+    return page_writer
 
 
 def _stems(claims):
-    return sorted(p.name[: -len(".manifest.json")] for p in claims.DATA.glob("claims_*.manifest.json"))
+    return sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("claims_*.manifest.json"))
 
 
-def test_committed_pages_rebuild_byte_identical(claims, capsys):
+def test_committed_pages_rebuild_byte_identical(claims):
+    """``python -m studies build --check`` (the command ``make results`` runs without ``--check``)
+    passes on the checkout: every page and marker block is byte for byte what the data build."""
     assert _stems(claims), "no claims data committed under docs/results/data/"
-    rc = claims.build(check=True)
-    assert rc == 0, capsys.readouterr().err
+    proc = subprocess.run([sys.executable, "-m", "studies", "build", "--check"], cwd=ROOT, capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _redirect(monkeypatch, data: Path, pages: Path, root: Path) -> None:
+    """Point every studies module's ``DATA`` / ``PAGES`` / ``ROOT`` at a sandbox, and copy the
+    compression runs there (the page writer builds their pages too)."""
+    for p in DATA.glob("compression_*"):
+        shutil.copy(p, data / p.name)
+    for p in PAGES.glob("claims_compression_*.md"):
+        shutil.copy(p, pages / p.name)
+    real = {"DATA": DATA, "PAGES": PAGES, "ROOT": ROOT}
+    for name, mod in list(sys.modules.items()):
+        if name == "studies" or name.startswith("studies."):
+            for attr, value in real.items():
+                if getattr(mod, attr, None) == value:
+                    monkeypatch.setattr(mod, attr, {"DATA": data, "PAGES": pages, "ROOT": root}[attr])
 
 
 @pytest.fixture
 def sandbox(claims, tmp_path, monkeypatch):
-    """A copy of one run's data and its page, with the script pointed at it."""
+    """A copy of one run's data and its page, with the page writer pointed at it."""
     stem = _stems(claims)[0]
     data, pages = tmp_path / "data", tmp_path / "pages"
     data.mkdir()
     pages.mkdir()
-    for p in claims.DATA.glob(f"{stem}.*"):
+    for p in DATA.glob(f"{stem}.*"):
         shutil.copy(p, data / p.name)
-    shutil.copy(claims.PAGES / f"{stem}.md", pages / f"{stem}.md")
-    monkeypatch.setattr(claims, "DATA", data)
-    monkeypatch.setattr(claims, "PAGES", pages)
-    monkeypatch.setattr(claims, "ROOT", tmp_path)
+    shutil.copy(PAGES / f"{stem}.md", pages / f"{stem}.md")
+    _redirect(monkeypatch, data, pages, tmp_path)
     return stem, data, pages
 
 
@@ -91,19 +110,17 @@ def test_hand_edited_page_fails_the_check(claims, sandbox, capsys):
 
 
 def _run_sandbox(claims, tmp_path, monkeypatch, kind: str, page_prefix: str = ""):
-    """A copy of one claims run and the first ``kind_*`` run, with the script pointed at it."""
-    runs = sorted(p.name[: -len(".manifest.json")] for p in claims.DATA.glob(f"{kind}_*.manifest.json"))
+    """A copy of one claims run and the first ``kind_*`` run, with the page writer pointed at it."""
+    runs = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob(f"{kind}_*.manifest.json"))
     assert runs, f"no {kind} data committed under docs/results/data/"
     data, pages = tmp_path / "docs" / "results" / "data", tmp_path / "docs" / "results"
     data.mkdir(parents=True)
     stem = _stems(claims)[0]
     for s, page in ((stem, stem), (runs[0], page_prefix + runs[0])):
-        for p in claims.DATA.glob(f"{s}.*"):
+        for p in DATA.glob(f"{s}.*"):
             shutil.copy(p, data / p.name)
-        shutil.copy(claims.PAGES / f"{page}.md", pages / f"{page}.md")
-    monkeypatch.setattr(claims, "DATA", data)
-    monkeypatch.setattr(claims, "PAGES", pages)
-    monkeypatch.setattr(claims, "ROOT", tmp_path)
+        shutil.copy(PAGES / f"{page}.md", pages / f"{page}.md")
+    _redirect(monkeypatch, data, pages, tmp_path)
     return runs[0], data, pages
 
 
@@ -154,9 +171,7 @@ def test_training_page_rebuilds_and_a_corrupt_file_is_named(claims, training_san
 
 
 def test_training_verdict_follows_the_protocol_rule():
-    spec = importlib.util.spec_from_file_location("training_claims_script", ROOT / "scripts" / "training_claims.py")
-    tc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tc)
+    tc = training_page
     assert tc.verdict({"ci95_low": -0.03, "ci95_high": -0.01}) == "**held**"
     assert tc.verdict({"ci95_low": 0.01, "ci95_high": 0.03}) == "**failed**"
     assert tc.verdict({"ci95_low": -0.01, "ci95_high": 0.03}) == "**not decided**"

@@ -1,4 +1,5 @@
-"""Smoke tests of the real-model experiment scripts at a tiny size (seconds each).
+"""Smoke tests of the studies' real-model explorations (``studies.explore``, ``studies.compression_study``)
+at a tiny size (seconds each).
 
 Each script runs end to end on a seeded tiny Llama-GQA directory (passed as ``--model PATH``,
 as the real runs pass a model directory or name) on both held-out texts, and the outputs are
@@ -9,26 +10,18 @@ the computed reading.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import math
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+MODULES = {"compression_study": "studies.compression_study.run"}
 
 
 def _script(name):
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(f"_smoke_{name}", SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(MODULES.get(name, f"studies.explore.{name}"))
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +39,8 @@ def _check_meta(meta: dict, model_dir: str):
 
 @pytest.fixture(autouse=True)
 def _restore_grad_mode():
-    # the scripts' mains turn autograd off for the whole process (they are command-line
-    # scripts); run in-process here, that must not leak into the rest of the suite
+    # the studies' mains turn autograd off for the whole process (they are command-line
+    # programs); run in-process here, that must not leak into the rest of the suite
     import torch
 
     was = torch.is_grad_enabled()
@@ -183,7 +176,7 @@ def test_compression_study_two_texts_smoke(llama_dir, tmp_path):
     assert mod.main(args + ["--from-partial"]) == 0
     again = pd.read_csv(page.with_name("comp2.settings.csv"))
     pd.testing.assert_frame_equal(before, again)
-    assert "Measured by `python scripts/compression_study.py" in page.read_text()
+    assert "Measured by `python -m studies run compression-study" in page.read_text()
     sp = pd.read_csv(page.with_name("comp2.spearman.csv"))
     head = sp[(sp["mode"] == "local") & (sp.unit == "block") & (sp.diagnostic == "perp_energy")]
     assert len(head) == 2 and (head.loo_min <= head.spearman + 1e-12).all() and (head.spearman <= head.loo_max + 1e-12).all()
