@@ -146,16 +146,24 @@ def claims_pages() -> dict:
     return pages
 
 
-def build_pages() -> dict:
-    """``{path: text}`` of every page :func:`build` writes (compression pages first)."""
-    return compression_page.build_pages() | claims_pages()
+#: the page groups, in build order: each a function returning ``{path: text}``
+GROUPS = {"compression": lambda: compression_page.build_pages(), "claims": lambda: claims_pages()}
 
 
-def build(check: bool = False) -> int:
-    """Write every page (atomically), or with ``check`` only compare; exit status 0, 1 (a page
-    differs: named, with the command to rebuild) or 2 (bad committed data)."""
+def build_pages(groups=tuple(GROUPS)) -> dict:
+    """``{path: text}`` of every page of ``groups`` (default all: compression pages first)."""
+    pages: dict = {}
+    for g in groups:
+        pages |= GROUPS[g]()
+    return pages
+
+
+def build(check: bool = False, groups=tuple(GROUPS)) -> int:
+    """Write every page of ``groups`` (default all; atomically), or with ``check`` only compare;
+    exit status 0, 1 (a page differs: named, with the command to rebuild) or 2 (bad committed
+    data, named)."""
     try:
-        pages = build_pages()
+        pages = build_pages(groups)
     except DATA_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -3,8 +3,7 @@ verdicts follow the rules, a dirty or altered data file is refused."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import importlib
 from pathlib import Path
 
 import pandas as pd
@@ -14,12 +13,21 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
+MODULES = {
+    "_common": "studies.common",
+    "_realrun": "studies.realrun",
+    "accuracy_claims": "studies.accuracy.page",
+    "instruments_claims": "studies.instruments.page",
+    "instruments_run": "studies.instruments.run",
+    "paper_vs_ours": "studies.paper_vs_ours",
+    "claims": "studies.claims.cli",
+    "ioi_attribution": "studies.explore.ioi_attribution",
+}
+
+
 def _load(name):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The studies module that was ``scripts/<name>.py``."""
+    return importlib.import_module(MODULES[name])
 
 
 def _data(tmp_path, commit="abc1234", complete=None):

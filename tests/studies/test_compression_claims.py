@@ -4,25 +4,24 @@ or a hand-edited page is refused with an error that names the file, and no page 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from studies import pages as page_writer
+from studies.compression import layout
+from tests.studies._sandbox import redirect
 
 
 @pytest.fixture(scope="module")
 def comp():
-    spec = importlib.util.spec_from_file_location("compression_claims_script",
-                                                  ROOT / "scripts" / "compression_claims.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["compression_claims_script"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The compression study's data layout and the page writer restricted to its pages."""
+    return SimpleNamespace(DATA=layout.DATA, PAGES=layout.PAGES, load_data=lambda stem: layout.load_data(stem),
+                           merge=lambda into, other: layout.merge(into, other),
+                           write_data=lambda *a: layout.write_data(*a),
+                           build=lambda check: page_writer.build(check, groups=("compression",)))
 
 
 def _stems(comp):
@@ -37,7 +36,7 @@ def test_committed_pages_rebuild_byte_identical(comp, capsys):
 
 @pytest.fixture
 def sandbox(comp, tmp_path, monkeypatch):
-    """A copy of one run's data and its page, with the script pointed at it."""
+    """A copy of one run's data and its page, with the page writer pointed at it."""
     stem = _stems(comp)[0]
     data, pages = tmp_path / "data", tmp_path / "pages"
     data.mkdir()
@@ -45,9 +44,7 @@ def sandbox(comp, tmp_path, monkeypatch):
     for p in comp.DATA.glob(f"{stem}.*"):
         shutil.copy(p, data / p.name)
     shutil.copy(comp.PAGES / f"claims_{stem}.md", pages / f"claims_{stem}.md")
-    monkeypatch.setattr(comp, "DATA", data)
-    monkeypatch.setattr(comp, "PAGES", pages)
-    monkeypatch.setattr(comp, "ROOT", tmp_path)
+    redirect(monkeypatch, data, pages, tmp_path)
     return stem, data, pages
 
 
@@ -119,7 +116,7 @@ def test_merge_of_a_split_run_gives_the_same_results(comp, sandbox):
     before = (pages / f"claims_{stem}.md").read_text()
     for name, keep in ((stem, True), (f"{stem}_b", False)):
         part = dict(m, settings=[s for s in m["settings"] if (s["label"] in first) == keep])
-        comp._write_data(name, rec[rec.setting.isin(first) == keep], lay[lay.setting.isin(first) == keep], part)
+        comp.write_data(name, rec[rec.setting.isin(first) == keep], lay[lay.setting.isin(first) == keep], part)
     assert comp.merge(stem, f"{stem}_b") == 0
     assert not list(data.glob(f"{stem}_b.*"))
     assert comp.build(check=False) == 0

@@ -4,8 +4,7 @@ statistics equal a direct computation, and dirty or altered data are refused."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +16,21 @@ TEXTS = ("kjv", "prose", "code")
 WINDOWS, TOKENS = 8, 127
 
 
+MODULES = {
+    "_common": "studies.common",
+    "_realrun": "studies.realrun",
+    "accuracy_claims": "studies.accuracy.page",
+    "instruments_claims": "studies.instruments.page",
+    "instruments_run": "studies.instruments.run",
+    "paper_vs_ours": "studies.paper_vs_ours",
+    "claims": "studies.claims.cli",
+    "ioi_attribution": "studies.explore.ioi_attribution",
+}
+
+
 def _load(name):
-    if str(ROOT / "scripts") not in sys.path:
-        sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The studies module that was ``scripts/<name>.py``."""
+    return importlib.import_module(MODULES[name])
 
 
 #: per-token loss change of each setting (nats); the noise below is far smaller than every margin

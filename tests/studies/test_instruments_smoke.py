@@ -4,26 +4,28 @@ text bit for bit, the page built from the files, and the pruning masks restored 
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+MODULES = {
+    "_common": "studies.common",
+    "_realrun": "studies.realrun",
+    "accuracy_claims": "studies.accuracy.page",
+    "instruments_claims": "studies.instruments.page",
+    "instruments_run": "studies.instruments.run",
+    "paper_vs_ours": "studies.paper_vs_ours",
+    "claims": "studies.claims.cli",
+    "ioi_attribution": "studies.explore.ioi_attribution",
+}
 
 
 def _script(name):
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(f"_smoke_{name}", SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    """The studies module that was ``scripts/<name>.py``."""
+    return importlib.import_module(MODULES[name])
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +39,6 @@ def _restore_grad_mode():
 def test_instruments_run_resume_and_page(tmp_path):
     claims, run, page = _script("claims"), _script("instruments_run"), _script("instruments_claims")
     args = [
-        "run",
         "--model",
         "default",
         "--settings",

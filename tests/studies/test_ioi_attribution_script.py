@@ -1,4 +1,4 @@
-"""scripts/ioi_attribution.py's statistics, on synthetic records: Spearman's rank correlation
+"""studies/explore/ioi_attribution.py's statistics, on synthetic records: Spearman's rank correlation
 against a hand-written one, and the summary's per-pair correlations, their mean and the library's
 bootstrap interval over pairs. When the committed data exist, their summary is rebuilt from the
 records (to 1e-6) and the manifest's sha256s hold."""
@@ -6,9 +6,7 @@ records (to 1e-6) and the manifest's sha256s hold."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,13 +19,9 @@ STEM = "ioi_attribution_smollm2-135m"
 
 @pytest.fixture(scope="module")
 def ioi():
-    spec = importlib.util.spec_from_file_location(
-        "ioi_attribution_script", ROOT / "scripts" / "ioi_attribution.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["ioi_attribution_script"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    from studies.explore import ioi_attribution
+
+    return ioi_attribution
 
 
 def _ranks(x):
@@ -89,7 +83,7 @@ def test_committed_data_rebuild(ioi):
     data = ROOT / "docs" / "results" / "data"
     mpath = data / f"{STEM}.manifest.json"
     if not mpath.is_file():
-        pytest.skip(f"no committed {STEM} data (python scripts/ioi_attribution.py run)")
+        pytest.skip(f"no committed {STEM} data (python -m studies.explore.ioi_attribution run)")
     manifest = json.loads(mpath.read_text())
     assert manifest["complete"] and "+dirty" not in manifest["commit"]
     for name, sha in manifest["files"].items():

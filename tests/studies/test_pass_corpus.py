@@ -1,4 +1,4 @@
-"""scripts/build_pass_corpus.py's pure parts: text normalisation, the seeded split by document,
+"""studies/data/build_pass_corpus.py's pure parts: text normalisation, the seeded split by document,
 reading one unpacked package (globs, excludes, gzip), the pinned records' shape."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 
-from scripts import build_pass_corpus as B
+from studies.data import build_pass_corpus as B
 
 
 def test_normalise():

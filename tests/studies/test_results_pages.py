@@ -16,6 +16,7 @@ import pytest
 from studies import pages as page_writer
 from studies.claims import data as claims_data
 from studies.training import page as training_page
+from tests.studies._sandbox import redirect
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA, PAGES = claims_data.DATA, claims_data.PAGES
@@ -41,18 +42,13 @@ def test_committed_pages_rebuild_byte_identical(claims):
 
 
 def _redirect(monkeypatch, data: Path, pages: Path, root: Path) -> None:
-    """Point every studies module's ``DATA`` / ``PAGES`` / ``ROOT`` at a sandbox, and copy the
-    compression runs there (the page writer builds their pages too)."""
+    """:func:`tests.studies._sandbox.redirect`, with the compression runs copied into the sandbox
+    too (the page writer builds their pages as well)."""
     for p in DATA.glob("compression_*"):
         shutil.copy(p, data / p.name)
     for p in PAGES.glob("claims_compression_*.md"):
         shutil.copy(p, pages / p.name)
-    real = {"DATA": DATA, "PAGES": PAGES, "ROOT": ROOT}
-    for name, mod in list(sys.modules.items()):
-        if name == "studies" or name.startswith("studies."):
-            for attr, value in real.items():
-                if getattr(mod, attr, None) == value:
-                    monkeypatch.setattr(mod, attr, {"DATA": data, "PAGES": pages, "ROOT": root}[attr])
+    redirect(monkeypatch, data, pages, root)
 
 
 @pytest.fixture

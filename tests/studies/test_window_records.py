@@ -1,12 +1,10 @@
-"""The real-model runners' per-window records (``scripts/_realrun.py::window_records``, used by
+"""The real-model runners' per-window records (``studies/realrun.py::window_records``, used by
 the claims, amendment, atlas and instruments runs) against a hand-written cross-entropy, KL and
 top-1 agreement on the bundled model: the baseline's own record is exact (nll = base nll, KL 0,
 agreement = tokens), and an edited setting's sums equal the ones written here."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
@@ -19,11 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _realrun():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location("_realrun", ROOT / "scripts" / "_realrun.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from studies import realrun
+
+    return realrun
 
 
 def test_window_records_equal_a_hand_written_cross_entropy():
