@@ -61,6 +61,50 @@ def _check_windows(args) -> int | None:
     return None
 
 
+def _model_info(args, sites) -> dict:
+    """The manifest's ``model``: source file, quantisation, sha256s, size and lane."""
+    src, quant, deq = SOURCES[args.model]
+    info = {"name": args.model, "source_file": src, "quantisation": quant, "dequantised": deq,
+            "source_sha256": expected_source_sha(args.model), "n_layers": sites.n_layers,
+            "d_model": sites.d_model, "lane": sites.lane}
+    if args.model != "default":
+        from tl_directional.model.load.catalog import REAL_MODELS
+
+        man = common.model_manifest(args.model)
+        info["architecture"] = REAL_MODELS[args.model].architecture
+        info["safetensors_sha256"] = man.get("files", {}).get("model.safetensors", {}).get("sha256")
+    else:
+        info["architecture"] = "GPT2LMHeadModel (4 layers, trained on KJV)"
+    return info
+
+
+def _cut_windows(model, args):
+    """``(evaluation batch, calibration batch, texts' manifest entries, text per window, window
+    number per window)``: each text's first ``args.windows`` windows and its calibration windows,
+    or ``None`` after an ``error:`` line when a text is too short."""
+    import torch
+
+    from tl_directional.model.inputs import TokenBatch, load_text_sequences
+
+    evals, calibs, texts_info, wtext, wwin = [], [], {}, [], []
+    for text in args.texts:
+        desc, rel = TEXTS[text]
+        b = load_text_sequences(model, str(ROOT / rel), max_sequences=CALIB_START + CALIB_PER_TEXT,
+                                seq_len=args.seq_len)
+        if len(b) < CALIB_START + CALIB_PER_TEXT:
+            print(f"error: text {text} gives only {len(b)} windows of {args.seq_len}", file=sys.stderr)
+            return None
+        evals.append(b.slice(0, args.windows))
+        calibs.append(b.slice(CALIB_START, CALIB_START + CALIB_PER_TEXT))
+        wtext += [text] * args.windows
+        wwin += list(range(args.windows))
+        texts_info[text] = {"description": desc, "file": rel, "sha256": common.sha256_bytes((ROOT / rel).read_bytes()),
+                            "windows": args.windows}
+    evalb = TokenBatch(torch.cat([b.tokens for b in evals]), torch.cat([b.attention_mask for b in evals]))
+    calib = TokenBatch(torch.cat([b.tokens for b in calibs]), torch.cat([b.attention_mask for b in calibs]))
+    return evalb, calib, texts_info, wtext, wwin
+
+
 def run(args) -> int:
     """Measure every setting of the grid (or ``args.grid``) on ``args.model``, writing the data
     after each: the pipeline's opening (:func:`studies.runner.start`), then setting by setting
@@ -73,41 +117,16 @@ def run(args) -> int:
     from tl_directional.compression import compression_geometry
     from tl_directional.compression.compressors import collect_input_stats, compress
     from tl_directional.compression.geometry import STAT_INDEX
-    from tl_directional.model.inputs import TokenBatch, load_text_sequences
 
     started = start(args, lambda: _check_windows(args))
     if isinstance(started, int):
         return started
     commit, dirty, model, sites, t0 = started.commit, started.dirty, started.model, started.sites, started.t0
-    src, quant, deq = SOURCES[args.model]
     stem = f"compression_{args.model}" + (f"_{args.tag}" if args.tag else "")
-    model_info = {"name": args.model, "source_file": src, "quantisation": quant, "dequantised": deq,
-                  "source_sha256": expected_source_sha(args.model), "n_layers": sites.n_layers,
-                  "d_model": sites.d_model, "lane": sites.lane}
-    if args.model != "default":
-        from tl_directional.model.load.catalog import REAL_MODELS
-
-        man = common.model_manifest(args.model)
-        model_info["architecture"] = REAL_MODELS[args.model].architecture
-        model_info["safetensors_sha256"] = man.get("files", {}).get("model.safetensors", {}).get("sha256")
-    else:
-        model_info["architecture"] = "GPT2LMHeadModel (4 layers, trained on KJV)"
-    evals, calibs, texts_info, wtext, wwin = [], [], {}, [], []
-    for text in args.texts:
-        desc, rel = TEXTS[text]
-        b = load_text_sequences(model, str(ROOT / rel), max_sequences=CALIB_START + CALIB_PER_TEXT,
-                                seq_len=args.seq_len)
-        if len(b) < CALIB_START + CALIB_PER_TEXT:
-            print(f"error: text {text} gives only {len(b)} windows of {args.seq_len}", file=sys.stderr)
-            return 2
-        evals.append(b.slice(0, args.windows))
-        calibs.append(b.slice(CALIB_START, CALIB_START + CALIB_PER_TEXT))
-        wtext += [text] * args.windows
-        wwin += list(range(args.windows))
-        texts_info[text] = {"description": desc, "file": rel, "sha256": common.sha256_bytes((ROOT / rel).read_bytes()),
-                            "windows": args.windows}
-    evalb = TokenBatch(torch.cat([b.tokens for b in evals]), torch.cat([b.attention_mask for b in evals]))
-    calib = TokenBatch(torch.cat([b.tokens for b in calibs]), torch.cat([b.attention_mask for b in calibs]))
+    model_info = _model_info(args, sites)
+    if (cut := _cut_windows(model, args)) is None:
+        return 2
+    evalb, calib, texts_info, wtext, wwin = cut
     base_nll, counts = window_nll(model, evalb, args.batch_size)
     print(f"{args.model}: {len(evalb)} evaluation windows ({int(counts.sum())} predicted tokens), dense loss "
           f"{float(base_nll.sum() / counts.sum()):.4f}; calibration {len(calib)} windows", flush=True)
