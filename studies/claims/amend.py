@@ -2,10 +2,10 @@
 exclude-self damage sits. Pages built from committed data alone.
 
     # measure (the claims study's runner, its own data stems; refuses a dirty tree)
-    python scripts/claims.py run --model smollm2-135m --settings amend --windows 32 --batch-size 8
-    python scripts/claims.py run --model smollm2-135m --settings atlas --windows 32 --batch-size 8
+    python -m studies run claims --model smollm2-135m --settings amend --windows 32 --batch-size 8
+    python -m studies run claims --model smollm2-135m --settings atlas --windows 32 --batch-size 8
 
-    # pages: built by `python scripts/claims.py build` (make results) with the claims pages:
+    # pages: built by `python -m studies build` (make results) with the claims pages:
     # docs/results/amend_<model>.md and docs/results/atlas_<model>.md
 
 Data files: ``docs/results/data/{amend,atlas}_<model>.{records,profile}.csv`` and their

@@ -5,16 +5,16 @@ The protocol (statistic, bootstrap, symmetric verdict rule) is sec. 6 of
 ``docs/results/protocol.md``; it was written before these runs. Two steps:
 
     # measure: per-(setting, text, window) records of every compression setting of the grid;
-    # refuses a dirty tl_directional/ or scripts/; rewrites the data files after each setting
-    python scripts/compression_claims.py run --model default --windows 32
-    python scripts/compression_claims.py run --model smollm2-135m --windows 12
+    # refuses a dirty tl_directional/ or studies/; rewrites the data files after each setting
+    python -m studies run compression --model default --windows 32
+    python -m studies run compression --model smollm2-135m --windows 12
 
     # a run split over two processes (another part of the grid each, --grid ... --tag b):
-    python scripts/compression_claims.py merge --into compression_smollm2-135m --from compression_smollm2-135m_b
+    python -m studies run compression merge --into compression_smollm2-135m --from compression_smollm2-135m_b
 
     # build every compression claims page from docs/results/data/compression_*.* alone;
     # --check compares with the pages on disk and fails on any difference (the suite runs it)
-    python scripts/compression_claims.py build [--check]
+    python -m studies build [--check]
 
 Data files (``docs/results/data/compression_<model>.*``): ``records.csv`` (setting, text, window,
 tokens, nll, base_nll and, per unit attn / mlp / block, sums over layers and tokens of the
@@ -25,7 +25,7 @@ function of those files.
 
 The compression itself is the library's (``tl_directional.compression.compressors.compress`` on spec strings,
 ``tl_directional.compression.compression_geometry`` in local mode), as in
-``scripts/compression_study.py``.
+``studies/compression_study/``.
 """
 
 

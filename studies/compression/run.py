@@ -1,4 +1,4 @@
-"""Claim 3's measuring step (``python scripts/compression_claims.py run``): every compression
+"""Claim 3's measuring step (``python -m studies run compression``): every compression
 setting of the protocol's grid on the held-out windows, written after each setting to
 ``docs/results/data/compression_<model>.*``.
 

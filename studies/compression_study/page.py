@@ -1,4 +1,4 @@
-"""The discriminativeness study's outputs (``scripts/compression_study.py``): the figures and
+"""The discriminativeness study's outputs (``studies/compression_study/``): the figures and
 Markdown tables of one text's three tables (:func:`write_outputs`, also ``--replot``) and the
 results page with its computed reading (:func:`write_page`).
 

@@ -20,12 +20,12 @@ first ``--calib-sequences`` windows calibrate, the next ``--eval-sequences`` win
 
 Usage (the docs' numbers)::
 
-    python scripts/compression_study.py --model default --out docs/compression_study
+    python -m studies run compression-study --model default --out docs/compression_study
 
 Real models, both texts (each setting compressed once, calibrated on the first prose windows,
 evaluated on the next prose windows and on KJV; the page lists what held first)::
 
-    python scripts/compression_study.py --model smollm2-135m --texts prose kjv --calib-sequences 4 \
+    python -m studies run compression-study --model smollm2-135m --texts prose kjv --calib-sequences 4 \
         --eval-sequences 8 --seq-len 64 --modes local --out results/real/compression_study_smollm2-135m \
         --page docs/results/compression_study_smollm2-135m.md
 

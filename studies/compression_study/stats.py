@@ -1,4 +1,4 @@
-"""The discriminativeness study's statistics (``scripts/compression_study.py``): the
+"""The discriminativeness study's statistics (``studies/compression_study/``): the
 label-free diagnostics from pooled local-error sums, and Spearman's rho vectorised over
 bootstrap draws (the library's, :mod:`tl_directional.core.rank`, on tensors).
 

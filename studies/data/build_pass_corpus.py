@@ -30,9 +30,9 @@ Steps, all deterministic for the pinned package versions and ``--seed``:
    folder renamed into place) and compare the output hashes with the committed
    ``docs/results/data/pass8m.expected.json``: a rebuild that differs fails.
 
-    python scripts/build_pass_corpus.py                      # build + verify (make pass-corpus); a no-op when
+    python -m studies.data.build_pass_corpus                      # build + verify (make pass-corpus); a no-op when
                                                              # OUT already matches; --force rebuilds
-    python scripts/build_pass_corpus.py --write-expected     # (maintainers) pin the hashes anew
+    python -m studies.data.build_pass_corpus --write-expected     # (maintainers) pin the hashes anew
 
 ``OUT`` defaults to ``$TL_DIRECTIONAL_CACHE/corpora/pass8m`` (``~/.cache/tl_directional`` when the
 variable is unset). The tokens are never committed: this script rebuilds them. The training

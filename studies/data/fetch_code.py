@@ -3,8 +3,8 @@
 concatenated verbatim with one header line per file. A different kind of text from the KJV and
 prose slices (code, identifiers, indentation).
 
-    python scripts/fetch_code.py            # write tl_directional/data/code_heldout.txt + .json
-    python scripts/fetch_code.py --check    # compare with the pinned sha256 only
+    python -m studies.data.fetch_code            # write tl_directional/data/code_heldout.txt + .json
+    python -m studies.data.fetch_code --check    # compare with the pinned sha256 only
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 Usage::
 
-    python scripts/fetch_corpus.py --out DIR [--heldout-slice tl_directional/data]
+    python -m studies.data.fetch_corpus --out DIR [--heldout-slice tl_directional/data]
 
 Writes into ``DIR``:
 

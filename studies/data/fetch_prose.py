@@ -16,7 +16,7 @@ permission notice are preserved") allows shipping the slice with its notice, whi
 JSON carries verbatim (``copyright_notice``).
 
     apt-get install -y debian-reference-en
-    python scripts/fetch_prose.py --out tl_directional/data
+    python -m studies.data.fetch_prose --out tl_directional/data
 
 ``--check`` re-extracts and fails if the result differs from the pinned sha256 in
 ``OUT/prose_heldout.json`` (the extraction is deterministic for a given package version).

@@ -8,7 +8,7 @@ pick the answer and the context has to. Positions, distractors
 and the answer's slot are drawn from one seeded generator, so the output is a pure function of
 ``--seed``, ``--n`` and the text (whose sha256 is recorded in the task's metadata).
 
-    python scripts/make_lm_eval_task.py --n 80 --seed 0 --out tl_directional/data/lm_eval/tld_kjv_cloze
+    python -m studies.data.make_lm_eval_task --n 80 --seed 0 --out tl_directional/data/lm_eval/tld_kjv_cloze
 
 writes ``kjv_cloze.jsonl`` (one item a line: context, choices, label) and ``build.json`` there; the
 YAML and its loader (``tld_kjv_cloze.yaml``, ``_loader.py``) live next to them in the repository.
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         for item in items:
             f.write(json.dumps(item, sort_keys=True) + "\n")
     text_path = heldout_paths()[0]
+    # the committed build.json names the script by its old path; kept, so a rebuild is byte-identical
     info = {"script": "scripts/make_lm_eval_task.py", "n": args.n, "seed": args.seed,
             "source": text_path.name, "source_sha256": common.sha256_bytes(text.encode()),
             "context_chars": CONTEXT_CHARS, "choices": 4, "distractor_rank_window": NEIGHBOURS}

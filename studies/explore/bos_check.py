@@ -1,11 +1,11 @@
 """Is the damage of an all-layer parallel removal at the first position (BOS, the attention sink)?
 
-Re-runs the removals of ``scripts/scaling_sweep.py`` (s_par = 0, all layers) with the first
+Re-runs the removals of ``studies/explore/scaling_sweep.py`` (s_par = 0, all layers) with the first
 position spared (``positions=slice(1, None)``: METHOD sec. 4's mask; the paper's default
 spares nothing), on the same windows, and compares them with the sweep's unspared numbers
 per sequence (paired bootstrap: same windows, same baseline).
 
-    python scripts/bos_check.py --model smollm2-135m --sweep-out results/real/sweep_smollm2-135m \\
+    python -m studies.explore.bos_check --model smollm2-135m --sweep-out results/real/sweep_smollm2-135m \\
         --out results/real/bos_smollm2-135m --page docs/results/bos_check_smollm2-135m.md
 
 Reads ``SWEEP_OUT/seq_<text>.pt`` and ``SWEEP_OUT/meta.json`` (texts, window count, length).

@@ -7,7 +7,7 @@ Per layer and component (attn, MLP, block): the energy ratio
 and out; and the level an update of random direction would show in ``d_model`` dims
 (``E|cos|``, the median ratio and the energy ratio), drawn on the same chart.
 
-    python scripts/depth_profile.py --model smollm2-135m --texts kjv prose --sequences 32 \\
+    python -m studies.explore.depth_profile --model smollm2-135m --texts kjv prose --sequences 32 \\
         --seq-len 128 --batch-size 8 --out results/depth/smollm2-135m \\
         --page docs/results/depth_profile_smollm2-135m.md
 

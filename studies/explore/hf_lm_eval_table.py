@@ -2,7 +2,7 @@
 ``tld_kjv_cloze`` (80 items, zero-shot, lm-eval's HFLM) under several edits, each accuracy with
 a 95% interval and its paired change against the unedited model.
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python scripts/hf_lm_eval_table.py
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python -m studies.explore.hf_lm_eval_table
 
 Intervals: percentile bootstrap over items (2000 resamples, numpy seed 0, the same resampled
 item sets for every setting), so a change is paired item by item with the unedited run.

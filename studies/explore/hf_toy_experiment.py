@@ -10,7 +10,7 @@ then reports, per path, the final validation loss (edit active) and the paired d
 ``vpara - baseline`` over seeds (mean, 95 % t interval, sign-flip p) and whether the two paths
 give the same verdict: the same sign of the mean difference and overlapping intervals.
 
-    OMP_NUM_THREADS=1 python scripts/hf_toy_experiment.py --corpus /tmp/kjv --out runs/hf-toy \\
+    OMP_NUM_THREADS=1 python -m studies.explore.hf_toy_experiment --corpus /tmp/kjv --out runs/hf-toy \\
         --results docs/hf_training_results --threads 1
 
 Writes ``OUT/partial.json`` after every run (the final losses so far) and, at the end,
@@ -37,7 +37,7 @@ VARIANTS = ("baseline", "vpara")
 
 def _parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--corpus", required=True, help="directory written by scripts/fetch_corpus.py")
+    p.add_argument("--corpus", required=True, help="directory written by python -m studies.data.fetch_corpus")
     p.add_argument("--out", required=True, help="work directory (tokenizer, runs; trained from scratch)")
     p.add_argument("--results", default=None, help="also write results.json, final.csv, table.md here")
     p.add_argument("--seeds", default="0,1,2,3,4")

@@ -1,8 +1,8 @@
 """How well directional attribution patching ranks nodes: its estimate against the real directional
 activation patch, on indirect-object (IOI) pairs, per node type and part, with an interval.
 
-    # measure (refuses a dirty tl_directional/ or scripts/); CPU single thread
-    TL_DIRECTIONAL_CACHE=... python scripts/ioi_attribution.py run --model smollm2-135m --pairs 6
+    # measure (refuses a dirty tl_directional/ or studies/); CPU single thread
+    TL_DIRECTIONAL_CACHE=... python -m studies.explore.ioi_attribution run --model smollm2-135m --pairs 6
 
 Pairs: a clean prompt ("When Mary and John went to the store, John gave a drink to", answer
 " Mary") and its corruption with the two names swapped (answer " John"): the same tokens in

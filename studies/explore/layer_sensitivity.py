@@ -3,11 +3,11 @@ time, on a real model and each held-out text, as a layer x space heat map with s
 bootstrap intervals; optionally the per-layer safe ``s_par`` interval of V-Para
 (:func:`tl_directional.evaluate.sweep.find_safe_scale`, one layer group per layer).
 
-    python scripts/layer_sensitivity.py --model smollm2-135m --texts kjv prose --sequences 8 \\
+    python -m studies.explore.layer_sensitivity --model smollm2-135m --texts kjv prose --sequences 8 \\
         --seq-len 128 --batch-size 8 --safe-scale --safe-text prose --safe-sequences 4 \\
         --out results/real/layers_smollm2-135m --page docs/results/layer_sensitivity_smollm2-135m.md
 
-This answers where the all-layer damage of ``scripts/scaling_sweep.py`` comes from. Note that
+This answers where the all-layer damage of ``studies/explore/scaling_sweep.py`` comes from. Note that
 per-layer damages need not add up to the all-layer damage (the edits interact).
 ``--replot`` re-renders from ``OUT/seq_<text>.pt`` (and ``OUT/safe.csv``).
 """

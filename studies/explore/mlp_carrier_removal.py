@@ -8,7 +8,7 @@ next-token NLL of the window, and each edit's change is edited minus unedited, p
 the mean over windows with a 95% t interval, and the carrier blocks' parallel share per layer
 (mean over layers). A quick look, not a committed result (no rule written before the run).
 
-    TL_DIRECTIONAL_CACHE=... python scripts/mlp_carrier_removal.py --model smollm2-135m --windows 8
+    TL_DIRECTIONAL_CACHE=... python -m studies.explore.mlp_carrier_removal --model smollm2-135m --windows 8
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ Each (model, phase) runs in a fresh subprocess so its peak RSS (``ru_maxrss``) i
 
 Forward time is the median of ``--repeats`` forwards after one warm-up. Usage::
 
-    python scripts/model_costs.py                       # both models, 8 x 128 tokens
-    python scripts/model_costs.py --models smollm2-135m --convert --out costs.json
+    python -m studies.explore.model_costs                       # both models, 8 x 128 tokens
+    python -m studies.explore.model_costs --models smollm2-135m --convert --out costs.json
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ side by side with the paper's Qwen3-4B numbers (METHOD.md sec. 8). Writes
 ``OUT/ordering.csv``, ``OUT/ordering.html`` (figure) and the markdown page
 ``docs/results/paper_ordering.md`` (with ``--page``).
 
-    python scripts/paper_ordering.py --model default --out results/ordering --page docs/results/paper_ordering.md
+    python -m studies.explore.paper_ordering --model default --out results/ordering --page docs/results/paper_ordering.md
 
 Nothing here is tuned toward the paper's answer: the grid is fixed below.
 """

@@ -1,6 +1,6 @@
 """The two measured figures of docs/reliability.md and docs/edit.md, regenerated:
 
-    python scripts/reliability_figures.py [--repeats 30]
+    python -m studies.explore.reliability_figures [--repeats 30]
 
 1. The overflow guard's cost: the time of one guard check (``edit.tensors.cast_back`` on an
    edited tensor of the default model's shape, the check's reduction and ``isfinite``) and an

@@ -1,7 +1,7 @@
 """Component-scaling sweeps on a real model with sequence-bootstrap intervals (the paper's
 perplexity table and sweep figure), on each held-out text.
 
-The extended grid of ``scripts/paper_ordering.py``: spaces value (V-Para, full aggregate),
+The extended grid of ``studies/explore/paper_ordering.py``: spaces value (V-Para, full aggregate),
 value-exclusive, resid-attn, resid-mlp, resid-both, each with ``s_par`` in ``--s-par``
 (``s_perp = 1``) and ``s_perp`` in ``--s-perp`` (``s_par = 1``), all layers, plus hard diagonal
 removal. Per setting: delta loss, delta ppl, KL(base || edited), top-1 agreement, each with a
@@ -9,7 +9,7 @@ removal. Per setting: delta loss, delta ppl, KL(base || edited), top-1 agreement
 so differences between settings are paired). Side by side with the paper's numbers (the
 constants of ``paper_ordering.py``, METHOD sec. 8, and the issue's camera-ready table).
 
-    python scripts/scaling_sweep.py --model smollm2-135m --texts kjv prose --sequences 16 \\
+    python -m studies.explore.scaling_sweep --model smollm2-135m --texts kjv prose --sequences 16 \\
         --seq-len 128 --batch-size 8 --out results/real/sweep_smollm2-135m \\
         --page docs/results/scaling_sweep_smollm2-135m.md
 

@@ -2,7 +2,7 @@
 weighting flips against standard Wanda, the total-vs-perpendicular ranking overlap beside its
 isotropic null, and the held-out loss of each pruned model.
 
-    PYTHONPATH=$PWD python scripts/weighted_wanda_flips.py [--sparsity 0.5] [--calib 64] [--eval 64]
+    PYTHONPATH=$PWD python -m studies.explore.weighted_wanda_flips [--sparsity 0.5] [--calib 64] [--eval 64]
 
 Calibration: the first ``--calib`` verses of the bundled held-out KJV slice longer than 40
 characters; evaluation: the next ``--eval`` ones (disjoint). Deterministic (seed 0 for the null).

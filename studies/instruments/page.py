@@ -2,8 +2,8 @@
 Wanda, random per-layer value-space scales), their verdicts and pages, built from committed data
 alone (``docs/results/data/instruments_<model>.*``; measured by :mod:`instruments_run`).
 
-    python scripts/claims.py run --model smollm2-135m --settings instruments --windows 24 --batch-size 8
-    python scripts/claims.py build        # writes docs/results/instruments_<model>.md (make results)
+    python -m studies run claims --model smollm2-135m --settings instruments --windows 24 --batch-size 8
+    python -m studies build        # writes docs/results/instruments_<model>.md (make results)
 
 The statistics are the claims study's (secs. 1-2): ``delta`` in nats per predicted token, pooled
 over the texts, 95% percentile bootstrap over windows stratified by text, the same resamples for

@@ -297,7 +297,7 @@ def run(args) -> int:
 
         head, dirty = common.git_state()
         if dirty and not args.allow_dirty:
-            raise SystemExit("error: tl_directional/ or scripts/ has uncommitted changes; commit them "
+            raise SystemExit("error: tl_directional/ or studies/ has uncommitted changes; commit them "
                              "(the data must name the code that made it) or pass --allow-dirty")
         _json_write(launch, {"commit": head, "dirty": dirty, "scale": args.scale, "corpus": str(corpus),
                              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

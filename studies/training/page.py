@@ -6,13 +6,13 @@ protocol sec. 8: committed data and a page built from it alone.
         --variants baseline,vpara --max-steps 2000 --eval-every 200 --eval-windows 256 --ckpt-every 200
 
     # collect: copy the run's tables beside the pages with a manifest (commit, corpus sha256)
-    python scripts/training_claims.py collect --run RUN --launch RUN.launch.json --stem training_kjv_10x
+    python -m studies run training collect --run RUN --launch RUN.launch.json --stem training_kjv_10x
 
-    # pages: built by `python scripts/claims.py build` (make results) with the other claims pages
+    # pages: built by `python -m studies build` (make results) with the other claims pages
 
 ``RUN.launch.json`` is written before the run starts (``{"commit", "dirty", "started", "torch",
 "transformer_lens"}``, see the command on the page); a run launched from a dirty
-``tl_directional/`` or ``scripts/`` is refused. Data files:
+``tl_directional/`` or ``studies/`` is refused. Data files:
 ``docs/results/data/<stem>.{final.csv,curves.csv,geometry.csv,manifest.json}``.
 """
 
