@@ -3,31 +3,18 @@ verdicts follow the rules, a dirty or altered data file is refused."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
+from tests.studies._sandbox import load
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-MODULES = {
-    "_common": "studies.common",
-    "_realrun": "studies.realrun",
-    "accuracy_claims": "studies.accuracy.page",
-    "instruments_claims": "studies.instruments.page",
-    "instruments_run": "studies.instruments.run",
-    "paper_vs_ours": "studies.paper_vs_ours",
-    "claims": "studies.claims.cli",
-    "ioi_attribution": "studies.explore.ioi_attribution",
-}
-
-
-def _load(name):
-    """The studies module that was ``scripts/<name>.py``."""
-    return importlib.import_module(MODULES[name])
+_load = load
 
 
 def _data(tmp_path, commit="abc1234", complete=None):

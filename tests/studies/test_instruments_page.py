@@ -4,33 +4,20 @@ statistics equal a direct computation, and dirty or altered data are refused."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from tests.studies._sandbox import load
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ("kjv", "prose", "code")
 WINDOWS, TOKENS = 8, 127
 
 
-MODULES = {
-    "_common": "studies.common",
-    "_realrun": "studies.realrun",
-    "accuracy_claims": "studies.accuracy.page",
-    "instruments_claims": "studies.instruments.page",
-    "instruments_run": "studies.instruments.run",
-    "paper_vs_ours": "studies.paper_vs_ours",
-    "claims": "studies.claims.cli",
-    "ioi_attribution": "studies.explore.ioi_attribution",
-}
-
-
-def _load(name):
-    """The studies module that was ``scripts/<name>.py``."""
-    return importlib.import_module(MODULES[name])
+_load = load
 
 
 #: per-token loss change of each setting (nats); the noise below is far smaller than every margin

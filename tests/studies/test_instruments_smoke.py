@@ -4,28 +4,15 @@ text bit for bit, the page built from the files, and the pruning masks restored 
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import pandas as pd
 import pytest
 import torch
 
-MODULES = {
-    "_common": "studies.common",
-    "_realrun": "studies.realrun",
-    "accuracy_claims": "studies.accuracy.page",
-    "instruments_claims": "studies.instruments.page",
-    "instruments_run": "studies.instruments.run",
-    "paper_vs_ours": "studies.paper_vs_ours",
-    "claims": "studies.claims.cli",
-    "ioi_attribution": "studies.explore.ioi_attribution",
-}
+from tests.studies._sandbox import load
 
-
-def _script(name):
-    """The studies module that was ``scripts/<name>.py``."""
-    return importlib.import_module(MODULES[name])
+_script = load
 
 
 @pytest.fixture(autouse=True)
