@@ -239,7 +239,7 @@ def analyse(out: Path, text: str, sel: torch.Tensor, records: list[dict], seq_nl
 @study("compression-study", "Which label-free diagnostic ranks compression settings by damage? (docs/compression.md)",
        data="--out DIR (docs/compression_study/)", pages="--page PATH")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m studies run compression-study", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="default", help="'default', a catalogue name (smollm2-135m), or a model directory")
     p.add_argument("--out", default="docs/compression_study")
     p.add_argument("--calib-sequences", type=int, default=32)
