@@ -284,7 +284,6 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
 
-    from studies.realrun import text_windows
     from tl_directional.model.load import bundled_model_dir, load_model
     from tl_directional.model.sites import lane_of, resolve_sites
 
@@ -301,14 +300,14 @@ def main(argv=None) -> int:
     evals = {}
     for text in dict.fromkeys([calib_text, *texts]):
         if text == calib_text:
-            windows = text_windows(dense, text, args.calib_sequences + args.eval_sequences, args.seq_len)
+            windows = R.text_windows(dense, text, args.calib_sequences + args.eval_sequences, args.seq_len)
             if len(windows) < args.calib_sequences + 2:
                 raise SystemExit(f"not enough held-out text in {text!r} for calibration + evaluation windows")
             calib = windows.slice(0, args.calib_sequences)
             if text in texts:
                 evals[text] = windows.slice(args.calib_sequences, len(windows))
         else:
-            evals[text] = text_windows(dense, text, args.eval_sequences, args.seq_len)
+            evals[text] = R.text_windows(dense, text, args.eval_sequences, args.seq_len)
     evals = {t: evals[t] for t in texts}
     evalb, spans = concat_batches(evals)
     out = Path(args.out)
@@ -336,11 +335,10 @@ def main(argv=None) -> int:
         assert torch.equal(saved["dense_nll"], dense_nll), "partial.pt was measured on other windows"
         print(f"analysing {len(records)} finished settings from {partial}")
     else:
-        from studies.realrun import git_commit
 
         measured_by = {"command": "python -m studies run compression-study " + " ".join(argv if argv is not None
                                                                                     else sys.argv[1:]),
-                       "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+                       "commit": R.git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
         stats = collect_input_stats(dense, calib, batch_size=args.batch_size, n_samples=512, seed=args.seed)
         for spec in grid:
             t0 = time.perf_counter()
@@ -401,8 +399,6 @@ def main(argv=None) -> int:
         meta["measured_by"] = saved.get("measured_by")
     (out / "study.json").write_text(json.dumps(meta, indent=2) + "\n")
     if args.page:
-        from studies import realrun as R
-
         prov = R.provenance(dense, args.model, resolved, out.parent)
         write_page(Path(args.page), results, {**meta, **prov, "seconds": meta["total_seconds"]})
     for text, (out_t, *_) in results.items():

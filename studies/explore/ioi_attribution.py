@@ -39,7 +39,9 @@ import sys
 import time
 
 from studies import common
-from tl_directional.core.rank import spearman  # noqa: E402, F401  (re-exported: the tests read it here)
+from studies.claims.data import csv_bytes
+from studies.claims.run import run_header
+from tl_directional.core.rank import spearman  # noqa: F401  (re-exported: the tests read it here)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = common.ROOT
@@ -258,8 +260,6 @@ def run(args) -> int:
     import pandas as pd
     import torch
 
-    from studies.claims.data import csv_bytes
-    from studies.claims.run import run_header
     from tl_directional.model.load import load_model
     from tl_directional.model.sites import resolve_sites
 
