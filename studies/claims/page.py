@@ -19,18 +19,14 @@ from studies.claims.stats import (
 )
 
 
-def build_page(stem: str) -> str:
-
-    manifest, rec, prof = load_data(stem)
-    weights = window_bootstrap(rec)
-    st = setting_stats(rec, weights)
-    texts = list(weights)
+def _header_lines(stem: str, manifest: dict, rec, st, texts) -> list[str]:
+    """The page's title, provenance (data, model, texts) and the statistics' description."""
     m = manifest["model"]
     tokens = {
         t: int(rec[(rec.text == t) & (rec.setting == "baseline")].tokens.sum()) for t in texts
     }
     subset = "" if "value-exclusive s_par=0.25" in st else ", the four removals only"
-    L = [
+    return [
         f"# The seed's claims on {m['name']} ({manifest['seq_len']}-token windows{subset}, "
         + ", ".join(f"`{t}`" for t in texts)
         + ")",
@@ -76,31 +72,30 @@ def build_page(stem: str) -> str:
         "",
     ]
 
-    def row(label):
-        d = st[label]
-        per = [float(d[t][0]) for t in texts if t in d]
-        return (
-            f"| {label} | {fmt_interval(d['pooled'])} | "
-            + " | ".join(f"{float(d[t][0]):+.3f}" for t in texts)
-            + f" | {min(per):+.3f} .. {max(per):+.3f} | {fmt_interval(d['pooled:ppl_rel'] * 100, pct_format(d['pooled:ppl_rel']))}% | "
-            f"{_corpus_ppl_pct(d['pooled'][0])} | {float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |"
-        )
 
+def _row(st, texts, label):
+    d = st[label]
+    per = [float(d[t][0]) for t in texts if t in d]
+    return (
+        f"| {label} | {fmt_interval(d['pooled'])} | "
+        + " | ".join(f"{float(d[t][0]):+.3f}" for t in texts)
+        + f" | {min(per):+.3f} .. {max(per):+.3f} | {fmt_interval(d['pooled:ppl_rel'] * 100, pct_format(d['pooled:ppl_rel']))}% | "
+        f"{_corpus_ppl_pct(d['pooled'][0])} | {float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |"
+    )
+
+
+def _edit_tables(st, texts, sandwich_norm: bool) -> list[str]:
+    """The removals, exclude-self and perpendicular tables (rows only for settings the run has),
+    with their notes."""
     head = (
         "| setting | delta pooled [95% CI] | "
         + " | ".join(f"delta `{t}`" for t in texts)
         + " | spread | ppl change [95% CI] | corpus ppl change | KL | top-1 agree |"
     )
     sep = "|---|---|" + "---:|" * len(texts) + "---|---|---:|---:|---:|"
-    verdicts, e_rows = claim_verdicts(st, prof, texts)
     ex = [f"value-exclusive s_par={s:g}" for s in EXCL_GRID]
-    L += [
-        "## Verdicts (rules in [protocol.md](protocol.md))",
-        "",
-        "| claim | test | statistic [95% CI] | verdict |",
-        "|---|---|---|---|",
-    ]
-    L += [f"| {c} | {t} | {s} | {v} |" for c, t, s, v in verdicts]
+    row = lambda label: _row(st, texts, label)  # noqa: E731
+    L: list[str] = []
     L += ["", "## Removals (s_par = 0 unless named), all layers", "", head, sep]
     for lab in [
         "value-exclusive s_par=0",
@@ -146,7 +141,7 @@ def build_page(stem: str) -> str:
             sep,
         ]
         L += [row(lab) for lab in perp if lab in st]
-    if m["sandwich_norm"] and "value-full s_par=2" in st:
+    if sandwich_norm and "value-full s_par=2" in st:
         L += [
             "",
             "Sandwich norms: the post-attention RMSNorm removes a common scale of the attention output and there "
@@ -154,14 +149,12 @@ def build_page(stem: str) -> str:
             "`s_perp = 0.5` (see [method](../method.md)); such pairs are not counted as parallel-versus-perpendicular "
             "evidence. The twin does not hold for exclude-self: its self message is not scaled (protocol sec. 9.5).",
         ]
-    L += [
-        "",
-        "## Parallel share tracks A_tt (claim E)",
-        "",
-        "| text | heads | Spearman(A_tt mean, mean abs cos(o_t, v_t)) [95% CI, bootstrap over heads] |",
-        "|---|---:|---|",
-    ]
-    L += [f"| `{t}` | {n} | {fmt_interval(r, '+.2f')} |" for t, r, n in e_rows]
+    return L
+
+
+def _depth_lines(prof, manifest: dict, texts) -> list[str]:
+    """The depth profile table (mean abs cos(u, r) per layer, BOS excluded) and its random level."""
+    L: list[str] = []
     pr = prof[prof.table == "residual"]
     L += [
         "",
@@ -190,6 +183,34 @@ def build_page(stem: str) -> str:
         "No anisotropy control (a mismatched token's stream) in this run.",
         "",
     ]
+    return L
+
+
+def build_page(stem: str) -> str:
+    """The claims page of run ``stem`` (protocol sec. 4), from its committed data alone."""
+    manifest, rec, prof = load_data(stem)
+    weights = window_bootstrap(rec)
+    st = setting_stats(rec, weights)
+    texts = list(weights)
+    L = _header_lines(stem, manifest, rec, st, texts)
+    verdicts, e_rows = claim_verdicts(st, prof, texts)
+    L += [
+        "## Verdicts (rules in [protocol.md](protocol.md))",
+        "",
+        "| claim | test | statistic [95% CI] | verdict |",
+        "|---|---|---|---|",
+    ]
+    L += [f"| {c} | {t} | {s} | {v} |" for c, t, s, v in verdicts]
+    L += _edit_tables(st, texts, manifest["model"]["sandwich_norm"])
+    L += [
+        "",
+        "## Parallel share tracks A_tt (claim E)",
+        "",
+        "| text | heads | Spearman(A_tt mean, mean abs cos(o_t, v_t)) [95% CI, bootstrap over heads] |",
+        "|---|---:|---|",
+    ]
+    L += [f"| `{t}` | {n} | {fmt_interval(r, '+.2f')} |" for t, r, n in e_rows]
+    L += _depth_lines(prof, manifest, texts)
     return "\n".join(L)
 
 

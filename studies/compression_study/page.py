@@ -174,6 +174,36 @@ def reading_lines(text: str, settings, pl, sp) -> list[str]:
     return out
 
 
+def _text_section(text: str, out: Path, settings, pl, prefix: str) -> list[str]:
+    """One text's section of the page: its Spearman tables, the settings table, the paper's
+    single-layer numbers beside ours, and the figures (named ``<prefix>.*.svg``)."""
+    L: list[str] = []
+    L += [f"## Text `{text}`", "", "### Spearman of each diagnostic with the loss increase", ""]
+    L += (out / "table_compact.md").read_text().splitlines()
+    L += ["", "Within method families (full sample, no interval), local block:", ""]
+    L += (out / "table_within.md").read_text().splitlines()
+    tm = (out / "table.md").read_text().splitlines()
+    L += ["", "### Settings", ""] + tm[next(i for i, x in enumerate(tm) if x.startswith("| setting")):]
+    L += ["", "### The paper's single-layer numbers side by side (local attention)", "",
+          "| source | setting | paper perp | paper par | here layer | here perp energy [95% CI] | "
+          "here par energy [95% CI] | P(perp > par) | here perp / update (per-token mean) | here par / update |",
+          "|---|---|---:|---:|---:|---|---|---:|---:|---:|"]
+    for src, lab, pp, pa, layer, x in paper_layer_rows(settings, pl):
+        L.append(f"| {src} | {lab} | {pp} | {'' if pa is None else pa} | {layer} | "
+                 f"{x.err_perp_energy:.3f} [{x.err_perp_energy_lo:.3f}, {x.err_perp_energy_hi:.3f}] | "
+                 f"{x.err_par_energy:.3f} [{x.err_par_energy_lo:.3f}, {x.err_par_energy_hi:.3f}] | "
+                 f"{x.p_perp_gt_par:.2f} | {x.err_perp_over_update:.3f} | {x.err_par_over_update:.3f} |")
+    L += ["", "The paper's layer-10 values above 1 suggest a different normalisation from METHOD sec. 6's "
+          "`||e_perp|| / ||u||` (a guess; the paper's text does not settle it), so compare the perp-vs-par "
+          "order, not the values.", "",
+          f"![local attn perp per layer, {text}]({prefix}.perp_per_layer_attn.svg)", "",
+          f"![local mlp perp per layer, {text}]({prefix}.perp_per_layer_mlp.svg)", "",
+          f"Parallel error per layer: [attention]({prefix}.par_per_layer_attn.svg), "
+          f"[MLP]({prefix}.par_per_layer_mlp.svg).", "",
+          f"![diagnostics vs loss increase, {text}]({prefix}.scatter.svg)", ""]
+    return L
+
+
 def write_page(page: Path, results: dict, meta: dict) -> None:
     """The real-model results page: reading first (computed), provenance, then per text the
     Spearman table, the settings table and the paper's single-layer numbers side by side.
@@ -223,30 +253,7 @@ def write_page(page: Path, results: dict, meta: dict) -> None:
           "(columns `loo_min` / `loo_max` of the Spearman CSV). Per-layer errors carry their own bootstrap intervals "
           "in the per-layer CSV.", ""]
     for text, (out, settings, pl, _sp) in results.items():
-        prefix = f"{stem}.{text}" if multi else stem
-        L += [f"## Text `{text}`", "", "### Spearman of each diagnostic with the loss increase", ""]
-        L += (out / "table_compact.md").read_text().splitlines()
-        L += ["", "Within method families (full sample, no interval), local block:", ""]
-        L += (out / "table_within.md").read_text().splitlines()
-        tm = (out / "table.md").read_text().splitlines()
-        L += ["", "### Settings", ""] + tm[next(i for i, x in enumerate(tm) if x.startswith("| setting")):]
-        L += ["", "### The paper's single-layer numbers side by side (local attention)", "",
-              "| source | setting | paper perp | paper par | here layer | here perp energy [95% CI] | "
-              "here par energy [95% CI] | P(perp > par) | here perp / update (per-token mean) | here par / update |",
-              "|---|---|---:|---:|---:|---|---|---:|---:|---:|"]
-        for src, lab, pp, pa, layer, x in paper_layer_rows(settings, pl):
-            L.append(f"| {src} | {lab} | {pp} | {'' if pa is None else pa} | {layer} | "
-                     f"{x.err_perp_energy:.3f} [{x.err_perp_energy_lo:.3f}, {x.err_perp_energy_hi:.3f}] | "
-                     f"{x.err_par_energy:.3f} [{x.err_par_energy_lo:.3f}, {x.err_par_energy_hi:.3f}] | "
-                     f"{x.p_perp_gt_par:.2f} | {x.err_perp_over_update:.3f} | {x.err_par_over_update:.3f} |")
-        L += ["", "The paper's layer-10 values above 1 suggest a different normalisation from METHOD sec. 6's "
-              "`||e_perp|| / ||u||` (a guess; the paper's text does not settle it), so compare the perp-vs-par "
-              "order, not the values.", "",
-              f"![local attn perp per layer, {text}]({prefix}.perp_per_layer_attn.svg)", "",
-              f"![local mlp perp per layer, {text}]({prefix}.perp_per_layer_mlp.svg)", "",
-              f"Parallel error per layer: [attention]({prefix}.par_per_layer_attn.svg), "
-              f"[MLP]({prefix}.par_per_layer_mlp.svg).", "",
-              f"![diagnostics vs loss increase, {text}]({prefix}.scatter.svg)", ""]
+        L += _text_section(text, out, settings, pl, f"{stem}.{text}" if multi else stem)
     L += [f"Per-layer local parallel / perpendicular error of attention and MLP for every setting, with intervals: "
           f"[`{stem}.per_layer.csv`]({stem}.per_layer.csv); settings [`{stem}.settings.csv`]({stem}.settings.csv); "
           f"Spearman incl. per layer [`{stem}.spearman.csv`]({stem}.spearman.csv); meta "

@@ -147,7 +147,40 @@ def verdict_rows(stem: str, data: Path = DATA):
              verdict(s))]
 
 
+def _curve_lines(c, cfg) -> list[str]:
+    """The page's validation-curve table: per step, each variant's mean over seeds and the mean
+    paired difference."""
+    L = ["", "## Validation curves (mean over seeds)", "",
+         "| step | tokens | baseline | vpara | vpara - baseline (mean of paired) |", "|---|---|---|---|---|"]
+    for step in sorted(c.step.unique()):
+        cs = c[c.step == step]
+        row = {v: cs[cs.variant == v].set_index("seed").val_loss for v in VARIANTS}
+        both = sorted(set(row["baseline"].index) & set(row["vpara"].index))
+        diff = sum(row["vpara"][k] - row["baseline"][k] for k in both) / len(both) if both else math.nan
+        mean = lambda x: "-" if len(x) == 0 else f"{x.mean():.4f}"  # noqa: E731
+        L.append(f"| {int(step)} | {int(step) * cfg['batch_size'] * cfg['n_ctx']:,} | {mean(row['baseline'])} | "
+                 f"{mean(row['vpara'])} | {diff:+.4f} |")
+    return L
+
+
+def _geometry_lines(g) -> list[str]:
+    """The page's pre-edit geometry table: per variant, mean over layers, then mean +- std over seeds."""
+    cols = ("value_energy_ratio", "value_beta_mean", "attn_energy_ratio", "mlp_energy_ratio")
+    L = ["", "## Pre-edit geometry of the trained models", "",
+         "Read before the edit, each model with its own training edit active; mean over layers, then "
+         "mean +- sample std over seeds. Not part of the verdict.", "",
+         "| variant | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for v in VARIANTS:
+        per_seed = g[g.variant == v].groupby("seed")[list(cols)].mean()
+        if per_seed.empty:
+            continue
+        cells = [f"{per_seed[k].mean():.3f} +- {per_seed[k].std(ddof=1) if len(per_seed) > 1 else 0:.3f}" for k in cols]
+        L.append(f"| {v} | " + " | ".join(cells) + " |")
+    return L
+
+
 def build_page(stem: str, data: Path = DATA) -> str:
+    """The toy training page of run ``stem`` (protocol sec. 8), from its committed data alone."""
     manifest, t = load(stem, data)
     cfg = manifest["config"]
     per, seeds, s = _paired(t["final"])
@@ -197,29 +230,7 @@ def build_page(stem: str, data: Path = DATA) -> str:
         cell = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
         d = "-" if b is None or v is None else f"{v - b:+.4f}"
         L.append(f"| {seed} | {cell(b)} | {cell(v)} | {d} |")
-    L += ["", "## Validation curves (mean over seeds)", "",
-          "| step | tokens | baseline | vpara | vpara - baseline (mean of paired) |", "|---|---|---|---|---|"]
-    c = t["curves"]
-    for step in sorted(c.step.unique()):
-        cs = c[c.step == step]
-        row = {v: cs[cs.variant == v].set_index("seed").val_loss for v in VARIANTS}
-        both = sorted(set(row["baseline"].index) & set(row["vpara"].index))
-        diff = sum(row["vpara"][k] - row["baseline"][k] for k in both) / len(both) if both else math.nan
-        mean = lambda x: "-" if len(x) == 0 else f"{x.mean():.4f}"  # noqa: E731
-        L.append(f"| {int(step)} | {int(step) * cfg['batch_size'] * cfg['n_ctx']:,} | {mean(row['baseline'])} | "
-                 f"{mean(row['vpara'])} | {diff:+.4f} |")
-    g = t["geometry"]
-    cols = ("value_energy_ratio", "value_beta_mean", "attn_energy_ratio", "mlp_energy_ratio")
-    L += ["", "## Pre-edit geometry of the trained models", "",
-          "Read before the edit, each model with its own training edit active; mean over layers, then "
-          "mean +- sample std over seeds. Not part of the verdict.", "",
-          "| variant | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-    for v in VARIANTS:
-        per_seed = g[g.variant == v].groupby("seed")[list(cols)].mean()
-        if per_seed.empty:
-            continue
-        cells = [f"{per_seed[k].mean():.3f} +- {per_seed[k].std(ddof=1) if len(per_seed) > 1 else 0:.3f}" for k in cols]
-        L.append(f"| {v} | " + " | ".join(cells) + " |")
+    L += _curve_lines(t["curves"], cfg) + _geometry_lines(t["geometry"])
     L += [
         "",
         "## What this does and does not say",

@@ -197,15 +197,12 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS: dict[str, str] = {
     # one results page each, written top to bottom in the page's order: split, a page's sections
     # would be read out of order; each is pinned byte for byte by `python -m studies build --check`
-    "studies/claims/page.py::build_page": "the claims page, section by section (byte-pinned)",
     "studies/instruments/page.py::build_page": "the instruments page, section by section (byte-pinned)",
     "studies/compression/page.py::build_page": "the compression claims page, section by section (byte-pinned)",
     "studies/depth/page.py::build_page": "the depth page, section by section (byte-pinned)",
     "studies/pass_training/page.py::build_page": "the pass8m page, section by section (byte-pinned)",
-    "studies/training/page.py::build_page": "the toy training page, section by section (byte-pinned)",
     "studies/paper_vs_ours.py::block": "the paper-vs-ours table, one row per claim in the paper's order (byte-pinned)",
     "studies/claims/stats.py::claim_verdicts": "claims A-E's verdict rules in the protocol's order (byte-pinned)",
-    "studies/compression_study/page.py::write_page": "the compression study page, section by section",
     # settings tables: one entry per setting of the protocol's grid, in the grid's order
     "studies/claims/run.py::settings": "protocol sec. 3's grid, one entry per setting in its order",
     "studies/instruments/run.py::instrument_settings": "protocol sec. 11's grid, one entry per setting",
