@@ -66,7 +66,76 @@ def _per_layer(rec, weights, comp):
     return out
 
 
+def _verdict_lines(rec, weights, level: float) -> tuple[list[str], dict]:
+    """The verdict rows of claims D1 / D2 and their amended readings, and the per-layer
+    bootstrap tables ``{component: {layer: ...}}`` they are read from."""
+    import numpy as np
+
+    L: list[str] = []
+    tables = {}
+    for comp, cid in (("attn", "D1"), ("mlp", "D2")):
+        per = _per_layer(rec, weights, comp)
+        tables[comp] = per
+        mean_x = np.mean([v["x"] for v in per.values()], axis=0)
+        v, lo, hi = S.interval(mean_x)
+        verdict = "**held**" if lo > level else ("**failed**" if hi < level else "not decided")
+        pvals = {str(k): float(np.mean(d["x"][1:] <= 0)) for k, d in per.items()}
+        passed = holm(pvals)
+        L.append(
+            f"| {cid} | {comp} updates are aligned with their own token's stream beyond anisotropy: mean over "
+            f"layers of the excess above the random-direction level {level:.3f} | {v:+.3f} [{lo:+.3f}, {hi:+.3f}]; "
+            f"layers with excess > 0 (Holm, one-sided, alpha 0.05): {len(passed)} of {len(per)} | {verdict} |"
+        )
+    for comp, cid in (("attn", "D1"), ("mlp", "D2")):
+        per = tables[comp]
+        mean_x = np.mean([v["x"] for v in per.values()], axis=0)
+        mean_m = np.mean([v["m"] for v in per.values()], axis=0)
+        L.append(
+            f"| {cid}a (amended reading, sec. 9.5) | {comp} updates carry any own-token alignment beyond "
+            f"anisotropy: mean over layers of the excess above 0 | {S.fmt_interval(mean_x)} | {S.verdict_sign(mean_x)} |"
+        )
+        L.append(
+            f"| {cid}l (amended reading, sec. 9.5) | the seed's literal claim: {comp} E abs cos above the "
+            f"random-direction level {level:.3f}, mean over layers | {S.fmt_interval(mean_m, '.3f')} | "
+            f"{S.verdict_threshold(mean_m, level)} |"
+        )
+    return L, tables
+
+
+def _layer_lines(tables: dict, rec, texts) -> list[str]:
+    """Per component, the per-layer table; then the signed mean cos(u, r) per layer."""
+    L: list[str] = []
+    for comp in COMPONENTS:
+        per = tables[comp]
+        L += [
+            "",
+            f"## {comp}: per layer",
+            "",
+            "| layer | E abs cos [95% CI] | control [95% CI] | excess [95% CI] | control / E abs cos | "
+            + " | ".join(f"`{t}`" for t in texts) + " |",
+            "|---:|---|---|---|---:|" + "---:|" * len(texts),
+        ]
+        for layer, d in sorted(per.items()):
+            L.append(
+                f"| {layer} | {S.fmt_interval(d['m'], '.3f')} | {S.fmt_interval(d['c'], '.3f')} | {S.fmt_interval(d['x'])} | "
+                f"{float(d['c'][0] / d['m'][0]):.2f} | " + " | ".join(f"{d['texts'][t]:.3f}" for t in texts) + " |"
+            )
+    L += [
+        "",
+        "Signed mean cos(u, r) per layer (the sign says whether the parallel part adds to or erases the stream):",
+        "",
+        "| layer | " + " | ".join(COMPONENTS) + " |",
+        "|---:|" + "---:|" * len(COMPONENTS),
+    ]
+    signed = rec.groupby(["component", "layer"])[["cos", "tokens"]].sum()
+    for layer in sorted(rec.layer.unique()):
+        L.append(f"| {layer} | " + " | ".join(
+            f"{signed.loc[(c, layer), 'cos'] / signed.loc[(c, layer), 'tokens']:+.3f}" for c in COMPONENTS) + " |")
+    return L
+
+
 def build_page(stem: str, data: Path | None = None) -> str:
+    """The depth page of run ``stem`` (protocol sec. 7), from its committed data alone."""
     import numpy as np
 
     manifest, rec = load(stem, data)
@@ -105,33 +174,8 @@ def build_page(stem: str, data: Path | None = None) -> str:
         "| id | claim | statistic [95% CI] | verdict |",
         "|---|---|---|---|",
     ]
-    tables = {}
-    for comp, cid in (("attn", "D1"), ("mlp", "D2")):
-        per = _per_layer(rec, weights, comp)
-        tables[comp] = per
-        mean_x = np.mean([v["x"] for v in per.values()], axis=0)
-        v, lo, hi = S.interval(mean_x)
-        verdict = "**held**" if lo > level else ("**failed**" if hi < level else "not decided")
-        pvals = {str(k): float(np.mean(d["x"][1:] <= 0)) for k, d in per.items()}
-        passed = holm(pvals)
-        L.append(
-            f"| {cid} | {comp} updates are aligned with their own token's stream beyond anisotropy: mean over "
-            f"layers of the excess above the random-direction level {level:.3f} | {v:+.3f} [{lo:+.3f}, {hi:+.3f}]; "
-            f"layers with excess > 0 (Holm, one-sided, alpha 0.05): {len(passed)} of {len(per)} | {verdict} |"
-        )
-    for comp, cid in (("attn", "D1"), ("mlp", "D2")):
-        per = tables[comp]
-        mean_x = np.mean([v["x"] for v in per.values()], axis=0)
-        mean_m = np.mean([v["m"] for v in per.values()], axis=0)
-        L.append(
-            f"| {cid}a (amended reading, sec. 9.5) | {comp} updates carry any own-token alignment beyond "
-            f"anisotropy: mean over layers of the excess above 0 | {S.fmt_interval(mean_x)} | {S.verdict_sign(mean_x)} |"
-        )
-        L.append(
-            f"| {cid}l (amended reading, sec. 9.5) | the seed's literal claim: {comp} E abs cos above the "
-            f"random-direction level {level:.3f}, mean over layers | {S.fmt_interval(mean_m, '.3f')} | "
-            f"{S.verdict_threshold(mean_m, level)} |"
-        )
+    rows, tables = _verdict_lines(rec, weights, level)
+    L += rows
     L += [
         "",
         "Anisotropy share (amended reading, sec. 9.5: the finding reported first), mean over layers of "
@@ -153,32 +197,7 @@ def build_page(stem: str, data: Path | None = None) -> str:
         )
         + ". The control is the share of E|cos| that any token's stream would give.",
     ]
-    for comp in COMPONENTS:
-        per = tables[comp]
-        L += [
-            "",
-            f"## {comp}: per layer",
-            "",
-            "| layer | E abs cos [95% CI] | control [95% CI] | excess [95% CI] | control / E abs cos | "
-            + " | ".join(f"`{t}`" for t in texts) + " |",
-            "|---:|---|---|---|---:|" + "---:|" * len(texts),
-        ]
-        for layer, d in sorted(per.items()):
-            L.append(
-                f"| {layer} | {S.fmt_interval(d['m'], '.3f')} | {S.fmt_interval(d['c'], '.3f')} | {S.fmt_interval(d['x'])} | "
-                f"{float(d['c'][0] / d['m'][0]):.2f} | " + " | ".join(f"{d['texts'][t]:.3f}" for t in texts) + " |"
-            )
-    L += [
-        "",
-        "Signed mean cos(u, r) per layer (the sign says whether the parallel part adds to or erases the stream):",
-        "",
-        "| layer | " + " | ".join(COMPONENTS) + " |",
-        "|---:|" + "---:|" * len(COMPONENTS),
-    ]
-    signed = rec.groupby(["component", "layer"])[["cos", "tokens"]].sum()
-    for layer in sorted(rec.layer.unique()):
-        L.append(f"| {layer} | " + " | ".join(
-            f"{signed.loc[(c, layer), 'cos'] / signed.loc[(c, layer), 'tokens']:+.3f}" for c in COMPONENTS) + " |")
+    L += _layer_lines(tables, rec, texts)
     return "\n".join(L)
 
 

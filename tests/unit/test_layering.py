@@ -199,7 +199,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     # would be read out of order; each is pinned byte for byte by `python -m studies build --check`
     "studies/instruments/page.py::build_page": "the instruments page, section by section (byte-pinned)",
     "studies/compression/page.py::build_page": "the compression claims page, section by section (byte-pinned)",
-    "studies/depth/page.py::build_page": "the depth page, section by section (byte-pinned)",
     "studies/pass_training/page.py::build_page": "the pass8m page, section by section (byte-pinned)",
     "studies/paper_vs_ours.py::block": "the paper-vs-ours table, one row per claim in the paper's order (byte-pinned)",
     "studies/claims/stats.py::claim_verdicts": "claims A-E's verdict rules in the protocol's order (byte-pinned)",
