@@ -24,7 +24,108 @@ _ci = S.interval
 _fmt = S.fmt_interval
 
 
+def _rho_lines(st, res, texts) -> list[str]:
+    """The rho tables: two-level bootstrap, settings held fixed, each text, within method families."""
+    import numpy as np
+
+    L: list[str] = []
+    L += ["## Spearman rho of each diagnostic with the loss increase", "",
+          f"Over the {st.S} settings; interval from the two-level bootstrap (settings and windows). `raw MSE` "
+          "(per-token mean `||e||^2`, not normalised) is reported, not compared.", "",
+          "| diagnostics | " + " | ".join(DIAG) + " | raw MSE |", "|---|" + "---|" * (len(DIAG) + 1)]
+    for f in FORMS:
+        r = res[f]
+        L.append(f"| {label_form(*f)} | " + " | ".join(_fmt(r[d], "+.2f") for d in DIAG)
+                 + (f" | {_fmt(r['raw MSE'], '+.2f')} |" if "raw MSE" in r else " | |"))
+    L += ["", "The same, settings held fixed (windows resampled only: the interval the earlier study reported):", "",
+          "| diagnostics | " + " | ".join(DIAG) + " | T |", "|---|" + "---|" * (len(DIAG) + 1)]
+    for f in FORMS[:1] + FORMS[4:5]:
+        r = st.rhos(*f, fixed_settings=True)
+        T = np.min(np.stack([r["perp"] - r[c] for c in COMPARATORS]), 0)
+        L.append(f"| {label_form(*f)} | " + " | ".join(_fmt(r[d], "+.2f") for d in DIAG) + f" | {_fmt(T)} |")
+    L += ["", "Each text on its own (full sample, attention per-token mean; the spread across texts):", "",
+          "| text | " + " | ".join(DIAG) + " | T |", "|---|" + "---:|" * (len(DIAG) + 1)]
+    for ti, t in enumerate(texts):
+        w = st.text_weights(ti)
+        y = st.loss_increase(w)
+        vals = {}
+        for d, (num, den, tr) in diag_parts("attn", "mean").items():
+            vals[d] = float(spearman(st.pooled(num, den, tr, w), y, if_constant=0.0)[0])
+        T = min(vals["perp"] - vals[c] for c in COMPARATORS)
+        L.append(f"| `{t}` | " + " | ".join(f"{vals[d]:+.2f}" for d in DIAG) + f" | {T:+.3f} |")
+    fam = {"quantisation (rtn, awq)": ("rtn", "awq"), "pruning (magnitude, wanda)": ("magnitude", "wanda")}
+    L += ["", "Within method families (full sample, attention per-token mean; no interval):", "",
+          "| family (settings) | " + " | ".join(DIAG) + " |", "|---|" + "---:|" * len(DIAG)]
+    y_all = st.loss_increase()[:1]
+    for name, methods in fam.items():
+        sel = [i for i, lab in enumerate(st.labels) if st.methods[lab] in methods]
+        if len(sel) < 3:
+            continue
+        cells = []
+        for d, (num, den, tr) in diag_parts("attn", "mean").items():
+            if d in DIAG:
+                cells.append(f"{float(spearman(st.pooled(num, den, tr)[:1, sel], y_all[:, sel], if_constant=0.0)[0]):+.2f}")
+        L.append(f"| {name} ({len(sel)}) | " + " | ".join(cells) + " |")
+    return L
+
+
+def _layer_lines(st) -> list[str]:
+    """Per attention layer: Spearman of the layer's own diagnostics against the loss increase."""
+    import numpy as np
+
+    L: list[str] = []
+    L += ["", "## Per attention layer (per-token mean, full sample)", "",
+          "Spearman over settings of each layer's own diagnostic against the (whole-model) loss increase.", "",
+          "| layer | rho perp | rho par | rho 1-cos | rho MSE | mean perp / mean par (over settings) |",
+          "|---:|---:|---:|---:|---:|---:|"]
+    lay = st.lay.groupby(["setting", "layer"], sort=True)[list(LAYER_KEEP)].sum().reset_index()
+    y0 = st.loss_increase()[:1]
+    for layer in sorted(lay.layer.unique()):
+        g = lay[lay.layer == layer].set_index("setting").loc[st.labels]
+        n = g["n"].to_numpy()
+        vals = {"perp": g.t_err_perp.to_numpy() / n, "par": g.t_err_par.to_numpy() / n,
+                "1-cos": 1 - g.t_cos.to_numpy() / n, "MSE": g.t_rel_mse.to_numpy() / n}
+        rr = {d: float(spearman(v[None, :], y0, if_constant=0.0)[0]) for d, v in vals.items()}
+        ratio = float(np.mean(vals["perp"]) / np.mean(vals["par"]))
+        L.append(f"| {int(layer)} | " + " | ".join(f"{rr[d]:+.2f}" for d in DIAG) + f" | {ratio:.2f} |")
+    return L
+
+
+def _settings_lines(st, texts) -> list[str]:
+    """The settings table (loss increase, per text, diagnostics) and the dense loss."""
+    import numpy as np
+
+    L: list[str] = []
+    li = st.loss_increase()
+    diag_cols = [("attn perp", "attn", "mean", "perp"), ("attn par", "attn", "mean", "par"),
+                 ("attn 1-cos", "attn", "mean", "1-cos"), ("attn MSE", "attn", "mean", "MSE"),
+                 ("block perp", "block", "mean", "perp"), ("block par", "block", "mean", "par")]
+    vals = {}
+    for name, unit, form, d in diag_cols:
+        num, den, tr = diag_parts(unit, form)[d]
+        vals[name] = st.pooled(num, den, tr)[0]
+    L += ["", "## Settings", "",
+          "Loss increase in nats per predicted token (compressed minus dense, token-weighted over the texts; "
+          "interval over windows; then each text's own); diagnostics are per-token means pooled over layers (local error over the "
+          "dense update).", "",
+          "| setting | spec | loss increase [95% CI] | " + " | ".join(f"`{t}`" for t in texts) + " | "
+          + " | ".join(c[0] for c in diag_cols) + " |",
+          "|---|---|---|" + "---:|" * (len(texts) + len(diag_cols))]
+    per_text = [st.loss_increase(st.text_weights(ti))[0] for ti in range(len(texts))]
+    for i in np.argsort(li[0], kind="stable"):
+        lab = st.labels[i]
+        L.append(f"| {lab} | `{st.specs[i]}` | {_fmt(li[:, i], '+.4f')} | "
+                 + " | ".join(f"{pt[i]:+.4f}" for pt in per_text) + " | "
+                 + " | ".join(f"{vals[c[0]][i]:.4f}" for c in diag_cols) + " |")
+    base = (st.cols["base_nll"][0] @ np.ones(st.W)) / st.cols["tokens"][0].sum()
+    L += ["", f"Dense loss: {base:.4f} nats per predicted token (pooled over the texts); per text: "
+          + ", ".join(f"`{t}` {st.cols['base_nll'][0][st.wtext == ti].sum() / st.cols['tokens'][0][st.wtext == ti].sum():.4f}"
+                      for ti, t in enumerate(texts)) + ".", ""]
+    return L
+
+
 def build_page(stem: str) -> str:
+    """The compression claims page of run ``stem`` (protocol sec. 6), from its committed data alone."""
     import numpy as np
 
     manifest, rec, lay = load_data(stem)
@@ -101,87 +202,7 @@ def build_page(stem: str) -> str:
           "(a negative loss increase)" + (": the ranking then mixes damage with such gains, see each text's own "
           "rhos and the settings table below." if neg else "."), ""]
 
-    # ---- rho table ---------------------------------------------------------------------------
-    L += ["## Spearman rho of each diagnostic with the loss increase", "",
-          f"Over the {S} settings; interval from the two-level bootstrap (settings and windows). `raw MSE` "
-          "(per-token mean `||e||^2`, not normalised) is reported, not compared.", "",
-          "| diagnostics | " + " | ".join(DIAG) + " | raw MSE |", "|---|" + "---|" * (len(DIAG) + 1)]
-    for f in FORMS:
-        r = res[f]
-        L.append(f"| {label_form(*f)} | " + " | ".join(_fmt(r[d], "+.2f") for d in DIAG)
-                 + (f" | {_fmt(r['raw MSE'], '+.2f')} |" if "raw MSE" in r else " | |"))
-    L += ["", "The same, settings held fixed (windows resampled only: the interval the earlier study reported):", "",
-          "| diagnostics | " + " | ".join(DIAG) + " | T |", "|---|" + "---|" * (len(DIAG) + 1)]
-    for f in FORMS[:1] + FORMS[4:5]:
-        r = st.rhos(*f, fixed_settings=True)
-        T = np.min(np.stack([r["perp"] - r[c] for c in COMPARATORS]), 0)
-        L.append(f"| {label_form(*f)} | " + " | ".join(_fmt(r[d], "+.2f") for d in DIAG) + f" | {_fmt(T)} |")
-    L += ["", "Each text on its own (full sample, attention per-token mean; the spread across texts):", "",
-          "| text | " + " | ".join(DIAG) + " | T |", "|---|" + "---:|" * (len(DIAG) + 1)]
-    for ti, t in enumerate(texts):
-        w = st.text_weights(ti)
-        y = st.loss_increase(w)
-        vals = {}
-        for d, (num, den, tr) in diag_parts("attn", "mean").items():
-            vals[d] = float(spearman(st.pooled(num, den, tr, w), y, if_constant=0.0)[0])
-        T = min(vals["perp"] - vals[c] for c in COMPARATORS)
-        L.append(f"| `{t}` | " + " | ".join(f"{vals[d]:+.2f}" for d in DIAG) + f" | {T:+.3f} |")
-    fam = {"quantisation (rtn, awq)": ("rtn", "awq"), "pruning (magnitude, wanda)": ("magnitude", "wanda")}
-    L += ["", "Within method families (full sample, attention per-token mean; no interval):", "",
-          "| family (settings) | " + " | ".join(DIAG) + " |", "|---|" + "---:|" * len(DIAG)]
-    y_all = st.loss_increase()[:1]
-    for name, methods in fam.items():
-        sel = [i for i, lab in enumerate(st.labels) if st.methods[lab] in methods]
-        if len(sel) < 3:
-            continue
-        cells = []
-        for d, (num, den, tr) in diag_parts("attn", "mean").items():
-            if d in DIAG:
-                cells.append(f"{float(spearman(st.pooled(num, den, tr)[:1, sel], y_all[:, sel], if_constant=0.0)[0]):+.2f}")
-        L.append(f"| {name} ({len(sel)}) | " + " | ".join(cells) + " |")
-
-    # ---- per layer ---------------------------------------------------------------------------
-    L += ["", "## Per attention layer (per-token mean, full sample)", "",
-          "Spearman over settings of each layer's own diagnostic against the (whole-model) loss increase.", "",
-          "| layer | rho perp | rho par | rho 1-cos | rho MSE | mean perp / mean par (over settings) |",
-          "|---:|---:|---:|---:|---:|---:|"]
-    lay = st.lay.groupby(["setting", "layer"], sort=True)[list(LAYER_KEEP)].sum().reset_index()
-    y0 = st.loss_increase()[:1]
-    for layer in sorted(lay.layer.unique()):
-        g = lay[lay.layer == layer].set_index("setting").loc[st.labels]
-        n = g["n"].to_numpy()
-        vals = {"perp": g.t_err_perp.to_numpy() / n, "par": g.t_err_par.to_numpy() / n,
-                "1-cos": 1 - g.t_cos.to_numpy() / n, "MSE": g.t_rel_mse.to_numpy() / n}
-        rr = {d: float(spearman(v[None, :], y0, if_constant=0.0)[0]) for d, v in vals.items()}
-        ratio = float(np.mean(vals["perp"]) / np.mean(vals["par"]))
-        L.append(f"| {int(layer)} | " + " | ".join(f"{rr[d]:+.2f}" for d in DIAG) + f" | {ratio:.2f} |")
-
-    # ---- settings ----------------------------------------------------------------------------
-    li = st.loss_increase()
-    diag_cols = [("attn perp", "attn", "mean", "perp"), ("attn par", "attn", "mean", "par"),
-                 ("attn 1-cos", "attn", "mean", "1-cos"), ("attn MSE", "attn", "mean", "MSE"),
-                 ("block perp", "block", "mean", "perp"), ("block par", "block", "mean", "par")]
-    vals = {}
-    for name, unit, form, d in diag_cols:
-        num, den, tr = diag_parts(unit, form)[d]
-        vals[name] = st.pooled(num, den, tr)[0]
-    L += ["", "## Settings", "",
-          "Loss increase in nats per predicted token (compressed minus dense, token-weighted over the texts; "
-          "interval over windows; then each text's own); diagnostics are per-token means pooled over layers (local error over the "
-          "dense update).", "",
-          "| setting | spec | loss increase [95% CI] | " + " | ".join(f"`{t}`" for t in texts) + " | "
-          + " | ".join(c[0] for c in diag_cols) + " |",
-          "|---|---|---|" + "---:|" * (len(texts) + len(diag_cols))]
-    per_text = [st.loss_increase(st.text_weights(ti))[0] for ti in range(len(texts))]
-    for i in np.argsort(li[0], kind="stable"):
-        lab = st.labels[i]
-        L.append(f"| {lab} | `{st.specs[i]}` | {_fmt(li[:, i], '+.4f')} | "
-                 + " | ".join(f"{pt[i]:+.4f}" for pt in per_text) + " | "
-                 + " | ".join(f"{vals[c[0]][i]:.4f}" for c in diag_cols) + " |")
-    base = (st.cols["base_nll"][0] @ np.ones(st.W)) / st.cols["tokens"][0].sum()
-    L += ["", f"Dense loss: {base:.4f} nats per predicted token (pooled over the texts); per text: "
-          + ", ".join(f"`{t}` {st.cols['base_nll'][0][st.wtext == ti].sum() / st.cols['tokens'][0][st.wtext == ti].sum():.4f}"
-                      for ti, t in enumerate(texts)) + ".", ""]
+    L += _rho_lines(st, res, texts) + _layer_lines(st) + _settings_lines(st, texts)
     L += ["Data: " + ", ".join(f"`{n}` (sha256 `{h[:12]}`)" for n, h in manifest["files"].items()) + "."]
     return "\n".join(L)
 
