@@ -253,61 +253,12 @@ def _repeat_check(rec, label: str, data: Path, model: str) -> str:
     )
 
 
-def build_page(stem: str, data: Path) -> str:
-    """The page ``instruments_<model>.md``, a pure function of ``data/<stem>.*`` (and, for the
-    repeat checks only, of the other committed studies' records in ``data``)."""
+def _carrier_lines(st, texts, manifest: dict, rec, prof, data: Path) -> list[str]:
+    """The carrier section (protocol sec. 11.2): table, matched pairs, repeat check, per-layer profile."""
     import numpy as np
 
-    manifest, frames = load(stem, data)
-    rec, prof, ranking = frames["records"], frames["profile"], frames["ranking"]
-    st = statistics(rec)
-    texts = sorted(rec.text.unique())
-    m = manifest["model"]
-    tokens = {
-        t: int(rec[(rec.text == t) & (rec.setting == "baseline")].tokens.sum()) for t in texts
-    }
-    done = "" if manifest["complete"] else " (**incomplete run**: the texts below only)"
-    car = manifest["carrier"]
-    L = [
-        f"# The revision's other instruments on {m['name']} ({manifest['seq_len']}-token windows, "
-        + ", ".join(f"`{t}`" for t in texts)
-        + ")",
-        "",
-        "Built by `python scripts/claims.py build` from the committed data "
-        f"`docs/results/data/{stem}.*` alone (protocol: [protocol.md](protocol.md) sec. 11, written before the "
-        "run); do not edit by hand.",
-        "",
-        f"- Data made by `{manifest['command']}` at commit `{manifest['commit']}`, {manifest['date']}, "
-        f"{manifest['machine']}, {manifest['seconds']:.0f} s{done}.",
-        f"- Model: `{m['name']}` ({m['architecture']}, {m['n_layers']} layers, {m['n_heads']} query / "
-        f"{m['n_kv_heads']} KV heads{', sandwich norms' if m['sandwich_norm'] else ''}"
-        + (
-            f"), **dequantised** from `{m['source_file']}` ({m['quantisation']}, sha256 "
-            f"`{str(m['source_sha256'])[:16]}...`) to float32"
-            if m.get("dequantised")
-            else "), float32 as trained"
-        )
-        + f", unprocessed weights, {m['lane']} lane.",
-        "- Texts: "
-        + "; ".join(
-            f"`{t}` (sha256 `{manifest['texts'][t]['sha256'][:12]}`): {manifest['texts'][t]['windows']} windows, "
-            f"{tokens[t]} predicted tokens"
-            for t in texts
-        )
-        + ".",
-        f"- `delta`: nats per predicted token, token-weighted, pooled over the texts; intervals: 95% percentile "
-        f"bootstrap over windows stratified by text ({S.B} resamples, seed {S.SEED}), the same resamples for every "
-        "setting (paired); a claim about every member takes the worst member inside each resample. Every edit "
-        "on every position, no BOS exemption.",
-        "",
-        "## Verdicts (rules in [protocol.md](protocol.md) sec. 11)",
-        "",
-        "| claim | test | statistic [95% CI] | verdict |",
-        "|---|---|---|---|",
-    ]
-    L += [f"| {c} | {t} | {s} | {v} |" for c, t, s, v in verdicts(st)]
-
-    # (a) carrier
+    m, car = manifest["model"], manifest["carrier"]
+    L: list[str] = []
     paper = {}
     for lab in CARRIER:
         space, what = lab.split(" ")
@@ -364,8 +315,13 @@ def build_page(stem: str, data: Path) -> str:
             for c in ("carrier_input_par_share", "carrier_block_par_share", "par_frac_mean")
         ]
         L.append(f"| {int(layer)} | {cells[0]:.4f} | {cells[1]:.4f} | {cells[2]:.3f} |")
+    return L
 
-    # (b) weighted Wanda
+
+def _wanda_lines(st, texts, manifest: dict, ranking) -> list[str]:
+    """The weighted-Wanda section (sec. 11.3): table, flip fractions, ranking overlap."""
+
+    L: list[str] = []
     cal = manifest["calibration"]
     L += [
         "",
@@ -406,8 +362,14 @@ def build_page(stem: str, data: Path) -> str:
         "scores), the paper's of the largest 1% / 10%: compare with the null, not across.",
         f'- The paper (appendix, "Overall pruning-error rankings"): {PAPER_WANDA}; {PAPER_RANKING}.',
     ]
+    return L
 
-    # (c) random per-layer scales
+
+def _random_lines(st, texts, manifest: dict, rec, data: Path) -> list[str]:
+    """The random per-layer scales section (sec. 11.4): table, draws, spread, repeat check."""
+
+    m = manifest["model"]
+    L: list[str] = []
     L += [
         "",
         "## (c) Random per-layer value-space scales against fixed half retention",
@@ -448,6 +410,64 @@ def build_page(stem: str, data: Path) -> str:
         f'The paper (appendix, "Random layerwise value-parallel scaling"), {PAPER_RANDOM}.',
         "",
     ]
+    return L
+
+
+def build_page(stem: str, data: Path) -> str:
+    """The page ``instruments_<model>.md``, a pure function of ``data/<stem>.*`` (and, for the
+    repeat checks only, of the other committed studies' records in ``data``)."""
+
+    manifest, frames = load(stem, data)
+    rec, prof, ranking = frames["records"], frames["profile"], frames["ranking"]
+    st = statistics(rec)
+    texts = sorted(rec.text.unique())
+    m = manifest["model"]
+    tokens = {
+        t: int(rec[(rec.text == t) & (rec.setting == "baseline")].tokens.sum()) for t in texts
+    }
+    done = "" if manifest["complete"] else " (**incomplete run**: the texts below only)"
+    L = [
+        f"# The revision's other instruments on {m['name']} ({manifest['seq_len']}-token windows, "
+        + ", ".join(f"`{t}`" for t in texts)
+        + ")",
+        "",
+        "Built by `python scripts/claims.py build` from the committed data "
+        f"`docs/results/data/{stem}.*` alone (protocol: [protocol.md](protocol.md) sec. 11, written before the "
+        "run); do not edit by hand.",
+        "",
+        f"- Data made by `{manifest['command']}` at commit `{manifest['commit']}`, {manifest['date']}, "
+        f"{manifest['machine']}, {manifest['seconds']:.0f} s{done}.",
+        f"- Model: `{m['name']}` ({m['architecture']}, {m['n_layers']} layers, {m['n_heads']} query / "
+        f"{m['n_kv_heads']} KV heads{', sandwich norms' if m['sandwich_norm'] else ''}"
+        + (
+            f"), **dequantised** from `{m['source_file']}` ({m['quantisation']}, sha256 "
+            f"`{str(m['source_sha256'])[:16]}...`) to float32"
+            if m.get("dequantised")
+            else "), float32 as trained"
+        )
+        + f", unprocessed weights, {m['lane']} lane.",
+        "- Texts: "
+        + "; ".join(
+            f"`{t}` (sha256 `{manifest['texts'][t]['sha256'][:12]}`): {manifest['texts'][t]['windows']} windows, "
+            f"{tokens[t]} predicted tokens"
+            for t in texts
+        )
+        + ".",
+        f"- `delta`: nats per predicted token, token-weighted, pooled over the texts; intervals: 95% percentile "
+        f"bootstrap over windows stratified by text ({S.B} resamples, seed {S.SEED}), the same resamples for every "
+        "setting (paired); a claim about every member takes the worst member inside each resample. Every edit "
+        "on every position, no BOS exemption.",
+        "",
+        "## Verdicts (rules in [protocol.md](protocol.md) sec. 11)",
+        "",
+        "| claim | test | statistic [95% CI] | verdict |",
+        "|---|---|---|---|",
+    ]
+    L += [f"| {c} | {t} | {s} | {v} |" for c, t, s, v in verdicts(st)]
+
+    L += _carrier_lines(st, texts, manifest, rec, prof, data)
+    L += _wanda_lines(st, texts, manifest, ranking)
+    L += _random_lines(st, texts, manifest, rec, data)
     return "\n".join(L)
 
 
