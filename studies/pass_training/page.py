@@ -312,6 +312,51 @@ def lead_cells(stem: str, data: Path = DATA) -> tuple[str, str, str]:
     return ours, verdicts, reading
 
 
+def _curve_lines(c, stem: str, per_step: int) -> list[str]:
+    """The validation-loss table over training: each variant's mean over seeds with its 95% band,
+    and the paired gap of each edit to the baseline."""
+    L: list[str] = []
+    L += ["", "## Validation loss over training (mean over seeds, 95% interval) and the paired gap", "",
+          f"![validation loss per variant]({stem}_loss.svg)", "", f"![paired gap to the baseline]({stem}_gap.svg)",
+          "",
+          "| step | tokens | " + " | ".join(VARIANTS) + " | vpara - baseline | attn-para - baseline |",
+          "|---|---|" + "---|" * (len(VARIANTS) + 2)]
+    for step in sorted(c.step.unique()):
+        cs = c[c.step == step]
+        per = {v: cs[cs.variant == v].set_index("seed").val_loss for v in VARIANTS}
+        cells = []
+        for v in VARIANTS:
+            x = list(per[v].values)
+            m, hw = _band(x) if x else (math.nan, math.nan)
+            cells.append("-" if not x else f"{m:.4f} +- {hw:.4f}" if math.isfinite(hw) else f"{m:.4f}")
+        for v in ("vpara", "attn-para"):
+            both = sorted(set(per["baseline"].index) & set(per[v].index))
+            d = [per[v][k] - per["baseline"][k] for k in both]
+            m, hw = _band(d) if d else (math.nan, math.nan)
+            cells.append("-" if not d else f"{m:+.4f} +- {hw:.4f}" if math.isfinite(hw) else f"{m:+.4f}")
+        L.append(f"| {int(step)} | {int(step) * per_step:,} | " + " | ".join(cells) + " |")
+    return L
+
+
+def _share_lines(sh, stem: str) -> list[str]:
+    """The parallel share of each layer's update before and after training, per variant."""
+    L: list[str] = []
+    L += ["", "## Parallel share of each layer's update, before and after training", "",
+          f"`par^2 / (par^2 + perp^2)` on {GEOMETRY_WINDOWS} validation windows, read before the edit at its hook "
+          "while the variant's edits are active; mean over seeds. Value: each head's output against its own "
+          "value; attn / mlp: the update against the residual stream it is added to.", "",
+          f"![parallel share per layer]({stem}_shares.svg)", "",
+          "| variant | layer | value before | value after | attn before | attn after | mlp before | mlp after |",
+          "|---|---|---|---|---|---|---|---|"]
+    for v in VARIANTS:
+        for layer in sorted(sh[sh.variant == v].layer.unique()):
+            g = sh[(sh.variant == v) & (sh.layer == layer)]
+            cells = [f"{g[g.when == w][f'{comp}_share'].mean():.3f}" for comp in ("value", "attn", "mlp")
+                     for w in ("before", "after")]
+            L.append(f"| {v} | {layer} | " + " | ".join(cells) + " |")
+    return L
+
+
 def build_page(stem: str, data: Path = DATA) -> str:
     manifest, t = load(stem, data)
     cfg = manifest["config"]
@@ -364,42 +409,11 @@ def build_page(stem: str, data: Path = DATA) -> str:
         L.append(f"| {seed} | {path} | " + " | ".join(cells) + " |")
     L += hf_reading(f, t["hf"])
     c = t["curves"]
-    L += ["", "## Validation loss over training (mean over seeds, 95% interval) and the paired gap", "",
-          f"![validation loss per variant]({stem}_loss.svg)", "", f"![paired gap to the baseline]({stem}_gap.svg)",
-          "",
-          "| step | tokens | " + " | ".join(VARIANTS) + " | vpara - baseline | attn-para - baseline |",
-          "|---|---|" + "---|" * (len(VARIANTS) + 2)]
-    for step in sorted(c.step.unique()):
-        cs = c[c.step == step]
-        per = {v: cs[cs.variant == v].set_index("seed").val_loss for v in VARIANTS}
-        cells = []
-        for v in VARIANTS:
-            x = list(per[v].values)
-            m, hw = _band(x) if x else (math.nan, math.nan)
-            cells.append("-" if not x else f"{m:.4f} +- {hw:.4f}" if math.isfinite(hw) else f"{m:.4f}")
-        for v in ("vpara", "attn-para"):
-            both = sorted(set(per["baseline"].index) & set(per[v].index))
-            d = [per[v][k] - per["baseline"][k] for k in both]
-            m, hw = _band(d) if d else (math.nan, math.nan)
-            cells.append("-" if not d else f"{m:+.4f} +- {hw:.4f}" if math.isfinite(hw) else f"{m:+.4f}")
-        L.append(f"| {int(step)} | {int(step) * per_step:,} | " + " | ".join(cells) + " |")
+    L += _curve_lines(c, stem, per_step)
     L += ["", "Reading (computed from the table above): the paper says \"" + PAPER_TRAJECTORY + "\" "
           "(`sections/experiments.tex`, \"Training-Time Allocation\", about its 296M-528M runs). Here:", ""]
     L += [trajectory_sentence(c, v, per_step) for v in ("vpara", "attn-para")]
-    sh = t["shares"]
-    L += ["", "## Parallel share of each layer's update, before and after training", "",
-          f"`par^2 / (par^2 + perp^2)` on {GEOMETRY_WINDOWS} validation windows, read before the edit at its hook "
-          "while the variant's edits are active; mean over seeds. Value: each head's output against its own "
-          "value; attn / mlp: the update against the residual stream it is added to.", "",
-          f"![parallel share per layer]({stem}_shares.svg)", "",
-          "| variant | layer | value before | value after | attn before | attn after | mlp before | mlp after |",
-          "|---|---|---|---|---|---|---|---|"]
-    for v in VARIANTS:
-        for layer in sorted(sh[sh.variant == v].layer.unique()):
-            g = sh[(sh.variant == v) & (sh.layer == layer)]
-            cells = [f"{g[g.when == w][f'{comp}_share'].mean():.3f}" for comp in ("value", "attn", "mlp")
-                     for w in ("before", "after")]
-            L.append(f"| {v} | {layer} | " + " | ".join(cells) + " |")
+    L += _share_lines(t["shares"], stem)
     ratio_p, ratio_t = sc["paper_params_x"], sc["paper_tokens_x"]
     L += [
         "",
