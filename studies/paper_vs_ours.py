@@ -20,6 +20,13 @@ from studies.training import page as training_claims
 
 MODELS = ("smollm2-135m", "gemma-3-270m")
 START, END = "<!-- paper-vs-ours -->", "<!-- /paper-vs-ours -->"
+#: the table's header lines, after :data:`START`
+TABLE_HEAD = (
+    "",
+    "| the paper's claim, in its words | the paper's number | ours (delta: nats per predicted token "
+    "[95% CI]) | verdict here | what scale, precision or edit form can and cannot explain |",
+    "|---|---|---|---|---|",
+)
 
 
 def _delta(st, label):
@@ -155,25 +162,14 @@ def _row(claim, paper, source, ours: dict[str, str], verdicts: str, reading: str
     return f"| {claim} | {paper} ({source}) | {cells} | {verdicts} | {reading} |"
 
 
-def block(data: Path) -> str:
-
-    st = {m: _claims_stats(m, data) for m in MODELS}
-    am = {m: _claims_stats(m, data, "amend") for m in MODELS}
-    acc = _accuracy(data)
-    exp = "`sections/experiments.tex`"
-    L = [
-        START,
-        "",
-        "| the paper's claim, in its words | the paper's number | ours (delta: nats per predicted token "
-        "[95% CI]) | verdict here | what scale, precision or edit form can and cannot explain |",
-        "|---|---|---|---|---|",
-    ]
+def _depth_row(data: Path, st: dict, exp: str) -> str:
+    """Claim 1's row: the depth profile and its anisotropy control (claim D)."""
     depth = {}
     for m in MODELS:
         if (data / f"depth_{m}.manifest.json").is_file():
             rows = depth_claims.verdict_rows(f"depth_{m}", data)
             depth[m] = {r[0].split(" ", 1)[0].rstrip(":"): r for r in rows}
-    L.append(_row(
+    return _row(
         "attention and MLP updates carry \"large parallel components\" (claim 1)",
         "mean abs cos(u, r) per layer (figure only)", exp,
         {m: f"attn E abs cos {depth[m]['D1l'][1]}, own-token excess over another window's stream "
@@ -182,7 +178,58 @@ def block(data: Path) -> str:
                   f"excess above the random level {depth[m]['D1'][2]}" for m in depth),
         "The level holds; most of it is anisotropy (a shared stream direction), which scale does not "
         "remove by itself. Depth pages give the per-layer share.",
-    ))
+    )
+
+
+def _compression_row(data: Path, exp: str) -> str:
+    """The compression row: the amended reading of each compression page."""
+    comp = []
+    for m in ("default", "smollm2-135m"):
+        p = data.parent / f"claims_compression_{m}.md"
+        if p.is_file():
+            row = [ln for ln in p.read_text().split("## Amended reading", 1)[-1].splitlines()
+                   if ln.startswith("| attn, per-token mean |")]
+            if row:
+                cells = [c.strip() for c in row[0].strip("|").split(" | ")]
+                comp.append((m, cells[1], cells[2]))
+    return _row(
+        "perpendicular error curves \"cleanly separate\" compression settings, parallel ones \"heavily interleave\"",
+        "Qwen3-4B, AWQ 4-bit < Wanda 50% < 4:8 < 2:4", f"{exp}, \"Compression Diagnostics\"",
+        {m: f"rho_perp - rho_par over 23 settings {s}" for m, s, _ in comp},
+        "; ".join(f"{m}: {v}" for m, _, v in comp) + " (amended reading)",
+        "On the paper's four settings both diagnostics order them as their damage in every layer, and the "
+        "parallel one separates them more (compression pages): the \"interleave\" sentence does not hold here.",
+    )
+
+
+def _training_row(data: Path, exp: str) -> str:
+    """Claim 4's row: the toy training run and the single pass."""
+    tr = training_claims.verdict_rows("training_kjv_10x", data) if (
+        data / "training_kjv_10x.manifest.json").is_file() else []
+    ours = {"toy GPT-2 (2 layers)": tr[0][1] if tr else "not measured"}
+    verdicts = f"toy: {tr[0][2]}" if tr else "toy: -"
+    reading = ("The toy: about 700x fewer parameters and 500x fewer tokens than the smallest replicated run, "
+               "repeated data.")
+    if (data / f"{PASS_STEM}.manifest.json").is_file():
+        p_ours, p_verdicts, p_reading = pass_training.lead_cells(PASS_STEM, data)
+        ours[f"single pass ({PASS_STEM})"] = p_ours
+        verdicts += f"; single pass: {p_verdicts}"
+        reading += f" The single pass: {p_reading}"
+    return _row(
+        "suppressing parallel updates during training lowers validation loss",
+        "below baseline at 296M / 436M / 528M, OpenWebText (figure); +0.7 / +1.5 downstream points at "
+        "1.4B / 2.7B (single runs)", f"{exp}, \"Training-Time Allocation\"",
+        ours, verdicts, reading,
+    )
+
+
+def block(data: Path) -> str:
+    """The paper-vs-ours table between :data:`START` and :data:`END`, from the committed data in ``data``."""
+    st = {m: _claims_stats(m, data) for m in MODELS}
+    am = {m: _claims_stats(m, data, "amend") for m in MODELS}
+    acc = _accuracy(data)
+    exp = "`sections/experiments.tex`"
+    L = [START, *TABLE_HEAD, _depth_row(data, st, exp)]
     L.append(_row(
         "exclude-self value editing leaves performance \"virtually intact\" (V-Excl.-self, s_par = 0)",
         "Qwen3-1.7B zero-shot 61.61 -> 60.10; WikiText-2 PPL +0.46", f"{exp}, table `tab:general-zeroshot`; "
@@ -250,40 +297,8 @@ def block(data: Path) -> str:
         "(residual attention)",
         "Agrees at matched scale; at matched perturbation norm one space of one model disagrees.",
     ))
-    comp = []
-    for m in ("default", "smollm2-135m"):
-        p = data.parent / f"claims_compression_{m}.md"
-        if p.is_file():
-            row = [ln for ln in p.read_text().split("## Amended reading", 1)[-1].splitlines()
-                   if ln.startswith("| attn, per-token mean |")]
-            if row:
-                cells = [c.strip() for c in row[0].strip("|").split(" | ")]
-                comp.append((m, cells[1], cells[2]))
-    L.append(_row(
-        "perpendicular error curves \"cleanly separate\" compression settings, parallel ones \"heavily interleave\"",
-        "Qwen3-4B, AWQ 4-bit < Wanda 50% < 4:8 < 2:4", f"{exp}, \"Compression Diagnostics\"",
-        {m: f"rho_perp - rho_par over 23 settings {s}" for m, s, _ in comp},
-        "; ".join(f"{m}: {v}" for m, _, v in comp) + " (amended reading)",
-        "On the paper's four settings both diagnostics order them as their damage in every layer, and the "
-        "parallel one separates them more (compression pages): the \"interleave\" sentence does not hold here.",
-    ))
-    tr = training_claims.verdict_rows("training_kjv_10x", data) if (
-        data / "training_kjv_10x.manifest.json").is_file() else []
-    ours = {"toy GPT-2 (2 layers)": tr[0][1] if tr else "not measured"}
-    verdicts = f"toy: {tr[0][2]}" if tr else "toy: -"
-    reading = ("The toy: about 700x fewer parameters and 500x fewer tokens than the smallest replicated run, "
-               "repeated data.")
-    if (data / f"{PASS_STEM}.manifest.json").is_file():
-        p_ours, p_verdicts, p_reading = pass_training.lead_cells(PASS_STEM, data)
-        ours[f"single pass ({PASS_STEM})"] = p_ours
-        verdicts += f"; single pass: {p_verdicts}"
-        reading += f" The single pass: {p_reading}"
-    L.append(_row(
-        "suppressing parallel updates during training lowers validation loss",
-        "below baseline at 296M / 436M / 528M, OpenWebText (figure); +0.7 / +1.5 downstream points at "
-        "1.4B / 2.7B (single runs)", f"{exp}, \"Training-Time Allocation\"",
-        ours, verdicts, reading,
-    ))
+    L.append(_compression_row(data, exp))
+    L.append(_training_row(data, exp))
     L += _instrument_rows(data)
     L += ["", END]
     return "\n".join(L)

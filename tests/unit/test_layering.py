@@ -197,7 +197,6 @@ MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS: dict[str, str] = {
     # one results page each, written top to bottom in the page's order: split, a page's sections
     # would be read out of order; each is pinned byte for byte by `python -m studies build --check`
-    "studies/paper_vs_ours.py::block": "the paper-vs-ours table, one row per claim in the paper's order (byte-pinned)",
     "studies/claims/stats.py::claim_verdicts": "claims A-E's verdict rules in the protocol's order (byte-pinned)",
     # settings tables: one entry per setting of the protocol's grid, in the grid's order
     "studies/claims/run.py::settings": "protocol sec. 3's grid, one entry per setting in its order",
