@@ -123,10 +123,8 @@ def head_spearman(pv, texts, column: str):
     return rows
 
 
-def claim_verdicts(st, prof, texts):
-    """The verdict rows ``[(claim, test, statistic, verdict)]`` of protocol sec. 4 from the
-    per-setting bootstrap statistics ``st`` (:func:`setting_stats`) and the profile table ``prof``, and
-    claim E's per-text rows ``[(text, [B + 1] Spearman, heads)]``."""
+def _claims_ab(st) -> list[tuple[str, str, str, str]]:
+    """Claims A1-A3 (exclude-self is harmless, over s_par) and B (full-aggregate removal hurts)."""
     import numpy as np
 
     verdicts = []
@@ -183,6 +181,16 @@ def claim_verdicts(st, prof, texts):
                 {"**held**": "**failed**", "**failed**": "**held**"}.get(v, v),
             )
         )
+    return verdicts
+
+
+def _claims_c(st) -> list[tuple[str, str, str, str]]:
+    """Claims C1 / C2: perpendicular removal hurts more than parallel, at matched norm and scale
+    (Holm over the four spaces, each way)."""
+    import numpy as np
+
+    verdicts = []
+    has = lambda *labels: all(lab in st for lab in labels)  # noqa: E731 - a run may hold a subset
     # claim C: perpendicular hurts more than parallel, matched norm and matched scale
     pairs_norm = {
         "value-exclusive": ("value-exclusive matched-norm perp", "value-exclusive s_par=0"),
@@ -217,6 +225,14 @@ def claim_verdicts(st, prof, texts):
                 verdict_sign(mn),
             )
         )
+    return verdicts
+
+
+def _claims_e(prof, texts):
+    """Claim E and its amended reading: the per-text Spearman rows and their verdicts."""
+    import numpy as np
+
+    verdicts = []
     # claim E: attention's value-space parallel ratio tracks A_tt (per head, bootstrap over heads)
     pv = prof[prof.table == "value"]
     e_rows = head_spearman(pv, texts, "par_frac_full_mean")
@@ -244,3 +260,11 @@ def claim_verdicts(st, prof, texts):
             )
         )
     return verdicts, e_rows
+
+
+def claim_verdicts(st, prof, texts):
+    """The verdict rows ``[(claim, test, statistic, verdict)]`` of protocol sec. 4 from the
+    per-setting bootstrap statistics ``st`` (:func:`setting_stats`) and the profile table ``prof``, and
+    claim E's per-text rows ``[(text, [B + 1] Spearman, heads)]``."""
+    e_verdicts, e_rows = _claims_e(prof, texts)
+    return _claims_ab(st) + _claims_c(st) + e_verdicts, e_rows
