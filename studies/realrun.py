@@ -31,7 +31,8 @@ from studies import common
 ROOT, git_commit, sha256_file = common.ROOT, common.git_commit, common.sha256_file
 
 import tl_directional.evaluate.metrics as M  # noqa: E402  (the sweep's metric registries)
-from tl_directional.evaluate.sweep import Setting, prediction_mask  # noqa: E402
+from tl_directional import Setting  # noqa: E402
+from tl_directional.evaluate.sweep import prediction_mask  # noqa: E402
 from tl_directional.io.atomic import atomic_write_bytes, atomic_write_text  # noqa: E402
 
 TEXTS = {

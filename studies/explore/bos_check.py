@@ -26,8 +26,8 @@ import torch  # noqa: E402
 
 from studies import common
 from studies import realrun as R
+from tl_directional import Setting  # noqa: E402
 from tl_directional.edit import edits_for_space  # noqa: E402
-from tl_directional.evaluate.sweep import Setting  # noqa: E402
 
 SPACES = ["value", "resid-attn", "resid-mlp"]  # hard-diag leaves the BOS row unchanged anyway
 SPARE = slice(1, None)  # every query position but the first (windows are BOS + text, no padding)

@@ -35,7 +35,7 @@ FACTORIZATION_COLS = ("phi", "alpha_head", "self_term", "cross_term", "factoriza
 
 
 def run_profile(model, batch, batch_size: int, exclude_bos: bool, sandwich: bool):
-    from tl_directional.measure import profile
+    from tl_directional import profile
 
     prof = profile(model, batch, batch_size=batch_size, exclude_first_token=exclude_bos, progress=False)
     res = prof.residual.copy()

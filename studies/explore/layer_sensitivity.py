@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from studies import common
 from studies import realrun as R
-from tl_directional.evaluate.sweep import Setting  # noqa: E402
+from tl_directional import Setting  # noqa: E402
 
 SPACES = ["value", "value-exclusive", "resid-attn", "resid-mlp", "hard-diag"]
 
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
             meta["seconds"] = time.time() - t0  # so a run stopped after one text can still be re-rendered
             R.write_json(out / "meta.json", meta)
         if args.safe_scale:
-            from tl_directional.evaluate.sweep import find_safe_scale
+            from tl_directional import find_safe_scale
 
             t1 = time.time()
             sb = R.text_windows(model, args.safe_text, args.safe_sequences, args.seq_len)

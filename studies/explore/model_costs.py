@@ -65,19 +65,19 @@ def run_phase(name: str, phase: str, batch: int, seq: int, repeats: int) -> dict
                     times.append(time.perf_counter() - t)
                 out["seconds"] = statistics.median(times)
             elif phase == "profile":
-                from tl_directional.measure import profile
+                from tl_directional import profile
 
                 t = time.perf_counter()
                 profile(model, tokens, batch_size=batch, progress=False)
                 out["seconds"] = time.perf_counter() - t
             elif phase == "dla":
-                from tl_directional.evaluate.patching import split_logit_attribution
+                from tl_directional import split_logit_attribution
 
                 t = time.perf_counter()
                 split_logit_attribution(model, tokens, tokens[:, -1])
                 out["seconds"] = time.perf_counter() - t
             elif phase == "patch":
-                from tl_directional.evaluate.patching import directional_patch
+                from tl_directional import directional_patch
 
                 corrupted = tokens.clone()
                 corrupted[:, seq // 2] = tokens[:, seq // 2 + 1]

@@ -24,7 +24,8 @@ import pandas as pd
 import torch
 
 from studies import common
-from tl_directional.evaluate.sweep import Setting, grid, sweep, sweep_figure
+from tl_directional import Setting, grid, sweep
+from tl_directional.evaluate.sweep import sweep_figure
 from tl_directional.model.inputs import load_text_sequences
 from tl_directional.model.load import load_model
 

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from studies import common
 from studies import realrun as R
 from studies.explore.paper_ordering import PAPER_BASE_PPL, PAPER_REMOVAL  # noqa: E402
-from tl_directional.evaluate.sweep import grid  # noqa: E402
+from tl_directional import grid  # noqa: E402
 
 SPACES = ["value", "value-exclusive", "resid-attn", "resid-mlp", "resid-both"]
 # The camera-ready table (Qwen3-4B held-out ppl at s_par = 0, base 49.95).
