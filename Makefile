@@ -59,24 +59,24 @@ test-kernels: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
-# Rebuild every results page from the committed data alone (docs/results/protocol.md): the claims
-# and depth pages with the verdict table of docs/results.md, then the compression pages.
+# Rebuild every results page from the committed data alone (docs/results/protocol.md): every
+# study's pages, the verdict table of docs/results.md and the paper-vs-ours blocks (studies/pages.py;
+# `$(PY) -m studies build --check` compares without writing, as the suite does).
 results: $(STAMP)
-	$(PY) scripts/compression_claims.py build
-	$(PY) scripts/claims.py build
+	$(PY) -m studies build
 
 # The single-pass training corpus of protocol sec. 10 (Debian documentation sources, about 12M
 # tokens) into $(TL_DIRECTIONAL_CACHE)/corpora/pass8m, its hashes checked against
 # docs/results/data/pass8m.expected.json. Needs apt-get (run `apt-get update` once) and dpkg-deb.
 pass-corpus: $(STAMP)
-	$(PY) scripts/build_pass_corpus.py
+	$(PY) -m studies.data.build_pass_corpus
 
 # Protocol sec. 10's runs (about 12 CPU-hours; resumable: run it again until it says all tasks
-# are done), then `$(PY) scripts/pass_training.py collect` and `make results`. Finished tasks are
+# are done), then `$(PY) -m studies run pass-training collect` and `make results`. Finished tasks are
 # kept in docs/results/data/pass8m-tasks/ (commit them): a new machine resumes from there.
 JOBS ?= 2
 pass-training: pass-corpus
-	$(PY) scripts/pass_training.py run --jobs $(JOBS)
+	$(PY) -m studies run pass-training run --jobs $(JOBS)
 
 # Regenerate constraints/$(LANE).lock: a fresh venv installs what `make venv models` installs,
 # without the old lock, and its `pip freeze` becomes the lock (torch's local "+cpu" tag dropped:
@@ -96,7 +96,7 @@ lock:
 	rm -rf $(LOCK_VENV)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check tl_directional tests benchmarks scripts
+	$(VENV)/bin/ruff check tl_directional tests benchmarks studies
 
 clean:
 	rm -rf .venv .venv-legacy demo_out demo_out-* site

@@ -389,7 +389,7 @@ def to_markdown(book, stem: str, out: Path, repo: Path, header: str) -> str:
 
 def _provenance(repo: Path, model: str) -> str:
     """One line naming the code and the weights of the run: the commit (``+dirty`` when the
-    package, the scripts or the notebooks had uncommitted changes) and, for a catalogued real
+    package, the studies or the notebooks had uncommitted changes) and, for a catalogued real
     model, its source file and sha256 (the bundled default model: its safetensors' sha256)."""
     import hashlib
     import subprocess
@@ -399,7 +399,7 @@ def _provenance(repo: Path, model: str) -> str:
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], capture_output=True, text=True, cwd=repo).stdout.strip()
 
-    dirty = bool(git("status", "--porcelain", "--", "tl_directional", "scripts", "notebooks"))
+    dirty = bool(git("status", "--porcelain", "--", "tl_directional", "studies", "notebooks"))
     commit = (git("rev-parse", "--short", "HEAD") or "unknown") + ("+dirty" if dirty else "")
     if model in REAL_MODELS:
         entry = REAL_MODELS[model]

@@ -49,6 +49,7 @@ from tl_directional.model.load import build_tiny_hf_model, load_hf_model, load_m
 TIERS = {
     "unit": "pure math and plumbing: builds no TransformerLens model",
     "integration": "tiny seeded models, the bulk of the suite",
+    "studies": "the studies/ package: result pages rebuilt byte for byte, study smoke runs on tiny models",
     "real": "the real pretrained models SmolLM2-135M / Gemma-3-270M, after make models; skipped without them",
     "browser": "headless Chromium; skipped without it",
 }

@@ -69,8 +69,9 @@ def test_bad_task_dirs_are_named(tmp_path):
 
 def test_task_data_is_rebuilt_identically(tmp_path):
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.run([sys.executable, str(root / "scripts" / "make_lm_eval_task.py"), "--n", "80",
-                           "--seed", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "studies.data.make_lm_eval_task", "--n", "80",
+                           "--seed", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          cwd=root)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "kjv_cloze.jsonl").read_bytes() == (task_dir() / "kjv_cloze.jsonl").read_bytes()
     assert (tmp_path / "build.json").read_text() == (task_dir() / "build.json").read_text()

@@ -1,5 +1,5 @@
 """The toy training experiment through ``transformers.Trainer`` + :class:`DirectionalEditCallback`
-(:func:`tl_directional.training.hf_recipe.train_like_own_trainer`, ``scripts/hf_toy_experiment.py``) follows
+(:func:`tl_directional.training.hf_recipe.train_like_own_trainer`, ``python -m studies.explore.hf_toy_experiment``) follows
 the project's own trainer (:class:`tl_directional.training.trainer.Trainer`) on the same run.
 
 A tiny GPT-2 (2 layers, d_model 32) on the bundled text, 3 AdamW steps with warm-up, cosine decay

@@ -1,12 +1,9 @@
 """Issue 21: the sweep's metrics are registries (tl_directional.evaluate.sweeps.metrics). Adding a metric
-is one entry (a Quantity and a Metric), and the real-model scripts (scripts/_realrun.py) count
+is one entry (a Quantity and a Metric), and the real-model studies (studies/realrun.py) count
 every metric, top-1 agreement included, by the sweep's own rule."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import MappingProxyType
 
 import pytest
@@ -17,16 +14,11 @@ import tl_directional.evaluate.sweeps.metrics as M
 from tl_directional.evaluate.sweeps import BaselineStats, MetricSums, grid, sweep
 from tl_directional.evaluate.sweeps.sweep_store import SweepProgress
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
 
 def _realrun():
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("_registry_realrun", SCRIPTS / "_realrun.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from studies import realrun
+
+    return realrun
 
 
 def _tie_logits():

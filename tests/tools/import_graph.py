@@ -1,9 +1,10 @@
 """The package's import graph, parsed from the source with ``ast`` (nothing is imported).
 
-Run ``python -m tests.tools.import_graph [ROOT]`` for the counts (modules, edges,
+Run ``python -m tests.tools.import_graph [ROOT ...]`` for the counts (modules, edges,
 cycles: strongly connected components of more than one module, plus self-imports)
-and the members of every cycle. ``tests/unit/test_layering.py`` holds the package
-to its floors with the same parser.
+and the members of every cycle, of the library (``tl_directional/``) and the studies
+(``studies/``) by default. ``tests/unit/test_layering.py`` holds both packages to their
+rules with the same parser.
 
 An edge goes from the importing module to the most specific module its statement
 names (``from .a import b`` points at ``a.b`` when ``b`` is a module, else at ``a``),
@@ -21,6 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PACKAGE = "tl_directional"
+#: the other package of the repository the rules cover: the studies (``python -m studies``)
+STUDIES = "studies"
+#: folders of a package that hold data, not modules (``studies/data/`` is code: data preparation)
+DATA_FOLDERS = {PACKAGE: ("data", "results")}
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ def modules(root: Path) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if "__pycache__" in rel.parts or rel.parts[0] in ("data", "results"):
+        if "__pycache__" in rel.parts or rel.parts[0] in DATA_FOLDERS.get(root.name, ()):
             continue
         parts = [root.name, *rel.with_suffix("").parts]
         if parts[-1] == "__init__":
@@ -84,10 +89,12 @@ def _resolve(source: str, is_package: bool, node: ast.ImportFrom) -> str | None:
     return ".".join([*base, *(node.module.split(".") if node.module else [])])
 
 
-def imports(root: Path) -> list[Import]:
-    """Every import of one package module by another, in source order."""
+def imports(root: Path, of: str | None = None) -> list[Import]:
+    """Every import of one package module by another, in source order; with ``of`` (another
+    package's name, e.g. ``tl_directional`` read from ``studies/``), every import of that
+    package's modules instead (``target`` as the statement names it)."""
     known = modules(root)
-    package = root.name
+    package = of or root.name
     found: list[Import] = []
     for source, path in known.items():
         is_package = path.name == "__init__.py"
@@ -99,7 +106,7 @@ def imports(root: Path) -> list[Import]:
                     for alias in child.names:
                         if alias.name == package or alias.name.startswith(package + "."):
                             target = alias.name
-                            while target not in known and "." in target:
+                            while of is None and target not in known and "." in target:
                                 target = target.rsplit(".", 1)[0]
                             found.append(Import(source, target, (), child.lineno, deferred, type_only))
                 elif isinstance(child, ast.ImportFrom):
@@ -109,7 +116,7 @@ def imports(root: Path) -> list[Import]:
                     plain: list[str] = []
                     for alias in child.names:
                         sub = f"{target}.{alias.name}"
-                        if sub in known:
+                        if of is None and sub in known:
                             found.append(Import(source, sub, (), child.lineno, deferred, type_only))
                         else:
                             plain.append(alias.name)
@@ -200,13 +207,8 @@ def graph(root: Path) -> tuple[list[str], set[tuple[str, str]], list[Import]]:
     return sorted(modules(root)), edges, found
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.tools.import_graph", description=__doc__.split("\n")[0])
-    parser.add_argument("root", nargs="?", default=str(Path(__file__).resolve().parents[2] / PACKAGE),
-                        help="the package folder (default: this checkout's tl_directional/; "
-                             "benchmarks/ works too)")
-    args = parser.parse_args(argv)
-    root = Path(args.root).resolve()
+def report(root: Path) -> None:
+    """Print the counts of the package at ``root`` and the members of every cycle."""
     nodes, edges, found = graph(root)
     found_cycles = cycles(nodes, edges)
     deferred = [i for i in found if i.deferred]
@@ -216,6 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"package imports inside functions: {len(deferred)}")
     for component in found_cycles:
         print(f"  cycle of {len(component)}: {' '.join(m.removeprefix(root.name + '.') for m in component)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.tools.import_graph", description=__doc__.split("\n")[0])
+    top = Path(__file__).resolve().parents[2]
+    parser.add_argument("roots", nargs="*", default=[str(top / PACKAGE), str(top / STUDIES)],
+                        help="package folders (default: this checkout's tl_directional/ and studies/; "
+                             "benchmarks/ works too)")
+    args = parser.parse_args(argv)
+    for i, r in enumerate(args.roots):
+        root = Path(r).resolve()
+        if len(args.roots) > 1:
+            print(("\n" if i else "") + f"== {root.name}/")
+        report(root)
     return 0
 
 

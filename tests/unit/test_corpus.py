@@ -1,8 +1,7 @@
-"""Tests for tl_directional.io.corpus and scripts/fetch_corpus.py (the whole-book KJV split)."""
+"""Tests for tl_directional.io.corpus and studies/data/fetch_corpus.py (the whole-book KJV split)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import stat
@@ -24,17 +23,14 @@ from tl_directional.io.corpus import (
 from tl_directional.io.records import sha256_file
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "fetch_corpus.py"
 
 
 @pytest.fixture(scope="module")
 def fetch():
-    """scripts/fetch_corpus.py imported as a module (it is not part of the package)."""
-    spec = importlib.util.spec_from_file_location("fetch_corpus", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fetch_corpus"] = module  # dataclass-free, but keep imports well-formed
-    spec.loader.exec_module(module)
-    return module
+    """``python -m studies.data.fetch_corpus`` as a module."""
+    from studies.data import fetch_corpus
+
+    return fetch_corpus
 
 
 @pytest.fixture()

@@ -143,12 +143,12 @@ def test_pages_that_swap_the_model_have_exactly_one_model_line():
 # the files that cite tests by path; a moved or renamed test must take its citations with it
 CITING = ["README.md", "Makefile", ".ci/run", "pyproject.toml", "mkdocs.yml", "constraints/*.txt",
           "docs/**/*.md", "docs/*.py", "notebooks/*.md", "notebooks/*.py", "benchmarks/**/*.py",
-          "scripts/**/*.py", "tl_directional/**/*.py", "tests/**/*.py"]
+          "studies/**/*.py", "tl_directional/**/*.py", "tests/**/*.py"]
 CITATION = re.compile(r"\btests/((?:[\w-]+/)*[\w-]+\.py)(?:::(\w+))?")
 
 
 def test_every_test_the_docs_cite_exists():
-    """Each ``tests/...py`` named in the docs, README, build files, notebooks, scripts and the
+    """Each ``tests/...py`` named in the docs, README, build files, notebooks, studies and the
     package exists, and each ``::test_name`` is defined in that file."""
     files = sorted({p for pattern in CITING for p in ROOT.glob(pattern) if p.is_file()})
     cited = []

@@ -7,12 +7,13 @@ import as ``path:line: from X import Y (why)``.
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
 
 from tests.tools.code_shape import function_lengths, reexports
-from tests.tools.import_graph import PACKAGE, Import, cycles, graph, module_path
+from tests.tools.import_graph import PACKAGE, STUDIES, Import, cycles, graph, imports, module_path
 from tests.tools.import_graph import modules as module_paths
 
 ROOT = Path(__file__).resolve().parents[2] / PACKAGE
@@ -293,3 +294,129 @@ def test_rooms_are_told_from_the_module_name():
     assert room_of(f"{PACKAGE}.evaluate.suites") == "suites"  # a room's face sits in its room
     assert room_of(f"{PACKAGE}.evaluate") is None  # the floor's face: no room
     assert room_of(f"{PACKAGE}.model.lanes.bridge") is None  # a floor without rooms
+
+
+# ---------------------------------------------------------------------------------------------
+# studies/: the experiments beside the library (python -m studies). They use the library through
+# its public names; the library never imports them. The same parser reads them.
+# ---------------------------------------------------------------------------------------------
+
+STUDIES_ROOT = ROOT.parent / STUDIES
+# (functions: the library's limit, MAX_FUNCTION_LINES)
+#: Functions allowed over the limit, each with why. Remove an entry once its function is split
+#: (the test fails on an entry that is no longer needed).
+STUDIES_LONG_FUNCTIONS: dict[str, str] = {
+    # settings tables: one entry per setting of the protocol's grid, in the grid's order
+    "studies/claims/run.py::settings": "protocol sec. 3's grid, one entry per setting in its order",
+    "studies/instruments/run.py::instrument_settings": "protocol sec. 11's grid, one entry per setting",
+    # command lines and one-off explorations: argument parsing, then one straight run
+    "studies/compression_study/run.py::main": "the study's arguments, then one run (a one-off, docs/compression.md)",
+    "studies/compression_study/run.py::analyse": "one text's tables and bootstrap, in the page's order",
+    "studies/explore/layer_sensitivity.py::main": "a one-off exploration's arguments and single run",
+    "studies/explore/bos_check.py::main": "a one-off exploration's arguments and single run",
+    "studies/data/build_pass_corpus.py::build": "the corpus build's steps in order, each checked against pass8m.expected.json",
+}
+
+
+@pytest.fixture(scope="module")
+def studies():
+    return graph(STUDIES_ROOT)
+
+
+def _studies_trees():
+    for path in sorted(STUDIES_ROOT.rglob("*.py")):
+        if "__pycache__" not in path.parts:
+            yield path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def test_studies_have_no_import_cycle(studies):
+    nodes, edges, found = studies
+    bad = [f"cycle of {len(c)}: {' '.join(c)}\n    " + "\n    ".join(
+        i.where(STUDIES_ROOT) for i in found if i.source in c and i.target in c) for c in cycles(nodes, edges)]
+    _fail("import cycles in studies/ (move what both need into a module both import)", bad)
+
+
+def _study_module_aliases(tree: ast.Module, known: set[str]) -> dict[str, str]:
+    """Names a studies module binds to another studies module (``from studies.claims import stats as S``)."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == STUDIES:
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in known:
+                    out[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in known and alias.asname:
+                    out[alias.asname] = alias.name
+    return out
+
+
+def test_studies_take_no_private_name_from_another_module(studies):
+    """A study module's private helpers (``_x``) stay in it: no ``from studies.x import _y`` and
+    no ``mod._y`` on another studies module (the old ``C._fmt``)."""
+    nodes, _, found = studies
+    bad = [f"{i.where(STUDIES_ROOT)} (private to {i.target}; make it public or move it)"
+           for i in found if i.source != i.target and any(n.startswith("_") and not n.startswith("__") for n in i.names)]
+    known = set(nodes)
+    for path, tree in _studies_trees():
+        aliases = _study_module_aliases(tree, known)
+        bad += [f"{path.relative_to(ROOT.parent)}:{n.lineno}: {n.value.id}.{n.attr} (private to {aliases[n.value.id]})"
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases
+                and n.attr.startswith("_") and not n.attr.startswith("__")]
+    _fail("private names used across studies modules", bad)
+
+
+def test_studies_do_not_edit_sys_path():
+    """``python -m studies`` runs from the checkout: no module puts folders on ``sys.path``."""
+    bad = [f"{path.relative_to(ROOT.parent)}:{n.lineno}: sys.path"
+           for path, tree in _studies_trees() for n in ast.walk(tree)
+           if isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name) and n.value.id == "sys"]
+    _fail("sys.path edits in studies/", bad)
+
+
+def test_studies_use_only_the_librarys_public_names():
+    """studies/ imports the library's public names and modules only (no ``_x``, no ``_module``)."""
+    bad = [f"{i.where(STUDIES_ROOT)} (private to the library; use a public name or make one)"
+           for i in imports(STUDIES_ROOT, of=PACKAGE)
+           if any(p.startswith("_") and not p.startswith("__") for p in (*i.target.split("."), *i.names))]
+    _fail("private library names imported by studies/", bad)
+
+
+def test_the_library_never_imports_the_studies():
+    bad = [i.where(ROOT) for i in imports(ROOT, of=STUDIES)]
+    _fail("imports of studies/ from tl_directional/ (the library must not depend on its experiments)", bad)
+
+
+def test_no_studies_module_is_longer_than_the_limit():
+    lengths = {path.relative_to(STUDIES_ROOT.parent).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+               for path in module_paths(STUDIES_ROOT).values()}
+    _fail(f"studies/ modules over {MAX_MODULE_LINES} lines (split them by job: run / stats / page)",
+          [f"{rel}: {n} lines" for rel, n in lengths.items() if n > MAX_MODULE_LINES])
+
+
+def _code_lines(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of code of a function: blank lines, comment lines and its docstring not counted."""
+    doc: set[int] = set()
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        doc = set(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for i in range(node.lineno, node.end_lineno + 1)
+               if i not in doc and lines[i - 1].strip() and not lines[i - 1].strip().startswith("#"))
+
+
+def test_no_studies_function_is_longer_than_the_limit():
+    """No function of studies/ over :data:`MAX_FUNCTION_LINES` lines of code but those
+    :data:`STUDIES_LONG_FUNCTIONS` names (with why); an entry no longer needed must be removed."""
+    lengths: dict[str, int] = {}
+    for path, tree in _studies_trees():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                key = f"{path.relative_to(ROOT.parent).as_posix()}::{node.name}"
+                lengths[key] = max(lengths.get(key, 0), _code_lines(lines, node))
+    bad = [f"{key}: {n} lines of code (split it by job, or name it in STUDIES_LONG_FUNCTIONS with why)"
+           for key, n in lengths.items() if n > MAX_FUNCTION_LINES and key not in STUDIES_LONG_FUNCTIONS]
+    bad += [f"{key}: in STUDIES_LONG_FUNCTIONS but {lengths.get(key, 0)} lines of code now; remove its entry"
+            for key in STUDIES_LONG_FUNCTIONS if lengths.get(key, 0) <= MAX_FUNCTION_LINES]
+    _fail(f"studies/ functions over {MAX_FUNCTION_LINES} lines of code", bad)

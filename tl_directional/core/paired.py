@@ -83,7 +83,13 @@ def one_sided_p(drop: PairedDrop, margin: float, held_below: bool) -> float:
 
 
 def holm(pvalues: dict[str, float], alpha: float = 0.05) -> set[str]:
-    """Holm's step-down: the keys whose hypotheses are rejected at family-wise ``alpha``."""
+    """Holm's step-down: the keys whose hypotheses are rejected at family-wise ``alpha``.
+
+    ``pvalues``: ``{key: p}``. The hypotheses are tested in increasing ``p`` (ties by key, so the
+    order is deterministic); the ``i``-th (0-based) of ``m`` is rejected while ``p <= alpha / (m - i)``
+    and testing stops at the first that is not. Tied p-values always share one decision (the later
+    of two ties is tested against a larger level), so the returned set never depends on the tie
+    order. The one Holm procedure of the library and the studies."""
     order = sorted(pvalues, key=lambda k: (pvalues[k], k))
     out: set[str] = set()
     for i, k in enumerate(order):

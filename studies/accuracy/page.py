@@ -1,0 +1,180 @@
+"""The accuracy page (protocol sec. 9.4), a pure function of the committed per-item data
+``docs/results/data/accuracy_<model>.*`` (written by ``claims.py run --settings accuracy``)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from studies import common
+
+N_RESAMPLES, SEED = 2000, 0
+WITHIN, WORSE = 1.5, 3.0
+#: sec. 9.4's rule families: exclude-self within 1.5 points; V-Para and hard diagonal removal >= 3 worse
+WITHIN_FAMILY = tuple(
+    f"value-exclusive{f} {ls} s_par={s}"
+    for s in ("0", "0.5")
+    for f in ("-joint", "")
+    for ls in ("all", "skip0")
+)
+WORSE_FAMILY = ("value-full-joint skip0 s_par=0", "hard-diag skip0")
+
+
+class AccuracyDataError(RuntimeError):
+    """A committed accuracy data file is missing, corrupt, or made from a dirty tree."""
+
+
+def load(stem: str, data: Path):
+    import pandas as pd
+
+    mpath = data / f"{stem}.manifest.json"
+    manifest = common.read_data_manifest(mpath, mpath.name, AccuracyDataError)
+    if "+dirty" in manifest["commit"] or any(
+        "+dirty" in t.get("commit", "") for t in manifest["texts"].values()
+    ):
+        raise AccuracyDataError(
+            f"{mpath.name}: made from a dirty tree ({manifest['commit']}); rerun from a clean one"
+        )
+    got = {}
+    for name, want in manifest["files"].items():
+        got[name] = common.checked_bytes(data / name, want, name, mpath.name, AccuracyDataError)
+    rec = pd.read_csv(io.BytesIO(got[f"{stem}.records.csv"]))
+    items = json.loads(got[f"{stem}.items.json"])
+    return manifest, rec, items
+
+
+INCOMPLETE = "not decided (suite incomplete)"
+
+
+def verdicts(rec, complete: bool = True) -> list[tuple[str, str, object, str]]:
+    """``[(setting, rule, PairedDrop, verdict)]`` on all items pooled over texts and kinds, then
+    Holm over each rule's family (the count line of the page). While the run has not measured
+    every text (``complete`` false in the manifest) a rule decides nothing."""
+    import torch
+
+    from tl_directional.core.paired import paired_drop, within_verdict, worse_verdict
+
+    base = torch.tensor(rec["baseline"].to_numpy())
+    out = []
+    for lab in [c for c in rec.columns if c not in ("text", "item", "kind", "window", "baseline")]:
+        d = paired_drop(base, torch.tensor(rec[lab].to_numpy()), N_RESAMPLES, SEED)
+        if lab in WITHIN_FAMILY:
+            v = within_verdict(d, WITHIN) if complete else INCOMPLETE
+            out.append((lab, f"within {WITHIN:g} points", d, v))
+        elif lab in WORSE_FAMILY:
+            v = worse_verdict(d, WORSE) if complete else INCOMPLETE
+            out.append((lab, f"at least {WORSE:g} points worse", d, v))
+        else:
+            out.append((lab, "no rule (context)", d, "-"))
+    return out
+
+
+def verdict_rows(stem: str, data: Path) -> list[tuple[str, str, str]]:
+    """``[(claim, statistic, verdict)]`` of every setting under a rule, for the summary table of
+    docs/results.md."""
+    manifest, rec, _ = load(stem, data)
+    return [
+        (
+            f"accuracy (sec. 9.4): {lab} {rule} of baseline" if rule.startswith("within")
+            else f"accuracy (sec. 9.4): {lab} {rule} than baseline",
+            f"baseline - edited = {d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] points",
+            f"**{v}**",
+        )
+        for lab, rule, d, v in verdicts(rec, manifest.get("complete", True))
+        if v != "-"
+    ]
+
+
+def drops(stem: str, data: Path) -> dict[str, tuple[object, str]]:
+    """``{setting: (PairedDrop, verdict)}`` for every edited setting (``"-"``: no rule)."""
+    manifest, rec, _ = load(stem, data)
+    return {lab: (d, v) for lab, _, d, v in verdicts(rec, manifest.get("complete", True))}
+
+
+def holm_counts(rows) -> list[str]:
+    from tl_directional.core.paired import holm, one_sided_p
+
+    lines = []
+    for fam, margin, below, what in (
+        (WITHIN_FAMILY, WITHIN, True, "exclude-self within 1.5 points"),
+        (WORSE_FAMILY, WORSE, False, "V-Para / hard diagonal at least 3 points worse"),
+    ):
+        ds = {lab: d for lab, _, d, _ in rows if lab in fam}
+        if not ds:
+            continue
+        held = holm({k: one_sided_p(d, margin, below) for k, d in ds.items()})
+        opposite = holm({k: one_sided_p(d, margin, not below) for k, d in ds.items()})
+        lines.append(
+            f"- {what}: held in {len(held)} of {len(ds)} settings, failed in {len(opposite)} "
+            f"(Holm over the family, one-sided bootstrap p-values, family-wise 0.05)"
+        )
+    return lines
+
+
+def build_page(stem: str, data: Path) -> str:
+    manifest, rec, _ = load(stem, data)
+    m = manifest["model"]
+    texts = list(manifest["texts"])
+    L = [
+        f"# Accuracy on {m['name']} (protocol sec. 9.4)",
+        "",
+        f"Data: `docs/results/data/{stem}.*` (per item, 1 = the model's choice is right), commit "
+        f"`{manifest['commit']}`, command `{manifest['command']}`. Model source sha256 "
+        f"`{(m.get('source_sha256') or '-')[:12]}`, dequantised.",
+        "",
+        f"Suite (seed {manifest['suite']['seed']}): per window {manifest['suite']['cloze_per_window']} four-way "
+        f"cloze items (true next token against three from its frequency band of the text, {manifest['suite']['frequency_bands']} "
+        f"bands) read from one forward of each window per setting, and {manifest['suite']['continuation_per_window']} continuation "
+        f"items ({manifest['suite']['context_len']}+ context tokens, four {manifest['suite']['continuation_len']}-token "
+        "continuations, length-normalised log-likelihood). Chance is 25%.",
+        "",
+    ]
+    if (chk := manifest.get("scorer_check")) is not None:
+        L += [
+            "Only the positions an item reads are unembedded (`logits_at`); checked in this run against "
+            f"the full forward on {chk['text']} windows {chk['windows'][0]}-{chk['windows'][1]}: largest "
+            f"logit difference {chk['max_abs_logit_difference']:.2g}, "
+            f"{'the same' if chk['same_choices'] else 'NOT the same'} choices.",
+            "",
+        ]
+    L += ["| text | windows | cloze items | continuation items |", "|---|---|---|---|"]
+    L += [
+        f"| {t} | {manifest['texts'][t]['windows']} | {manifest['texts'][t]['cloze_items']} | "
+        f"{manifest['texts'][t]['continuation_items']} |"
+        for t in texts
+    ]
+    complete = manifest.get("complete", True)
+    if not complete:
+        L += [
+            "",
+            f"**Incomplete run**: measured so far on {', '.join(texts)} only. The rules decide on the "
+            "complete suite; until the run is resumed to its end every verdict reads "
+            f"\"{INCOMPLETE}\" and the intervals below describe the texts measured so far.",
+        ]
+    rows = verdicts(rec, complete)
+    L += [
+        "",
+        "## Verdicts (all items pooled; paired item bootstrap, 2,000 resamples, seed 0)",
+        "",
+        "| setting | rule | baseline - edited, points [95% CI] | verdict |",
+        "|---|---|---|---|",
+    ]
+    L += [
+        f"| {lab} | {rule} | {d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] | {('**' + v + '**') if v != '-' else v} |"
+        for lab, rule, d, v in rows
+    ]
+    L += [""] + (holm_counts(rows) if complete else [])
+    L += ["", "## Accuracy by text and item kind (%)", ""]
+    cols = [(t, k) for t in texts for k in ("cloze", "continuation")]
+    L += [
+        "| setting | " + " | ".join(f"{t} {k}" for t, k in cols) + " |",
+        "|---" * (len(cols) + 1) + "|",
+    ]
+    for lab in ["baseline"] + [r[0] for r in rows]:
+        cells = []
+        for t, k in cols:
+            sel = rec[(rec.text == t) & (rec.kind == k)][lab]
+            cells.append(f"{100 * sel.mean():.1f}" if len(sel) else "-")
+        L.append(f"| {lab} | " + " | ".join(cells) + " |")
+    return "\n".join(L)

@@ -1,0 +1,170 @@
+"""The one page writer: every results page, rebuilt from the committed data under
+``docs/results/data/`` alone (``python -m studies build``, ``make results``), and the marker
+blocks of ``docs/results.md`` (the verdict table of every run) and ``README.md`` /
+``docs/results.md`` (the paper-vs-ours lead). ``--check`` compares each page with the file on
+disk and fails on any difference (the suite runs it); a page is never edited by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from studies import common, paper_vs_ours
+from studies.accuracy import page as accuracy_claims
+from studies.claims import amend as amend_claims
+from studies.claims import page as claims_page
+from studies.claims.data import DATA, PAGES, ROOT, DataError
+from studies.compression import page as compression_page
+from studies.depth import page as depth_claims
+from studies.instruments import page as instruments_claims
+from studies.pass_training import page as pass_training
+from studies.training import page as training_claims
+
+#: each study's own error class for bad committed data (a build stops with one ``error:`` line)
+DATA_ERRORS = (DataError, training_claims.DataError, pass_training.DataError,
+               accuracy_claims.AccuracyDataError, instruments_claims.InstrumentsDataError)
+
+
+SUMMARY_START, SUMMARY_END = "<!-- claims-summary -->", "<!-- /claims-summary -->"
+
+
+def summary_block(stems, depth=(), training=(), amend=(), passes=(), accuracy=(), instruments=()) -> str:
+    """The verdict table of every run, for docs/results.md (between the two markers)."""
+
+    L = [SUMMARY_START, "", "| run | claim | statistic [95% CI] | verdict |", "|---|---|---|---|"]
+    for stem in amend:
+        done = "" if json.loads((DATA / f"{stem}.manifest.json").read_text())["complete"] else " (incomplete)"
+        for claim, stat, verdict in amend_claims.verdict_rows(stem, DATA):
+            L.append(f"| [{stem}](results/{stem}.md){done} | {claim} | {stat} | {verdict} |")
+    for stem in accuracy:
+        for claim, stat, verdict in accuracy_claims.verdict_rows(stem, DATA):
+            L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
+    for stem in instruments:  # protocol sec. 11
+        done = "" if json.loads((DATA / f"{stem}.manifest.json").read_text())["complete"] else " (incomplete)"
+        for claim, stat, verdict in instruments_claims.verdict_rows(stem, DATA):
+            L.append(f"| [{stem}](results/{stem}.md){done} | {claim} | {stat} | {verdict} |")
+    for stem in training:
+        for claim, stat, verdict in training_claims.verdict_rows(stem, DATA):
+            L.append(f"| [claims_{stem}](results/claims_{stem}.md) | {claim} | {stat} | {verdict} |")
+    for stem in passes:
+        for claim, stat, verdict in pass_training.verdict_rows(stem, DATA):
+            L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
+    for stem in depth:
+        for claim, stat, verdict in depth_claims.verdict_rows(stem, DATA):
+            L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
+    compression = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("compression_*.manifest.json")
+                         if not p.name[len("compression_"):].split(".")[0].count("_"))
+    if compression:
+        for stem in compression:
+            page = compression_page.build_page(stem)
+            row = next(ln for ln in page.splitlines() if "(**pre-registered**)" in ln)
+            cells = [c.strip() for c in row.strip("|").split(" | ")]
+            L.append(
+                f"| [claims_{stem}](results/claims_{stem}.md) | 3: perpendicular error ranks compression damage "
+                f"better than parallel error, 1-cos and MSE ({cells[0].split(' (')[0]}) | T = {cells[1]} | {cells[-1]} |"
+            )
+            amended = [ln for ln in page.split("## Amended reading", 1)[-1].splitlines()
+                       if ln.startswith("| attn, per-token mean |")]
+            if amended:
+                cells = [c.strip() for c in amended[0].strip("|").split(" | ")]
+                L.append(
+                    f"| [claims_{stem}](results/claims_{stem}.md) | 3 (amended reading, sec. 9.5): perpendicular "
+                    f"error ranks compression damage better than parallel error | rho_perp - rho_par = {cells[1]} | "
+                    f"{cells[2]} |"
+                )
+    for stem in stems:
+        manifest = json.loads((DATA / f"{stem}.manifest.json").read_text())
+        page = claims_page.build_page(stem)
+        rows = [
+            ln
+            for ln in page.split("\n## Verdicts", 1)[1].split("\n\n", 2)[1].splitlines()[2:]
+            if ln.startswith("|")
+        ]
+        done = "" if manifest["complete"] else " (incomplete)"
+        for ln in rows:
+            cells = [c.strip() for c in ln.strip("|").split(" | ")]
+            L.append(
+                f"| [{stem}](results/{stem}.md){done} | {cells[0]} | {cells[2]} | {cells[3]} |"
+            )
+    L += ["", SUMMARY_END]
+    return "\n".join(L)
+
+
+def _stems(pattern: str) -> list[str]:
+    return sorted(p.name[: -len(".manifest.json")] for p in DATA.glob(pattern))
+
+
+def claims_pages() -> dict:
+    """``{path: text}`` of the claims, depth, training, amend, atlas, pass, accuracy and
+    instruments pages, and of ``docs/results.md`` / ``README.md`` with their marker blocks
+    (the verdict table, the paper-vs-ours lead) rebuilt; raises :data:`DATA_ERRORS`."""
+    amend = _stems("amend_*.manifest.json")
+    atlas = _stems("atlas_*.manifest.json")
+    accuracy = _stems("accuracy_*.manifest.json")
+    instruments = instruments_claims.stems(DATA)
+
+    stems = _stems("claims_*.manifest.json")
+    depth = _stems("depth_*.manifest.json")
+    training = _stems("training_*.manifest.json")
+    passes = _stems("pass8m*.manifest.json")
+    if not stems:
+        raise DataError(f"no claims data under {DATA.relative_to(ROOT)}")
+    pages = {}
+    for stem in stems:
+        pages[PAGES / f"{stem}.md"] = claims_page.build_page(stem) + "\n"
+    for stem in depth:
+        pages[PAGES / f"{stem}.md"] = depth_claims.build_page(stem, DATA) + "\n"
+    for stem in training:
+        pages[PAGES / f"claims_{stem}.md"] = training_claims.build_page(stem, DATA) + "\n"
+    for stem in amend:
+        pages[PAGES / f"{stem}.md"] = amend_claims.build_amend_page(stem, DATA) + "\n"
+    for stem in passes:
+        pages[PAGES / f"{stem}.md"] = pass_training.build_page(stem, DATA) + "\n"
+        for name, svg in pass_training.build_figures(stem, DATA).items():
+            pages[PAGES / name] = svg
+    for stem in atlas:
+        pages[PAGES / f"{stem}.md"] = amend_claims.build_atlas_page(stem, DATA) + "\n"
+    for stem in accuracy:  # protocol sec. 9.4; a page only where its data exist
+        pages[PAGES / f"{stem}.md"] = accuracy_claims.build_page(stem, DATA) + "\n"
+    for stem in instruments:  # protocol sec. 11; a page only where its data exist
+        pages[PAGES / f"{stem}.md"] = instruments_claims.build_page(stem, DATA) + "\n"
+    index = PAGES.parent / "results.md"
+    if index.is_file():
+        text = index.read_text()
+        if SUMMARY_START in text and SUMMARY_END in text:
+            head, rest = text.split(SUMMARY_START, 1)
+            text = head + summary_block(stems, depth, training, amend, passes, accuracy,
+                                        instruments) + rest.split(SUMMARY_END, 1)[1]
+        pages[index] = text
+    lead = paper_vs_ours.block(DATA)
+    for path in (index, ROOT / "README.md"):
+        text = pages.get(path) or (path.read_text() if path.is_file() else "")
+        if paper_vs_ours.START in text and paper_vs_ours.END in text:
+            head, rest = text.split(paper_vs_ours.START, 1)
+            pages[path] = head + lead + rest.split(paper_vs_ours.END, 1)[1]
+    return pages
+
+
+#: the page groups, in build order: each a function returning ``{path: text}``
+GROUPS = {"compression": lambda: compression_page.build_pages(), "claims": lambda: claims_pages()}
+
+
+def build_pages(groups=tuple(GROUPS)) -> dict:
+    """``{path: text}`` of every page of ``groups`` (default all: compression pages first)."""
+    pages: dict = {}
+    for g in groups:
+        pages |= GROUPS[g]()
+    return pages
+
+
+def build(check: bool = False, groups=tuple(GROUPS)) -> int:
+    """Write every page of ``groups`` (default all; atomically), or with ``check`` only compare;
+    exit status 0, 1 (a page differs: named, with the command to rebuild) or 2 (bad committed
+    data, named)."""
+    try:
+        pages = build_pages(groups)
+    except DATA_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return common.write_pages(pages, check, ROOT, "make results")
