@@ -96,7 +96,7 @@ lock:
 	rm -rf $(LOCK_VENV)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check tl_directional tests benchmarks studies
+	$(VENV)/bin/ruff check tl_directional tests benchmarks studies scripts
 
 clean:
 	rm -rf .venv .venv-legacy demo_out demo_out-* site

@@ -212,7 +212,7 @@ def test_missing_corpus_names_the_directory_and_the_fix(tmp_path):
     c = T.TrainConfig(corpus=str(tmp_path / "nope"), **TINY)
     with pytest.raises(FileNotFoundError) as err:
         T.prepare_data(c)
-    assert str(tmp_path / "nope") in str(err.value) and "fetch_corpus.py" in str(err.value)
+    assert str(tmp_path / "nope") in str(err.value) and "studies.data.fetch_corpus" in str(err.value)
     rc = train_main(["--out", str(tmp_path / "run"), "--corpus", str(tmp_path / "nope"), "--quiet"])
     assert rc == 2
 

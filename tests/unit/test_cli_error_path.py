@@ -23,7 +23,7 @@ def test_models_convert_of_a_missing_package_is_one_error_line_exit_2(monkeypatc
 
 def test_train_errors_print_the_format_of_every_command(tmp_path):
     rc, err = _cli("train", "--out", tmp_path / "run", "--corpus", tmp_path / "nope", "--quiet")
-    _one_error_line(rc, err, str(tmp_path / "nope"), "fetch_corpus.py")
+    _one_error_line(rc, err, str(tmp_path / "nope"), "studies.data.fetch_corpus")
     assert "tl-directional train: error" not in err
     rc, err = _cli("train", "--out", tmp_path / "run", "--no-such-flag")  # argparse's usage errors too
     _one_error_line(rc, err, "--no-such-flag", "(see tl-directional train --help)")

@@ -81,7 +81,7 @@ def test_corrupt_heldout_gives_a_clear_error(tmp_path):
     with pytest.raises(CorpusIntegrityError, match="corrupt") as err:
         heldout_text(tmp_path)
     assert isinstance(err.value, ValueError)
-    assert "fetch_corpus.py" in str(err.value) and "kjv_heldout.txt" in str(err.value)
+    assert "studies.data.fetch_corpus" in str(err.value) and "kjv_heldout.txt" in str(err.value)
 
 
 def test_missing_heldout_gives_a_clear_error(tmp_path):
@@ -192,7 +192,7 @@ def test_real_bible_reproduces_the_shipped_slice(tmp_path, fetch):
 def test_load_split_errors(tmp_path, fetch, fake_bible):
     with pytest.raises(ValueError, match="split"):
         load_split(tmp_path, "dev")
-    with pytest.raises(FileNotFoundError, match="fetch_corpus.py"):
+    with pytest.raises(FileNotFoundError, match="studies.data.fetch_corpus"):
         load_split(tmp_path / "nowhere", "train")
     with pytest.raises(FileNotFoundError, match="SPLIT.json"):
         load_split(tmp_path, "train")
@@ -202,7 +202,7 @@ def test_load_split_errors(tmp_path, fetch, fake_bible):
         f.write("extra\n")
     with pytest.raises(CorpusIntegrityError, match="validation.txt") as err:
         load_split(out, "validation")
-    assert "fetch_corpus.py --out" in str(err.value)
+    assert "studies.data.fetch_corpus --out" in str(err.value)
     (out / "test.txt").unlink()
     with pytest.raises(FileNotFoundError, match="test.txt"):
         load_split(out, "test")

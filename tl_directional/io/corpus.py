@@ -4,7 +4,7 @@
   King James Bible's *test* split (Ruth, Proverbs, Amos, Mark, James) that ships inside the
   package, so tests and the demo need neither network nor ``apt``. Its sha256 is checked
   against ``kjv_heldout.json`` on every (cached) read.
-* :func:`load_split` reads a split written by ``scripts/fetch_corpus.py --out DIR`` (which needs
+* :func:`load_split` reads a split written by ``studies/data/fetch_corpus.py --out DIR`` (which needs
   Debian's ``bible-kjv``), checking it against ``DIR/SPLIT.json``.
 * :func:`chunk_text` / :func:`iter_text_chunks` cut text into documents of at most ``n_chars``
   characters at line boundaries, ready to tokenize as a batch.
@@ -25,7 +25,7 @@ from typing import Any
 
 from ..core.errors import TLDirectionalError
 
-#: The three splits that ``scripts/fetch_corpus.py`` writes.
+#: The three splits that ``studies/data/fetch_corpus.py`` writes.
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
 
 HELDOUT_TEXT_FILE = "kjv_heldout.txt"
@@ -33,11 +33,11 @@ HELDOUT_META_FILE = "kjv_heldout.json"
 
 _REGENERATE_HELDOUT = (
     "Reinstall tl-directional, or regenerate the file with "
-    "`python scripts/fetch_corpus.py --out DIR --heldout-slice tl_directional/data` "
+    "`python -m studies.data.fetch_corpus --out DIR --heldout-slice tl_directional/data` "
     "(needs `apt-get install bible-kjv`)."
 )
 _REGENERATE_SPLIT = (
-    "Regenerate the corpus with `python scripts/fetch_corpus.py --out {dir}` "
+    "Regenerate the corpus with `python -m studies.data.fetch_corpus --out {dir}` "
     "(needs `apt-get install bible-kjv`)."
 )
 
@@ -136,7 +136,7 @@ PROSE_TEXT_FILE = "prose_heldout.txt"
 PROSE_META_FILE = "prose_heldout.json"
 _REGENERATE_PROSE = (
     "Reinstall tl-directional, or regenerate the file with "
-    "`python scripts/fetch_prose.py --out tl_directional/data` (needs `apt-get install debian-reference-en`)."
+    "`python -m studies.data.fetch_prose --out tl_directional/data` (needs `apt-get install debian-reference-en`)."
 )
 
 
@@ -144,7 +144,7 @@ def prose_heldout_text(data_dir: str | os.PathLike[str] | None = None) -> str:
     """The shipped held-out slice of modern English prose (Debian Reference, GPL-2+), checksum-verified.
 
     About 160 KB of whole paragraphs (one a line, a blank line between chapters) written by
-    ``scripts/fetch_prose.py``; ``prose_heldout.json`` records source, version, license,
+    ``studies/data/fetch_prose.py``; ``prose_heldout.json`` records source, version, license,
     copyright notice and sha256.
 
     Args:
@@ -162,7 +162,7 @@ def prose_heldout_text(data_dir: str | os.PathLike[str] | None = None) -> str:
 
 
 def split_manifest(corpus_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """``SPLIT.json`` of a corpus directory written by ``scripts/fetch_corpus.py``."""
+    """``SPLIT.json`` of a corpus directory written by ``studies/data/fetch_corpus.py``."""
     corpus_dir = Path(corpus_dir)
     fix = _REGENERATE_SPLIT.format(dir=corpus_dir)
     manifest = _read_json(corpus_dir / "SPLIT.json", "split manifest", fix)
@@ -177,7 +177,7 @@ def load_split(corpus_dir: str | os.PathLike[str], split: str) -> str:
     """Read one split of a fetched corpus, verifying its sha256 against ``SPLIT.json``.
 
     Args:
-        corpus_dir: The ``--out`` directory of ``scripts/fetch_corpus.py``.
+        corpus_dir: The ``--out`` directory of ``studies/data/fetch_corpus.py``.
         split: ``"train"``, ``"validation"`` or ``"test"``.
 
     Returns:

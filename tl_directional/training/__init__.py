@@ -24,7 +24,7 @@ One job per module:
 
 * :mod:`.config`: :class:`TrainConfig`, the variants' edits, the learning-rate schedule, run-directory names.
 * :mod:`.data`: corpus, tokenizer, token windows, batch order.
-* :mod:`.pretokenised`: a pre-tokenised corpus (``scripts/build_pass_corpus.py``), read in a single pass.
+* :mod:`.pretokenised`: a pre-tokenised corpus (``studies/data/build_pass_corpus.py``), read in a single pass.
 * :mod:`.model`: the seeded initial model, weights under native names, trainable parameters.
 * :mod:`.checkpoint`: checkpoint records (write, read, verify, resume checks), metrics CSV.
 * :mod:`.trainer`: :class:`Trainer`, :func:`train`, ``torchrun`` set-up and tear-down.

@@ -42,7 +42,7 @@ class TrainConfig:
     """Everything that determines a training run (and so must match on resume).
 
     ``batch_size`` is the global batch (windows of ``n_ctx`` tokens per optimiser step, summed
-    over ranks). ``corpus`` is a directory written by ``scripts/fetch_corpus.py`` (train split for
+    over ranks). ``corpus`` is a directory written by ``studies/data/fetch_corpus.py`` (train split for
     training, validation split for evaluation) or :data:`BUILTIN_CORPUS`. ``tokenizer`` reuses a
     tokenizer directory (``tokenizer.json`` + config); ``None`` trains a byte-level BPE tokenizer
     of ``vocab_size`` tokens on the training split. ``eval_windows`` caps the validation windows

@@ -77,7 +77,7 @@ def _corpus_texts(corpus: str) -> tuple[str, str, dict[str, Any]]:
     if not (path / "SPLIT.json").is_file():
         raise FileNotFoundError(
             f"corpus directory {path} has no SPLIT.json (missing corpus). Create it with "
-            f"`python scripts/fetch_corpus.py --out {path}` (needs `apt-get install bible-kjv`), "
+            f"`python -m studies.data.fetch_corpus --out {path}` (needs `apt-get install bible-kjv`), "
             f"or pass --corpus {BUILTIN_CORPUS} for a tiny smoke run."
         )
     manifest = split_manifest(path)

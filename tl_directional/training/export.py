@@ -71,7 +71,7 @@ def export_model(model: Any, tokenizer: Any, path: str | os.PathLike[str], *,
 
 
 #: The files of an export written before exports carried a manifest (the bundled default model,
-#: with the files scripts/train_default_model.py adds beside it): recognised as a previous export.
+#: with the files studies/data/train_default_model.py adds beside it): recognised as a previous export.
 EXPORT_NAMES = frozenset({"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                            "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                            "tl_directional_build.json", "training_curve.csv", "reference_logits.json",

@@ -11,7 +11,7 @@ batch and the loss is the global-batch mean, so the curve equals one process's t
 :class:`~tl_directional.training.hf_callback.DirectionalEditCallback`: the same seeded initial GPT-2
 (``build_init_dir``), the same global batches in the same order (``batch_indices``), the same
 AdamW parameter groups, learning-rate schedule (``lr_at``) and gradient clipping, the variant's
-edit active in training and in the final validation (``scripts/hf_toy_experiment.py``).
+edit active in training and in the final validation (``studies/explore/hf_toy_experiment.py``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A pre-tokenised corpus, read once (a single pass): the token files of
-``scripts/build_pass_corpus.py``.
+``studies/data/build_pass_corpus.py``.
 
 A pre-tokenised corpus directory holds
 
@@ -50,7 +50,7 @@ def read_meta(corpus: str | os.PathLike[str]) -> dict[str, Any]:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise PretokenisedCorpusError(
-            f"cannot read {path} ({e}); rebuild the corpus with `python scripts/build_pass_corpus.py`") from None
+            f"cannot read {path} ({e}); rebuild the corpus with `python -m studies.data.build_pass_corpus`") from None
     dtype = meta.get("dtype")
     if dtype not in TOKEN_DTYPES:
         raise PretokenisedCorpusError(
@@ -76,12 +76,12 @@ def read_tokens(corpus: str | os.PathLike[str], split: str) -> Tensor:
     entry = meta["splits"][split]
     path = root / entry["file"]
     if not path.is_file():
-        raise PretokenisedCorpusError(f"{path} is missing; rebuild the corpus with `python scripts/build_pass_corpus.py`")
+        raise PretokenisedCorpusError(f"{path} is missing; rebuild the corpus with `python -m studies.data.build_pass_corpus`")
     arr = np.fromfile(path, dtype=np.dtype(TOKEN_DTYPES[meta["dtype"]]))
     if arr.size != int(entry["tokens"]):
         raise PretokenisedCorpusError(
             f"{path} holds {arr.size} tokens but tokens.json says {entry['tokens']} (truncated or replaced file); "
-            "rebuild the corpus with `python scripts/build_pass_corpus.py`")
+            "rebuild the corpus with `python -m studies.data.build_pass_corpus`")
     return torch.from_numpy(arr.astype(np.int64))
 
 

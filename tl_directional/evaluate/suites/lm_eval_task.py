@@ -3,7 +3,7 @@
 :func:`evaluate_edited` wraps the model in ``lm_eval``'s ``HFLM``, installs the edits
 (:func:`tl_directional.apply_edits`) for the evaluation only and runs ``simple_evaluate`` on
 local tasks. The bundled task ``tld_kjv_cloze`` (:data:`TASK_NAME`, in :func:`task_dir`) is an
-80-item, 4-way cloze on the held-out KJV text built by ``scripts/make_lm_eval_task.py`` (seed 0);
+80-item, 4-way cloze on the held-out KJV text built by ``studies/data/make_lm_eval_task.py`` (seed 0);
 its data ships in the package, so evaluation runs offline. ``lm_eval`` is imported only here.
 """
 

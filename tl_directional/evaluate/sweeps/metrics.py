@@ -6,7 +6,7 @@ the predicted tokens, its formula on one chunk of positions, its value for the b
 against itself) and a :class:`Metric` in :data:`METRIC_REGISTRY` (the columns it reports from
 the sums, and their baseline values). :func:`tl_directional.evaluate.sweeps.runner.sweep` (its ``metrics=``,
 checkpoints, the baseline row) and the per-sequence sums of the real-model scripts
-(``scripts/_realrun.py``) both read these registries, so they count every metric, top-1
+(``studies/realrun.py``) both read these registries, so they count every metric, top-1
 agreement included, by the same rule (:func:`top1_agreement`).
 """
 
@@ -73,7 +73,7 @@ def _row_dot(x: Float[Tensor, "rows vocab"], y: Float[Tensor, "rows vocab"]) -> 
     return torch.linalg.vecdot(x, y)
 
 
-#: The per-position sums, in their order in checkpoints and in ``scripts/_realrun.py``'s
+#: The per-position sums, in their order in checkpoints and in ``studies/realrun.py``'s
 #: per-sequence tables (``[n, len(QUANTITIES)]``).
 QUANTITIES: Mapping[str, Quantity] = MappingProxyType({q.name: q for q in (
     Quantity("tokens", lambda c: torch.ones_like(c.base_p_log_p), lambda b: b.tokens, own=True, count=True),

@@ -43,7 +43,7 @@ def default_model_dir() -> Path:
     warnings.warn(
         "the bundled default model (tl_directional/data/default_model) is missing; using a "
         "seeded RANDOM-WEIGHT stand-in instead. Reinstall tl-directional, or rebuild the model "
-        "with `python scripts/train_default_model.py all --corpus DIR`.",
+        "with `python -m studies.data.train_default_model all --corpus DIR`.",
         BundledModelMissingWarning,
         stacklevel=2,
     )

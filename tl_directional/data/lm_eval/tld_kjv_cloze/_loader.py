@@ -14,6 +14,6 @@ def load_cloze(**kwargs):  # noqa: ARG001 - lm-eval passes the task's metadata a
 
     if not DATA_FILE.is_file():
         raise FileNotFoundError(f"tld_kjv_cloze: {DATA_FILE} is missing; rebuild it with "
-                                "python scripts/make_lm_eval_task.py")
+                                "python -m studies.data.make_lm_eval_task")
     rows = [json.loads(line) for line in DATA_FILE.read_text().splitlines() if line.strip()]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
