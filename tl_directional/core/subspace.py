@@ -31,6 +31,9 @@ report it beside every share measured against a ``k``-subspace (``k = 1``: the r
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -87,6 +90,40 @@ def check_directions(directions: object, *, argument: str = "reference",
     return rows
 
 
+def _checks_first(fn):
+    """Decorator: run this module's argument checks (:func:`check_directions` on ``directions`` /
+    ``basis``, the update check on ``u``) before ``fn``, so that a user's mistake gets this
+    module's error (naming the argument and the fix) also under a runtime type checker, which
+    jaxtyping's import hook puts innermost, below this wrapper (as in ``core.geometry``)."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return fn(*args, **kwargs)  # Python's own argument error
+        bound.apply_defaults()
+        values = bound.arguments
+        name = values.get("argument", "reference")
+        if "u" in values:
+            _check_update(values["u"])
+            width = values["u"].shape[-1]
+        else:
+            width = values.get("width")
+        check_directions(values.get("basis", values.get("directions")), argument=name, width=width)
+        return fn(*args, **kwargs)
+
+    return checked
+
+
+def _check_update(u: object) -> None:
+    if not isinstance(u, Tensor) or not u.is_floating_point() or u.ndim == 0:
+        raise SubspaceError(f"u must be a floating torch tensor [*batch, d], got "
+                            f"{type(u).__name__}" + (f" {_describe(u)}" if isinstance(u, Tensor) else ""))
+
+
+@_checks_first
 def orthonormal_basis(
     directions: Float[Tensor, "*k d"],
     *,
@@ -134,6 +171,7 @@ def orthonormal_basis(
     return (q * signs).T.contiguous()
 
 
+@_checks_first
 def split_against(
     u: Float[Tensor, "*batch d"],
     basis: Float[Tensor, "*k d"],
@@ -161,9 +199,7 @@ def split_against(
         SubspaceError (a ``ValueError``): ``basis`` is unusable (see :func:`orthonormal_basis`)
         or ``u``'s last axis does not have its width.
     """
-    if not isinstance(u, Tensor) or not u.is_floating_point() or u.ndim == 0:
-        raise SubspaceError(f"u must be a floating torch tensor [*batch, d], got "
-                            f"{type(u).__name__}" + (f" {_describe(u)}" if isinstance(u, Tensor) else ""))
+    _check_update(u)
     eps = check_eps(eps)
     rows = check_directions(basis, argument=argument, width=u.shape[-1])
     dtype = compute_dtype(u.dtype)
