@@ -134,14 +134,20 @@ def _component_layer(label: str) -> tuple[str, int]:
     return kind, int(m.group(1))
 
 
-def _input_hooks(model, labels: list[str]) -> list[str]:
-    """Per label, the hook of the stream the component is added to (module docstring)."""
+def _decoder_sites(model):
+    """The model's resolved sites; post-LN encoders are refused (module docstring)."""
     sites = resolve_sites(model)
     if sites.arch == POST_LN:
         raise StackSplitError(
             f"{sites.model_name} is a post-LN encoder: its updates are added before a LayerNorm "
             "and TL's hook_attn_out is the normalised stream, so TL's stacks are not its updates "
             "(METHOD.md sec. 2); use a decoder model, or tld.profile for post-LN geometry")
+    return sites
+
+
+def _input_hooks(model, labels: list[str]) -> list[str]:
+    """Per label, the hook of the stream the component is added to (module docstring)."""
+    sites = _decoder_sites(model)
     hooks = []
     for label in labels:
         kind, layer = _component_layer(label)
@@ -168,7 +174,10 @@ def _stream_stack(cache, hooks: list[str], n_layers: int, pos_slice) -> Float[Te
 
 def _split(stack: Tensor, labels: list[str], cache, model, reference, *, per_layer, eps,
            pos_slice) -> StackSplit:
-    eps = check_eps(eps)
+    try:
+        eps = check_eps(eps)
+    except ValueError as err:
+        raise StackSplitError(str(err)) from None
     n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
     dtype = compute_dtype(stack.dtype)
     u = stack.to(dtype)
@@ -267,6 +276,7 @@ def split_decompose_resid(
         (wrong width, zero, NaN / inf, a degenerate span), or a post-LN model.
     """
     model = _model_of(cache)
+    _decoder_sites(model)
     n_layers = int(model.cfg.n_layers)
     layer = _check_layer(layer, n_layers, allow_top=not mlp_input)
     if mode not in ("all", "mlp", "attn"):
@@ -309,6 +319,7 @@ def split_stack_head_results(
         StackSplitError (a ``ValueError``): see :func:`split_decompose_resid`.
     """
     model = _model_of(cache)
+    _decoder_sites(model)
     layer = _check_layer(layer, int(model.cfg.n_layers))
     stack, labels = cache.stack_head_results(layer=layer, pos_slice=pos_slice, apply_ln=False,
                                              return_labels=True)
