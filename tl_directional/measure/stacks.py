@@ -37,6 +37,8 @@ Against which reference (``reference=``):
 
 Dtype: the parts are in the compute dtype of the stack (float64 stays float64, anything else
 float32); ``parallel + perpendicular`` is TL's stack up to one rounding of the larger part.
+On a half-precision model pass ``part.to(stack_dtype)`` to ``logit_attrs`` (TL multiplies by
+``W_U`` in the model's dtype).
 Post-LN encoders (BERT) are refused: their ``hook_attn_out`` is not the attention update.
 """
 
