@@ -153,16 +153,22 @@ def test_parts_add_up_to_tl_stack(float64_model, tiny_model, family, heads, dtyp
 @pytest.mark.parametrize("heads", [False, True], ids=["decompose_resid", "stack_head_results"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_input_reference_is_the_stream_each_component_is_added_to(float64_model, family, heads, pos_slice):
+    """Against a projection written here from the hooks (heads: ``hook_z @ W_O``), and, on TL's
+    own stack row, bit for bit the library's per-token split against the stream
+    (``tld.decompose``, which ``tld.profile`` and the edits use)."""
     model = float64_model(family)
     _, cache = _cache(model)
     s = _split(cache, heads, pos_slice=pos_slice)
+    stack, _ = _stack(cache, heads, pos_slice=pos_slice)
     for i, label in enumerate(s.labels):
         hook = _input_hook(label, family)
         assert s.references[i] == hook
-        u = _slice(_update(cache, model, label), pos_slice)
-        expected = _line(u, _slice(cache[hook], pos_slice))
+        u, r = _slice(_update(cache, model, label), pos_slice), _slice(cache[hook], pos_slice)
+        expected = _line(u, r)
         assert torch.allclose(s.parallel[i], expected, atol=1e-12, rtol=0), label
         assert torch.allclose(s.perpendicular[i], u - expected, atol=1e-12, rtol=0), label
+        dec = tld.decompose(stack[i], r)
+        assert torch.equal(s.parallel[i], dec.par) and torch.equal(s.perpendicular[i], dec.perp), label
 
 
 @pytest.mark.parametrize("family", FAMILIES)
