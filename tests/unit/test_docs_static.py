@@ -19,7 +19,7 @@ DOCS = ROOT / "docs"
 RUN_PAGES = ("index.md", "quickstart.md", "method.md", "measure.md", "edit.md", "compression.md", "views.md")
 # pages whose code names layers, heads and single-token words of the bundled model (or loads it
 # itself): run on it, as written; the README's example too (a path relative to docs/, as the others)
-DEFAULT_MODEL_PAGES = ("sweeps.md", "lm_eval.md", "hf_training.md", "../README.md")
+DEFAULT_MODEL_PAGES = ("sweeps.md", "lm_eval.md", "hf_training.md", "coming_from_transformerlens.md", "../README.md")
 # pages that load a real pretrained model or a hub name: run as written in the real tier
 # (tests/real/test_docs_real.py, hub names against an offline cache of tiny stand-ins)
 REAL_MODEL_PAGES = ("models.md",)
