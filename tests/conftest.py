@@ -76,7 +76,8 @@ def _tier(path: Path) -> str:
 # on one instruction set only fails on every machine, not just on the other kind.
 PARITY = ("real/", "integration/test_attribution.py", "integration/test_hf_edits.py",
           "integration/test_lens.py", "integration/test_lm_eval_cli.py",
-          "integration/test_patching.py", "integration/test_path_patching.py")
+          "integration/test_patching.py", "integration/test_path_patching.py",
+          "integration/test_cache_stacks.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -29,6 +29,7 @@ from .core.geometry import (
     patch_components,
     scale_components,
 )
+from .core.subspace import SubspaceError, orthonormal_basis, random_energy_share, split_against
 from .edit import (
     DiagonalRemoval,
     Edit,
@@ -61,7 +62,15 @@ from .evaluate import (
     split_logit_lens,
     sweep,
 )
-from .measure import Profile, profile, required_hooks
+from .measure import (
+    Profile,
+    StackSplit,
+    StackSplitError,
+    profile,
+    required_hooks,
+    split_decompose_resid,
+    split_stack_head_results,
+)
 from .model.handle import clone_model
 from .model.inputs import TokenBatch, prepare_inputs
 from .model.load import load_default_model, load_model
@@ -85,6 +94,15 @@ __all__ = [
     "Profile",
     "profile",
     "required_hooks",
+    # cache-level splits in TransformerLens's stack shapes, against the stream or any direction
+    "split_decompose_resid",
+    "split_stack_head_results",
+    "StackSplit",
+    "StackSplitError",
+    "orthonormal_basis",
+    "split_against",
+    "random_energy_share",
+    "SubspaceError",
     "ModelSites",
     "SiteResolutionError",
     "WeightProcessingWarning",

@@ -146,8 +146,8 @@ def orthonormal_basis(
         up to sign).
 
     Raises:
-        SubspaceError (a ``ValueError``): not a floating tensor, wrong rank or width, NaN / inf,
-        a zero row, or a span of rank below ``k`` (the rank found is named).
+        SubspaceError: (a ``ValueError``) not a floating tensor, wrong rank or width, NaN /
+            inf, a zero row, or a span of rank below ``k`` (the rank found is named).
     """
     if not (isinstance(rtol, float | int) and 0 < rtol < 1):
         raise SubspaceError(f"rtol must be a number in (0, 1) (a relative rank tolerance), got "
@@ -196,8 +196,8 @@ def split_against(
         anything else float32); ``u_perp = u - u_par``.
 
     Raises:
-        SubspaceError (a ``ValueError``): ``basis`` is unusable (see :func:`orthonormal_basis`)
-        or ``u``'s last axis does not have its width.
+        SubspaceError: (a ``ValueError``) ``basis`` is unusable (see :func:`orthonormal_basis`)
+            or ``u``'s last axis does not have its width.
     """
     _check_update(u)
     eps = check_eps(eps)

@@ -9,12 +9,15 @@ not grow with the number of tokens and no ``ActivationCache`` is held.
 The modules, by job: :mod:`~tl_directional.measure.profiler` (:func:`profile`, :class:`Profile`),
 :mod:`~tl_directional.measure.stream` (the accumulator, the hook actions and the metric names),
 :mod:`~tl_directional.measure.carrier` (the MLP-carrier columns), :mod:`~tl_directional.measure.cosine`
-(the drop-cosine statistics) and :mod:`~tl_directional.measure.cache_hooks` (:func:`required_hooks`).
+(the drop-cosine statistics), :mod:`~tl_directional.measure.cache_hooks` (:func:`required_hooks`)
+and :mod:`~tl_directional.measure.stacks` (an ``ActivationCache``'s ``decompose_resid`` /
+``stack_head_results`` stacks split against the stream or any direction or subspace).
 """
 
 from .cache_hooks import required_hooks
 from .carrier import CARRIER_COLUMNS, carrier_profile
 from .profiler import FACTORIZATION_METRICS, Profile, profile
+from .stacks import StackSplit, StackSplitError, split_decompose_resid, split_stack_head_results
 from .stream import DROP_COSINE_METRICS, EXCLUSIVE_METRICS, RESIDUAL_METRICS, VALUE_METRICS
 
 __all__ = [
@@ -25,7 +28,11 @@ __all__ = [
     "RESIDUAL_METRICS",
     "VALUE_METRICS",
     "Profile",
+    "StackSplit",
+    "StackSplitError",
     "carrier_profile",
     "profile",
     "required_hooks",
+    "split_decompose_resid",
+    "split_stack_head_results",
 ]

@@ -274,8 +274,8 @@ def split_decompose_resid(
         ``[component, *batch_and_pos, d_model]`` and TL's labels.
 
     Raises:
-        StackSplitError (a ``ValueError``): a bad ``cache``, ``layer``, ``mode`` or ``reference``
-        (wrong width, zero, NaN / inf, a degenerate span), or a post-LN model.
+        StackSplitError: (a ``ValueError``) a bad ``cache``, ``layer``, ``mode`` or
+            ``reference`` (wrong width, zero, NaN / inf, a degenerate span), or a post-LN model.
     """
     model = _model_of(cache)
     _decoder_sites(model)
@@ -318,7 +318,7 @@ def split_stack_head_results(
         A :class:`StackSplit` of shape ``[n_heads * layers, *batch_and_pos, d_model]``.
 
     Raises:
-        StackSplitError (a ``ValueError``): see :func:`split_decompose_resid`.
+        StackSplitError: (a ``ValueError``) see :func:`split_decompose_resid`.
     """
     model = _model_of(cache)
     _decoder_sites(model)
