@@ -5,6 +5,8 @@ sweep, the site verification and the compression gate."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .lanes.bridge import hf_state_key
@@ -14,11 +16,22 @@ def nonfinite_parameters(model) -> list[tuple[str, int]]:
     """``(name, count)`` of every floating parameter of ``model`` holding NaN or inf entries, in
     module order; empty when all are finite. Buffers are not read: some are infinite by design
     (``HookedTransformer``'s ``IGNORE`` mask fill is ``-inf``). Bridge names are given without the
-    wrapper hops (``._original_component``), as the Hugging Face checkpoint names them."""
-    out = []
+    wrapper hops (``._original_component``), as the Hugging Face checkpoint names them.
+
+    Every analysis verb calls this, so the common case is fast: one sum per parameter (a NaN or
+    inf entry makes its sum non-finite; the reverse, a finite tensor whose sum overflows, only
+    sends it to the exact count), about a tenth of ``torch.isfinite`` per tensor on CPU."""
+    params = [(n, t) for n, t in model.named_parameters() if t.is_floating_point() or t.is_complex()]
+    if not params:
+        return []
     with torch.no_grad():
-        for name, t in model.named_parameters():
-            if t.is_floating_point() or t.is_complex():
+        sums = torch.stack([t.sum(dtype=torch.float32 if t.element_size() < 4 else None).abs().to(torch.float64)
+                            for _, t in params])
+        if bool(torch.isfinite(sums).all()):
+            return []
+        out = []
+        for (name, t), s in zip(params, sums.tolist(), strict=True):
+            if not math.isfinite(s):
                 bad = int((~torch.isfinite(t)).sum())
                 if bad:
                     out.append((hf_state_key(name), bad))
