@@ -214,7 +214,7 @@ def test_split_dla_vs_tl_logit_attrs(default_model):
     logit difference."""
     model = default_model
     tokens = tld.prepare_inputs(model, ["And God said, Let there be"]).tokens
-    table = tld.split_logit_attribution(model, tokens, [" light"], wrong_tokens=[" water"])  # strings work
+    table = tld.split_logit_attribution(model, tokens, [" light"], incorrect_tokens=[" water"])  # strings work
     ans, wrong = (model.tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in (" light", " water"))
     logits, cache = model.run_with_cache(tokens)
     true_diff = float(logits[0, -1, ans] - logits[0, -1, wrong])

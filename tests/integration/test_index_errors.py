@@ -24,8 +24,8 @@ def test_lens_past_the_context_and_shares_past_the_result(tiny_model):
     model = tiny_model("gpt2")
     n_ctx = model.cfg.n_ctx
     with pytest.raises(LensInputError, match=rf"n_ctx={n_ctx}; pass at most {n_ctx} tokens"):
-        split_logit_lens(model, torch.ones(1, n_ctx + 1, dtype=torch.long), target_tokens=7)
-    res = split_logit_lens(model, CLEAN, target_tokens=7)
+        split_logit_lens(model, torch.ones(1, n_ctx + 1, dtype=torch.long), targets=7)
+    res = split_logit_lens(model, CLEAN, targets=7)
     assert res.shares(position=-1) == res.shares(position=5)
     with pytest.raises(LensInputError, match=r"shares\(position=99\): the result has 6 positions; pass an int in \[-6, 5\]"):
         res.shares(position=99)

@@ -45,14 +45,14 @@ def test_unsplit_lens_equals_transformer_lens_logit_lens(tiny_model, lane, famil
     from transformer_lens.tools.analysis.logit_lens import logit_lens
 
     model = tiny_model(family)
-    result = split_logit_lens(model, TOKENS, target_tokens=TARGETS)
+    result = split_logit_lens(model, TOKENS, targets=TARGETS)
     theirs = logit_lens(model, TOKENS, positions=None, targets=TARGETS)
     assert theirs.labels[0] == "0_pre" and theirs.labels[-1] == "final_post"
     torch.testing.assert_close(
         result.lens_logits, theirs.values[..., 0].double(), atol=1e-6, rtol=0
     )
     # a shared target (one id for every position) reads the same column
-    shared = split_logit_lens(model, TOKENS, target_tokens=7)
+    shared = split_logit_lens(model, TOKENS, targets=7)
     torch.testing.assert_close(
         shared.lens_logits,
         logit_lens(model, TOKENS, positions=None, targets=7).values[..., 0].double(),
@@ -64,7 +64,7 @@ def test_unsplit_lens_equals_transformer_lens_logit_lens(tiny_model, lane, famil
 @pytest.mark.parametrize("family", ["gpt2", "llama", "neox", "gemma3"])
 def test_parts_add_up_to_the_lens_change_exactly_in_float64(model64, family):
     model = model64(family)
-    result = split_logit_lens(model, TOKENS, target_tokens=TARGETS)
+    result = split_logit_lens(model, TOKENS, targets=TARGETS)
     n_layers = model.cfg.n_layers
     assert result.full.shape == (n_layers, 2, 7) and result.lens_logits.shape == (
         n_layers + 1,
@@ -121,7 +121,7 @@ def test_a_pure_parallel_update_only_rescales_the_norms_eps(model64, family):
     step equals f(x; eps/c^2) - f(x; eps) (sign-flipped when c = 1 + a < 0), computed by hand."""
     model = model64(family)
     eps = float(model.cfg.eps)
-    result = split_logit_lens(model, TOKENS, target_tokens=TARGETS)
+    result = split_logit_lens(model, TOKENS, targets=TARGETS)
     _, cache = model.run_with_cache(TOKENS)
     for layer in range(model.cfg.n_layers):
         for c, (start, update) in enumerate(
@@ -158,9 +158,9 @@ def test_a_pure_parallel_update_only_rescales_the_norms_eps(model64, family):
 
 def test_no_gradients_are_needed(tiny_model):
     model = tiny_model("llama")
-    plain = split_logit_lens(model, TOKENS, target_tokens=TARGETS)
+    plain = split_logit_lens(model, TOKENS, targets=TARGETS)
     with torch.inference_mode():
-        inference = split_logit_lens(model, TOKENS, target_tokens=TARGETS)
+        inference = split_logit_lens(model, TOKENS, targets=TARGETS)
     assert not plain.lens_logits.requires_grad and not plain.parallel_if_last.requires_grad
     torch.testing.assert_close(plain.lens_logits, inference.lens_logits, atol=0, rtol=0)
     assert torch.is_grad_enabled()
@@ -168,11 +168,11 @@ def test_no_gradients_are_needed(tiny_model):
 
 def test_target_forms_and_the_frame_and_figure(tiny_model):
     model = tiny_model("gpt2")
-    per_seq = split_logit_lens(model, TOKENS, target_tokens=[5, 9], ordering="parallel_first")
+    per_seq = split_logit_lens(model, TOKENS, targets=[5, 9], ordering="parallel_first")
     assert per_seq.targets.tolist() == [[5] * 7, [9] * 7]
-    per_seq_t = split_logit_lens(model, TOKENS, target_tokens=torch.tensor([5, 9]))
+    per_seq_t = split_logit_lens(model, TOKENS, targets=torch.tensor([5, 9]))
     torch.testing.assert_close(per_seq.lens_logits, per_seq_t.lens_logits)
-    one = split_logit_lens(model, TOKENS[0], target_tokens=5)
+    one = split_logit_lens(model, TOKENS[0], targets=5)
     # (float32 batch-size rounding only)
     torch.testing.assert_close(one.lens_logits[:, 0], per_seq.lens_logits[:, 0], atol=1e-6, rtol=0)
     frame = per_seq.to_frame()
@@ -201,16 +201,16 @@ def test_target_forms_and_the_frame_and_figure(tiny_model):
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
-        ({"target_tokens": 10**7}, "target_tokens must be ids in [0, 512)"),
-        ({"target_tokens": -1}, "target_tokens must be ids in [0, 512)"),
-        ({"target_tokens": torch.tensor([1.0, 2.0])}, "target_tokens must hold integer token ids"),
+        ({"targets": 10**7}, "targets must be ids in [0, 512)"),
+        ({"targets": -1}, "targets must be ids in [0, 512)"),
+        ({"targets": torch.tensor([1.0, 2.0])}, "targets must hold integer token ids"),
         (
-            {"target_tokens": torch.zeros(3, 7, dtype=torch.long)},
+            {"targets": torch.zeros(3, 7, dtype=torch.long)},
             "fits neither [batch]=2 nor [batch, pos]=[2, 7]",
         ),
-        ({"target_tokens": [1, 2, 3]}, "target_tokens has 3 entries but tokens has batch=2"),
-        ({"target_tokens": None}, "target_tokens is required"),
-        ({"target_tokens": 1, "ordering": "random"}, "ordering must be one of"),
+        ({"targets": [1, 2, 3]}, "targets has 3 entries but tokens has batch=2"),
+        ({"targets": None}, "targets is required"),
+        ({"targets": 1, "ordering": "random"}, "ordering must be one of"),
     ],
 )
 def test_bad_targets_name_the_argument_and_the_fix(tiny_model, kwargs, needle):
@@ -232,7 +232,7 @@ def test_bad_targets_name_the_argument_and_the_fix(tiny_model, kwargs, needle):
 )
 def test_bad_tokens_name_the_argument_and_the_fix(tiny_model, tokens, needle):
     with pytest.raises(LensInputError, match=None) as info:
-        split_logit_lens(tiny_model("gpt2"), tokens, target_tokens=1)
+        split_logit_lens(tiny_model("gpt2"), tokens, targets=1)
     assert needle in str(info.value)
 
 
@@ -241,7 +241,7 @@ def test_multi_token_strings_are_refused(tiny_model):
     model = tiny_model("gpt2", fresh=True)
     if getattr(model, "tokenizer", None) is not None:
         with pytest.raises(LensInputError, match="not one; pass a single-token"):
-            split_logit_lens(model, TOKENS, target_tokens=" antidisestablishmentarianism")
+            split_logit_lens(model, TOKENS, targets=" antidisestablishmentarianism")
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -258,8 +258,8 @@ def test_a_padded_row_equals_the_row_alone(tiny_model, family, side):
     short, long = TOKENS[0, :4].tolist(), TOKENS[1].tolist()
     padded = pad_sequences([short, long], pad_id=0, padding_side=side)
     targets = torch.full(padded.tokens.shape, 7)
-    got = split_logit_lens(model, padded.tokens, target_tokens=targets, attention_mask=padded.attention_mask)
-    alone = split_logit_lens(model, torch.tensor([short]), target_tokens=7)
+    got = split_logit_lens(model, padded.tokens, targets=targets, attention_mask=padded.attention_mask)
+    alone = split_logit_lens(model, torch.tensor([short]), targets=7)
     real = padded.attention_mask[0].bool()
     terms = model.cfg.d_model * model.cfg.n_layers
     for name in ("lens_logits", "full", "parallel_if_first", "parallel_if_last"):
@@ -270,7 +270,7 @@ def test_a_padded_row_equals_the_row_alone(tiny_model, family, side):
         assert torch.isnan(mine[..., ~real]).all(), name
     # without the mask the padded row reads the padding as tokens: the lens moves (test can fail)
     if side == "left":
-        unmasked = split_logit_lens(model, padded.tokens, target_tokens=targets)
+        unmasked = split_logit_lens(model, padded.tokens, targets=targets)
         assert (unmasked.lens_logits[..., 0, :][..., real] - alone.lens_logits[..., 0, :]).abs().max() > 1e-3
 
 
@@ -286,4 +286,4 @@ def test_a_padded_row_equals_the_row_alone(tiny_model, family, side):
 )
 def test_bad_attention_masks_are_refused(tiny_model, mask, needle):
     with pytest.raises(LensInputError, match=needle):
-        split_logit_lens(tiny_model("gpt2"), TOKENS, target_tokens=7, attention_mask=mask)
+        split_logit_lens(tiny_model("gpt2"), TOKENS, targets=7, attention_mask=mask)

@@ -68,7 +68,7 @@ def test_patching_positions_before_the_corruption_does_nothing(tiny_model):
 
 def test_split_dla_adds_up(tiny_model):
     model = tiny_model("llama")
-    table = split_logit_attribution(model, torch.cat([CLEAN, CORRUPTED]), [3, 3], wrong_tokens=[4, 4])
+    table = split_logit_attribution(model, torch.cat([CLEAN, CORRUPTED]), [3, 3], incorrect_tokens=[4, 4])
     assert (table["dla"] - table["dla_par"] - table["dla_perp"]).abs().max() < 1e-5
     assert set(table["unit"]) == {"attn", "mlp", "head"}
     # heads' outputs without the bias add up to the attention sub-layer's DLA (llama: no b_O)

@@ -92,7 +92,7 @@ def test_tiny_gemma3_edits_match_hand_written_hooks(tiny_gemma):
 
 def test_tiny_gemma3_split_dla(tiny_gemma):
     tokens = torch.randint(1, 500, (2, 10), generator=torch.Generator().manual_seed(0))
-    table = split_logit_attribution(tiny_gemma, tokens, [3, 3], wrong_tokens=[4, 4])
+    table = split_logit_attribution(tiny_gemma, tokens, [3, 3], incorrect_tokens=[4, 4])
     assert table[table.unit == "head"]["dla"].isna().all()
     assert table.attrs["notes"] and "sandwich-norm" in table.attrs["notes"][0]
     units = table[table.unit != "head"]

@@ -38,7 +38,7 @@ def _patch(verb, model, first, second, metric=_metric, **kw):
 
 VERBS = {
     **{verb: (lambda m, verb=verb, **kw: _patch(verb, m, CLEAN, CORRUPT, **kw)) for verb in PATCHES},
-    "split_logit_lens": lambda m, **kw: tld.split_logit_lens(m, CLEAN, target_tokens=7, **kw),
+    "split_logit_lens": lambda m, **kw: tld.split_logit_lens(m, CLEAN, targets=7, **kw),
     "split_logit_attribution": lambda m, **kw: tld.split_logit_attribution(m, CLEAN, 5, **kw),
     "profile": lambda m, **kw: tld.profile(m, CLEAN, progress=False, **kw),
     "sweep": lambda m, **kw: tld.sweep(m, CLEAN, tld.grid("value", s_par=[0.0]), progress=False, **kw),
@@ -171,3 +171,19 @@ def test_a_nan_weight_is_named_by_profile_and_sweep(tiny_model):
         tld.profile(model, CLEAN, progress=False)
     with pytest.raises(ValueError, match=r"weights hold NaN or inf: \S*mlp\S* \(1 entries\)"):
         sweep(model, CLEAN, grid("value", s_par=[0.0]), progress=False)
+
+
+@pytest.mark.parametrize(("verb", "old", "new"), [
+    ("split_logit_lens", "target_tokens", "targets"),
+    ("split_logit_attribution", "wrong_tokens", "incorrect_tokens"),
+])
+def test_transformerlens_names_and_the_old_keyword_named(tiny_model, verb, old, new):
+    """Issue 48: TransformerLens 4.3 says ``targets`` (``logit_lens``) and ``incorrect_tokens``
+    (``direct_logit_attribution``); ours take those names, and the old keyword is one clear
+    renamed-argument error (the project's convention), not a TypeError or a silent default."""
+    model = tiny_model("gpt2")
+    call = (lambda **kw: tld.split_logit_lens(model, CLEAN, **kw)) if verb == "split_logit_lens" else (
+        lambda **kw: tld.split_logit_attribution(model, CLEAN, 5, **kw))
+    call(**{new: 7})
+    with pytest.raises(tld.TLDirectionalError, match=rf"{verb}\(\) has no argument '{old}'; it is called '{new}' now"):
+        call(**{old: 7})

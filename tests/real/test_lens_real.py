@@ -21,7 +21,7 @@ def test_split_lens_on_real_models(name):
         )
     model = load_model(name).eval()
     tokens = model.to_tokens("The Eiffel Tower is in the city of")
-    result = split_logit_lens(model, tokens, target_tokens=" Paris")
+    result = split_logit_lens(model, tokens, targets=" Paris")
     target = int(result.targets[0, 0])
     with torch.no_grad():
         own = model(tokens)[0, :, target].double()

@@ -205,7 +205,7 @@ def test_real_generate_with_an_edit(real):
 def test_real_split_dla_adds_up_to_the_logit_difference(real):
     name, model, tokens = real
     answer, wrong = tokens[:, 5], tokens[:, 6]
-    table = split_logit_attribution(model, tokens, answer, wrong_tokens=wrong)
+    table = split_logit_attribution(model, tokens, answer, incorrect_tokens=wrong)
     units = table[table.unit != "head"].groupby("sequence")["dla"].sum()
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens)

@@ -25,6 +25,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ...core.errors import renamed_argument
 from ...core.geometry import DEFAULT_EPS, check_eps, dtype_tolerance, parallel_part
 from ...figures.lens import split_lens_figure
 from ...model.handle import capture, device_of
@@ -250,13 +251,14 @@ def split_logit_lens(
     model,
     tokens,
     *,
-    target_tokens,
+    targets=None,
     ordering: str = "shapley",
     eps: float = DEFAULT_EPS,
     check_additivity: bool = True,
     attention_mask: Tensor | None = None,
+    target_tokens=None,
 ) -> SplitLensResult:
-    """Split logit lens of ``target_tokens`` over every layer and position of ``tokens``.
+    """Split logit lens of ``targets`` over every layer and position of ``tokens``.
 
     The lens logit of the stream ``x`` (``[d_model]`` at one position) is
     ``f(x) = ln_final(x) . W_U[:, target] + b_U[target]`` with the final norm's statistics
@@ -283,7 +285,8 @@ def split_logit_lens(
             parallel or sandwich-norm blocks; GQA included).
         tokens: ``[batch, pos]`` integer token ids (a 1-D tensor is one sequence); checked here
             rather than by annotation so that a bad value gets this function's error.
-        target_tokens: the token whose lens logit is read: one id or single-token string for
+        targets: the token whose lens logit is read (TransformerLens 4.3's ``logit_lens`` name;
+            the old keyword ``target_tokens`` raises a renamed-argument error): one id or single-token string for
             every position, one per sequence (``[batch]``), or one per position (``[batch, pos]``,
             e.g. next-token ids).
         ordering: which ordering ``to_frame`` reports (``"shapley"``, ``"parallel_first"``,
@@ -301,7 +304,7 @@ def split_logit_lens(
         A :class:`SplitLensResult` (float64 values; ``.to_frame()``, ``.figure()``, ``.shares()``).
 
     Raises:
-        LensInputError: bad ``tokens``, ``target_tokens`` or ``ordering``, a model in training
+        LensInputError: bad ``tokens``, ``targets`` or ``ordering``, a model in training
             mode, a post-LN (encoder) model, or a broken stream identity.
     """
     check_hook_api(model)
@@ -310,7 +313,9 @@ def split_logit_lens(
     tokens = _check_tokens(model, tokens)
     batch, pos = tokens.shape
     mask = _check_mask(attention_mask, tokens.shape)
-    targets = _check_targets(model, target_tokens, batch, pos)
+    if target_tokens is not None:
+        raise renamed_argument("split_logit_lens", "target_tokens", "targets")
+    targets = _check_targets(model, targets, batch, pos)
     sites = analysis_sites(model, "split_logit_lens", LensInputError, "dropout would make the lens random")
     if sites.arch == POST_LN:
         raise LensInputError(

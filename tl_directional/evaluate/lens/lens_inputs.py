@@ -91,28 +91,28 @@ def _one_token(model, text: str, where: str) -> int:
     return int(ids[0])
 
 
-def _check_targets(model, target_tokens, batch: int, pos: int) -> Tensor:
+def _check_targets(model, targets, batch: int, pos: int) -> Tensor:
     """Target ids as ``[batch, pos]`` (a single id or string for every position, one per sequence
     ``[batch]``, or one per position ``[batch, pos]``)."""
     d_vocab = int(model.cfg.d_vocab)
     shapes = f"an int or single-token string, a [batch]={batch} list/tensor, or a [batch, pos]=[{batch}, {pos}] tensor"
-    if target_tokens is None:
+    if targets is None:
         raise LensInputError(
-            f"target_tokens is required: {shapes}; for next-token targets pass "
+            f"targets is required: {shapes}; for next-token targets pass "
             "tokens[:, 1:] and tokens[:, :-1] as tokens"
         )
-    if isinstance(target_tokens, bool):
-        raise LensInputError(f"target_tokens must be token ids, got a bool; pass {shapes}")
-    if isinstance(target_tokens, str):
-        ids = torch.tensor([[_one_token(model, target_tokens, "target_tokens")]])
-    elif isinstance(target_tokens, int):
-        ids = torch.tensor([[target_tokens]])
-    elif isinstance(target_tokens, Tensor):
-        if target_tokens.is_floating_point() or target_tokens.dtype == torch.bool:
+    if isinstance(targets, bool):
+        raise LensInputError(f"targets must be token ids, got a bool; pass {shapes}")
+    if isinstance(targets, str):
+        ids = torch.tensor([[_one_token(model, targets, "targets")]])
+    elif isinstance(targets, int):
+        ids = torch.tensor([[targets]])
+    elif isinstance(targets, Tensor):
+        if targets.is_floating_point() or targets.dtype == torch.bool:
             raise LensInputError(
-                f"target_tokens must hold integer token ids, got dtype {target_tokens.dtype}; pass {shapes}"
+                f"targets must hold integer token ids, got dtype {targets.dtype}; pass {shapes}"
             )
-        t = target_tokens.long().cpu()
+        t = targets.long().cpu()
         if t.ndim == 0:
             ids = t.reshape(1, 1)
         elif t.ndim == 1 and t.shape[0] == batch:
@@ -121,35 +121,35 @@ def _check_targets(model, target_tokens, batch: int, pos: int) -> Tensor:
             ids = t
         else:
             raise LensInputError(
-                f"target_tokens has shape {tuple(t.shape)}, which fits neither [batch]={batch} nor "
+                f"targets has shape {tuple(t.shape)}, which fits neither [batch]={batch} nor "
                 f"[batch, pos]=[{batch}, {pos}]; pass {shapes}"
             )
     else:
         try:
-            values = list(target_tokens)
+            values = list(targets)
         except TypeError:
             raise LensInputError(
-                f"target_tokens must be {shapes}, got {type(target_tokens).__name__}"
+                f"targets must be {shapes}, got {type(targets).__name__}"
             ) from None
         if len(values) != batch:
             raise LensInputError(
-                f"target_tokens has {len(values)} entries but tokens has batch={batch}; pass {shapes}"
+                f"targets has {len(values)} entries but tokens has batch={batch}; pass {shapes}"
             )
         out = []
         for i, v in enumerate(values):
             if isinstance(v, str):
-                out.append(_one_token(model, v, f"target_tokens[{i}]"))
+                out.append(_one_token(model, v, f"targets[{i}]"))
             elif isinstance(v, int) and not isinstance(v, bool):
                 out.append(v)
             else:
                 raise LensInputError(
-                    f"target_tokens[{i}] = {v!r} is not a token id or a single-token string"
+                    f"targets[{i}] = {v!r} is not a token id or a single-token string"
                 )
         ids = torch.tensor(out).unsqueeze(1)
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= d_vocab:
         raise LensInputError(
-            f"target_tokens must be ids in [0, {d_vocab}) (the model's d_vocab), got values in "
+            f"targets must be ids in [0, {d_vocab}) (the model's d_vocab), got values in "
             f"[{lo}, {hi}]; pass ids from this model's tokenizer"
         )
     return ids.expand(batch, pos).clone()

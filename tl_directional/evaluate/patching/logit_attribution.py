@@ -12,6 +12,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from ...core.errors import renamed_argument
 from ...core.geometry import DEFAULT_EPS, check_eps, decompose
 from ...model.handle import capture, device_of
 from ...model.inputs import prepare_inputs, token_ids
@@ -37,21 +38,23 @@ def split_logit_attribution(
     inputs,
     answer_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str,
     *,
-    wrong_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str | None = None,
+    incorrect_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str | None = None,
     position: int = -1,
     eps: float = DEFAULT_EPS,
+    wrong_tokens=None,
 ) -> pd.DataFrame:
     """Direct logit attribution of each head and sub-layer, split into parallel and
     perpendicular parts against the stream each writes into (METHOD.md sec. 2-3).
 
-    The logit direction is ``W_U[:, answer] - W_U[:, wrong]`` (or ``W_U[:, answer]``),
+    The logit direction is ``W_U[:, answer] - W_U[:, incorrect]`` (or ``W_U[:, answer]``),
     read at ``position`` (absolute, or -1 for each sequence's last real token); the
     final norm is linearised at the run's own scale (``ln_final.hook_scale``), so
     ``dla == dla_par + dla_perp`` exactly for every row. Heads' outputs are
     ``W_O[h]^T z_h`` (no bias) split against ``resid_pre``; sub-layers use their
     sites (attention update vs ``resid_pre``, MLP update vs its reference).
 
-    ``answer_tokens`` / ``wrong_tokens``: one per sequence (or one for all), as token
+    ``answer_tokens`` / ``incorrect_tokens`` (TransformerLens 4.3's names; the old keyword
+    ``wrong_tokens`` raises a renamed-argument error): one per sequence (or one for all), as token
     ids or single-token strings (``" light"``). A text longer than the model's context is a
     ValueError (attributing at the last token that fits would not be where the answer follows
     the text); token-id inputs longer than ``n_ctx`` are refused as everywhere.
@@ -74,6 +77,8 @@ def split_logit_attribution(
         ``par_frac`` of the written vector.
     """
     eps = check_eps(eps)
+    if wrong_tokens is not None:
+        raise renamed_argument("split_logit_attribution", "wrong_tokens", "incorrect_tokens")
     sites = analysis_sites(model, "split_logit_attribution", ValueError,
                            "dropout would make the attribution random")
     if not sites.causal:
@@ -88,8 +93,8 @@ def split_logit_attribution(
     answer = token_ids(model, answer_tokens, n=tokens.shape[0], argument="answer_tokens").to(device)
     W_U = model.W_U  # [d_model, vocab]
     direction = W_U[:, answer].T  # [batch, d_model]
-    if wrong_tokens is not None:
-        wrong = token_ids(model, wrong_tokens, n=tokens.shape[0], argument="wrong_tokens").to(device)
+    if incorrect_tokens is not None:
+        wrong = token_ids(model, incorrect_tokens, n=tokens.shape[0], argument="incorrect_tokens").to(device)
         direction = direction - W_U[:, wrong].T
     if position == -1:
         pos = am.long().cumsum(-1).argmax(-1)  # last real token (right or left padding)
