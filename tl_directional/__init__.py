@@ -29,6 +29,7 @@ from .core.geometry import (
     patch_components,
     scale_components,
 )
+from .core.direction import Direction, DirectionError
 from .core.subspace import SubspaceError, orthonormal_basis, random_energy_share, split_against
 from .edit import (
     DiagonalRemoval,
@@ -103,6 +104,8 @@ __all__ = [
     "split_against",
     "random_energy_share",
     "SubspaceError",
+    "Direction",
+    "DirectionError",
     "ModelSites",
     "SiteResolutionError",
     "WeightProcessingWarning",

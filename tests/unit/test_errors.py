@@ -25,6 +25,7 @@ KEEPS = {
     "RankError": ValueError,
     "StackSplitError": ValueError,
     "SubspaceError": ValueError,
+    "DirectionError": ValueError,
     "ResultError": KeyError,
     "DamagedWeightsError": ValueError,
     "EditSpecError": ValueError,
