@@ -21,7 +21,6 @@ def test_a_direction_keeps_its_vectors_and_provenance():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(vectors=[1.0, 2.0]), "floating torch tensor, got list"),
     (dict(vectors=torch.tensor([1, 2])), "dtype torch.int64"),
     (dict(vectors=torch.zeros(2, 3, 4)), r"\[d\] or \[k, d\], got shape \(2, 3, 4\)"),
     (dict(vectors=torch.ones(4), per_layer=True), r"per_layer=True\) needs \[n_layers, d\]"),
