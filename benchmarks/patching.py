@@ -103,7 +103,7 @@ def patching_vs_transformer_lens(bench: Bench):
         full_s = time.perf_counter() - t0
         diff = float((got - want.detach().cpu().float()).abs().max())
         # both sides are float32 forwards batched differently: the bound is their round-off
-        limit = roundoff_tolerance(torch.float32, float(want.abs().max()), model.cfg.d_model * sites.n_layers)
+        limit = roundoff_tolerance(next(model.parameters()).dtype, float(want.abs().max()), model.cfg.d_model * sites.n_layers)
         if not diff <= limit:
             raise AssertionError(
                 f"directional_patch differs from get_act_patch_resid_pre by {diff:g} (> {limit:.3g}, "

@@ -104,7 +104,7 @@ def path_patching_vs_transformer_lens(bench: Bench):
         ours_s = time.perf_counter() - t0
         diff = float((got[1:] - want[1:].detach().cpu().double()).abs().max())
         # both sides are float32 forwards batched differently: the bound is their round-off
-        limit = roundoff_tolerance(torch.float32, float(want.abs().max()), model.cfg.d_model * sites.n_layers)
+        limit = roundoff_tolerance(next(model.parameters()).dtype, float(want.abs().max()), model.cfg.d_model * sites.n_layers)
         if not diff <= limit:
             raise AssertionError(
                 f"path_patch differs from get_act_patch_direct_path by {diff:g} (> {limit:.3g}, "

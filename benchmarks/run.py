@@ -491,6 +491,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="peak memory of each record's baseline and candidate (one subprocess "
                            "per side, primary setting); default: on for catalogue real models")
     peak.add_argument("--no-peak-memory", dest="peak_memory", action="store_false")
+    p.add_argument("--setting", metavar="SEQxBATCH", default=None,
+                   help="measure one workload only, e.g. 64x1 (the scaling family's large models)")
     p.add_argument("--primary-only", action="store_true",
                    help="only the primary setting (no scaling settings)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -539,8 +541,9 @@ def make_config(a: argparse.Namespace) -> Config:
         memory=a.memory if a.memory is not None else not quick and not real,
         seed=a.seed,
         threads=a.threads if a.device == "cpu" else 0,
-        settings=[s for s in (quick_settings() if quick else default_settings(wide, real))
-                  if s.primary or not a.primary_only],
+        settings=_one_setting(a.setting) if a.setting else [
+            s for s in (quick_settings() if quick else default_settings(wide, real))
+            if s.primary or not a.primary_only],
         records=names,
         peak_memory=a.peak_memory if a.peak_memory is not None else real and not quick,
         catalogue_model=catalogue if real else None,
@@ -548,6 +551,17 @@ def make_config(a: argparse.Namespace) -> Config:
         scaled_baselines=real,
         real_floor_pairs=REAL_FLOOR_PAIRS if real else None,
     )
+
+
+def _one_setting(text: str) -> list[Setting]:
+    """``--setting 64x1``: one primary workload of 64-token sequences, batch 1."""
+    try:
+        seq, batch = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        _usage_error(f"--setting must be SEQxBATCH with two positive integers, e.g. 64x1; got {text!r}")
+    if seq < 2 or batch < 1:
+        _usage_error(f"--setting needs seq >= 2 and batch >= 1, got {text!r}")
+    return [Setting(seq, batch, primary=True)]
 
 
 def _check_model_arg(model: str) -> str | None:

@@ -303,3 +303,40 @@ def test_scaled_baselines_count_as_many_forwards_as_the_baseline_runs():
         assert ast.dump(loop.iter.args[0]) == ast.dump(repeat[0]), fn.name
         checked.append(fn.name)
     assert {"sweep_cost", "sweep_shared_prefix", "layer_sweep_shared_prefix"} <= set(checked)
+
+
+def test_scaling_family_runs_each_size_and_dtype_in_its_own_process(tmp_path):
+    """``python -m benchmarks.scaling`` (issue 51's scaling family and device script) on the
+    suite's tiny size: one harness run per dtype, the records measured, the built model's
+    stored parameters equal to the shape's count, bfloat16 checked against TransformerLens in
+    bfloat16's own round-off."""
+    from benchmarks import scaling
+
+    out = tmp_path / "scaling.json"
+    status = scaling.main(["--sizes", "tiny", "--dtypes", "float32,bfloat16", "--device", "cpu",
+                           "--records", "edit_overhead,patching_vs_transformer_lens",
+                           "--setting", "8x1", "--min-pairs", "2", "--max-pairs", "2",
+                           "--workdir", str(tmp_path / "models"), "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert status == 0, doc
+    assert [(r["size"], r["dtype"]) for r in doc["runs"]] == [("tiny", "float32"), ("tiny", "bfloat16")]
+    for run in doc["runs"]:
+        assert run["parameters"] == scaling.SIZES["tiny"].parameters() == run["parameters_published_shape"]
+        records = {r["name"]: r for r in run["run"]["records"]}
+        assert set(records) == {"edit_overhead", "patching_vs_transformer_lens"}
+        assert all(r["status"] == "ok" and r["ratio"] > 0 for r in records.values()), records
+        assert run["run"]["config"]["dtype"] == run["dtype"]
+    assert scaling.main(["--sizes", "huge", "--json", str(out)]) == 2
+
+
+@pytest.mark.parametrize("text", ["64", "0x1", "64x0", "axb"])
+def test_a_bad_setting_is_a_usage_error(text, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_run.make_config(bench_run.parse_args(["--setting", text]))
+    assert exc.value.code == 2
+    assert "--setting" in capsys.readouterr().err
+
+
+def test_one_setting_replaces_the_default_workloads():
+    config = bench_run.make_config(bench_run.parse_args(["--setting", "64x2"]))
+    assert [(s.seq, s.batch, s.primary) for s in config.settings] == [(64, 2, True)]

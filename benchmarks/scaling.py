@@ -1,0 +1,173 @@
+"""The scaling family: the harness's records on decoders of real shapes, 135M to 1.5B parameters.
+
+Usage (from the repository root)::
+
+    python -m benchmarks.scaling --json benchmarks/results/scaling_cpu.json \\
+        --sizes smollm2-135m,smollm2-360m,qwen3-0.6b,llama-3.2-1b,qwen2.5-1.5b \\
+        --dtypes float32,bfloat16 --setting 64x1
+    python -m benchmarks.scaling --device cuda --json scaling_cuda.json   # the device run
+
+What: each size is a decoder built from a real model's configuration (depth, width, heads, KV
+heads, MLP width, vocabulary; :data:`SIZES`) with seeded random weights
+(:func:`tl_directional.model.load.build_tiny_hf_model`, no download), so the costs are those of
+the real shapes (GQA and 150k-token vocabularies included), not of trained weights. For each size
+and dtype the harness (:mod:`benchmarks.run`) runs the chosen records on one workload, in its own
+process (the peak memory of one size does not carry into the next), and this driver collects the
+records with the size's parameter count into one JSON.
+
+The shapes are the published configurations of the named models, except that a head's width is
+``d_model / n_heads`` here (Qwen3-0.6B's real ``head_dim`` is 128 with 16 heads on a 1024-wide
+stream; here it is 64): ``build_tiny_hf_model`` derives it, and the record says so. The built
+models do not tie the unembedding to the embedding (SmolLM2, Llama-3.2-1B and Qwen2.5-1.5B do),
+so their weights take ``vocab x d_model`` more memory than the named models'.
+
+Records: by default the profile, the edit, a sweep setting and the three TransformerLens
+comparisons (directional, attribution and path patching); ``--records`` picks others. On CPU the
+1B+ sizes take minutes per record even at ``--setting 64x1``; run them alone on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DEFAULT_RECORDS = ("profile_overhead", "edit_overhead", "sweep_cost", "patching_vs_transformer_lens",
+                   "attribution_vs_transformer_lens", "path_patching_vs_transformer_lens")
+
+
+@dataclass(frozen=True)
+class Size:
+    """One model shape: the family ``build_tiny_hf_model`` builds and the published dimensions."""
+
+    family: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_mlp: int
+    vocab_size: int
+    source: str  # whose configuration this is
+
+    def parameters(self) -> int:
+        """Parameters of the built model: the published shape with an untied unembedding (the
+        builder unties it, so memory holds ``W_U`` beside ``W_E`` even where the named model
+        ties them; compute is the same either way), norms included."""
+        d_head = self.d_model // self.n_heads
+        attn = self.d_model * d_head * (2 * self.n_heads + 2 * self.n_kv_heads)
+        mlp = 3 * self.d_model * self.d_mlp
+        return self.n_layers * (attn + mlp + 2 * self.d_model) + 2 * self.vocab_size * self.d_model + self.d_model
+
+
+#: The family's sizes, smallest first. ``tiny`` is for the suite (seconds); the others follow the
+#: named models' published ``config.json`` (tied embeddings where the model ties them).
+SIZES: dict[str, Size] = {
+    "tiny": Size("llama", 2, 64, 4, 2, 128, 512, "a 2-layer seeded Llama for the suite"),
+    "smollm2-135m": Size("llama", 30, 576, 9, 3, 1536, 49152, "HuggingFaceTB/SmolLM2-135M"),
+    "smollm2-360m": Size("llama", 32, 960, 15, 5, 2560, 49152, "HuggingFaceTB/SmolLM2-360M"),
+    "qwen3-0.6b": Size("qwen3", 28, 1024, 16, 8, 3072, 151936, "Qwen/Qwen3-0.6B (head_dim 64 here, 128 there)"),
+    "llama-3.2-1b": Size("llama", 16, 2048, 32, 8, 8192, 128256, "meta-llama/Llama-3.2-1B"),
+    "qwen2.5-1.5b": Size("qwen2", 28, 1536, 12, 2, 8960, 151936, "Qwen/Qwen2.5-1.5B"),
+}
+
+
+def build(name: str, root: Path) -> Path:
+    """The seeded model ``name`` under ``root`` (built once; reused while its files exist)."""
+    from tl_directional.model.load import build_tiny_hf_model
+
+    size = SIZES[name]
+    path = root / name
+    if not (path / "config.json").exists():
+        build_tiny_hf_model(size.family, path, seed=0, n_layers=size.n_layers, d_model=size.d_model,
+                            n_heads=size.n_heads, n_kv_heads=size.n_kv_heads, d_mlp=size.d_mlp,
+                            n_ctx=2048, vocab_size=size.vocab_size)
+    return path
+
+
+def counted_parameters(path: Path) -> int:
+    """Parameters stored in the built model's safetensors files (a tied matrix stored once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(path.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():
+                n = 1
+                for dim in st.get_slice(key).get_shape():
+                    n *= int(dim)
+                total += n
+    return total
+
+
+def measure(name: str, dtype: str, args: argparse.Namespace, root: Path) -> dict:
+    """One harness run (its own process) for size ``name`` in ``dtype``; its JSON document."""
+    out = root / f"{name}-{dtype}.json"
+    cmd = [sys.executable, "-m", "benchmarks.run", "--model", str(build(name, root)), "--dtype", dtype,
+           "--device", args.device, "--records", args.records, "--setting", args.setting,
+           "--no-memory", "--no-wide", "--json", str(out), "--max-seconds", str(args.max_seconds)]
+    cmd += ["--peak-memory"] if args.peak_memory else ["--no-peak-memory"]
+    if args.min_pairs is not None:
+        cmd += ["--min-pairs", str(args.min_pairs), "--max-pairs", str(max(args.min_pairs, args.max_pairs))]
+    started = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if not out.exists():
+        return {"status": "error", "returncode": proc.returncode, "stderr_tail": proc.stderr[-2000:]}
+    doc = json.loads(out.read_text())
+    doc["driver_seconds"] = time.time() - started
+    return doc
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default=",".join(n for n in SIZES if n != "tiny"),
+                   help=f"comma-separated subset of {','.join(SIZES)}")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated torch dtypes")
+    p.add_argument("--records", default=",".join(DEFAULT_RECORDS))
+    p.add_argument("--setting", default="64x1", help="SEQxBATCH, one workload for every size")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-seconds", type=float, default=60.0)
+    p.add_argument("--min-pairs", type=int, default=None)
+    p.add_argument("--max-pairs", type=int, default=20)
+    p.add_argument("--peak-memory", action="store_true", help="peak memory of each side (slow)")
+    p.add_argument("--workdir", default=None, help="where the built models go (default: a temp dir)")
+    p.add_argument("--json", required=True, metavar="OUT")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build and measure every size x dtype; write one JSON; exit 1 if any run errored."""
+    args = parse_args(argv)
+    names = [n.strip() for n in args.sizes.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SIZES]
+    if unknown:
+        print(f"python -m benchmarks.scaling: error: --sizes has unknown name(s) {unknown}; "
+              f"known: {list(SIZES)}", file=sys.stderr)
+        return 2
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="tl_directional_scaling_"))
+    root.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for name in names:
+        for dtype in (d.strip() for d in args.dtypes.split(",") if d.strip()):
+            print(f"scaling: {name} in {dtype} ...", file=sys.stderr, flush=True)
+            runs.append({"size": name, "dtype": dtype, "shape": asdict(SIZES[name]),
+                         "parameters_published_shape": SIZES[name].parameters(),
+                         "run": measure(name, dtype, args, root),
+                         "parameters": counted_parameters(build(name, root))})
+    doc = {"command": "python -m benchmarks.scaling " + " ".join(sys.argv[1:] if argv is None else argv),
+           "setting": args.setting, "device": args.device, "runs": runs}
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return 1 if any(r["run"].get("status") == "error" for r in runs) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
