@@ -248,9 +248,10 @@ class _Runner:
         s = self.site(u, L)
         up = state[s.update_hook]
         dense_u = dense_store[s.update_hook]
-        if s.update_is_difference:
-            up = up - state[s.reference_hook]
-            dense_u = dense_u - dense_store[s.reference_hook]
+        if s.update_is_difference:  # in the compute dtype: a half-precision difference is rounded
+            up = up.to(compute_dtype(up.dtype)) - state[s.reference_hook].to(compute_dtype(up.dtype))
+            dense_u = dense_u.to(compute_dtype(dense_u.dtype)) - dense_store[s.reference_hook].to(
+                compute_dtype(dense_u.dtype))
         stream = (dense_store[s.sum_hook], state[s.sum_hook]) if self.mode == "global" else None
         self._accumulate(target, L, u, dense_u, up, dense_store[s.reference_hook], state, stream)
 

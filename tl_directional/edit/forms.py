@@ -41,7 +41,10 @@ def residual_parts(output: Float[Tensor, "batch pos d_model"], stream: Float[Ten
             against instead of the stream, or None.
     """
     ref = stream if reference is None else reference.to(output.device, output.dtype)
-    update = output - stream if is_difference else output
+    # a block update is a difference of two streams: taken in the compute dtype, or a half-precision
+    # model would round it to 8 (bf16) / 11 (fp16) bits before the split (float32: unchanged)
+    cd = compute_dtype(output.dtype)
+    update = output.to(cd) - stream.to(cd) if is_difference else output
     return update, ref
 
 

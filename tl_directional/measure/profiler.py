@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..core.components import check_components
-from ..core.geometry import DEFAULT_EPS, check_eps
+from ..core.geometry import DEFAULT_EPS, check_eps, compute_dtype
 from ..core.kernels import split_stats
 from ..core.stats import EXACT_QUANTILE_LIMIT
 from ..io.atomic import ArtefactError
@@ -221,8 +221,8 @@ class Profile:
                 u = sites.units[comp][L]
                 upd = get(u.update_hook).to(device)
                 ref = get(u.reference_hook).to(device)
-                if u.update_is_difference:
-                    upd = upd - ref
+                if u.update_is_difference:  # in the compute dtype (half precision: see stream.py)
+                    upd = upd.to(compute_dtype(upd.dtype)) - ref.to(compute_dtype(ref.dtype))
                 a = acc.add_residual(L, comp, upd, ref, mask)
                 if comp == "attn":
                     alpha_attn = a

@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..core.geometry import projection_coefficient
+from ..core.geometry import compute_dtype, projection_coefficient
 from ..core.kernels import Scratch, split_stats, squared_norm, value_stats
 from ..core.stats import StreamingSummary
 from ..model.handle import StopForward
@@ -334,10 +334,14 @@ def _residual_action(acc: _Accumulator, u: UnitSite, state: dict):
         ref = state[("ref", u.reference_hook)]
         if not u.update_is_difference:
             update = t
-        elif t.is_contiguous() and ref.is_contiguous() and t.shape == ref.shape and t.dtype == ref.dtype:
+        elif (t.is_contiguous() and ref.is_contiguous() and t.shape == ref.shape and t.dtype == ref.dtype
+              and compute_dtype(t.dtype) == t.dtype):
             update = torch.sub(t, ref, out=acc.scratch.get("diff", tuple(t.shape), t.dtype, t.device))
         else:
-            update = t - ref
+            # a half-precision model: difference the two streams in the compute dtype, or the
+            # block update would be rounded to 8 (bf16) / 11 (fp16) bits before it is split
+            cd = compute_dtype(t.dtype)
+            update = t.to(cd) - ref.to(cd)
         alpha = acc.add_residual(u.layer, u.component, update, ref, state["mask"], state["seq_offset"])
         if u.component == "attn":
             _factorization_meet(acc, u.layer, state, alpha=alpha)
