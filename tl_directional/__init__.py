@@ -65,10 +65,16 @@ from .evaluate import (
 )
 from .measure import (
     Profile,
+    SAEError,
+    SAESplit,
+    SAEWeights,
     StackSplit,
     StackSplitError,
+    load_sae_weights,
     profile,
     required_hooks,
+    sae_directions,
+    sae_split,
     split_decompose_resid,
     split_stack_head_results,
 )
@@ -106,6 +112,13 @@ __all__ = [
     "SubspaceError",
     "Direction",
     "DirectionError",
+    # SAE features as directions; an SAE's reconstruction and error term against the stream
+    "sae_directions",
+    "sae_split",
+    "SAESplit",
+    "SAEWeights",
+    "load_sae_weights",
+    "SAEError",
     "ModelSites",
     "SiteResolutionError",
     "WeightProcessingWarning",

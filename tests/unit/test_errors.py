@@ -24,6 +24,7 @@ KEEPS = {
     "PathPatchError": ValueError,
     "RankError": ValueError,
     "StackSplitError": ValueError,
+    "SAEError": ValueError,
     "SubspaceError": ValueError,
     "DirectionError": ValueError,
     "ResultError": KeyError,

@@ -11,12 +11,17 @@ The modules, by job: :mod:`~tl_directional.measure.profiler` (:func:`profile`, :
 :mod:`~tl_directional.measure.carrier` (the MLP-carrier columns), :mod:`~tl_directional.measure.cosine`
 (the drop-cosine statistics), :mod:`~tl_directional.measure.cache_hooks` (:func:`required_hooks`)
 and :mod:`~tl_directional.measure.stacks` (an ``ActivationCache``'s ``decompose_resid`` /
-``stack_head_results`` stacks split against the stream or any direction or subspace).
+``stack_head_results`` stacks split against the stream or any direction or subspace),
+:mod:`~tl_directional.measure.sae_weights` (an SAE's weights read without SAELens) and
+:mod:`~tl_directional.measure.sae` (SAE decoder rows as directions, an SAE's reconstruction and
+error term split against the stream).
 """
 
 from .cache_hooks import required_hooks
 from .carrier import CARRIER_COLUMNS, carrier_profile
 from .profiler import FACTORIZATION_METRICS, Profile, profile
+from .sae import SAESplit, sae_directions, sae_split
+from .sae_weights import SAEError, SAEWeights, bundled_sae_path, load_sae_weights
 from .stacks import StackSplit, StackSplitError, split_decompose_resid, split_stack_head_results
 from .stream import DROP_COSINE_METRICS, EXCLUSIVE_METRICS, RESIDUAL_METRICS, VALUE_METRICS
 
@@ -28,11 +33,18 @@ __all__ = [
     "RESIDUAL_METRICS",
     "VALUE_METRICS",
     "Profile",
+    "SAEError",
+    "SAESplit",
+    "SAEWeights",
     "StackSplit",
     "StackSplitError",
+    "bundled_sae_path",
     "carrier_profile",
+    "load_sae_weights",
     "profile",
     "required_hooks",
+    "sae_directions",
+    "sae_split",
     "split_decompose_resid",
     "split_stack_head_results",
 ]
