@@ -11,11 +11,14 @@ The modules, by job: :mod:`~tl_directional.measure.profiler` (:func:`profile`, :
 :mod:`~tl_directional.measure.carrier` (the MLP-carrier columns), :mod:`~tl_directional.measure.cosine`
 (the drop-cosine statistics), :mod:`~tl_directional.measure.cache_hooks` (:func:`required_hooks`)
 and :mod:`~tl_directional.measure.stacks` (an ``ActivationCache``'s ``decompose_resid`` /
-``stack_head_results`` stacks split against the stream or any direction or subspace).
+``stack_head_results`` stacks split against the stream or any direction or subspace) and
+:mod:`~tl_directional.measure.directions` (directions from the unembedding, a probe, or a mean
+difference of two prompt sets).
 """
 
 from .cache_hooks import required_hooks
 from .carrier import CARRIER_COLUMNS, carrier_profile
+from .directions import mean_difference_direction, probe_direction, unembedding_direction
 from .profiler import FACTORIZATION_METRICS, Profile, profile
 from .stacks import StackSplit, StackSplitError, split_decompose_resid, split_stack_head_results
 from .stream import DROP_COSINE_METRICS, EXCLUSIVE_METRICS, RESIDUAL_METRICS, VALUE_METRICS
@@ -31,8 +34,11 @@ __all__ = [
     "StackSplit",
     "StackSplitError",
     "carrier_profile",
+    "mean_difference_direction",
+    "probe_direction",
     "profile",
     "required_hooks",
     "split_decompose_resid",
     "split_stack_head_results",
+    "unembedding_direction",
 ]
