@@ -79,7 +79,7 @@ def test_scale_one_is_plain_addition_bit_for_bit(tiny_model, family):
             mask = torch.zeros(batch.tokens.shape, dtype=torch.bool)
             mask[:, 1] = True
             mask[torch.arange(len(last)), last] = True
-            hooks = _hand_hooks(model, hook, 1, lambda t: torch.where(mask.unsqueeze(-1), 2.5 * v, 0.0 * v))
+            hooks = _hand_hooks(model, hook, 1, lambda t, m=mask: torch.where(m.unsqueeze(-1), 2.5 * v, 0.0 * v))
         assert torch.equal(_logits(model, batch, edit), _logits(model, batch, hooks=hooks)), (family, hook)
 
 
