@@ -12,7 +12,11 @@ the ``steering-vectors`` package: every release of it (0.1.0 to 0.12.2) requires
 ``transformers<5``, and the bridge lane pins ``transformers==5.24.0`` (constraints/bridge.lock),
 so it cannot join the ``dev`` extra there. Its addition is what the hook here does: ``multiplier
 * vector`` added to the decoder block's output (``output + mask * delta``, mask 1 from
-``min_token_index`` on), i.e. ``hook="resid_post"``.
+``min_token_index`` on), i.e. ``hook="resid_post"``. Checked once outside the suite, in a private
+venv on the legacy lane's pins (transformers 4.57.6, torch 2.13.0, steering-vectors 0.12.2):
+``SteeringVector({L: v}).apply(hf, multiplier=a)`` and ``ActivationAddition(v, a, layers=[L],
+hook="resid_post")`` gave bit-identical logits on the tiny GPT-2, Llama and Gemma-3 models and on
+SmolLM2-135M, with ``min_token_index=3`` against ``positions=slice(3, None)`` too.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ _MISSING = object()
 
 class _MaskTrackingForward:
     """The instance ``forward`` that :func:`track_attention_mask` installs: the class's own
-    forward, with the call's ``attention_mask`` visible to the edits. An object, not a
+    forward, with the call's ``attention_mask`` and the length of its KV cache
+    (:func:`~tl_directional.model.generation.past_length`) visible to the edits. An object, not a
     closure, so ``copy.deepcopy`` / pickling of the model carry it to the copy."""
 
     def __init__(self, module):
