@@ -1,4 +1,4 @@
-"""ActivationAddition on SmolLM2-135M (where installed): a mean-difference steering vector added at
+"""ActivationAddition on SmolLM2-135M and Gemma-3-270M (where installed): a mean-difference steering vector added at
 a block's output equals a hand-written forward hook on the plain ``transformers`` decoder layer
 (bit for bit at scale 1; the split parts against a float64 projection within float32 round-off),
 and the TransformerLens lane's steering equals the plain-HF reference within round-off
@@ -15,15 +15,14 @@ from tests.integration.test_steering import _layer_hook, _projected
 from tl_directional.core.roundoff import roundoff_tolerance
 from tl_directional.model.load import catalog, load_hf_model, load_model
 
-NAME = "smollm2-135m"
 
-
-def test_steering_equals_the_plain_hf_reference_on_smollm2():
-    if not catalog.is_installed(NAME) and not catalog.entry_dir(NAME).exists():
-        pytest.skip(f"{NAME}: not installed; install with `{catalog.REAL_MODELS[NAME].install}` (or `make models`)")
-    tl = load_model(NAME).eval()
-    hf = load_hf_model(catalog.entry_dir(NAME))
-    L = 12
+@pytest.mark.parametrize("name", ("smollm2-135m", "gemma-3-270m"))
+def test_steering_equals_the_plain_hf_reference(name):
+    if not catalog.is_installed(name) and not catalog.entry_dir(name).exists():
+        pytest.skip(f"{name}: not installed; install with `{catalog.REAL_MODELS[name].install}` (or `make models`)")
+    tl = load_model(name).eval()
+    hf = load_hf_model(catalog.entry_dir(name))
+    L = tl.cfg.n_layers // 2
     v = tld.mean_difference_direction(tl, ["I love this, it is wonderful", "What a great day"],
                                       ["I hate this, it is awful", "What a terrible day"],
                                       hook_name=f"blocks.{L}.hook_resid_post")
