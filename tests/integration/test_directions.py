@@ -10,6 +10,8 @@ Bad input gets one clear DirectionError each.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -153,3 +155,40 @@ def test_mean_difference_errors(tiny_model):
     for (a, b), kwargs, match in cases:
         with pytest.raises(tld.DirectionError, match=match):
             tld.mean_difference_direction(model, a, b, **kwargs)
+
+
+def test_processed_weights_are_recorded_and_a_mismatch_refused(tiny_model, lane):
+    """TransformerLens issue #642: a direction read from a model with processed weights (centred
+    writing weights, folded LayerNorm) is refused by an unprocessed model's steering edit, and the
+    reverse; the logit-difference identity holds on the processed model too."""
+    plain = tiny_model("gpt2")
+    processed = tiny_model("gpt2", fresh=True)
+    if lane == "bridge":
+        processed.enable_compatibility_mode(disable_warnings=True)
+    else:
+        processed.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)
+    hook = "blocks.1.hook_resid_pre"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tld.WeightProcessingWarning)
+        from_processed = tld.mean_difference_direction(processed, TEXTS_A, TEXTS_B, hook_name=hook)
+        logit_dir = tld.unembedding_direction(processed, 5, 17)
+        tokens = tld.prepare_inputs(processed, TEXTS_A[:1]).tokens
+        final = f"blocks.{processed.cfg.n_layers - 1}.hook_resid_post"
+        with torch.no_grad():
+            logits, cache = processed.run_with_cache(tokens, names_filter=[final])
+        tld.edit_hooks(processed, tld.ActivationAddition(from_processed, 1.0))  # matching: accepted
+        with pytest.raises(tld.DirectionError, match="unprocessed weights .* this model's weights are processed"):
+            tld.edit_hooks(processed, tld.ActivationAddition(
+                tld.mean_difference_direction(plain, TEXTS_A, TEXTS_B, hook_name=hook), 1.0))
+    assert from_processed.weights_processed is True and logit_dir.weights_processed is True
+    # the LayerNorm scale by hand (TL 2's process_weights_ swaps ln_final without re-registering
+    # its hook points, so ln_final.hook_scale is not cached there)
+    x = cache[final][0].double()
+    scale = ((x - x.mean(-1, keepdim=True)).square().mean(-1) + processed.cfg.eps).sqrt()
+    got = (x @ logit_dir.vectors.double()) / scale
+    want = (logits[0, :, 5] - logits[0, :, 17]).double()
+    tol = roundoff_tolerance(torch.float32, float(logits.abs().max()), processed.cfg.d_model * 4)
+    assert float((got + logit_dir.details["offset"] - want).abs().max()) <= tol
+    with pytest.raises(tld.DirectionError, match="processed weights .* this model's weights are unprocessed"):
+        tld.edit_hooks(plain, tld.ActivationAddition(from_processed, 1.0))
+    tld.edit_hooks(plain, tld.ActivationAddition(from_processed.vectors, 1.0, layers=[1]))  # the documented way round
