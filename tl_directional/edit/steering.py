@@ -93,8 +93,8 @@ def _as_vectors(vector) -> tuple[Tensor, Direction | None]:
         if direction.vectors.ndim == 2 and not direction.per_layer:
             raise DirectionError(
                 f"vector is a [k, d] = {list(direction.vectors.shape)} subspace; a steering vector is one "
-                "direction: pass one row (Direction(..., vectors=rows[i])) or a per-layer set "
-                "(Direction(per_layer=True), row L added at layer L)")
+                "direction: pass one row (direction.vectors[i]) or a per-layer set "
+                "(Direction(rows, per_layer=True), row L added at layer L)")
         t = direction.vectors
     elif isinstance(vector, Tensor):
         if not vector.is_floating_point() or vector.ndim != 1:
@@ -150,6 +150,11 @@ class ActivationAddition(Edit):
         record: keep a :class:`SteeringReport` of every steered token in :attr:`last_report`.
             Off by default: then nothing is measured or stored.
         eps: the degeneracy threshold on squared norms.
+
+    Edits compose in the order given (:func:`~tl_directional.apply_edits`): an edit listed after
+    this one reads the steered stream (on the TransformerLens lanes also at the same hook point;
+    there an edit listed before it at ``hook_resid_pre`` of the same layer reads the stream before
+    the vector is added).
 
     Raises:
         DirectionError: a value-space Direction, a ``[k, d]`` subspace, a non-finite or zero
