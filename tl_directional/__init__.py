@@ -32,12 +32,14 @@ from .core.geometry import (
 from .core.direction import Direction, DirectionError
 from .core.subspace import SubspaceError, orthonormal_basis, random_energy_share, split_against
 from .edit import (
+    ActivationAddition,
     DiagonalRemoval,
     Edit,
     EffectiveDiagonal,
     MLPCarrierScale,
     ResidualScale,
     Scales,
+    SteeringReport,
     ValueScale,
     apply_edits,
     edit_hooks,
@@ -71,12 +73,15 @@ from .measure import (
     StackSplit,
     StackSplitError,
     load_sae_weights,
+    mean_difference_direction,
+    probe_direction,
     profile,
     required_hooks,
     sae_directions,
     sae_split,
     split_decompose_resid,
     split_stack_head_results,
+    unembedding_direction,
 )
 from .model.handle import clone_model
 from .model.inputs import TokenBatch, prepare_inputs
@@ -119,6 +124,10 @@ __all__ = [
     "SAEWeights",
     "load_sae_weights",
     "SAEError",
+    # directions from where people get them (each a Direction with its provenance)
+    "unembedding_direction",
+    "probe_direction",
+    "mean_difference_direction",
     "ModelSites",
     "SiteResolutionError",
     "WeightProcessingWarning",
@@ -135,6 +144,9 @@ __all__ = [
     "DiagonalRemoval",
     "EffectiveDiagonal",
     "MLPCarrierScale",
+    # a steering vector added to the stream, its parallel and perpendicular parts scaled apart
+    "ActivationAddition",
+    "SteeringReport",
     "Scales",
     "scales",
     "apply_edits",

@@ -20,7 +20,8 @@ The modules, by job: :mod:`~tl_directional.edit.forms` (each edit's math, once, 
 functions), :mod:`~tl_directional.edit.tensors` (scale arguments, scopes, the checked cast back),
 :mod:`~tl_directional.edit.base` (:class:`Edit`, hook state), :mod:`~tl_directional.edit.residual`,
 :mod:`~tl_directional.edit.value`, :mod:`~tl_directional.edit.pattern` (the edits' TransformerLens
-hooks), :mod:`~tl_directional.edit.spaces` (the named edit spaces), :mod:`~tl_directional.edit.apply`
+hooks), :mod:`~tl_directional.edit.steering` (:class:`ActivationAddition`, a steering vector split
+against the stream), :mod:`~tl_directional.edit.spaces` (the named edit spaces), :mod:`~tl_directional.edit.apply`
 (:func:`apply_edits`, on every lane) and :mod:`tl_directional.edit.hf` (the plain ``transformers`` lane's
 module hooks).
 """
@@ -33,10 +34,12 @@ from .carrier import MLPCarrierScale
 from .pattern import DiagonalRemoval, EffectiveDiagonal
 from .residual import ResidualScale
 from .spaces import EDIT_SPACES, EditSpace, edit_space, edits_for_space
+from .steering import STEERING_SITES, ActivationAddition, SteeringReport
 from .tensors import NonFiniteEditError, Scales, scales
 from .value import ValueScale
 
 __all__ = [
+    "ActivationAddition",
     "DiagonalRemoval",
     "EDIT_SPACES",
     "Edit",
@@ -45,7 +48,9 @@ __all__ = [
     "MLPCarrierScale",
     "NonFiniteEditError",
     "ResidualScale",
+    "STEERING_SITES",
     "Scales",
+    "SteeringReport",
     "ValueScale",
     "apply_edits",
     "edit_hooks",

@@ -40,7 +40,7 @@ def edit_hooks(model, *edits: Any) -> HookList:
         if not isinstance(e, Edit):
             raise TypeError(
                 f"edits[{i}] is a {type(e).__name__}, not an edit; pass ResidualScale, ValueScale, "
-                "DiagonalRemoval or EffectiveDiagonal objects"
+                "DiagonalRemoval, EffectiveDiagonal or ActivationAddition objects"
             )
         hooks += e.fwd_hooks(model)
     track_attention_mask(model)

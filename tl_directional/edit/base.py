@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..model.generation import FORWARD
+from ..model.generation import FORWARD, past_length
 from ..model.indices import normalize_layers
 from ..model.sites import ModelSites
 
@@ -24,7 +24,8 @@ _MISSING = object()
 
 class _MaskTrackingForward:
     """The instance ``forward`` that :func:`track_attention_mask` installs: the class's own
-    forward, with the call's ``attention_mask`` visible to the edits. An object, not a
+    forward, with the call's ``attention_mask`` and the length of its KV cache
+    (:func:`~tl_directional.model.generation.past_length`) visible to the edits. An object, not a
     closure, so ``copy.deepcopy`` / pickling of the model carry it to the copy."""
 
     def __init__(self, module):
@@ -32,12 +33,13 @@ class _MaskTrackingForward:
 
     def __call__(self, *args, **kwargs):
         m = kwargs.get("attention_mask")
-        before = FORWARD.attention_mask
+        before = FORWARD.attention_mask, FORWARD.past_length
         FORWARD.attention_mask = m if isinstance(m, Tensor) and m.ndim == 2 else None
+        FORWARD.past_length = past_length(kwargs)
         try:
             return type(self.module).forward(self.module, *args, **kwargs)
         finally:
-            FORWARD.attention_mask = before
+            FORWARD.attention_mask, FORWARD.past_length = before
 
 
 def track_attention_mask(model) -> None:

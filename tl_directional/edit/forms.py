@@ -69,6 +69,67 @@ def residual_scaled(output: Float[Tensor, "batch pos d_model"], update: Float[Te
 
 
 # ---------------------------------------------------------------------------------------------
+# steering: a fixed vector added to the stream, split against it (ActivationAddition)
+# ---------------------------------------------------------------------------------------------
+
+
+def steering_delta(stream: Float[Tensor, "batch pos d_model"], vector: Float[Tensor, " d_model"], alpha: Tensor,
+                   s_par: Tensor | None, s_perp: Tensor | None, eps: float,
+                   positions: Tensor | None = None) -> Float[Tensor, "#batch #pos d_model"]:
+    """What the steering edit adds to the stream: ``alpha * v~`` with
+    ``v~ = v + (s_par - 1) v_par + (s_perp - 1) v_perp``, the vector ``v`` split per token against
+    the stream it is added to (METHOD.md sec. 1 with ``u = v``, ``r = stream``): ``v_par`` only
+    rescales the stream, ``v_perp`` turns it.
+
+    Args:
+        stream: ``[batch, pos, d_model]``, the live residual stream at the hook.
+        vector: ``[d_model]``, already in ``stream``'s dtype and device.
+        alpha: ``[batch|1, 1]`` multiplier in ``stream``'s dtype.
+        s_par, s_perp: ``[batch|1, 1]`` scales in the compute dtype, or both None for plain
+            addition: no split is computed and the result is ``alpha * v`` in ``stream``'s dtype
+            (``[batch|1, 1, d_model]``), so that ``stream + delta`` is bit for bit what a
+            hand-written hook adding ``alpha * v`` gives.
+        positions: ``[batch|1, pos]`` bool, where the vector is added (None: everywhere); the
+            delta is 0 elsewhere.
+
+    Returns the delta in ``stream``'s dtype when plain, else in the compute dtype. Degenerate
+    tokens (``||stream||^2 <= eps``) have ``v_par = 0``, so only ``s_perp`` acts there. Nothing
+    is detached.
+    """
+    if s_par is None:
+        delta = alpha.unsqueeze(-1) * vector
+    else:
+        v = vector.to(s_par.dtype)  # [d_model], broadcast against every token
+        delta = alpha.to(s_par.dtype).unsqueeze(-1) * (v + component_delta(v, stream, s_par, s_perp, eps))
+    if positions is None:
+        return delta
+    return torch.where(positions.unsqueeze(-1), delta, torch.zeros((), dtype=delta.dtype, device=delta.device))
+
+
+def steered(stream: Float[Tensor, "batch pos d_model"], vector: Float[Tensor, " d_model"], alpha: Tensor,
+            s_par: Tensor | None, s_perp: Tensor | None, eps: float,
+            positions: Tensor | None = None) -> Float[Tensor, "batch pos d_model"]:
+    """``stream + steering_delta(...)`` (:func:`steering_delta`): in ``stream``'s dtype for plain
+    addition (``s_par``, ``s_perp`` None), else in the compute dtype (the caller casts back)."""
+    delta = steering_delta(stream, vector, alpha, s_par, s_perp, eps, positions)
+    return stream.to(delta.dtype) + delta
+
+
+def steering_shares(stream: Float[Tensor, "batch pos d_model"], vector: Float[Tensor, " d_model"],
+                    eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(coef, par_share, stream_norm)``, each ``[batch, pos]`` in the compute dtype, of the added
+    vector ``v`` against the stream: ``coef = (v . h) / ||h||^2`` (adding ``alpha v`` turns ``h``
+    into ``(1 + alpha coef) h`` plus the turning part), ``par_share = ||v_par||^2 / ||v||^2 =
+    cos^2(v, h)`` (0 where degenerate), ``stream_norm = ||h||``. Read without gradients."""
+    with torch.no_grad():
+        h = stream.detach()
+        v = vector.detach().to(compute_dtype(h.dtype))
+        a, degenerate, v_sq, h_sq = projection_coefficient(v, h, eps)
+        share = torch.where(degenerate, torch.zeros_like(a), a * a * h_sq / torch.where(degenerate, 1.0, v_sq))
+        return a, share, h_sq.sqrt()
+
+
+# ---------------------------------------------------------------------------------------------
 # value space: a head's aggregate against each token's own value vector (ValueScale)
 # ---------------------------------------------------------------------------------------------
 
@@ -324,6 +385,9 @@ __all__ = [
     "residual_parts",
     "residual_scaled",
     "self_weights",
+    "steered",
+    "steering_delta",
+    "steering_shares",
     "value_scaled",
     "value_split_scaled",
 ]

@@ -14,11 +14,13 @@ and :mod:`~tl_directional.measure.stacks` (an ``ActivationCache``'s ``decompose_
 ``stack_head_results`` stacks split against the stream or any direction or subspace),
 :mod:`~tl_directional.measure.sae_weights` (an SAE's weights read without SAELens) and
 :mod:`~tl_directional.measure.sae` (SAE decoder rows as directions, an SAE's reconstruction and
-error term split against the stream).
+error term split against the stream) and :mod:`~tl_directional.measure.directions` (directions from the unembedding, a probe, or a mean
+difference of two prompt sets).
 """
 
 from .cache_hooks import required_hooks
 from .carrier import CARRIER_COLUMNS, carrier_profile
+from .directions import mean_difference_direction, probe_direction, unembedding_direction
 from .profiler import FACTORIZATION_METRICS, Profile, profile
 from .sae import SAESplit, sae_directions, sae_split
 from .sae_weights import SAEError, SAEWeights, bundled_sae_path, load_sae_weights
@@ -41,10 +43,13 @@ __all__ = [
     "bundled_sae_path",
     "carrier_profile",
     "load_sae_weights",
+    "mean_difference_direction",
+    "probe_direction",
     "profile",
     "required_hooks",
     "sae_directions",
     "sae_split",
     "split_decompose_resid",
     "split_stack_head_results",
+    "unembedding_direction",
 ]

@@ -42,10 +42,36 @@ class ForwardState:
 
     attention_mask: Tensor | None = None
     generating: int = 0
+    #: positions already in the KV cache when the forward in progress began (None: unknown), so
+    #: that a hook firing before any attention of the pass (``blocks.0.hook_resid_pre``) knows
+    #: the absolute position of its first query (:func:`past_length`)
+    past_length: int | None = None
 
 
 FORWARD = ForwardState()
 """The one :class:`ForwardState` the hooks of both edit paths read."""
+
+
+def past_length(kwargs: dict) -> int:
+    """How many positions a forward call's KV cache already holds, read from its keywords: a
+    ``cache_position`` tensor (its first entry), a Hugging Face cache (``past_key_values`` /
+    ``cache``: ``get_seq_length()``; TL 4 bridges pass it on) or a TL 2 ``past_kv_cache``
+    (``HookedTransformerKeyValueCache``: its first entry's ``past_keys`` are ``[batch, pos, ...]``);
+    0 without any."""
+    cache_position = kwargs.get("cache_position")
+    if isinstance(cache_position, Tensor) and cache_position.numel():
+        return int(cache_position.reshape(-1)[0])
+    for key in ("past_key_values", "cache"):
+        past = kwargs.get(key)
+        if past is not None and hasattr(past, "get_seq_length"):
+            return int(past.get_seq_length())
+    legacy = kwargs.get("past_kv_cache")
+    entries = getattr(legacy, "entries", None)
+    if entries:
+        keys = getattr(entries[0], "past_keys", None)
+        if isinstance(keys, Tensor) and keys.ndim >= 2:
+            return int(keys.shape[1])
+    return 0
 
 
 #: model -> a weak reference to the ``generate`` that :func:`fix_generate` installed on it. Weak:
@@ -114,4 +140,4 @@ def carry_generate_fix(model, clone):
     return fix_generate(clone)
 
 
-__all__ = ["FORWARD", "ForwardState", "carry_generate_fix", "fix_generate", "generate_fixed"]
+__all__ = ["FORWARD", "ForwardState", "carry_generate_fix", "fix_generate", "generate_fixed", "past_length"]

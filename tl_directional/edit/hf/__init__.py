@@ -1,7 +1,8 @@
 """tl_directional on plain Hugging Face ``transformers`` models (no TransformerLens needed).
 
 * :func:`install_edits`: the package's edits (``ResidualScale``, ``ValueScale`` full / exclusive,
-  ``DiagonalRemoval``, ``EffectiveDiagonal``) as torch module hooks on an
+  ``DiagonalRemoval``, ``EffectiveDiagonal``, the steering edit ``ActivationAddition``:
+  :mod:`tl_directional.edit.hf.steering`) as torch module hooks on an
   ``AutoModelForCausalLM`` until ``handle.remove()`` (:mod:`tl_directional.edit.hf.edits`);
   :func:`tl_directional.apply_edits` uses it for a context on these models.
 * :func:`apply_carrier_edits` / :func:`install_carrier_edits`: the MLP carrier edits

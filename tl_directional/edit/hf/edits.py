@@ -62,12 +62,14 @@ from ..base import Edit
 from ..forms import residual_parts, residual_scaled
 from ..pattern import DiagonalRemoval, EffectiveDiagonal
 from ..residual import ResidualScale
+from ..steering import ActivationAddition
 from ..tensors import (
     ScaleSpec,
     cast_back,
     query_mask,
 )
 from ..value import ValueScale
+from .steering import install_steering
 from .value_chain import _Run, _value_chain_fn, edit_label
 
 
@@ -188,12 +190,12 @@ def installed_edits(model) -> HFEditHandle | None:
 def _check_edits(edits: Sequence[Any]) -> tuple[Edit, ...]:
     if not edits:
         raise ValueError("install_edits needs at least one edit (ResidualScale, ValueScale, DiagonalRemoval, "
-                         "EffectiveDiagonal)")
+                         "EffectiveDiagonal, ActivationAddition)")
     for i, e in enumerate(edits):
-        if not isinstance(e, (ResidualScale, ValueScale, DiagonalRemoval, EffectiveDiagonal)):
+        if not isinstance(e, (ResidualScale, ValueScale, DiagonalRemoval, EffectiveDiagonal, ActivationAddition)):
             raise TypeError(
                 f"edits[{i}] is a {type(e).__name__}, not an edit; pass ResidualScale, ValueScale, "
-                "DiagonalRemoval or EffectiveDiagonal objects from tl_directional.edit")
+                "DiagonalRemoval, EffectiveDiagonal or ActivationAddition objects from tl_directional.edit")
     return tuple(edits)
 
 
@@ -206,7 +208,8 @@ def install_edits(model, *edits: Any, when: Callable[[], bool] | None = None) ->
             GPT-NeoX).
         edits: :class:`~tl_directional.edit.ResidualScale`, :class:`~tl_directional.edit.ValueScale`
             (``mode="full"`` or ``"exclusive"``), :class:`~tl_directional.edit.DiagonalRemoval`,
-            :class:`~tl_directional.edit.EffectiveDiagonal`, with their usual scales and scopes.
+            :class:`~tl_directional.edit.EffectiveDiagonal`, :class:`~tl_directional.edit.ActivationAddition`
+            (:mod:`tl_directional.edit.hf.steering`), with their usual scales and scopes.
         when: optional predicate read at the start of every forward pass of ``model``; the edits
             act only where it returns True (e.g. ``lambda: model.training``: on for training,
             off for evaluation). Default: always on.
@@ -310,16 +313,18 @@ def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSite
     add(model.register_forward_pre_hook(top_pre, with_kwargs=True))
     add(model.register_forward_hook(top_post, always_call=True))
 
-    value_edits = [e for e in edits if not isinstance(e, ResidualScale)]
+    value_edits = [e for e in edits if not isinstance(e, (ResidualScale, ActivationAddition))]
     per_layer: dict[int, list[tuple[Edit, Callable]]] = {}
     for e in value_edits:
         for L in e._layers(ns):
             per_layer.setdefault(L, []).append((e, _value_chain_fn(e, L, sites, run)))
     for L, chain in sorted(per_layer.items()):
         _install_value_layer(handle, sites, L, chain)
-    for e in edits:
+    for e in edits:  # residual edits and steering in the order given
         if isinstance(e, ResidualScale):
             _install_residual(handle, sites, e, run)
+        elif isinstance(e, ActivationAddition):
+            install_steering(add, sites, e, run)
 
 
 def _install_value_layer(handle: HFEditHandle, sites: HFSites, layer: int, chain) -> None:
