@@ -240,7 +240,8 @@ def _training_row(data: Path) -> str:
 #: the paper's own small models at half retention (appendix RULER-4k table), for the explanation column
 SMALL_MODELS = (f"the paper's own small models lose more at half retention too: RULER-4k, exclude-self "
                 f"s_par = 0.5, Qwen3-0.6B -4.8 and Gemma-3-1B-IT -5.3 points against Llama-3.2-3B -0.2 "
-                f"({cite(APPENDIX, '739519c')}, table `tab:appendix-ruler-full`)")
+                f"({cite(APPENDIX, '28ae91f', '739519c')}, table `tab:appendix-ruler-full`; the text of `28ae91f` "
+                f"names only the models \"within 0.5 points\")")
 
 
 def _amend_verdicts(data: Path) -> dict[str, dict[str, str]]:
