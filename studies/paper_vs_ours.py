@@ -1,19 +1,23 @@
 """The lead table of docs/results.md: each claim in the paper's words, the paper's number, ours on
 each model, the verdict, and what the difference in scale, precision or edit form can and cannot
 explain. Built by ``python -m studies build`` (make results) from the committed data alone;
-the paper's numbers are constants quoted with their file (repository Shwai-He/Transformer-Geometry,
-folder ``_overleaf_/ARR_May_Revision_Overleaf/``).
+the paper's numbers are constants quoted with their file and the commits whose text reads as quoted
+(:mod:`studies.paper`; protocol sec. 12 tabulates the versions), and each verdict names the version
+it addresses.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from studies import lead_readings as LR
 from studies.accuracy import page as accuracy_claims
+from studies.claims import amend as amend_claims
 from studies.claims import data as D
 from studies.claims import stats as S
 from studies.depth import page as depth_claims
 from studies.instruments import page as I
+from studies.paper import ABSTRACT, APPENDIX, EXPERIMENTS, SWEEP_CSV, cite
 from studies.pass_training import page as pass_training
 from studies.pass_training.run import STEM as PASS_STEM
 from studies.training import page as training_claims
@@ -67,12 +71,7 @@ def _acc_verdicts(acc: dict, label: str, what: str) -> str:
 def _order_interval(acc: dict, model: str, first: str, second: str) -> tuple[float, float, float]:
     """Paired difference of two settings' accuracy drops (same items, same bootstrap draws):
     ``(point, lo, hi)`` in points, 95%."""
-    import torch
-
-    d1, d2 = acc[model][first][0], acc[model][second][0]
-    diff = d1.resamples - d2.resamples
-    lo, hi = torch.quantile(diff.double(), torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    return d1.point - d2.point, lo, hi
+    return LR.acc_difference(acc[model], first, second)
 
 
 def _order(acc: dict, model: str, first: str, second: str) -> str:
@@ -115,25 +114,26 @@ def _instrument_rows(data: Path) -> list[str]:
     ins = _instruments(data)
     if not ins:
         return []
-    app = "`sections/appendix.tex` (commit `739519c`)"
+    app = cite(APPENDIX, "739519c")
 
-    def verdicts(*ids):
-        return "; ".join(f"{m}: " + ", ".join(f"{i} {v[i][3]}" for i in ids) for m, (_, _, v) in ins.items())
+    def verdicts(*ids, addresses="`739519c`"):
+        return "; ".join(f"{m}: " + ", ".join(f"{i} {v[i][3]}" for i in ids) for m, (_, _, v) in ins.items()) + (
+            f" (addresses {addresses})")
 
     def worst(st, dist):
         labels = [f"{dist} seed={k}" for k in (0, 1, 2) if f"{dist} seed={k}" in st]
         return max(labels, key=lambda lab: abs(float(st[lab]["pooled"][0])), default=None)
 
     return [
-        _row("inside the MLP, full parallel removal shifts loss \"by at most 0.0301\", against +0.1165 for the "
-             "residual MLP edit", "Qwen3-0.6B C4: carrier input +0.0301, block +0.0037, residual MLP +0.1165; "
+        _row("inside the MLP, full parallel removal shifts loss \"by at most 0.0301\" "
+             f"({cite(APPENDIX, '28ae91f')}), against +0.1165 for the residual MLP edit", "Qwen3-0.6B C4: carrier input +0.0301, block +0.0037, residual MLP +0.1165; "
              "perpendicular removal > 13", f"{app}, table `tab:mlp-internal-carrier`",
              {m: f"input {_delta(st, 'carrier-input s_par=0')}, block {_delta(st, 'carrier-block s_par=0')}, "
                  f"residual MLP {_delta(st, 'resid-mlp s_par=0')}" for m, (st, _, _) in ins.items()},
-             verdicts("M1", "M2", "M3"),
+             verdicts("M1", "M2", "M3", addresses="`739519c`'s table; M3 `28ae91f`'s sentence"),
              "Neither of our models' MLP width is a multiple of d (a zero-padded partial block), and Gemma-3 "
              "norms the MLP output after the carrier edits; the paper's own words: \"stable small interventions, "
-             "not by itself proof that a large MLP component is functionally redundant\"."),
+             "not by itself as proof that a large MLP component is functionally redundant\"."),
         _row("perpendicular-weighted Wanda \"preserves standard WANDA quality\"; parallel weighting underperforms",
              "six models: -0.24 to +0.38 points; flips 0.0098% / 0.0081% of pruned weights (Qwen3-1.7B / 4B); "
              "parallel weighting 0.35-2.79 points below", f"{app}, table `tab:wanda-component-quality`",
@@ -162,7 +162,11 @@ def _row(claim, paper, source, ours: dict[str, str], verdicts: str, reading: str
     return f"| {claim} | {paper} ({source}) | {cells} | {verdicts} | {reading} |"
 
 
-def _depth_row(data: Path, st: dict, exp: str) -> str:
+def _addresses(*commits: str) -> str:
+    return "addresses " + " / ".join(f"`{c}`" for c in commits)
+
+
+def _depth_row(data: Path) -> str:
     """Claim 1's row: the depth profile and its anisotropy control (claim D)."""
     depth = {}
     for m in MODELS:
@@ -170,18 +174,21 @@ def _depth_row(data: Path, st: dict, exp: str) -> str:
             rows = depth_claims.verdict_rows(f"depth_{m}", data)
             depth[m] = {r[0].split(" ", 1)[0].rstrip(":"): r for r in rows}
     return _row(
-        "attention and MLP updates carry \"large parallel components\" (claim 1)",
-        "mean abs cos(u, r) per layer (figure only)", exp,
+        "learned updates \"consistently contain substantial parallel components\" (claim 1; "
+        f"{cite(ABSTRACT, '28ae91f')}; \"substantial parallel components beyond the residual identity path\", "
+        f"{cite(ABSTRACT, '8e5278e')})",
+        "mean abs cos(u, r) per layer (figure only)", cite(EXPERIMENTS, "28ae91f"),
         {m: f"attn E abs cos {depth[m]['D1l'][1]}, own-token excess over another window's stream "
             f"{depth[m]['D1a'][1]}" for m in depth},
         "; ".join(f"{m}: level {depth[m]['D1l'][2]}, excess beyond anisotropy {depth[m]['D1a'][2]}, "
-                  f"excess above the random level {depth[m]['D1'][2]}" for m in depth),
+                  f"excess above the random level {depth[m]['D1'][2]}" for m in depth)
+        + f" ({_addresses('28ae91f', '8e5278e')})",
         "The level holds; most of it is anisotropy (a shared stream direction), which scale does not "
         "remove by itself. Depth pages give the per-layer share.",
     )
 
 
-def _compression_row(data: Path, exp: str) -> str:
+def _compression_row(data: Path) -> str:
     """The compression row: the amended reading of each compression page."""
     comp = []
     for m in ("default", "smollm2-135m"):
@@ -193,16 +200,20 @@ def _compression_row(data: Path, exp: str) -> str:
                 cells = [c.strip() for c in row[0].strip("|").split(" | ")]
                 comp.append((m, cells[1], cells[2]))
     return _row(
-        "perpendicular error curves \"cleanly separate\" compression settings, parallel ones \"heavily interleave\"",
-        "Qwen3-4B, AWQ 4-bit < Wanda 50% < 4:8 < 2:4", f"{exp}, \"Compression Diagnostics\"",
+        "perpendicular error curves \"cleanly separate the four compression regimes\", parallel ones "
+        f"\"heavily interleave\" ({cite(EXPERIMENTS, '28ae91f')}); \"Perpendicular error is ordered with "
+        f"compression severity, while parallel-error curves from different sparsity levels interleave\" "
+        f"({cite(EXPERIMENTS, '739519c', 'b6d7a16')})",
+        "Qwen3-4B, AWQ 4-bit < Wanda 50% < 4:8 < 2:4", f"{cite(EXPERIMENTS, '28ae91f')}, \"Compression Diagnostics\"",
         {m: f"rho_perp - rho_par over 23 settings {s}" for m, s, _ in comp},
-        "; ".join(f"{m}: {v}" for m, _, v in comp) + " (amended reading)",
+        "; ".join(f"{m}: {v}" for m, _, v in comp) + f" (amended reading; {_addresses('28ae91f', '739519c', 'b6d7a16')})",
         "On the paper's four settings both diagnostics order them as their damage in every layer, and the "
-        "parallel one separates them more (compression pages): the \"interleave\" sentence does not hold here.",
+        "parallel one separates them more (compression pages): the \"interleave\" sentence "
+        f"({cite(EXPERIMENTS, '28ae91f', '8e5278e', '739519c', 'b6d7a16')}) does not hold here.",
     )
 
 
-def _training_row(data: Path, exp: str) -> str:
+def _training_row(data: Path) -> str:
     """Claim 4's row: the toy training run and the single pass."""
     tr = training_claims.verdict_rows("training_kjv_10x", data) if (
         data / "training_kjv_10x.manifest.json").is_file() else []
@@ -216,10 +227,130 @@ def _training_row(data: Path, exp: str) -> str:
         verdicts += f"; single pass: {p_verdicts}"
         reading += f" The single pass: {p_reading}"
     return _row(
-        "suppressing parallel updates during training lowers validation loss",
+        "\"Training-time parallel removal lowers validation loss\" (figure caption, "
+        f"{cite(EXPERIMENTS, '28ae91f', '8e5278e')}); \"V-Para Rem. lowers validation loss in all 12 "
+        f"architecture--seed pairs\" ({cite(EXPERIMENTS, '739519c', 'b6d7a16')})",
         "below baseline at 296M / 436M / 528M, OpenWebText (figure); +0.7 / +1.5 downstream points at "
-        "1.4B / 2.7B (single runs)", f"{exp}, \"Training-Time Allocation\"",
-        ours, verdicts, reading,
+        "1.4B / 2.7B (single runs)", f"{cite(EXPERIMENTS, '28ae91f', '8e5278e', '739519c', 'b6d7a16')}, "
+        "\"Training-Time Allocation\"",
+        ours, verdicts + f" ({_addresses('28ae91f', '8e5278e', '739519c', 'b6d7a16')})", reading,
+    )
+
+
+#: the paper's own small models at half retention (appendix RULER-4k table), for the explanation column
+SMALL_MODELS = (f"the paper's own small models lose more at half retention too: RULER-4k, exclude-self "
+                f"s_par = 0.5, Qwen3-0.6B -4.8 and Gemma-3-1B-IT -5.3 points against Llama-3.2-3B -0.2 "
+                f"({cite(APPENDIX, '28ae91f', '739519c')}, table `tab:appendix-ruler-full`; the text of `28ae91f` "
+                f"names only the models \"within 0.5 points\")")
+
+
+def _amend_verdicts(data: Path) -> dict[str, dict[str, str]]:
+    """``{model: {claim id: verdict}}`` of sec. 9.2's amended claims (A1p, A1h, A3h, A3r)."""
+    out = {}
+    for m in MODELS:
+        if (data / f"amend_{m}.manifest.json").is_file():
+            out[m] = {c.split(":", 1)[0]: v for c, _, v in amend_claims.verdict_rows(f"amend_{m}", data)}
+    return out
+
+
+def _nat_verdicts(av: dict, ids, what: str) -> str:
+    got = ["{}: {}".format(m, ", ".join(f"{i} {v[i]}" for i in ids if i in v)) for m, v in av.items()]
+    return f"nats, {what}: " + "; ".join(got) if got else f"nats, {what}: not yet measured"
+
+
+def _exclude_self_rows(st: dict, am: dict, acc: dict, av: dict) -> list[str]:
+    """The rows of exclude-self at full removal and at half retention."""
+    within = "joint, all but layer 0, within 1.5 points"
+    return [_row(
+        f"exclude-self value removal (s_par = 0) leaves performance \"virtually intact\" ({cite(EXPERIMENTS, '28ae91f')}); "
+        f"\"exclude-self removal stays within 1.51 points of the 1.7B baseline\" ({cite(EXPERIMENTS, '8e5278e')})",
+        "Qwen3-1.7B zero-shot 61.61 -> 60.10 (`28ae91f` / `8e5278e`), -1.51 (`739519c` / `b6d7a16`); "
+        f"WikiText-2 PPL +0.46 ({cite(SWEEP_CSV, 'b6d7a16')})",
+        f"{cite(EXPERIMENTS, '28ae91f', '8e5278e', '739519c', 'b6d7a16')}, table `tab:general-zeroshot`",
+        {m: f"per head, all layers {_delta(st[m], 'value-exclusive s_par=0')}; joint, all but layer 0 "
+            f"{_delta(am[m], 'value-exclusive-joint skip0 s_par=0')}"
+            f"{_drop(acc, m, 'value-exclusive-joint skip0 s_par=0')}" for m in MODELS},
+        _nat_verdicts(av, ("A1p",), "joint, all but layer 0, at most 0.05 nats at s_par 0 and 0.5 (sec. 9.2; "
+                      + _addresses("28ae91f") + "'s \"virtually intact\")")
+        + "; per head, all layers: A1 failed on both (sec. 3)"
+        + _acc_verdicts(acc, "value-exclusive-joint skip0 s_par=0", within)
+        + (f" ({_addresses('8e5278e')}'s \"within 1.51 points\" and the -1.51 of `739519c` / `b6d7a16`)" if acc else ""),
+        "The paper's own form (joint over heads, every layer but the first) is measured beside ours on "
+        f"the amend pages; {SMALL_MODELS}. Whether our 135M / 270M models lose more for their size or for "
+        "their 4-bit dequantisation these runs cannot separate.",
+    ), _row(
+        "half retention (s_par = 0.5) with the self message fixed \"closely tracks the unedited baseline\" "
+        f"({cite(EXPERIMENTS, '28ae91f')}); \"retaining half remains comparatively stable with the self term fixed\" "
+        f"({cite(EXPERIMENTS, '8e5278e')}); \"retaining half of the parallel component is near baseline\" "
+        f"({cite(EXPERIMENTS, '739519c', 'b6d7a16')})",
+        "Llama-3.2-3B RULER-4k 86.91 -> 86.69 (every version); Qwen3-1.7B zero-shot +0.31 (`739519c` / `b6d7a16`)",
+        f"{cite(EXPERIMENTS, '28ae91f', '8e5278e', '739519c', 'b6d7a16')}, tables `tab:longcontext-ruler`, "
+        "`tab:general-zeroshot`",
+        {m: f"joint, all but layer 0 {_delta(am[m], 'value-exclusive-joint skip0 s_par=0.5')}; per head, "
+            f"all layers {_delta(st[m], 'value-exclusive s_par=0.5')}"
+            f"{_drop(acc, m, 'value-exclusive-joint skip0 s_par=0.5')}" for m in MODELS},
+        _nat_verdicts(av, ("A1h",), "at most 0.05 nats (" + _addresses("28ae91f") + "'s \"closely tracks\")")
+        + "; " + _nat_verdicts(av, ("A3h", "A3r"), "less damage than full aggregate / residual attention at 0.5 ("
+                               + _addresses("8e5278e", "739519c", "b6d7a16") + "'s comparative reading)")
+        + _acc_verdicts(acc, "value-exclusive-joint skip0 s_par=0.5", within)
+        + (f" ({_addresses('739519c', 'b6d7a16')}'s \"near baseline\")" if acc else ""),
+        ("Nats per token is a finer yardstick than RULER accuracy; the accuracy drop is on our offline "
+         "cloze and continuation suite, not RULER; " if acc else
+         "Accuracy is not yet measured (protocol sec. 9.4); nats per token is a finer yardstick than "
+         "RULER accuracy; ") + SMALL_MODELS + ".",
+    )]
+
+
+def _removal_rows(st: dict, am: dict, acc: dict) -> list[str]:
+    """The rows of the scale-3 sentence, V-Para removal and hard diagonal removal."""
+    every = ("28ae91f", "8e5278e", "739519c", "b6d7a16")
+    comps = LR.comparisons(am, acc, MODELS)
+    return [_row(
+        f"exclude-self PPL shifts \"by at most 1.3 points up to scale 3\" ({cite(EXPERIMENTS, '28ae91f')} only)",
+        f"its own table: +9.13 at 2, +67.44 at 3, baseline 22.04 ({cite(SWEEP_CSV, 'b6d7a16')}); "
+        f"\"67.44 at scale 3\" in the text of {cite(EXPERIMENTS, '739519c', 'b6d7a16')}; `8e5278e` says "
+        "nothing at 3", f"{cite(EXPERIMENTS, '28ae91f')}, \"Site asymmetry\"",
+        {m: f"at 3: {_delta(st[m], 'value-exclusive s_par=3')}" for m in MODELS},
+        f"no verdict (protocol sec. 9.1; {_addresses('28ae91f')} only): that version's sentence fails on the "
+        "paper's own data; the other versions print the +67.44 themselves",
+        "A disagreement between one version's text and its table, not between the paper and us; in "
+        "`739519c` / `b6d7a16` text and table agree.",
+    ), _row(
+        f"naive full-aggregate value removal (V-Para Rem.) drops the average \"by 8--10 points\" "
+        f"({cite(EXPERIMENTS, '28ae91f')}); \"by 8.2--10.0 points\" ({cite(EXPERIMENTS, '8e5278e', '739519c', 'b6d7a16')})",
+        "Qwen3-1.7B 61.61 -> 53.41 (`28ae91f` / `8e5278e`), -8.20 (`739519c` / `b6d7a16`)",
+        f"{cite(EXPERIMENTS, *every)}, table `tab:general-zeroshot`",
+        {m: _delta(st[m], "value-full s_par=0") + _drop(acc, m, "value-full-joint skip0 s_par=0").replace(
+            "; accuracy", " (per head, all layers); accuracy, joint, all but layer 0,") for m in MODELS},
+        f"nats: B held on both (it hurts; {_addresses(*every)})"
+        + _acc_verdicts(acc, "value-full-joint skip0 s_par=0", "joint, all but layer 0, at least 3 points worse"),
+        "Agrees in direction; accuracy points and nats are different units.",
+    ), _row(
+        f"hard diagonal removal \"severely degrades the models\" ({cite(EXPERIMENTS, '28ae91f')}); \"far more "
+        f"disruptive\" ({cite(EXPERIMENTS, '8e5278e', '739519c', 'b6d7a16')})",
+        "Qwen3-1.7B 61.61 -> 39.17, the worst row (`28ae91f` / `8e5278e`); -22.44 against V-Para -8.20 and "
+        "exclude-self -1.51 (`739519c` / `b6d7a16`)", f"{cite(EXPERIMENTS, *every)}, table `tab:general-zeroshot`",
+        {m: (f"nats, all but layer 0 {_delta(am[m], LR.HARD)}" if LR.HARD in am[m] else "")
+            + (f"; accuracy drop {acc[m][LR.HARD][0].point:+.2f} points" if LR.HARD in acc.get(m, {}) else "")
+            + ("; " + LR.ours_cell(comps[m]) if m in comps else "") for m in MODELS},
+        ("accuracy: no verdict yet (sec. 9.4)" if not acc else
+         _acc_verdicts(acc, LR.HARD, "all but layer 0, at least 3 points worse")[2:])
+        + f" ({_addresses('28ae91f')}'s \"severely degrades\"); nats: no rule (a variant in sec. 3); the order "
+        f"readings ({_addresses(*every)}: the worst row in every version) are not verdicts",
+        LR.reading(comps),
+    )]
+
+
+def _perp_row(st: dict) -> str:
+    return _row(
+        "perpendicular scaling is \"extraordinarily hyper-fragile\"; parallel scaling has \"a broad, stable "
+        f"tolerance basin\" ({cite(EXPERIMENTS, '28ae91f')})",
+        "value s_perp = 0: PPL +95,486; residual MLP: +32.5M", cite(SWEEP_CSV, "b6d7a16"),
+        {m: f"value s_perp = 0 {_delta(st[m], 'value s_perp=0')}" for m in MODELS},
+        "C2 (matched scale) held on both; C1 (matched norm) held on Gemma-3, failed on SmolLM2 "
+        f"(residual attention) ({_addresses('28ae91f', '8e5278e', '739519c', 'b6d7a16')}: every version "
+        "calls perpendicular edits the more disruptive)",
+        "Agrees at matched scale; at matched perturbation norm one space of one model disagrees.",
     )
 
 
@@ -228,77 +359,10 @@ def block(data: Path) -> str:
     st = {m: _claims_stats(m, data) for m in MODELS}
     am = {m: _claims_stats(m, data, "amend") for m in MODELS}
     acc = _accuracy(data)
-    exp = "`sections/experiments.tex`"
-    L = [START, *TABLE_HEAD, _depth_row(data, st, exp)]
-    L.append(_row(
-        "exclude-self value editing leaves performance \"virtually intact\" (V-Excl.-self, s_par = 0)",
-        "Qwen3-1.7B zero-shot 61.61 -> 60.10; WikiText-2 PPL +0.46", f"{exp}, table `tab:general-zeroshot`; "
-        "figure-source csv",
-        {m: f"per head, all layers {_delta(st[m], 'value-exclusive s_par=0')}; joint, all but layer 0 "
-            f"{_delta(am[m], 'value-exclusive-joint skip0 s_par=0')}"
-            f"{_drop(acc, m, 'value-exclusive-joint skip0 s_par=0')}" for m in MODELS},
-        "per head, all layers: A1 failed on both (budget 0.05); joint form: see A1p"
-        + _acc_verdicts(acc, "value-exclusive-joint skip0 s_par=0", "joint, all but layer 0, within 1.5 points"),
-        "The paper's own form (joint over heads, every layer but the first) is measured beside ours on "
-        "the amend pages; 4-bit dequantised 135M / 270M models may be more fragile than Qwen3-1.7B, which "
-        "these runs cannot separate.",
-    ))
-    L.append(_row(
-        "half retention (s_par = 0.5) with the self message fixed \"closely tracks the unedited baseline\"",
-        "Llama-3.2-3B RULER-4k 86.91 -> 86.69", f"{exp}, table `tab:longcontext-ruler`",
-        {m: f"joint, all but layer 0 {_delta(am[m], 'value-exclusive-joint skip0 s_par=0.5')}; per head, "
-            f"all layers {_delta(st[m], 'value-exclusive s_par=0.5')}"
-            f"{_drop(acc, m, 'value-exclusive-joint skip0 s_par=0.5')}" for m in MODELS},
-        "A1h (amend pages)"
-        + _acc_verdicts(acc, "value-exclusive-joint skip0 s_par=0.5", "joint, all but layer 0, within 1.5 points"),
-        ("Nats per token is a finer yardstick than RULER accuracy; the accuracy drop is on our offline "
-         "cloze and continuation suite, not RULER." if acc else
-         "Accuracy is not yet measured (protocol sec. 9.4); nats per token is a finer yardstick than "
-         "RULER accuracy."),
-    ))
-    L.append(_row(
-        "exclude-self PPL shifts \"by at most 1.3 points up to scale 3\"",
-        "its own table: +9.13 at 2, +67.44 at 3 (baseline 22.04)", f"{exp}, \"Site asymmetry\", against "
-        "`figs/para_ablation_corrected/ppl_component_scaling_corrected_sources.csv`",
-        {m: f"at 3: {_delta(st[m], 'value-exclusive s_par=3')}" for m in MODELS},
-        "no verdict: the sentence fails on the paper's own data (protocol sec. 9.1)",
-        "A disagreement between the paper's text and its table, not between the paper and us.",
-    ))
-    L.append(_row(
-        "naive full-aggregate value removal (V-Para Rem.) drops average performance \"by 8-10 points\"",
-        "Qwen3-1.7B 61.61 -> 53.41", f"{exp}, table `tab:general-zeroshot`",
-        {m: _delta(st[m], "value-full s_par=0") + _drop(acc, m, "value-full-joint skip0 s_par=0").replace(
-            "; accuracy", " (per head, all layers); accuracy, joint, all but layer 0,") for m in MODELS},
-        "B held on both (it hurts)"
-        + _acc_verdicts(acc, "value-full-joint skip0 s_par=0", "joint, all but layer 0, at least 3 points worse"),
-        "Agrees in direction; accuracy points and nats are different units.",
-    ))
-    L.append(_row(
-        "hard diagonal removal \"severely degrades the models\"",
-        "Qwen3-1.7B 61.61 -> 39.17, the worst row", f"{exp}, table `tab:general-zeroshot`",
-        {m: f"{_delta(st[m], 'hard-diag')} (per-head exclude-self: {_delta(st[m], 'value-exclusive s_par=0')})"
-            + (f"; accuracy drop, all but layer 0: hard diagonal {acc[m]['hard-diag skip0'][0].point:+.2f}, "
-               f"per-head exclude-self {acc[m]['value-exclusive skip0 s_par=0'][0].point:+.2f} points, "
-               f"difference {_order(acc, m, 'hard-diag skip0', 'value-exclusive skip0 s_par=0')}"
-               if m in acc else "")
-         for m in MODELS},
-        ("no verdict yet (accuracy, sec. 9.4)" if not acc else
-         _acc_verdicts(acc, "hard-diag skip0", "all but layer 0, at least 3 points worse")[2:]),
-        "In nats hard diagonal removal costs *less* than per-head exclude-self removal on both models, "
-        "the reverse of the paper's accuracy ordering; "
-        + ("whether accuracy reverses it here is open." if not acc else
-           _order_reading(acc, "hard-diag skip0", "value-exclusive skip0 s_par=0")),
-    ))
-    L.append(_row(
-        "perpendicular scaling is \"hyper-fragile\"; parallel scaling has \"a broad, stable tolerance basin\"",
-        "value s_perp = 0: PPL +95,486; residual MLP: +32.5M", "figure-source csv",
-        {m: f"value s_perp = 0 {_delta(st[m], 'value s_perp=0')}" for m in MODELS},
-        "C2 (matched scale) held on both; C1 (matched norm) held on Gemma-3, failed on SmolLM2 "
-        "(residual attention)",
-        "Agrees at matched scale; at matched perturbation norm one space of one model disagrees.",
-    ))
-    L.append(_compression_row(data, exp))
-    L.append(_training_row(data, exp))
+    L = [START, *TABLE_HEAD, _depth_row(data)]
+    L += _exclude_self_rows(st, am, acc, _amend_verdicts(data))
+    L += _removal_rows(st, am, acc)
+    L += [_perp_row(st), _compression_row(data), _training_row(data)]
     L += _instrument_rows(data)
     L += ["", END]
     return "\n".join(L)

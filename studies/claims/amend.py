@@ -19,10 +19,12 @@ from pathlib import Path
 
 from studies.claims import data as D
 from studies.claims import stats as S
+from studies.paper import EXPERIMENTS, SWEEP_CSV, cite
 from tl_directional.core.paired import holm  # noqa: E402
 
-#: The revision's exclude-self PPL sweep (Qwen3-1.7B, WikiText-2, every decoder layer), from its
-#: figure-source table ``figs/para_ablation_corrected/ppl_component_scaling_corrected_sources.csv``
+#: The revision's exclude-self PPL sweep (Qwen3-1.7B, WikiText-2; the figure caption at 739519c /
+#: b6d7a16: every decoder layer but the first), from its figure-source table
+#: ``figs/para_ablation_corrected/ppl_component_scaling_corrected_sources.csv`` at b6d7a16
 #: (panel ``parallel``, series ``value``), repository Shwai-He/Transformer-Geometry,
 #: folder ``_overleaf_/ARR_May_Revision_Overleaf/``: ``{s_par: ppl}``.
 PAPER_VALUE_PPL = {
@@ -150,9 +152,10 @@ def _paper_side_by_side(model: str, data: Path) -> list[str]:
     L = [
         "## A2 restated: the paper's sentence against the paper's table (sec. 9.1)",
         "",
-        f"The revision's text (`sections/experiments.tex`, \"Site asymmetry\"): \"{PAPER_SENTENCE}\". "
-        "Its figure-source table for the same sweep (`figs/para_ablation_corrected/"
-        "ppl_component_scaling_corrected_sources.csv`, Qwen3-1.7B, WikiText-2, every layer, baseline PPL "
+        f"The revision's text ({cite(EXPERIMENTS, '28ae91f')}, \"Site asymmetry\"; the only version read "
+        f"that says it, protocol sec. 12): \"{PAPER_SENTENCE}\". "
+        f"Its figure-source table for the same sweep ({cite(SWEEP_CSV, 'b6d7a16')}, Qwen3-1.7B, WikiText-2, "
+        f"every layer but the first by the figure caption of `739519c` / `b6d7a16`, baseline PPL "
         f"{base:.2f}) is the middle columns; ours (per-head exclude-self on every layer, sec. 3's data "
         f"`{stem}.*`) the last. The paper's log ratio is in nats per unit of its table's perplexity (per "
         "word if it is lm-eval's word perplexity); ours is nats per token.",

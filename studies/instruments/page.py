@@ -18,6 +18,7 @@ from pathlib import Path
 
 from studies import common
 from studies.claims import stats as S  # the bootstrap, intervals and verdict rules of secs. 2-3
+from studies.paper import APPENDIX, cite
 
 #: the revision's numbers (Shwai-He/Transformer-Geometry, _overleaf_/ARR_May_Revision_Overleaf/
 #: sections/appendix.tex at 739519c), quoted on the page beside ours, never used as evidence
@@ -360,7 +361,7 @@ def _wanda_lines(st, texts, manifest: dict, ranking) -> list[str]:
         f"range; linears inside their null's range: {int(per.inside_null.astype(bool).sum())} of {len(per)}, "
         f"below it: {int((per.overlap < per.null_min).sum())}. Ours is the overlap of the pruned half (the lowest "
         "scores), the paper's of the largest 1% / 10%: compare with the null, not across.",
-        f'- The paper (appendix, "Overall pruning-error rankings"): {PAPER_WANDA}; {PAPER_RANKING}.',
+        f'- The paper ({cite(APPENDIX, "739519c")}, "Overall pruning-error rankings"): {PAPER_WANDA}; {PAPER_RANKING}.',
     ]
     return L
 
@@ -407,7 +408,7 @@ def _random_lines(st, texts, manifest: dict, rec, data: Path) -> list[str]:
         "",
         _repeat_check(rec, FIXED, data, m["name"]),
         "",
-        f'The paper (appendix, "Random layerwise value-parallel scaling"), {PAPER_RANDOM}.',
+        f'The paper ({cite(APPENDIX, "739519c")}, "Random layerwise value-parallel scaling"), {PAPER_RANDOM}.',
         "",
     ]
     return L

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from studies import common
+from studies.paper import EXPERIMENTS, cite
 from studies.pass_training.run import (
     DATA,
     GEOMETRY_WINDOWS,
@@ -148,7 +149,7 @@ def verdict_rows(stem: str, data: Path = DATA):
     return rows
 
 
-#: The paper's sentence on the trajectory (``sections/experiments.tex``, "Training-Time Allocation").
+#: The paper's sentence on the trajectory (``sections/experiments.tex`` at 28ae91f, "Training-Time Allocation").
 PAPER_TRAJECTORY = ("Suppressing parallel attention updates shifts the learning trajectory downward from early "
                     "training stages, and this advantage persists consistently through the final checkpoint "
                     "rather than emerging only as an endpoint artifact.")
@@ -411,7 +412,9 @@ def build_page(stem: str, data: Path = DATA) -> str:
     c = t["curves"]
     L += _curve_lines(c, stem, per_step)
     L += ["", "Reading (computed from the table above): the paper says \"" + PAPER_TRAJECTORY + "\" "
-          "(`sections/experiments.tex`, \"Training-Time Allocation\", about its 296M-528M runs). Here:", ""]
+          f"({cite(EXPERIMENTS, '28ae91f')}, \"Training-Time Allocation\", about its 296M-528M runs; "
+          f"{cite(EXPERIMENTS, '739519c', 'b6d7a16')} say the separation \"remains visible across model sizes\"). "
+          "Here:", ""]
     L += [trajectory_sentence(c, v, per_step) for v in ("vpara", "attn-para")]
     L += _share_lines(t["shares"], stem)
     ratio_p, ratio_t = sc["paper_params_x"], sc["paper_tokens_x"]
