@@ -16,7 +16,8 @@ and :mod:`~tl_directional.measure.stacks` (an ``ActivationCache``'s ``decompose_
 
 from .cache_hooks import required_hooks
 from .carrier import CARRIER_COLUMNS, carrier_profile
-from .profiler import FACTORIZATION_METRICS, Profile, profile
+from .profile_tables import FACTORIZATION_METRICS
+from .profiler import Profile, profile
 from .stacks import StackSplit, StackSplitError, split_decompose_resid, split_stack_head_results
 from .stream import DROP_COSINE_METRICS, EXCLUSIVE_METRICS, RESIDUAL_METRICS, VALUE_METRICS
 

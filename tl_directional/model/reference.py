@@ -27,12 +27,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from ..core.direction import Direction
-from ..core.geometry import DEFAULT_EPS, SplitStats, compute_dtype, parallel_part
+from ..core.geometry import (
+    DEFAULT_EPS,
+    Decomposition,
+    SplitStats,
+    compute_dtype,
+    decompose,
+    parallel_part,
+)
 from ..core.kernels import split_stats
 from ..core.subspace import (
     SubspaceError,
@@ -123,6 +129,18 @@ class Reference:
         """``(u_par, u_perp)`` (see :meth:`parallel`), ``u_perp = u - u_par`` in the compute dtype."""
         par = self.parallel(u, stream, layer, eps)
         return par, u.to(par.dtype) - par
+
+    def decompose(self, u, stream, layer: int, eps: float = DEFAULT_EPS) -> Decomposition:
+        """The parts and the per-token scalars together: bit for bit
+        :func:`~tl_directional.core.geometry.decompose` against the stream; against a direction or
+        subspace :meth:`stats` with :meth:`split`'s parts."""
+        if self.kind == "stream":
+            return decompose(u, stream, eps)
+        par, perp = self.split(u, stream, layer, eps)
+        s = self.stats(u, stream, layer, eps)
+        return Decomposition(alpha=s.alpha, par_frac=s.par_frac, par_perp_ratio=s.par_perp_ratio,
+                             rel_update=s.rel_update, degenerate=s.degenerate, par_sq=s.par_sq,
+                             perp_sq=s.perp_sq, par=par, perp=perp)
 
     def stats(self, u, stream, layer: int, eps: float = DEFAULT_EPS) -> SplitStats:
         """Per-token scalars of the split (:func:`~tl_directional.core.kernels.split_stats`
