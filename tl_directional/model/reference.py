@@ -108,11 +108,11 @@ class Reference:
 
     def parallel(
         self,
-        u: Float[Tensor, "*batch d"],
-        stream: Float[Tensor, "*batch d"] | None,
+        u: Float[Tensor, "*#batch d"],
+        stream: Float[Tensor, "*#batch d"] | None,
         layer: int,
         eps: float = DEFAULT_EPS,
-    ) -> Float[Tensor, "*batch d"]:
+    ) -> Float[Tensor, "*#batch d"]:
         """``u_par``, in ``u``'s compute dtype: against ``stream`` (the stream kind, bit for bit
         :func:`~tl_directional.core.geometry.parallel_part`), the layer's direction (``a r``),
         or the subspace's orthogonal projection ``(u Q^T) Q``."""
