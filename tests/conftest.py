@@ -77,7 +77,7 @@ def _tier(path: Path) -> str:
 PARITY = ("real/", "integration/test_attribution.py", "integration/test_hf_edits.py",
           "integration/test_lens.py", "integration/test_lm_eval_cli.py",
           "integration/test_patching.py", "integration/test_path_patching.py",
-          "integration/test_cache_stacks.py")
+          "integration/test_cache_stacks.py", "integration/test_references.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
