@@ -8,6 +8,7 @@ bad reference is one clear error naming the argument.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -81,6 +82,18 @@ def test_default_reference_is_todays_output_bit_for_bit(tiny_model):
     for name in ("lens_logits", "parallel_if_first", "parallel_if_last", "step_full"):
         assert torch.equal(getattr(lens, name), getattr(lens2, name)), name
     assert lens2.reference == "stream" and lens2.random_energy_share == 1 / model.cfg.d_model
+    clean, corrupted = _pair(model)
+    _, t1 = tld.directional_patch(model, clean, corrupted, lambda lg: _metric(lg).sum())
+    _, t2 = tld.directional_patch(model, clean, corrupted, lambda lg: _metric(lg).sum(), reference=None)
+    pd.testing.assert_frame_equal(t1, t2, check_exact=True)
+    for verb, kw in ((tld.attribution_patch, {}), (tld.path_patch, {"sender": ("attn", 0)})):
+        r1 = verb(model, clean, corrupted, _metric, **kw)
+        r2 = verb(model, clean, corrupted, _metric, reference="input", **kw)
+        assert r1.random_share == r2.random_share
+        for node in r1.values:
+            for part in r1.values[node]:
+                assert np.array_equal(r1.values[node][part], r2.values[node][part], equal_nan=True), (node, part)
+            assert np.array_equal(r1.par_frac[node], r2.par_frac[node], equal_nan=True), node
 
 
 def test_direction_object_equals_its_tensor_bit_for_bit(tiny_model):
@@ -205,6 +218,93 @@ def test_residual_scale_against_projection(float64_model, family, kind):
     assert torch.allclose(store["out"], 2.0 * (u - par), atol=1e-10, rtol=0)
 
 
+def _pair(model):
+    clean, corrupted = _tokens(model, 0), _tokens(model, 1)
+    corrupted[:, :2] = clean[:, :2]  # a shared prefix, as in a real pair
+    return clean, corrupted
+
+
+def _metric(logits):
+    return logits[:, -1, 5] - logits[:, -1, 7]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_directional_patch_against_projection(float64_model, family, kind):
+    model = float64_model(family)
+    clean, corrupted = _pair(model)
+    ref, per_layer, project = _reference(model, kind)
+    layer = int(model.cfg.n_layers) - 1
+    name = f"blocks.{layer}.hook_attn_out"
+    _, table = tld.directional_patch(model, clean, corrupted, lambda lg: _metric(lg).sum(), components=["attn"],
+                                     layers=[layer], which=("par", "perp"), reference=ref, per_layer=per_layer)
+    _, cache = model.run_with_cache(clean, names_filter=[name])
+    u_c = cache[name]
+    for which in ("par", "perp"):
+        def patch(t, hook, which=which):  # P u_c + (I - P) u_x, or P u_x + (I - P) u_c
+            moved = project(u_c - t, layer)
+            return t + moved if which == "par" else u_c - moved
+        with torch.no_grad():
+            expected = float(_metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)])).sum())
+        assert abs(float(table[f"metric_{which}"].iloc[0]) - expected) <= 1e-9 * (1 + abs(expected)), which
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_attribution_patch_against_projection(float64_model, family, kind):
+    model = float64_model(family)
+    clean, corrupted = _pair(model)
+    ref, per_layer, project = _reference(model, kind)
+    res = tld.attribution_patch(model, clean, corrupted, _metric, node_types=["attn", "mlp"], reference=ref,
+                                per_layer=per_layer)
+    names = [f"blocks.{L}.hook_{c}_out" for L in range(model.cfg.n_layers) for c in ("attn", "mlp")]
+    _, cache = model.run_with_cache(clean, names_filter=names)
+    acts = {}
+
+    def keep(name):
+        def hook(t, hook):
+            t.retain_grad()
+            acts[name] = t
+            return t
+        return hook
+
+    model.zero_grad(set_to_none=True)
+    _metric(model.run_with_hooks(corrupted, fwd_hooks=[(n, keep(n)) for n in names])).sum().backward()
+    model.zero_grad(set_to_none=True)
+    for L in range(model.cfg.n_layers):
+        for comp in ("attn", "mlp"):
+            name = f"blocks.{L}.hook_{comp}_out"
+            delta = (cache[name] - acts[name]).detach()
+            par = torch.linalg.vecdot(project(delta, L), acts[name].grad)  # [batch, pos]
+            got = torch.as_tensor(res.values[comp]["par"][:, L])
+            assert torch.allclose(got, par, atol=1e-9, rtol=1e-7), (L, comp)
+    k = 3 if kind == "subspace" else 1
+    assert res.random_share["attn"] == tld.random_subspace_share(int(model.cfg.d_model), k)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_path_patch_sender_difference_against_projection(float64_model, family, kind):
+    """The sender's (attn, layer 0) clean-minus-corrupted difference, split against the reference,
+    delivered to the logits only: the final stream plus ``P delta`` (par) or ``delta - P delta``."""
+    model = float64_model(family)
+    clean, corrupted = _pair(model)
+    ref, per_layer, project = _reference(model, kind)
+    res = tld.path_patch(model, clean, corrupted, _metric, sender=("attn", 0), receivers="logits",
+                         parts=("par", "perp"), reference=ref, per_layer=per_layer)
+    name, final = "blocks.0.hook_attn_out", f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    _, c_cache = model.run_with_cache(clean, names_filter=[name])
+    with torch.no_grad():
+        logits, x_cache = model.run_with_cache(corrupted, names_filter=[name])
+        base = _metric(logits)
+        delta = c_cache[name] - x_cache[name]
+        for part in ("par", "perp"):
+            moved = project(delta, 0) if part == "par" else delta - project(delta, 0)
+            patched = _metric(model.run_with_hooks(corrupted, fwd_hooks=[(final, lambda t, hook, m=moved: t + m)]))
+            got = torch.as_tensor(res.values["logits"][part])
+            assert torch.allclose(got, patched - base, atol=1e-9, rtol=1e-7), part
+
+
 # -- every bad reference is one clear error ---------------------------------------------------
 
 def test_bad_references_are_one_clear_error_each(tiny_model):
@@ -243,6 +343,13 @@ def test_bad_references_are_one_clear_error_each(tiny_model):
         tld.edit_hooks(model, tld.ResidualScale("mlp", 0.0, reference=tld.Direction(good, weights_processed=True)))
     with pytest.raises(tld.SubspaceError, match="drop_cosine=True measures against the stream"):
         tld.profile(model, tokens, progress=False, reference=good, drop_cosine=True)
+    with pytest.raises(tld.PathPatchError, match="space='value' splits it against the head's own value"):
+        tld.path_patch(model, tokens, tokens, lambda lg: lg[:, -1, 0].sum(), sender=("head", 0, 0),
+                       space="value", reference=good)
+    with pytest.raises(tld.SubspaceError, match="reference has width"):
+        tld.directional_patch(model, tokens, tokens, lambda lg: lg[:, -1, 0].sum(), reference=torch.ones(d + 1))
+    with pytest.raises(tld.SubspaceError, match="reference has NaN"):
+        tld.attribution_patch(model, tokens, tokens, lambda lg: lg[:, -1, 0], reference=nan)
     with pytest.raises(tld.StackSplitError, match="Direction in 'value' space"):
         _, cache = model.run_with_cache(tokens)
         tld.split_decompose_resid(cache, reference=tld.Direction(torch.randn(d_head), space="value"))

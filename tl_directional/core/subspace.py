@@ -39,7 +39,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .errors import TLDirectionalError
-from .geometry import DEFAULT_EPS, PERP_VANISH_ULPS, SplitStats, check_eps, compute_dtype, parallel_part
+from .geometry import (
+    DEFAULT_EPS,
+    PERP_VANISH_ULPS,
+    SplitStats,
+    check_eps,
+    compute_dtype,
+    parallel_part,
+)
 
 #: Default relative rank tolerance: a singular value below ``rtol * largest`` counts as zero.
 DEFAULT_RTOL = 1e-10
