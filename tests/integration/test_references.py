@@ -126,6 +126,9 @@ def test_profile_against_projection(float64_model, family, kind):
     assert (p.residual["random_energy_share"] == k / model.cfg.d_model).all()
     assert p.metadata["random_energy_share"] == k / model.cfg.d_model
     _, cache = model.run_with_cache(tokens)
+    from_cache = tld.Profile.from_cache(model, cache, exclude_first_token=False, components=["attn", "mlp"],
+                                        reference=ref, per_layer=per_layer)
+    pd.testing.assert_frame_equal(from_cache.residual, p.residual, check_exact=False, rtol=1e-12, atol=1e-12)
     for L in range(model.cfg.n_layers):
         for comp, update, _ in _units(family, L):
             u = cache[update].double()
@@ -133,7 +136,7 @@ def test_profile_against_projection(float64_model, family, kind):
             frac = (par.norm(dim=-1) / u.norm(dim=-1)).reshape(-1)
             rows = p.tokens[(p.tokens.layer == L) & (p.tokens.component == comp)]
             rows = rows.sort_values(["sequence", "position"])
-            assert torch.allclose(torch.as_tensor(rows.par_frac.to_numpy()), frac, atol=1e-10, rtol=0), (L, comp)
+            assert torch.allclose(torch.as_tensor(rows.par_frac.to_numpy().copy()), frac, atol=1e-10, rtol=0), (L, comp)
             energy = ((par**2).sum() / ((u - par) ** 2).sum()).sqrt()
             row = p.residual[(p.residual.layer == L) & (p.residual.component == comp)]
             assert abs(float(row.energy_ratio.iloc[0]) - float(energy)) <= 1e-10 * float(energy), (L, comp)
@@ -170,9 +173,9 @@ def test_split_logit_attribution_against_projection(float64_model, family, kind)
             par = project(u, L)
             rows = table[(table.layer == L) & (table.unit == comp)].sort_values("sequence")
             expected = torch.linalg.vecdot(par, delta)
-            assert torch.allclose(torch.as_tensor(rows.dla_par.to_numpy()), expected, atol=1e-9, rtol=1e-9)
+            assert torch.allclose(torch.as_tensor(rows.dla_par.to_numpy().copy()), expected, atol=1e-9, rtol=1e-9)
             total = torch.linalg.vecdot(u, delta)
-            assert torch.allclose(torch.as_tensor(rows.dla.to_numpy()), total, atol=1e-9, rtol=1e-9)
+            assert torch.allclose(torch.as_tensor(rows.dla.to_numpy().copy()), total, atol=1e-9, rtol=1e-9)
     assert (table["random_energy_share"] == (3 if kind == "subspace" else 1) / model.cfg.d_model).all()
 
 
@@ -353,3 +356,11 @@ def test_bad_references_are_one_clear_error_each(tiny_model):
     with pytest.raises(tld.StackSplitError, match="Direction in 'value' space"):
         _, cache = model.run_with_cache(tokens)
         tld.split_decompose_resid(cache, reference=tld.Direction(torch.randn(d_head), space="value"))
+
+
+def test_plain_transformers_lane_refuses_what_it_cannot_resolve(tiny_hf_model):
+    hf = tiny_hf_model("gpt2")
+    d = int(hf.config.hidden_size)
+    for ref in (torch.randn(3, d), tld.Direction(torch.randn(d))):
+        with pytest.raises(ValueError, match="is resolved against a TransformerLens model; on the plain-transformers"):
+            tld.hf.install_edits(hf, tld.ResidualScale("attn", 0.0, reference=ref))
