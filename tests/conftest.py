@@ -78,7 +78,7 @@ PARITY = ("real/", "integration/test_attribution.py", "integration/test_hf_edits
           "integration/test_lens.py", "integration/test_lm_eval_cli.py",
           "integration/test_patching.py", "integration/test_path_patching.py",
           "integration/test_cache_stacks.py", "integration/test_steering.py",
-          "integration/test_directions.py")
+          "integration/test_directions.py", "integration/test_references.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -21,6 +21,7 @@ from .compression.ranking import ranking_overlap
 from .compression.save import save_compressed
 from .compression.weighted import prune_wanda_weighted
 from .core.bootstrap import bootstrap_mean_interval, random_subspace_share
+from .core.direction import Direction, DirectionError
 from .core.errors import TLDirectionalError
 from .core.geometry import (
     Decomposition,
@@ -29,7 +30,6 @@ from .core.geometry import (
     patch_components,
     scale_components,
 )
-from .core.direction import Direction, DirectionError
 from .core.subspace import SubspaceError, orthonormal_basis, random_energy_share, split_against
 from .edit import (
     ActivationAddition,
@@ -87,6 +87,7 @@ from .model.handle import clone_model
 from .model.inputs import TokenBatch, prepare_inputs
 from .model.load import load_default_model, load_model
 from .model.positions import first_token_mask
+from .model.reference import Reference, resolve_reference
 from .model.sites import ModelSites, SiteResolutionError, WeightProcessingWarning, resolve_sites
 from .model.split_hooks import attach_split_hook_points, split_hook_points
 from .model.verify import verify_sites
@@ -128,6 +129,9 @@ __all__ = [
     "unembedding_direction",
     "probe_direction",
     "mean_difference_direction",
+    # the one resolver every reference= goes through
+    "Reference",
+    "resolve_reference",
     "ModelSites",
     "SiteResolutionError",
     "WeightProcessingWarning",

@@ -83,11 +83,15 @@ def bootstrap_mean_interval(
     return low.reshape(rest), high.reshape(rest)
 
 
-def random_subspace_share(d: int) -> float:
+def random_subspace_share(d: int, k: int = 1) -> float:
     """Expected norm share ``E |cos(u, r)|`` of a fixed vector ``u`` carried by a uniformly random
     line ``r`` in ``d`` dimensions: the level of ``par_frac = ||u_par|| / ||u||`` that carries no
     information. Exactly ``Gamma(d/2) / (sqrt(pi) Gamma((d+1)/2))``, about ``sqrt(2 / (pi d))``
     (``d = 576``: 0.033); the root-mean-square share is ``1 / sqrt(d)`` (0.042).
+
+    ``k > 1``: the same against a uniformly random ``k``-dimensional subspace, ``E ||P u|| / ||u||
+    = Gamma((k+1)/2) Gamma(d/2) / (Gamma(k/2) Gamma((d+1)/2))`` (``||P u||^2 / ||u||^2`` is
+    ``Beta(k/2, (d-k)/2)``); ``k = 1`` is the line's value above, ``k = d`` gives 1.
 
     A "97% perpendicular" figure means little by itself: a random line leaves ~96-97% of any
     difference perpendicular to it in a 576-dimensional stream.
@@ -96,9 +100,13 @@ def random_subspace_share(d: int) -> float:
         raise BootstrapError(
             f"d must be a positive integer dimension (d_model or d_head), got {d!r}"
         )
-    if d == 1:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
+        raise BootstrapError(f"k must be an integer dimension in [1, d={d}], got {k!r}")
+    if k == d:
         return 1.0
-    return math.exp(math.lgamma(d / 2) - math.lgamma((d + 1) / 2)) / math.sqrt(math.pi)
+    if k == 1:
+        return math.exp(math.lgamma(d / 2) - math.lgamma((d + 1) / 2)) / math.sqrt(math.pi)
+    return math.exp(math.lgamma((k + 1) / 2) + math.lgamma(d / 2) - math.lgamma(k / 2) - math.lgamma((d + 1) / 2))
 
 
 def random_subspace_sq_share(d: int) -> float:

@@ -39,7 +39,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from .errors import TLDirectionalError
-from .geometry import DEFAULT_EPS, check_eps, compute_dtype, parallel_part
+from .geometry import (
+    DEFAULT_EPS,
+    PERP_VANISH_ULPS,
+    SplitStats,
+    check_eps,
+    compute_dtype,
+    parallel_part,
+)
 
 #: Default relative rank tolerance: a singular value below ``rtol * largest`` counts as zero.
 DEFAULT_RTOL = 1e-10
@@ -213,6 +220,44 @@ def split_against(
     return par, x - par
 
 
+def subspace_stats(
+    u: Float[Tensor, "*batch d"],
+    basis: Float[Tensor, "k d"],
+    eps: float = DEFAULT_EPS,
+) -> SplitStats:
+    """Per-token scalars of ``u`` split against the span of the orthonormal rows ``basis``
+    (``Q`` from :func:`orthonormal_basis`), METHOD.md sec. 1 generalised to a ``k``-subspace.
+
+    ``u_par = (u Q^T) Q`` and ``u_perp = u - u_par`` in the compute dtype of ``u``;
+    ``par_frac = ||u_par|| / ||u||``, ``par_perp_ratio = ||u_par|| / ||u_perp||`` (``inf`` where
+    ``u_perp`` vanishes, as for a line), ``par_sq`` / ``perp_sq`` the two squared norms. A
+    subspace has no single scale and no length, so ``alpha`` and ``rel_update`` are NaN. A
+    token with ``||u||^2 <= eps`` is degenerate (``par_sq = 0``, ``par_frac = 0``). Shapes: every
+    field ``[*batch]``.
+    """
+    dtype = compute_dtype(u.dtype)
+    x = u.to(dtype)
+    q = basis.to(device=x.device, dtype=dtype)
+    par = (x @ q.T) @ q
+    perp = x - par
+    u_sq = (x * x).sum(-1)
+    par_sq = (par * par).sum(-1)
+    perp_sq = (perp * perp).sum(-1)
+    degenerate = u_sq <= eps
+    par_sq = torch.where(degenerate, 0.0, par_sq)
+    par_norm = par_sq.sqrt()
+    par_frac = torch.where(degenerate, 0.0,
+                           (par_norm / torch.where(degenerate, 1.0, u_sq.sqrt())).clamp(0.0, 1.0))
+    machine_eps = torch.finfo(dtype).eps
+    perp_vanishes = perp_sq <= eps + (PERP_VANISH_ULPS * machine_eps) ** 2 * u_sq
+    par_perp_ratio = torch.where(
+        degenerate, 0.0, torch.where(perp_vanishes, float("inf"),
+                                     par_norm / torch.where(perp_vanishes, 1.0, perp_sq.sqrt())))
+    nan = torch.full_like(u_sq, float("nan"))
+    return SplitStats(alpha=nan, par_frac=par_frac, par_perp_ratio=par_perp_ratio, rel_update=nan.clone(),
+                      degenerate=degenerate, par_sq=par_sq, perp_sq=perp_sq)
+
+
 def random_energy_share(k: int, d: int) -> float:
     """``k / d``: the expected parallel energy share ``E ||u_par||^2 / ||u||^2`` of a fixed vector
     against a uniformly random ``k``-dimensional subspace of ``R^d`` (equivalently, of a uniformly
@@ -233,4 +278,5 @@ __all__ = [
     "orthonormal_basis",
     "random_energy_share",
     "split_against",
+    "subspace_stats",
 ]

@@ -49,22 +49,33 @@ def residual_parts(output: Float[Tensor, "batch pos d_model"], stream: Float[Ten
 
 
 def residual_scaled(output: Float[Tensor, "batch pos d_model"], update: Float[Tensor, "batch pos d_model"],
-                    reference: Tensor, s_par: Tensor, s_perp: Tensor, eps: float,
-                    positions: Tensor | None = None) -> Float[Tensor, "batch pos d_model"]:
+                    reference: Tensor | None, s_par: Tensor, s_perp: Tensor, eps: float,
+                    positions: Tensor | None = None, *,
+                    basis: Float[Tensor, "k d_model"] | None = None) -> Float[Tensor, "batch pos d_model"]:
     """``output + (s_par - 1) update_par + (s_perp - 1) update_perp``, the update split against
-    ``reference`` per token (residual space, METHOD.md sec. 2).
+    ``reference`` per token (residual space, METHOD.md sec. 2), or against the span of ``basis``.
 
     Args:
-        output, update, reference: from :func:`residual_parts`.
+        output, update, reference: from :func:`residual_parts` (``reference`` unused with ``basis``).
         s_par, s_perp: ``[batch|1, 1]`` scales in the compute dtype.
         positions: ``[batch|1, pos]`` bool, the query positions in scope (None: all); the
             scales are 1 elsewhere.
         eps: the degeneracy threshold on squared norms.
+        basis: orthonormal rows ``Q`` ``[k, d_model]`` (float64, from
+            :func:`~tl_directional.core.subspace.orthonormal_basis`): ``update_par = (u Q^T) Q``,
+            the orthogonal projection onto their span, computed in the compute dtype.
     """
     if positions is not None:
         s_par = torch.where(positions, s_par, torch.ones_like(s_par))
         s_perp = torch.where(positions, s_perp, torch.ones_like(s_perp))
-    delta = component_delta(update, reference, s_par, s_perp, eps)
+    if basis is None:
+        delta = component_delta(update, reference, s_par, s_perp, eps)
+    else:
+        dtype = compute_dtype(update.dtype)
+        u = update.to(dtype)
+        q = basis.to(device=u.device, dtype=dtype)
+        par = (u @ q.T) @ q
+        delta = (s_par.to(dtype).unsqueeze(-1) - 1.0) * par + (s_perp.to(dtype).unsqueeze(-1) - 1.0) * (u - par)
     return output.to(delta.dtype) + delta
 
 

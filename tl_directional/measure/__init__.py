@@ -21,7 +21,8 @@ difference of two prompt sets).
 from .cache_hooks import required_hooks
 from .carrier import CARRIER_COLUMNS, carrier_profile
 from .directions import mean_difference_direction, probe_direction, unembedding_direction
-from .profiler import FACTORIZATION_METRICS, Profile, profile
+from .profile_tables import FACTORIZATION_METRICS
+from .profiler import Profile, profile
 from .sae import SAESplit, sae_directions, sae_split
 from .sae_weights import SAEError, SAEWeights, bundled_sae_path, load_sae_weights
 from .stacks import StackSplit, StackSplitError, split_decompose_resid, split_stack_head_results

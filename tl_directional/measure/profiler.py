@@ -10,14 +10,11 @@ The accumulator and the hook actions live in :mod:`tl_directional.measure.stream
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -25,7 +22,7 @@ from torch import Tensor
 from ..core.components import check_components
 from ..core.geometry import DEFAULT_EPS, check_eps, compute_dtype
 from ..core.kernels import split_stats
-from ..core.stats import EXACT_QUANTILE_LIMIT
+from ..core.subspace import SubspaceError
 from ..io.atomic import ArtefactError
 from ..io.distributed import rank_and_world
 from ..io.locks import recover_interrupted_swap
@@ -40,9 +37,11 @@ from ..model.positions import (
     position_mask,
     resolve_exclude_first_token,
 )
+from ..model.reference import Reference, resolve_reference
 from ..model.sites import ModelSites, SiteResolutionError, analysis_sites, resolve_sites
 from ..model.verify import verify_sites
 from .carrier import add_carrier_columns, carrier_table
+from .profile_tables import _finish
 from .stream import (  # the per-token statistics collected while the model runs
     _Accumulator,
     _all_reduce_accumulator,
@@ -51,16 +50,6 @@ from .stream import (  # the per-token statistics collected while the model runs
     _with_stop,
     check_drop_cosine,
 )
-
-
-@functools.cache  # a metadata scan per call costs about a millisecond at small shapes
-def _tl_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("transformer-lens")
-    except Exception:  # pragma: no cover - metadata missing in odd installs
-        return "unknown"
 
 
 @dataclass
@@ -188,13 +177,16 @@ class Profile:
         eps: float = DEFAULT_EPS,
         per_token: bool = False,
         drop_cosine: bool = False,
+        reference=None,
+        per_layer: bool | None = None,
     ) -> Profile:
         """Compute the same tables from an ``ActivationCache`` (or a dict of tensors)
-        holding the needed hooks, e.g. from ``model.run_with_cache(tokens)``; ``drop_cosine``
-        as in :func:`profile`."""
+        holding the needed hooks, e.g. from ``model.run_with_cache(tokens)``; ``drop_cosine``,
+        ``reference`` and ``per_layer`` as in :func:`profile`."""
         drop_cosine = check_drop_cosine(drop_cosine)
         sites = resolve_sites(model)
         components = _check_components(components, sites)
+        ref = _profile_reference(model, reference, per_layer, drop_cosine=drop_cosine)
 
         def get(name):
             try:
@@ -209,7 +201,7 @@ class Profile:
         ref_any = get(sites.units["attn"][0].reference_hook)
         # computed where the cache lives (on the GPU for a GPU cache), never copied to the host
         device = ref_any.device
-        acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine)
+        acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine, ref)
         batch, pos = ref_any.shape[:2]
         am = torch.ones(batch, pos, dtype=torch.long) if attention_mask is None else attention_mask
         exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
@@ -238,7 +230,21 @@ class Profile:
                 acc.add_factorization_check(L, alpha_attn, recon)
         acc.tokens_seen = int(mask.sum())
         acc.sequences_seen = batch
-        return _finish(acc, model, sites, components, eps, positions, exclude_first_token)
+        return cls(**_finish(acc, model, sites, components, eps, positions, exclude_first_token))
+
+
+def _profile_reference(model, reference, per_layer, *, drop_cosine: bool, carrier: bool = False) -> Reference:
+    """``reference=`` of :func:`profile` resolved (:func:`~tl_directional.model.reference.resolve_reference`,
+    residual space); the stream-only options refuse a user's reference rather than ignore it."""
+    ref = resolve_reference(model, reference, per_layer=per_layer)
+    if not ref.is_stream:
+        for name, on in (("drop_cosine", drop_cosine), ("carrier", carrier)):
+            if on:
+                raise SubspaceError(
+                    f"{name}=True measures against the stream each update is added to, so it cannot be "
+                    f"combined with reference={ref.describe()}; profile twice (once with {name}=True and "
+                    "no reference, once with the reference)")
+    return ref
 
 
 def _check_components(components, sites: ModelSites) -> tuple[str, ...]:
@@ -257,127 +263,6 @@ def _token_mask(attention_mask: Tensor, positions, exclude_first_token: bool) ->
     return mask
 
 
-def _quantiles_note(acc: _Accumulator) -> str:
-    """How the profile's quantiles were computed (its metadata's ``"quantiles"``)."""
-    summaries = [s for s in (acc.residual, acc.value, acc.value_excl) if s.count.sum() > 0]
-    if summaries and all(s.quantiles_exact for s in summaries):
-        how = (f"exact: numpy's default (linear) quantiles of the values (at most {EXACT_QUANTILE_LIMIT} "
-               "per metric in every group)")
-    else:
-        how = (f"approximate: linear interpolation in fixed histograms (tl_directional.core.stats.BIN_SCALES; "
-               f"above {EXACT_QUANTILE_LIMIT} values per metric in a group)")
-    return how + "; means, counts and energy ratios are exact sums"
-
-
-def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude_first_token) -> Profile:
-    # Tables are built column by column from the summaries' per-group tensors.
-    acc.flush()
-    n_layers, comps = sites.n_layers, acc.components
-    fact = acc.factorization_error.cpu().numpy()
-    nan_layers = np.full(n_layers, np.nan)
-    residual = pd.DataFrame()
-    if comps:
-        res_cols = acc.residual.table()
-        units = [sites.units[c][L] for c in comps for L in range(n_layers)]  # row order of row_of
-        cols: dict = {
-            "layer": np.tile(np.arange(n_layers), len(comps)),
-            "component": np.repeat(np.array(comps, dtype=object), n_layers),
-            "update_hook": np.array([u.update_name for u in units], dtype=object),
-            "reference_hook": np.array([u.reference_hook for u in units], dtype=object),
-        }
-        cols.update({k: v.numpy() for k, v in res_cols.items()})
-        cols["factorization_error_max"] = np.concatenate(
-            [fact if (c == "attn" and acc.with_value) else nan_layers for c in comps])
-        residual = pd.DataFrame(cols)
-        for c in ("count", "degenerate"):
-            residual[c] = residual[c].astype("int64")
-
-    value = pd.DataFrame()
-    if acc.with_value:
-        v_cols = acc.value.table()
-        e_cols = acc.value_excl.table()
-        n_heads = sites.n_heads
-        vcols: dict = {
-            "layer": np.repeat(np.arange(n_layers), n_heads),
-            "head": np.tile(np.arange(n_heads), n_layers),
-            "kv_head": np.tile(np.array([sites.kv_head(h) for h in range(n_heads)]), n_layers),
-        }
-        for k, v in v_cols.items():
-            vcols["energy_ratio_full" if k == "energy_ratio" else k] = v.numpy()
-        for k, v in e_cols.items():
-            if k == "energy_ratio":
-                vcols["energy_ratio_exclusive"] = v.numpy()
-            elif k == "degenerate":
-                vcols["degenerate_exclusive"] = v.numpy()
-            elif k != "count":
-                vcols[k] = v.numpy()
-        vcols["factorization_error_max"] = np.repeat(
-            fact if sites.factorization_applicable else nan_layers, n_heads)
-        value = pd.DataFrame(vcols)
-        for c in ("count", "degenerate", "degenerate_exclusive"):
-            value[c] = value[c].astype("int64")
-
-    tokens = value_tokens = None
-    if acc.per_token:
-        tokens = _rows_to_frame(acc.token_rows)
-        value_tokens = _rows_to_frame(acc.value_token_rows)
-    if not sites.factorization_applicable:
-        residual, value, value_tokens = _mask_factorization(residual, value, value_tokens)
-    metadata = {
-        "model_name": sites.model_name,
-        "lane": sites.lane,
-        "transformer_lens_version": _tl_version(),
-        "architecture": sites.arch,
-        "weight_processing": sites.weights.as_dict(),
-        "weights_processed": sites.weights.any,
-        "tokens_seen": acc.tokens_seen,
-        "sequences_seen": acc.sequences_seen,
-        "components": list(components),
-        "positions": None if positions is None else str(positions),
-        "exclude_first_token": exclude_first_token,
-        "eps": eps,
-        "drop_cosine": acc.drop_cosine,
-        "dtype": str(getattr(model.cfg, "dtype", "")),
-        "quantiles": _quantiles_note(acc),
-        "notes": list(sites.notes),
-        "factorization_applicable": sites.factorization_applicable,
-        "created_unix": time.time(),
-    }
-    return Profile(residual=residual, value=value, metadata=metadata, tokens=tokens, value_tokens=value_tokens)
-
-
-#: Value-table metrics that belong to the METHOD sec. 3 factorization through W_O (NaN where
-#: the attention update is not linear in z, see sites.SANDWICH_ARCHITECTURES).
-FACTORIZATION_METRICS = ("phi", "alpha_head", "self_term", "cross_term")
-
-
-def _mask_factorization(residual: pd.DataFrame, value: pd.DataFrame, value_tokens):
-    """NaN every factorization column (``phi`` / ``alpha_head`` / ``self_term`` /
-    ``cross_term`` statistics and ``factorization_error_max``) of the three tables; the other
-    columns (beta, A_tt, gamma, the splits) are defined on any architecture and stay."""
-    def mask(df):
-        if df is None or df.empty:
-            return df
-        cols = [c for c in df.columns
-                if c == "factorization_error_max"
-                or any(c == m or c.startswith(m + "_") for m in FACTORIZATION_METRICS)]
-        df = df.copy()
-        df[cols] = float("nan")
-        return df
-
-    return mask(residual), mask(value), mask(value_tokens)
-
-
-def _rows_to_frame(rows: list[dict]) -> pd.DataFrame:
-    if not rows:
-        return pd.DataFrame()
-    frames = []
-    for r in rows:
-        n = len(r["sequence"])
-        frames.append(pd.DataFrame({k: (v if hasattr(v, "__len__") and not isinstance(v, str) else [v] * n) for k, v in r.items()}))
-    return pd.concat(frames, ignore_index=True)
-
-
 def profile(
     model,
     inputs,
@@ -393,6 +278,8 @@ def profile(
     progress: bool = True,
     carrier: bool = False,
     drop_cosine: bool = False,
+    reference=None,
+    per_layer: bool | None = None,
 ) -> Profile:
     """Stream ``inputs`` through ``model`` and summarise the geometry of every update.
 
@@ -424,12 +311,28 @@ def profile(
             (``beta / |1 + alpha|``) and ``drop_cos_distance`` (``1 - cos(r, r + u)``), with
             the usual ``_mean`` / ``_std`` / quantile columns (:mod:`~tl_directional.measure.cosine`;
             off by default: they cost about 6% of a profile; ``metadata["drop_cosine"]`` records it).
+        reference: what the residual-space updates (``attn``, ``mlp``, ``block`` rows, width
+            ``d_model``) are split against (:func:`~tl_directional.model.reference.resolve_reference`):
+            None / ``"input"`` (default: the stream each update is added to; the tables are then
+            exactly those of a call without it), a ``[d_model]`` direction, a ``[n_layers,
+            d_model]`` per-layer set (``per_layer=True``), a ``[k, d_model]`` subspace, or a
+            :class:`~tl_directional.core.direction.Direction` (``space="resid"``). With a reference the
+            residual table gets a ``reference`` column and ``random_energy_share`` (``k / d_model``,
+            ``1 / d_model`` for a line: a random update's expected ``sum ||u_par||^2 / sum ||u||^2``,
+            the level ``energy_ratio`` and ``par_frac`` are read against), and ``metadata`` the same;
+            ``alpha`` is the scale along the direction and ``rel_update`` is ``||u|| / ||r||``
+            (both NaN for a subspace, which has no single scale). The value table (heads, ``d_head``)
+            stays each head's split against its tokens' own values. ``drop_cosine`` and ``carrier``
+            are stream measurements and refuse a reference.
+        per_layer: read a 2-D ``reference`` as one row per layer (True) or as a subspace (False);
+            required when it has exactly ``n_layers`` rows.
 
     Returns:
         A :class:`Profile`.
     """
     eps = check_eps(eps)
     drop_cosine = check_drop_cosine(drop_cosine)
+    ref = _profile_reference(model, reference, per_layer, drop_cosine=drop_cosine, carrier=carrier)
     sites = analysis_sites(model, "profile", SiteResolutionError, "dropout would make the measured shares random")
     components = _check_components(components, sites)
     batch = prepare_inputs(model, inputs, attention_mask)
@@ -441,7 +344,7 @@ def profile(
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
         verify_sites(model, sites, first.tokens[:, :64], first.attention_mask[:, :64])
-    acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine)
+    acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine, ref)
     state: dict = {}
 
     hooks, n_actions = _streaming_hooks(acc, sites, model, state)
@@ -483,7 +386,7 @@ def profile(
     acc.tokens_seen = int(tokens_seen)
     if world > 1:
         _all_reduce_accumulator(acc)
-    out = _finish(acc, model, sites, components, eps, positions, exclude_first_token)
+    out = Profile(**_finish(acc, model, sites, components, eps, positions, exclude_first_token))
     if carrier:  # every rank measures every batch: the carrier sums need no all-reduce
         table = carrier_table(model, ((p, _token_mask(p.attention_mask, positions, exclude_first_token))
                                       for p in batches), eps=eps)
@@ -491,4 +394,4 @@ def profile(
     return out
 
 
-__all__ = ["FACTORIZATION_METRICS", "Profile", "profile"]
+__all__ = ["Profile", "profile"]

@@ -34,6 +34,9 @@ Against which reference (``reference=``):
   ambiguous and needs ``per_layer=True`` or ``per_layer=False``.
 * a ``[*batch_and_pos, d_model]`` tensor (the stack's shape without its component axis, i.e.
   already ``pos_slice``-d): one stream per token, the same for every component.
+* a :class:`~tl_directional.core.direction.Direction` (``space="resid"``): its vectors read as
+  above, its own ``per_layer`` deciding; one for another space or from a model whose weights
+  were processed differently is refused (:func:`~tl_directional.model.reference.resolve_reference`).
 
 Dtype: the parts are in the compute dtype of the stack (float64 stays float64, anything else
 float32); ``parallel + perpendicular`` is TL's stack up to one rounding of the larger part.
@@ -51,9 +54,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from ..core.direction import Direction
 from ..core.errors import TLDirectionalError
 from ..core.geometry import DEFAULT_EPS, check_eps, compute_dtype, parallel_part
 from ..core.subspace import SubspaceError, check_directions, orthonormal_basis, random_energy_share
+from ..model.reference import resolve_reference
 from ..model.sites import POST_LN, resolve_sites
 
 INPUT = "input"
@@ -181,6 +186,12 @@ def _split(stack: Tensor, labels: list[str], cache, model, reference, *, per_lay
     except ValueError as err:
         raise StackSplitError(str(err)) from None
     n_layers, d_model = int(model.cfg.n_layers), int(model.cfg.d_model)
+    if isinstance(reference, Direction):  # space and weight processing checked, then its rows
+        try:
+            resolve_reference(model, reference, per_layer=per_layer)
+        except SubspaceError as err:
+            raise StackSplitError(str(err)) from None
+        reference, per_layer = reference.vectors, reference.per_layer
     dtype = compute_dtype(stack.dtype)
     u = stack.to(dtype)
     k = 1
@@ -247,7 +258,7 @@ def split_decompose_resid(
     cache,
     layer: int | None = None,
     *,
-    reference: str | Tensor = INPUT,
+    reference: str | Tensor | Direction = INPUT,
     mlp_input: bool = False,
     mode: str = "all",
     incl_embeds: bool = True,
@@ -294,7 +305,7 @@ def split_stack_head_results(
     cache,
     layer: int | None = None,
     *,
-    reference: str | Tensor = INPUT,
+    reference: str | Tensor | Direction = INPUT,
     pos_slice=None,
     per_layer: bool | None = None,
     eps: float = DEFAULT_EPS,

@@ -67,8 +67,10 @@ class _Accumulator:
     """
 
     def __init__(self, sites: ModelSites, components, device, eps: float, per_token: bool,
-                 drop_cosine: bool = False):
+                 drop_cosine: bool = False, reference=None):
         self.sites = sites
+        # None: every unit against its stream; else a resolved non-stream Reference (model.reference)
+        self.reference = None if reference is None or reference.is_stream else reference
         self.drop_cosine = drop_cosine
         self.components = tuple(c for c in components if c != "value")
         self.with_value = "value" in components
@@ -144,6 +146,8 @@ class _Accumulator:
         """Split the masked tokens of one unit (:func:`~tl_directional.core.kernels.split_stats`);
         returns their ``alpha`` (for the factorization check)."""
         ref = self._select(reference, mask)
+        if self.reference is not None:  # a user's direction / subspace instead of the stream
+            return self._add_against_reference(layer, component, self._select(update, mask), ref, mask, seq_offset)
         ref_sq = self._reference_sq(reference, ref)
         d = split_stats(self._select(update, mask), ref, self.eps, reference_sq=ref_sq, scratch=self.scratch)
         values = {"par_frac": d.par_frac, "par_perp_ratio": d.par_perp_ratio, "alpha": d.alpha,
@@ -151,6 +155,22 @@ class _Accumulator:
         if self.drop_cosine:
             values["drop_rho"], values["drop_cos_distance"] = drop_cosine(
                 d.alpha, stream_beta(d.perp_sq, ref_sq.to(d.perp_sq.dtype), self.eps))
+        self._record(layer, component, d, values, mask, seq_offset)
+        return d.alpha
+
+    def _add_against_reference(self, layer, component, update, stream, mask, seq_offset) -> Tensor:
+        """:meth:`add_residual` against :attr:`reference` (a resolved
+        :class:`~tl_directional.model.reference.Reference` that is not the stream); returns the
+        stream's ``alpha`` all the same (the value-space factorization check compares with it)."""
+        d = self.reference.stats(update, None, layer, self.eps)
+        values = {"par_frac": d.par_frac, "par_perp_ratio": d.par_perp_ratio, "alpha": d.alpha,
+                  "rel_update": d.rel_update}
+        self._record(layer, component, d, values, mask, seq_offset)
+        if not (self.with_value and component == "attn"):
+            return d.alpha
+        return projection_coefficient(update, stream, self.eps)[0]
+
+    def _record(self, layer, component, d, values, mask, seq_offset) -> None:
         row = self.row_of[(layer, component)]
         group = torch.full(d.alpha.shape, row, dtype=torch.long, device=d.alpha.device)
         self.residual.update(group, values, degenerate=d.degenerate, par_sq=d.par_sq, perp_sq=d.perp_sq)
@@ -163,7 +183,6 @@ class _Accumulator:
                 "par_perp_ratio": d.par_perp_ratio.cpu().numpy(),
                 "rel_update": d.rel_update.cpu().numpy(), "degenerate": d.degenerate.cpu().numpy(),
             })
-        return d.alpha
 
     # -- value space ----------------------------------------------------
     @torch.no_grad()

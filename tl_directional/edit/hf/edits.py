@@ -407,6 +407,11 @@ def _install_value_layer(handle: HFEditHandle, sites: HFSites, layer: int, chain
 def _install_residual(handle: HFEditHandle, sites: HFSites, e: ResidualScale, run: _Run) -> None:
     add = handle._handles.append
     ns = sites.model_sites()
+    if not (e.reference is None or isinstance(e.reference, Tensor) and e.reference.ndim != 2):
+        raise ValueError(
+            f"ResidualScale(reference=...) with a {'Direction' if not isinstance(e.reference, Tensor) else '2-D tensor'} "
+            "(a subspace or per-layer set) is resolved against a TransformerLens model; on the plain-transformers "
+            "lane pass a [d_model] tensor (e.g. direction.vectors), or load the model with tld.load_model")
     if e.reference is not None and e.reference.shape[-1] != sites.d_model:
         raise ValueError(f"reference has size {e.reference.shape[-1]} but d_model is {sites.d_model}")
     kw = dict(n_layers=sites.n_layers, n_heads=sites.n_heads, allow_heads=False)

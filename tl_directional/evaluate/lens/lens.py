@@ -26,9 +26,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ...core.errors import renamed_argument
-from ...core.geometry import DEFAULT_EPS, check_eps, dtype_tolerance, parallel_part
+from ...core.geometry import DEFAULT_EPS, check_eps, dtype_tolerance
 from ...figures.lens import split_lens_figure
 from ...model.handle import capture, device_of
+from ...model.reference import resolve_reference
 from ...model.sites import POST_LN, SEQUENTIAL, analysis_sites, check_hook_api
 from .lens_inputs import (
     LensInputError,
@@ -68,6 +69,10 @@ class SplitLensResult:
         additive_error: ``[L, C]`` largest ``|start + update - end|`` of each step's cached
             tensors (the stream identity the split relies on; absorbed by the path's last leg).
         ordering: which ordering :meth:`to_frame` reports as ``parallel`` / ``perpendicular``.
+        reference: what each update was split against (``"stream"``, the default, or the
+            resolved reference's description, e.g. ``"subspace(k=3)"``).
+        random_energy_share: ``k / d_model`` of that reference (``1 / d_model`` for the stream
+            and a direction): a random update's expected parallel energy share.
     """
 
     lens_logits: Float[Tensor, "entries batch pos"]
@@ -80,6 +85,8 @@ class SplitLensResult:
     additive_error: Float[Tensor, "layers steps"]
     ordering: str = "shapley"
     notes: list[str] = field(default_factory=list)
+    reference: str = "stream"
+    random_energy_share: float | None = None
 
     def parallel_steps(
         self, ordering: str | None = None
@@ -257,6 +264,8 @@ def split_logit_lens(
     check_additivity: bool = True,
     attention_mask: Tensor | None = None,
     target_tokens=None,
+    reference=None,
+    per_layer: bool | None = None,
 ) -> SplitLensResult:
     """Split logit lens of ``targets`` over every layer and position of ``tokens``.
 
@@ -299,6 +308,14 @@ def split_logit_lens(
             padded batch: the forward masks the padding, and every value at a padded position
             is NaN in the result (a padded position has no lens). Without it every position is a
             token: a padded batch then gives wrong values at the rows' real tokens too.
+        reference: what each step's update is split against
+            (:func:`~tl_directional.model.reference.resolve_reference`, residual space): None /
+            ``"input"`` (default: the stream ``x`` it is added to, exactly as without the
+            argument), a ``[d_model]`` direction (``u_par = a r``), a ``[n_layers, d_model]``
+            per-layer set (``per_layer=True``; row ``L`` for block ``L``'s steps), a ``[k, d_model]``
+            subspace (``u_par`` its orthogonal projection, orthonormalised in float64), or a
+            ``Direction(space="resid")``. The orderings and the exact additivity are unchanged.
+        per_layer: read a 2-D ``reference`` as one row per layer (True) or a subspace (False).
 
     Returns:
         A :class:`SplitLensResult` (float64 values; ``.to_frame()``, ``.figure()``, ``.shares()``).
@@ -306,6 +323,8 @@ def split_logit_lens(
     Raises:
         LensInputError: bad ``tokens``, ``targets`` or ``ordering``, a model in training
             mode, a post-LN (encoder) model, or a broken stream identity.
+        SubspaceError: (a ``ValueError``) an unusable ``reference`` (see
+            :func:`~tl_directional.model.reference.resolve_reference`).
     """
     check_hook_api(model)
     ordering = _check_ordering(ordering)
@@ -316,6 +335,7 @@ def split_logit_lens(
     if target_tokens is not None:
         raise renamed_argument("split_logit_lens", "target_tokens", "targets")
     targets = _check_targets(model, targets, batch, pos)
+    split_ref = resolve_reference(model, reference, per_layer=per_layer)
     sites = analysis_sites(model, "split_logit_lens", LensInputError, "dropout would make the lens random")
     if sites.arch == POST_LN:
         raise LensInputError(
@@ -362,7 +382,7 @@ def split_logit_lens(
                 )
             # The parallel part along the stream the update is added to (METHOD sec. 1-2), in the
             # stream's dtype so that x + u_par is a real stream point of this model.
-            u_par = parallel_part(u, x, eps).to(x.dtype)
+            u_par = split_ref.parallel(u, x, L, eps).to(x.dtype)
             u_perp = u - u_par
             par_first[L, c] = f(x + u_par) - f_start
             par_last[L, c] = f_end - f(x + u_perp)
@@ -384,6 +404,8 @@ def split_logit_lens(
         additive_error=err,
         ordering=ordering,
         notes=notes,
+        reference=split_ref.describe(),
+        random_energy_share=split_ref.random_energy_share,
     )
 
 

@@ -44,6 +44,7 @@ from ...core.bootstrap import random_subspace_share
 from ...core.geometry import DEFAULT_EPS, check_eps
 from ...model.handle import capture_hooks, device_of
 from ...model.inputs import prepare_inputs
+from ...model.reference import resolve_reference
 from ...model.sites import ModelSites, analysis_sites, resolve_sites
 from .attribution_scores import AttributionError, node_scores
 from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
@@ -203,6 +204,8 @@ def attribution_patch(
     batch_size: int | None = None,
     attention_mask: Tensor | None = None,
     eps: float = DEFAULT_EPS,
+    reference=None,
+    per_layer: bool | None = None,
 ) -> DirectionalResult:
     """First-order (attribution) patching estimate of every node, split into the part along the
     node's reference and the part perpendicular to it (module docstring; METHOD.md sec. 5).
@@ -233,6 +236,16 @@ def attribution_patch(
             :func:`tl_directional.core.roundoff.roundoff_tolerance` bounds the float32 gap.
         attention_mask: ``[batch, pos]`` padding mask, shared by both runs.
         eps: degenerate threshold on squared norms (METHOD.md sec. 1).
+        reference: what the residual-space nodes (``resid``, ``attn``, ``mlp``, ``head``'s write
+            ``W_O[h]^T dz_h``) split their difference against
+            (:func:`~tl_directional.model.reference.resolve_reference`): None / ``"input"`` (default,
+            each node's own reference above; exactly as without the argument), a ``[d_model]``
+            direction, a ``[n_layers, d_model]`` per-layer set (``per_layer=True``), a
+            ``[k, d_model]`` subspace (``par = (P delta) . g``, ``P`` its orthogonal projector), or
+            a ``Direction(space="resid")``. ``value`` nodes (``d_head`` space) keep the token's own
+            value; their ``random_share`` stays a line's, the residual nodes' becomes a random
+            ``k``-subspace's.
+        per_layer: read a 2-D ``reference`` as one row per layer (True) or a subspace (False).
 
     Returns:
         A :class:`~tl_directional.evaluate.patching.result.DirectionalResult` of kind ``"attribution"``:
@@ -264,6 +277,7 @@ def attribution_patch(
         )
     node_types = _check_node_types(node_types)
     eps = check_eps(eps)
+    split_ref = resolve_reference(model, reference, per_layer=per_layer)
     sites = analysis_sites(model, "attribution_patch", AttributionError,
                            "dropout would make the clean and corrupted runs differ by chance")
     sandwich = sites.sandwich
@@ -302,9 +316,10 @@ def attribution_patch(
     clean_names, act_names, grad_names = _run_hooks(sites, node_types, needed)
     parts, clean_metric, corrupted_metric = _score_batches(
         model, sites, sandwich, node_types, metric, eps, clean_cache=clean_cache, ct=ct, xt=xt, am=am,
-        batch_size=batch_size, names=(clean_names, act_names, grad_names),
+        batch_size=batch_size, names=(clean_names, act_names, grad_names), reference=split_ref,
     )
-    return _as_result(sites, sandwich, node_types, parts, clean_metric, corrupted_metric, clean_cache is not None)
+    return _as_result(sites, sandwich, node_types, parts, clean_metric, corrupted_metric, clean_cache is not None,
+                      split_ref)
 
 
 def _run_hooks(sites, node_types, needed: dict) -> tuple[set[str], set[str], set[str]]:
@@ -333,7 +348,7 @@ def _run_hooks(sites, node_types, needed: dict) -> tuple[set[str], set[str], set
 
 
 def _score_batches(model, sites, sandwich, node_types, metric, eps, *, clean_cache, ct, xt, am, batch_size,
-                   names) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+                   names, reference=None) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
     """The node scores of every ``batch_size`` rows (a clean forward, unless ``clean_cache``,
     then one corrupted forward and backward): ``{node: {full, par, perp, frac: [arrays]}}`` and
     the clean and corrupted metrics per batch."""
@@ -371,7 +386,7 @@ def _score_batches(model, sites, sandwich, node_types, metric, eps, *, clean_cac
         )
         corrupted_metric.append(_per_row(value, k))
         for n, res in node_scores(
-            model, sites, sandwich, node_types, clean, acts, grads, eps
+            model, sites, sandwich, node_types, clean, acts, grads, eps, reference
         ).items():
             for w, t in res.items():
                 parts[n][w].append(t.cpu().numpy())
@@ -379,7 +394,8 @@ def _score_batches(model, sites, sandwich, node_types, metric, eps, *, clean_cac
     return parts, clean_metric, corrupted_metric
 
 
-def _as_result(sites, sandwich, node_types, parts, clean_metric, corrupted_metric, from_cache) -> DirectionalResult:
+def _as_result(sites, sandwich, node_types, parts, clean_metric, corrupted_metric, from_cache,
+               reference) -> DirectionalResult:
     """:func:`attribution_patch`'s batches joined into one :class:`DirectionalResult`."""
     values = {
         n: {w: np.concatenate(parts[n][w]) for w in ("full", "par", "perp")} for n in node_types
@@ -406,7 +422,7 @@ def _as_result(sites, sandwich, node_types, parts, clean_metric, corrupted_metri
         values=values,
         dims=dims,
         par_frac=par_frac,
-        random_share={n: random_subspace_share(d_of[n]) for n in node_types},
+        random_share={n: random_subspace_share(d_of[n], 1 if n == "value" else reference.k) for n in node_types},
         clean_metric=np.concatenate(clean_metric),
         corrupted_metric=np.concatenate(corrupted_metric),
         notes=tuple(notes),

@@ -51,6 +51,36 @@ def split_dot(
     return full, par, full - par, frac
 
 
+def split_dot_against(
+    delta: Float[Tensor, "*lead d"],
+    stream: Float[Tensor, "*lead d"],
+    grad: Float[Tensor, "*lead d"],
+    reference,
+    layer: int,
+    eps: float = DEFAULT_EPS,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`split_dot` against ``stream`` (``reference`` None or the stream: bit for bit), or
+    against a resolved :class:`~tl_directional.model.reference.Reference` at ``layer``: a
+    direction ``r`` as :func:`split_dot`; a subspace with orthonormal rows ``Q``:
+    ``par = (P delta) . g`` with ``P delta = (delta Q^T) Q``, ``par_frac = ||P delta|| / ||delta||``
+    (0 where ``||delta||^2 <= eps``), in float64."""
+    if reference is None or reference.is_stream:
+        return split_dot(delta, stream, grad, eps)
+    if reference.kind != "subspace":
+        r = reference.vector(layer).to(device=delta.device, dtype=torch.float64)
+        return split_dot(delta, r.expand(delta.shape), grad, eps)
+    d, g = delta.double(), grad.double()
+    q = reference.rows.to(device=d.device, dtype=torch.float64)
+    pd = (d @ q.T) @ q
+    full = (d * g).sum(-1)
+    dd = (d * d).sum(-1)
+    ok = dd > eps
+    par = torch.where(ok, (pd * g).sum(-1), torch.zeros_like(full))
+    frac = torch.where(ok, ((pd * pd).sum(-1) / torch.where(ok, dd, torch.ones_like(dd))).sqrt().clamp(0, 1),
+                       torch.zeros_like(full))
+    return full, par, full - par, frac
+
+
 # ---------------------------------------------------------------------------------------------
 # sandwich norms: what one head's write becomes after the post-attention norm, to first order
 # ---------------------------------------------------------------------------------------------
@@ -97,8 +127,10 @@ def node_scores(
     acts: dict,
     grads: dict,
     eps: float,
+    reference=None,
 ) -> dict[str, dict[str, Tensor]]:
-    """Every node's ``full``, ``par``, ``perp`` and ``frac``, stacked over layers on axis 1."""
+    """Every node's ``full``, ``par``, ``perp`` and ``frac``, stacked over layers on axis 1;
+    ``reference`` (a resolved non-stream Reference, or None) replaces the residual nodes' own."""
     out: dict[str, dict[str, list[Tensor]]] = {
         n: {"full": [], "par": [], "perp": [], "frac": []} for n in node_types
     }
@@ -106,14 +138,14 @@ def node_scores(
         for n in node_types:
             if n == "resid":
                 h = f"blocks.{L}.hook_resid_pre"
-                res = split_dot(clean[h].to(acts[h].device) - acts[h], acts[h], grads[h], eps)
+                res = split_dot_against(clean[h].to(acts[h].device) - acts[h], acts[h], grads[h], reference, L, eps)
             elif n in ("attn", "mlp"):
                 u = sites.units[n][L]
-                res = split_dot(
+                res = split_dot_against(
                     clean[u.update_hook].to(acts[u.update_hook].device) - acts[u.update_hook],
                     acts[u.reference_hook],
                     grads[u.update_hook],
-                    eps,
+                    reference, L, eps,
                 )
             else:
                 vs = sites.value[L]
@@ -126,7 +158,7 @@ def node_scores(
                     )  # GQA: the KV head each query head reads
                     res = split_dot(dz, v, gz, eps)
                 else:
-                    res = head_split(model, sites, sandwich, L, dz, gz, z, acts, grads, eps)
+                    res = head_split(model, sites, sandwich, L, dz, gz, z, acts, grads, eps, reference)
             for w, t in zip(("full", "par", "perp", "frac"), res, strict=True):
                 out[n][w].append(t)
     return {n: {w: torch.stack(ts, dim=1) for w, ts in d.items()} for n, d in out.items()}
@@ -143,6 +175,7 @@ def head_split(
     acts: dict,
     grads: dict,
     eps: float,
+    reference=None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """One layer's head nodes: the residual-space split of ``W_O[h]^T dz_h`` (sandwich norms: after
     the linearised post-attention norm) against ``hook_resid_pre``, gradient at the attention
@@ -157,9 +190,9 @@ def head_split(
         write = linearised_norm(model, L, pre, write).double()
     x = acts[sites.value[L].resid_hook].double().unsqueeze(2)
     g = grads[sites.units["attn"][L].update_hook].double().unsqueeze(2)
-    _, par, _, frac = split_dot(write, x.expand_as(write), g.expand_as(write), eps)
+    _, par, _, frac = split_dot_against(write, x.expand_as(write), g.expand_as(write), reference, L, eps)
     full = (dz * gz).sum(-1)
     return full, par, full - par, frac
 
 
-__all__ = ["AttributionError", "head_split", "linearised_norm", "node_scores", "post_attention_norm", "split_dot"]
+__all__ = ["AttributionError", "head_split", "linearised_norm", "node_scores", "post_attention_norm", "split_dot", "split_dot_against"]

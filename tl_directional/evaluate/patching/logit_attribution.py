@@ -13,9 +13,10 @@ from jaxtyping import Int
 from torch import Tensor
 
 from ...core.errors import renamed_argument
-from ...core.geometry import DEFAULT_EPS, check_eps, decompose
+from ...core.geometry import DEFAULT_EPS, check_eps
 from ...model.handle import capture, device_of
 from ...model.inputs import prepare_inputs, token_ids
+from ...model.reference import resolve_reference
 from ...model.sites import ModelSites, analysis_sites
 from ...model.weights import final_norm_weight
 from .patch_hooks import integer_columns
@@ -42,6 +43,8 @@ def split_logit_attribution(
     position: int = -1,
     eps: float = DEFAULT_EPS,
     wrong_tokens=None,
+    reference=None,
+    per_layer: bool | None = None,
 ) -> pd.DataFrame:
     """Direct logit attribution of each head and sub-layer, split into parallel and
     perpendicular parts against the stream each writes into (METHOD.md sec. 2-3).
@@ -71,6 +74,15 @@ def split_logit_attribution(
     carry NaN and ``table.attrs["notes"]`` says why; the ``attn`` / ``mlp`` rows (the normalised
     updates actually added) stay exact.
 
+    ``reference`` (:func:`~tl_directional.model.reference.resolve_reference`, residual space:
+    every row here is a ``d_model`` vector written into the stream): None / ``"input"`` (default,
+    the stream each unit writes into; exactly today's table), a ``[d_model]`` direction, a
+    ``[n_layers, d_model]`` per-layer set (``per_layer=True``; row ``L`` for layer ``L``'s units and
+    heads), a ``[k, d_model]`` subspace, or a ``Direction(space="resid")``. With a reference each
+    written vector is split against it instead (``dla == dla_par + dla_perp`` still holds), and the
+    table gets a ``reference`` column and ``random_energy_share`` (``k / d_model``).
+    ``table.attrs["reference"]`` / ``["random_energy_share"]`` say the same for every call.
+
     Returns:
         A DataFrame with one row per (sequence, layer, unit): ``unit`` is ``"attn"``,
         ``"mlp"`` or ``"head"`` (with ``head``), and ``dla``, ``dla_par``, ``dla_perp``,
@@ -79,6 +91,7 @@ def split_logit_attribution(
     eps = check_eps(eps)
     if wrong_tokens is not None:
         raise renamed_argument("split_logit_attribution", "wrong_tokens", "incorrect_tokens")
+    split_ref = resolve_reference(model, reference, per_layer=per_layer)
     sites = analysis_sites(model, "split_logit_attribution", ValueError,
                            "dropout would make the attribution random")
     if not sites.causal:
@@ -124,7 +137,7 @@ def split_logit_attribution(
                 u = sites.units[c][L]
                 upd = cache[u.update_hook][rows_idx, pos]
                 ref = cache[u.reference_hook][rows_idx, pos]
-                d = decompose(upd, ref, eps)
+                d = split_ref.decompose(upd, ref, L, eps)
                 total, par, perp = dla_of(upd.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
                 for b in range(tokens.shape[0]):
                     rows.append({"sequence": b, "layer": L, "unit": c, "head": None, "dla": float(total[b]),
@@ -133,7 +146,7 @@ def split_logit_attribution(
             x = cache[sites.value[L].resid_hook][rows_idx, pos]  # [batch, d_model]
             W_O = model.blocks[L].attn.W_O  # [heads, d_head, d_model]
             out = torch.einsum("bhe,hed->bhd", z, W_O)
-            d = decompose(out, x.unsqueeze(1), eps)
+            d = split_ref.decompose(out, x.unsqueeze(1), L, eps)
             total, par, perp = dla_of(out.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
             if not sites.factorization_applicable:  # W_O[h]^T z_h is not what the head adds
                 total, par, perp = (torch.full_like(t, float("nan")) for t in (total, par, perp))
@@ -144,6 +157,11 @@ def split_logit_attribution(
                                  "par_frac": float(d.par_frac[b, h]) if sites.factorization_applicable
                                  else float("nan")})
     table = integer_columns(pd.DataFrame(rows), ("sequence", "layer", "head"))
+    if not split_ref.is_stream:
+        table["reference"] = split_ref.describe()
+        table["random_energy_share"] = split_ref.random_energy_share
+    table.attrs["reference"] = split_ref.describe()
+    table.attrs["random_energy_share"] = split_ref.random_energy_share
     table.attrs["notes"] = [] if sites.factorization_applicable else [
         "sandwich-norm model: a norm follows W_O, so per-head DLA (W_O[h]^T z_h) is not what a head "
         "adds; head rows are NaN, the attn / mlp rows are exact."

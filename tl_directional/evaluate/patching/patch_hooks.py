@@ -14,6 +14,23 @@ from ...core.geometry import patch_components
 from ...model.sites import kv_head_index
 
 
+def patch_against(reference, layer: int, source: Tensor, target: Tensor, stream: Tensor, which: str,
+                  eps: float) -> Tensor:
+    """METHOD.md sec. 5's patch of ``target`` (corrupted) by ``source`` (clean): against ``stream``
+    (the corrupted run's live reference; bit for bit
+    :func:`~tl_directional.core.geometry.patch_components`) when ``reference`` is None or the
+    stream, else against a resolved :class:`~tl_directional.model.reference.Reference` at
+    ``layer``: ``par`` gives ``target + P (source - target)`` (``P source + (I - P) target``),
+    ``perp`` gives ``source - P (source - target)``, ``full`` gives ``source``; in ``target``'s dtype."""
+    if reference is None or reference.is_stream:
+        return patch_components(source, target, stream, which, eps)
+    if which == "full":
+        return source.to(target.dtype)
+    par = reference.parallel(source - target.to(source.dtype), None, layer, eps)
+    new = target.to(par.dtype) + par if which == "par" else source.to(par.dtype) - par
+    return new.to(target.dtype)
+
+
 def integer_columns(table: pd.DataFrame, columns) -> pd.DataFrame:
     """Index columns as integers (pandas ``Int64``, so rows without a head or position
     hold ``<NA>`` instead of turning the column into floats)."""
@@ -82,9 +99,11 @@ def masked(new: Tensor, old: Tensor, pos: int | None) -> Tensor:
     return out
 
 
-def stacked_residual_hooks(unit, clean_update: Tensor, chunk: list[PatchVariant], b: int, eps: float):
+def stacked_residual_hooks(unit, clean_update: Tensor, chunk: list[PatchVariant], b: int, eps: float,
+                           reference=None):
     """Hooks patching a residual unit in a forward of ``len(chunk)`` stacked copies of the
-    corrupted batch (``b`` rows each): copy ``i`` gets ``chunk[i]``'s patch (reference read live)."""
+    corrupted batch (``b`` rows each): copy ``i`` gets ``chunk[i]``'s patch (reference read live,
+    or a resolved non-stream ``reference``, see :func:`patch_against`)."""
     state: dict = {}
 
     def ref_hook(t, hook):  # noqa: ARG001
@@ -98,7 +117,7 @@ def stacked_residual_hooks(unit, clean_update: Tensor, chunk: list[PatchVariant]
         out = corrupted.clone()
         for i, v in enumerate(chunk):
             rows = slice(i * b, (i + 1) * b)
-            new = patch_components(src, corrupted[rows], ref[rows], v.which, eps)
+            new = patch_against(reference, unit.layer, src, corrupted[rows], ref[rows], v.which, eps)
             if v.pos is None:
                 out[rows] = new
             else:
@@ -153,4 +172,4 @@ def stacked_kv_hooks(name: str, clean: Tensor, chunk: list[PatchVariant], b: int
     return [(name, hook)]
 
 
-__all__ = ["PatchVariant", "integer_columns", "masked", "patch_residual_hooks", "patch_value_hooks", "stacked_kv_hooks", "stacked_residual_hooks", "stacked_value_hooks"]
+__all__ = ["PatchVariant", "integer_columns", "masked", "patch_against", "patch_residual_hooks", "patch_value_hooks", "stacked_kv_hooks", "stacked_residual_hooks", "stacked_value_hooks"]

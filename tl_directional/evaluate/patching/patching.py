@@ -35,6 +35,7 @@ from ...model.handle import (
 from ...model.indices import normalize_heads, normalize_layers
 from ...model.inputs import prepare_inputs
 from ...model.lanes import BlockInput
+from ...model.reference import resolve_reference
 from ...model.sites import ModelSites, analysis_sites, expand_kv_heads, kv_head_index
 from .cache_input import (
     PatchingInputError,
@@ -47,6 +48,7 @@ from .patch_hooks import (
     PatchVariant,
     integer_columns,
     masked,
+    patch_against,
     stacked_kv_hooks,
     stacked_residual_hooks,
     stacked_value_hooks,
@@ -67,9 +69,6 @@ STREAM_COMPONENTS = ("resid_pre",)
 #: (as ``resid_pre``): on grouped-query models a KV head is shared by a group of query heads, so
 #: these are patched per KV head (``heads`` index KV heads), which TransformerLens refuses (#980).
 KV_COMPONENTS = ("k", "v")
-
-
-
 
 
 def _scalar_metric(metric, logits) -> float:
@@ -107,10 +106,6 @@ def _metric_array(metric, logits) -> np.ndarray:
     return np.array([_scalar_metric(metric, logits)])
 
 
-
-
-
-
 def _check_which(which) -> tuple[str, ...]:
     """``which`` as a non-empty tuple of patch kinds (repeats dropped, order kept)."""
     if isinstance(which, str):
@@ -136,10 +131,6 @@ def _check_batch_size(batch_size) -> int | None:
     return batch_size
 
 
-
-
-
-
 def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
     """``(update, reference)`` of residual unit ``c`` at layer ``L`` in a cached run."""
     if c in STREAM_COMPONENTS:
@@ -154,7 +145,8 @@ def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -
     return upd, cache.get(u.reference_hook) if isinstance(cache, dict) else cache[u.reference_hook]
 
 
-def _is_identity(sites: ModelSites, c: str, L: int, v: PatchVariant, clean: dict, corr: dict, eps: float) -> bool:
+def _is_identity(sites: ModelSites, c: str, L: int, v: PatchVariant, clean: dict, corr: dict, eps: float,
+                 reference=None) -> bool:
     """Whether the patch ``v`` writes exactly (bitwise) what the corrupted run has there: then
     the patched run *is* the corrupted run (the patched tensor is computed from the corrupted
     run's cached tensors, as the patched forward would compute it)."""
@@ -172,13 +164,7 @@ def _is_identity(sites: ModelSites, c: str, L: int, v: PatchVariant, clean: dict
     upd_x, ref = _unit_tensors(sites, c, L, corr)
     upd_c, _ = _unit_tensors(sites, c, L, clean)
     sl = slice(None) if v.pos is None else slice(v.pos, v.pos + 1)
-    return torch.equal(patch_components(upd_c[:, sl], upd_x[:, sl], ref[:, sl], v.which, eps), upd_x[:, sl])
-
-
-
-
-
-
+    return torch.equal(patch_against(reference, L, upd_c[:, sl], upd_x[:, sl], ref[:, sl], v.which, eps), upd_x[:, sl])
 
 
 def directional_patch(
@@ -198,6 +184,8 @@ def directional_patch(
     batch_size: int | None = None,
     names_filter=None,
     result: bool = False,
+    reference=None,
+    per_layer: bool | None = None,
 ):
     """Patch parallel-only, perpendicular-only and full updates from ``clean`` into ``corrupted``.
 
@@ -244,6 +232,15 @@ def directional_patch(
             three; ``par_plus_perp_minus_full`` is reported only with all three).
         batch_size: patched runs stacked into one forward (default: up to 64, fewer so that
             one forward's logits stay within 2**26 elements); 1 runs them one at a time.
+        reference: what ``P_r`` projects onto for the residual-space components (``attn``,
+            ``mlp``, ``block``, ``resid_pre``; :func:`~tl_directional.model.reference.resolve_reference`):
+            None / ``"input"`` (default: the corrupted run's live reference, exactly as without
+            the argument), a ``[d_model]`` direction, a ``[n_layers, d_model]`` per-layer set
+            (``per_layer=True``), a ``[k, d_model]`` subspace (``P`` its orthogonal projector), or a
+            ``Direction(space="resid")``. ``value`` / ``k`` / ``v`` rows (``d_head`` space) keep
+            each head's own vector as their reference. With ``result=True`` the residual
+            components' ``random_share`` is that of a random ``k``-subspace.
+        per_layer: read a 2-D ``reference`` as one row per layer (True) or a subspace (False).
 
     Returns:
         ``(results, table)``: ``results[component][which]`` is a tensor shaped like
@@ -258,6 +255,7 @@ def directional_patch(
     which = _check_which(which)
     batch_size = _check_batch_size(batch_size)
     eps = check_eps(eps)
+    split_ref = resolve_reference(model, reference, per_layer=per_layer)
     sites = analysis_sites(model, "directional_patch", PatchingInputError,
                            "dropout would make the patched and corrupted runs differ by chance")
     x_batch = prepare_inputs(model, corrupted, attention_mask, argument="corrupted")
@@ -310,16 +308,16 @@ def directional_patch(
         for c, L, variants in iterator:
             todo = []
             for v in variants:
-                if _is_identity(sites, c, L, v, clean_store, corr_cache, eps):
+                if _is_identity(sites, c, L, v, clean_store, corr_cache, eps, split_ref):
                     v.value = corrupted_metric
                 else:
                     todo.append(v)
             for start in range(0, len(todo), k_max):
                 _run_chunk(model, sites, c, L, todo[start:start + k_max], clean_store, corr_cache,
-                           block0, xt, am, metric_values, metric, eps)
+                           block0, xt, am, metric_values, metric, eps, split_ref)
     if result:
         return _as_result(sites, work, components, which, n_pos if per_position else None, clean_store,
-                          corr_cache, clean_metric, corrupted_metric, clean_cache is not None, eps)
+                          corr_cache, clean_metric, corrupted_metric, clean_cache is not None, eps, split_ref)
     return _as_tables(sites, work, components, which, n_pos if per_position else None,
                       float(clean_metric[0]), float(corrupted_metric[0]))
 
@@ -392,14 +390,14 @@ def _as_tables(sites: ModelSites, work, components, which, n_pos: int | None, cl
 
 def _as_result(sites: ModelSites, work, components, which, n_pos: int | None, clean: dict, corr: dict,
                clean_metric: np.ndarray, corrupted_metric: np.ndarray, from_cache: bool,
-               eps: float) -> DirectionalResult:
+               eps: float, reference) -> DirectionalResult:
     """The patched runs as a :class:`DirectionalResult`: effects (metric minus the corrupted
     metric) per example, and each difference's share along its reference."""
     n_ex = corrupted_metric.shape[0]
     values = {c: {w: np.full((n_ex,) + _shape(sites, c, n_pos), np.nan) for w in which} for c in components}
     fracs = {c: np.full((n_ex,) + _shape(sites, c, n_pos), np.nan) for c in components}
     for c, L, variants in work:
-        frac = _difference_share(sites, c, L, clean, corr, eps)  # [batch, pos(, head)]
+        frac = _difference_share(sites, c, L, clean, corr, eps, reference)  # [batch, pos(, head)]
         for v in variants:
             idx = (slice(None), L) + ((v.pos,) if v.pos is not None else ()) + ((v.head,) if v.head is not None else ())
             values[c][v.which][idx] = v.value - corrupted_metric
@@ -410,16 +408,18 @@ def _as_result(sites: ModelSites, work, components, which, n_pos: int | None, cl
             + (("head",) if c == "value" or c in KV_COMPONENTS else ()) for c in components}
     return DirectionalResult(
         kind="patch", values=values, dims=dims, par_frac=fracs,
-        random_share={c: random_subspace_share(sites.d_head if c in ("value",) + KV_COMPONENTS else sites.d_model)
-                      for c in components},
+        random_share={c: random_subspace_share(sites.d_head) if c in ("value",) + KV_COMPONENTS
+                      else random_subspace_share(sites.d_model, reference.k) for c in components},
         clean_metric=clean_metric, corrupted_metric=corrupted_metric,
         notes=("clean activations from clean_cache: the clean metric is not known (NaN).",) if from_cache else (),
     )
 
 
-def _difference_share(sites: ModelSites, c: str, L: int, clean: dict, corr: dict, eps: float) -> np.ndarray:
+def _difference_share(sites: ModelSites, c: str, L: int, clean: dict, corr: dict, eps: float,
+                      reference) -> np.ndarray:
     """``|cos(u_clean - u_corrupt, r)|`` per sequence and position (and head), ``r`` the corrupted
-    reference: the share of the patched difference along the reference."""
+    reference (residual components: or the user's ``reference``, ``||P delta|| / ||delta||``):
+    the share of the patched difference along the reference."""
     if c == "value":
         vs = sites.value[L]
         z = corr[vs.z_hook]
@@ -432,6 +432,8 @@ def _difference_share(sites: ModelSites, c: str, L: int, clean: dict, corr: dict
         upd_x, ref = _unit_tensors(sites, c, L, corr)
         upd_c, _ = _unit_tensors(sites, c, L, clean)
         delta = upd_c.to(upd_x.device) - upd_x
+        if not reference.is_stream:
+            return reference.stats(delta, None, L, eps).par_frac.double().cpu().numpy()
     return decompose(delta, ref, eps).par_frac.double().cpu().numpy()
 
 
@@ -442,7 +444,8 @@ def _clean_from_cache(cache, names, shape: tuple[int, int], device) -> dict[str,
 
 
 def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[PatchVariant], clean: dict, corr: dict,
-               block0: BlockInput, xt: Tensor, am: Tensor, metric_values, metric, eps: float) -> None:
+               block0: BlockInput, xt: Tensor, am: Tensor, metric_values, metric, eps: float,
+               reference=None) -> None:
     """One forward from block ``L`` of ``len(chunk)`` stacked patched copies of the corrupted
     batch; stores each copy's metric in its variant."""
     k, b = len(chunk), xt.shape[0]
@@ -450,7 +453,7 @@ def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[PatchVarian
     hooks: list = []
     if c in STREAM_COMPONENTS:  # the patch is the block input itself
         src = clean[f"blocks.{L}.hook_resid_pre"]
-        stacked = torch.cat([masked(patch_components(src, resid, resid, v.which, eps), resid, v.pos)
+        stacked = torch.cat([masked(patch_against(reference, L, src, resid, resid, v.which, eps), resid, v.pos)
                              for v in chunk])
     else:
         stacked = resid.repeat(k, 1, 1) if k > 1 else resid
@@ -462,12 +465,11 @@ def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[PatchVarian
         else:
             u = sites.units[c][L]
             clean_u, _ = _unit_tensors(sites, c, L, clean)
-            hooks = stacked_residual_hooks(u, clean_u, chunk, b, eps)
+            hooks = stacked_residual_hooks(u, clean_u, chunk, b, eps, reference)
     logits = stacked_forward(model, block0, L, stacked, xt, am, hooks, k)
     for i, v in enumerate(chunk):
         v.value = metric_values(metric, logits[i * b:(i + 1) * b])
     del logits
-
 
 
 # ---------------------------------------------------------------------------

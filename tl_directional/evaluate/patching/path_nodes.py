@@ -20,6 +20,7 @@ from ...core.geometry import decompose, patch_components
 from ...model.handle import StopForward, from_block
 from ...model.sites import ModelSites, kv_head_index
 from ...model.weights import attention_output_weights
+from .patch_hooks import patch_against
 
 SENDER_KINDS = ("head", "attn", "mlp")
 RECEIVER_KINDS = ("q", "k", "v", "mlp", "resid", "logits")
@@ -205,9 +206,12 @@ def sender_deltas(
     am: Tensor,
     sandwich: bool,
     eps: float,
+    reference=None,
 ):
     """Per part, the sender's difference ``u* - u_x`` in residual coordinates ``[batch, pos, d_model]``,
     and the share ``|cos(u_c - u_x, r)|`` of the full difference along its reference ``[batch]``.
+    ``reference``: a resolved non-stream :class:`~tl_directional.model.reference.Reference` that
+    replaces the stream in residual space (:func:`patch_against`), or None.
 
     Residual space: ``u*`` is :func:`patch_components` of the clean and corrupted writes against
     the stream the write is added to (the corrupted run's). Value space (heads only): the head's
@@ -218,8 +222,8 @@ def sender_deltas(
     if sender.kind != "head":
         u = sites.units[sender.kind][sender.layer]
         u_c, u_x, r = clean[u.update_hook], corr[u.update_hook], corr[u.reference_hook]
-        deltas = {p: patch_components(u_c, u_x, r, p, eps) - u_x for p in parts}
-        return deltas, _share(u_c - u_x, r, eps)
+        deltas = {p: patch_against(reference, sender.layer, u_c, u_x, r, p, eps) - u_x for p in parts}
+        return deltas, _share(u_c - u_x, r, eps, reference, sender.layer)
     vs = sites.value[sender.layer]
     h = sender.head
     z_c, z_x = clean[vs.z_hook][:, :, h], corr[vs.z_hook][:, :, h]
@@ -240,13 +244,16 @@ def sender_deltas(
     if space == "value":
         return {p: writes[p] - u_x for p in parts}, share
     u_c = writes["full"]
-    return {p: patch_components(u_c, u_x, r, p, eps) - u_x for p in parts}, _share(
-        u_c - u_x, r, eps
+    return {p: patch_against(reference, sender.layer, u_c, u_x, r, p, eps) - u_x for p in parts}, _share(
+        u_c - u_x, r, eps, reference, sender.layer
     )
 
 
-def _share(delta: Tensor, r: Tensor, eps: float) -> Tensor:
-    """Mean over positions of ``|cos(delta, r)|`` per sequence (``[batch]``, float64)."""
+def _share(delta: Tensor, r: Tensor, eps: float, reference=None, layer: int = 0) -> Tensor:
+    """Mean over positions of ``|cos(delta, r)|`` per sequence (``[batch]``, float64); against a
+    non-stream ``reference``, ``||P delta|| / ||delta||``."""
+    if reference is not None and not reference.is_stream:
+        return reference.stats(delta, None, layer, eps).par_frac.double().mean(-1)
     return decompose(delta, r, eps).par_frac.double().mean(-1)
 
 

@@ -42,6 +42,7 @@ from ...model.handle import (
 )
 from ...model.indices import normalize_layers
 from ...model.inputs import prepare_inputs
+from ...model.reference import resolve_reference
 from ...model.sites import POST_LN, ModelSites, analysis_sites
 from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
 from .path_hooks import PathRun, chunk_hooks
@@ -114,6 +115,8 @@ def path_patch(
     names_filter=None,
     eps: float = DEFAULT_EPS,
     return_inputs: bool = False,
+    reference=None,
+    per_layer: bool | None = None,
 ):
     """Path patching of one sender into receivers, full and split (module docstring; METHOD.md sec. 5).
 
@@ -140,6 +143,15 @@ def path_patch(
         return_inputs: also return ``{(part, Receiver): change of that receiver's input}``
             (``[batch, pos, d_head]`` for q / k / v, the normalised MLP input ``[batch, pos,
             d_model]`` for mlp; the added ``delta`` for resid / logits).
+        reference: what the sender's clean-minus-corrupted difference is split against in
+            residual space (:func:`~tl_directional.model.reference.resolve_reference`): None /
+            ``"input"`` (default: the stream the write is added to, exactly as without the
+            argument), a ``[d_model]`` direction, a ``[n_layers, d_model]`` per-layer set
+            (``per_layer=True``; the sender's layer's row), a ``[k, d_model]`` subspace, or a
+            ``Direction(space="resid")``; ``par`` delivers ``P delta``, ``perp`` ``delta - P delta``,
+            and ``random_share`` becomes a random ``k``-subspace's. Not with ``space="value"``
+            (there the reference is the head's own value vector): an error.
+        per_layer: read a 2-D ``reference`` as one row per layer (True) or a subspace (False).
 
     Returns:
         A :class:`~tl_directional.evaluate.patching.result.DirectionalResult` of kind ``"path_patch"``:
@@ -156,13 +168,19 @@ def path_patch(
     if is_cache(corrupted):
         clean_cache, corrupted, clean = corrupted, clean, None
     eps = check_eps(eps)
+    split_ref = resolve_reference(model, reference, per_layer=per_layer)
+    if not split_ref.is_stream and space == "value":
+        raise PathPatchError(
+            f"reference={split_ref.describe()} splits the sender's difference in residual space, but "
+            "space='value' splits it against the head's own value vector; pass space='residual' with "
+            "the reference, or leave reference out")
     plan = _plan(model, sender=sender, receivers=receivers, parts=parts, space=space, layers=layers,
                  joint=joint, freeze_norm=freeze_norm, batch_size=batch_size, names_filter=names_filter)
     base = _base_runs(model, plan, metric, clean, corrupted, clean_cache, attention_mask)
     with torch.no_grad():
         deltas, share = sender_deltas(
             model, plan.sites, plan.send, space, plan.parts, base.clean_store, base.corr, base.block0,
-            base.xt, base.am, plan.sandwich, eps
+            base.xt, base.am, plan.sandwich, eps, split_ref
         )
         runs, inputs = _patched_runs(model, plan, base, deltas, metric, joint=joint, freeze_norm=freeze_norm,
                                      batch_size=batch_size, return_inputs=return_inputs)
@@ -178,6 +196,7 @@ def path_patch(
         space,
         clean_cache is not None,
         plan.sandwich,
+        split_ref.k,
     )
     return (result, inputs) if return_inputs else result
 
@@ -382,6 +401,7 @@ def _as_result(
     space,
     from_cache,
     sandwich,
+    k=1,
 ):
     n_ex = corrupted_metric.shape[0]
     if joint:
@@ -435,7 +455,7 @@ def _as_result(
         values=values,
         dims=dims,
         par_frac=par_frac,
-        random_share={kd: random_subspace_share(d) for kd in shapes},
+        random_share={kd: random_subspace_share(d, k) for kd in shapes},
         clean_metric=clean_metric,
         corrupted_metric=corrupted_metric,
         notes=tuple(notes),
