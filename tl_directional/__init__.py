@@ -21,7 +21,7 @@ from .compression.ranking import ranking_overlap
 from .compression.save import save_compressed
 from .compression.weighted import prune_wanda_weighted
 from .core.bootstrap import bootstrap_mean_interval, random_subspace_share
-from .core.direction import Direction, DirectionError
+from .core.direction import Direction, DirectionError, DirectionMismatchError
 from .core.errors import TLDirectionalError
 from .core.geometry import (
     Decomposition,
@@ -118,6 +118,7 @@ __all__ = [
     "SubspaceError",
     "Direction",
     "DirectionError",
+    "DirectionMismatchError",
     # SAE features as directions; an SAE's reconstruction and error term against the stream
     "sae_directions",
     "sae_split",

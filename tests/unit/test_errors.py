@@ -27,6 +27,7 @@ KEEPS = {
     "SAEError": ValueError,
     "SubspaceError": ValueError,
     "DirectionError": ValueError,
+    "DirectionMismatchError": ValueError,
     "ResultError": KeyError,
     "DamagedWeightsError": ValueError,
     "EditSpecError": ValueError,

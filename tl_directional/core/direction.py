@@ -26,6 +26,7 @@ from typing import Any
 from torch import Tensor
 
 from .errors import TLDirectionalError
+from .subspace import SubspaceError
 
 #: The spaces a direction can live in.
 SPACES = ("resid", "value")
@@ -33,6 +34,12 @@ SPACES = ("resid", "value")
 
 class DirectionError(TLDirectionalError, ValueError):
     """A :class:`Direction` built from bad parts (not a tensor, wrong rank, unknown space)."""
+
+
+class DirectionMismatchError(DirectionError, SubspaceError):
+    """A direction taken from a model whose weights were processed differently from the model it
+    is applied to (both a :class:`DirectionError` and a :class:`SubspaceError`: the edits and the
+    reference resolver raise this one error)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,28 @@ class Direction:
                 + f", weights_processed={self.weights_processed})")
 
 
+def check_weights_processed(direction: Direction, weights_processed: bool, *, argument: str) -> None:
+    """Refuse ``direction`` on a model whose weights are ``weights_processed`` when the direction
+    records the other state (TransformerLens issue #642: folding LayerNorm and centring the writing
+    weights change the stream's coordinates). Unknown provenance (None) passes.
+
+    Raises:
+        DirectionMismatchError: the two states differ; the message names the fix.
+    """
+    if direction.weights_processed is None or bool(direction.weights_processed) == bool(weights_processed):
+        return
+    was, now = ("processed", "unprocessed") if direction.weights_processed else ("unprocessed", "processed")
+    raise DirectionMismatchError(
+        f"{argument} was taken from a model with {was} weights ({direction!r}), but this model's weights "
+        f"are {now}: weight processing (folded LayerNorm, centred writing weights) changes the residual "
+        "stream's coordinates, so the direction means something else here (TransformerLens issue #642). "
+        "Load this model the same way the direction's model was loaded (tl_directional.load_model gives "
+        "unprocessed weights; HookedTransformer.from_pretrained processes them, "
+        "from_pretrained_no_processing does not; a TransformerBridge processes them in "
+        "enable_compatibility_mode), or re-take the direction from this model; to apply it anyway, pass "
+        "direction.vectors as a plain tensor")
+
+
 def reference_tensor(reference: object) -> tuple[object, Direction | None]:
     """``(tensor_or_value, direction)``: a :class:`Direction`'s vectors and the direction itself,
     or ``reference`` unchanged and None (a plain tensor, a string such as ``"input"``, None)."""
@@ -106,4 +135,5 @@ def reference_tensor(reference: object) -> tuple[object, Direction | None]:
     return reference, None
 
 
-__all__ = ["SPACES", "Direction", "DirectionError", "reference_tensor"]
+__all__ = ["SPACES", "Direction", "DirectionError", "DirectionMismatchError", "check_weights_processed",
+           "reference_tensor"]

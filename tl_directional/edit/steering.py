@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..core.direction import Direction, DirectionError
+from ..core.direction import Direction, DirectionError, check_weights_processed
 from ..core.geometry import DEFAULT_EPS, compute_dtype
 from ..model.generation import FORWARD
 from ..model.indices import normalize_layers
@@ -193,15 +193,8 @@ class ActivationAddition(Edit):
     def layer_vectors(self, sites: ModelSites, weights_processed: bool) -> dict[int, Tensor]:
         """``{layer: [d_model] vector}`` for a model with ``sites`` (checked against it)."""
         d = self.direction
-        if d is not None and d.weights_processed is not None and d.weights_processed != weights_processed:
-            was, now = ("processed", "unprocessed") if d.weights_processed else ("unprocessed", "processed")
-            raise DirectionError(
-                f"vector was taken from a model with {was} weights ({d!r}) but this model's weights are "
-                f"{now}: weight processing (centring, LayerNorm folding) changes the stream's coordinates "
-                "(TransformerLens issue #642). Load the model the way the direction was taken "
-                "(HookedTransformer.from_pretrained vs from_pretrained_no_processing; TransformerBridge "
-                "with or without enable_compatibility_mode), or pass direction.vectors as a plain tensor "
-                "to add it anyway")
+        if d is not None:
+            check_weights_processed(d, weights_processed, argument="vector")
         if self.vectors.shape[-1] != sites.d_model:
             raise DirectionError(f"vector has width {self.vectors.shape[-1]} but the model's d_model is "
                                  f"{sites.d_model}; pass a [d_model] = [{sites.d_model}] vector")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from jaxtyping import Float
 from torch import Tensor
 
-from ..core.direction import Direction
+from ..core.direction import Direction, check_weights_processed
 from ..core.geometry import (
     DEFAULT_EPS,
     Decomposition,
@@ -173,17 +173,7 @@ def _check_direction(model, direction: Direction, *, argument: str, space: str, 
             f"per_layer={per_layer!r} contradicts {argument}'s own per_layer={direction.per_layer} "
             f"({direction!r}); leave per_layer unset (the Direction decides) or rebuild the Direction")
     if direction.weights_processed is not None:
-        here = detect_weight_processing(model).any
-        if here != direction.weights_processed:
-            how = {True: "processed (folded LayerNorm / centred writing weights)", False: "unprocessed"}
-            raise SubspaceError(
-                f"{argument} was taken from a model with {how[direction.weights_processed]} weights, "
-                f"but this model's weights are {how[here]} ({direction!r}): processing changes the "
-                "residual stream's coordinates, so the direction means something else here "
-                "(TransformerLens issue #642). Load this model the same way the direction's model "
-                "was loaded (tld.load_model gives unprocessed weights; HookedTransformer.from_pretrained "
-                "processes them, from_pretrained_no_processing does not), or re-take the direction "
-                "from this model")
+        check_weights_processed(direction, detect_weight_processing(model).any, argument=argument)
     return direction.per_layer
 
 
