@@ -6,7 +6,8 @@ kernelspec whose ``argv`` is ``sys.executable -m ipykernel_launcher``, found fir
 ``JUPYTER_PATH``, so a ``python3`` kernelspec installed elsewhere cannot substitute another
 Python; ipykernel must be installed: the ``dev`` extra has it), in a scratch directory, with the
 test process's environment (so offline flags and ``PYTHONPATH`` carry over). The notebooks run on
-the TransformerLens 4 bridge lane only; the legacy lane skips them (same code, twice the CI time).
+the TransformerLens 4 bridge lane; the legacy lane skips them (same code, twice the CI time), except
+the lessons in ``BOTH_LANES`` (lesson 7), which run on both.
 
 Every notebook is a lesson (learning goals, exercises with check cells, worked solutions in
 ``notebooks/solutions/``). CI sets ``TLD_LESSON_SOLVE=1``, so each exercise takes its worked
@@ -30,9 +31,18 @@ CELL_TIMEOUT_S = 600
 KERNEL_NAME = "tl-directional-tests"
 
 
+# Lessons also executed on the legacy lane: lesson 7 reads an SAE from its saved weights and adds a
+# steering vector, code that takes a different route per lane (about 15 s on the bundled model).
+BOTH_LANES = ("07_directions",)
+
+
+def _lane_marks(path):
+    # every other notebook on the TL 4 bridge lane only (same code, twice the CI time)
+    return [] if path.stem in BOTH_LANES else [pytest.mark.bridge]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-@pytest.mark.bridge  # executed on the TL 4 bridge lane only (same code, twice the CI time)
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem, marks=_lane_marks(p)) for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat", reason="install the dev extra (nbformat, nbclient, ipykernel)")
     nbclient = pytest.importorskip("nbclient", reason="install the dev extra (nbformat, nbclient, ipykernel)")

@@ -71,7 +71,7 @@ def test_load_solutions_missing_file(tmp_path, monkeypatch):
         _lesson.load_solutions("98")
 
 
-@pytest.mark.parametrize("stem", ["01", "02", "03", "04", "05", "06"])
+@pytest.mark.parametrize("stem", ["01", "02", "03", "04", "05", "06", "07"])
 def test_lesson_solution_files_load(stem):
     sol = _lesson.load_solutions(stem)
     numbers = sorted(int(n.split("_")[1]) for n in dir(sol) if n.startswith("solve_"))

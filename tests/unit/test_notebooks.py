@@ -1,6 +1,6 @@
 """The notebooks in notebooks/ as files: committed without outputs, each a lesson (learning goals,
 exercises with check cells, worked solutions in ``notebooks/solutions/``), and the rendered
-real-model pages of lessons 05 and 06 (``docs/notebooks/``, by ``notebooks/_render.py``) bounded.
+real-model pages of lessons 05, 06 and 07 (``docs/notebooks/``, by ``notebooks/_render.py``) bounded.
 Running each notebook top to bottom offline: tests/integration/test_notebooks_run.py.
 """
 
@@ -14,11 +14,12 @@ import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 REQUIRED = ("01_tour", "02_editing_and_sweeps", "03_compression_diagnostics", "04_training_suppression",
-            "05_directional_patching", "06_head_analysis")
+            "05_directional_patching", "06_head_analysis", "07_directions")
 LESSONS = REQUIRED  # every notebook is a lesson: goals, exercises with checks, what to try next
 ROOT = Path(__file__).resolve().parents[2]
 # rendered real-model pages of the lessons (docs/notebooks/), each with its <stem>_files/ figures
-RENDERED = ("05_directional_patching", "06_head_analysis_smollm2-135m", "06_head_analysis_gemma-3-270m")
+RENDERED = ("05_directional_patching", "06_head_analysis_smollm2-135m", "06_head_analysis_gemma-3-270m",
+            "07_directions")
 PAGE_LIMIT_BYTES = 2_000_000
 
 
