@@ -146,6 +146,20 @@ def tiny_model(tiny_model_dir: Callable[[str], Path]) -> Callable[..., Any]:
 
 
 @pytest.fixture(scope="session")
+def float64_model(tiny_model_dir: Callable[[str], Path]) -> Callable[[str], Any]:
+    """Factory ``family -> TransformerLens model in float64`` (eval mode, cached per session; treat
+    it as read-only): for tests whose claim is equality, compared far below float32's round-off."""
+    loaded: dict[str, Any] = {}
+
+    def _get(family: str) -> Any:
+        if family not in loaded:
+            loaded[family] = load_model(tiny_model_dir(family), dtype=torch.float64).eval()
+        return loaded[family]
+
+    return _get
+
+
+@pytest.fixture(scope="session")
 def load_tiny(tiny_model: Callable[..., Any]) -> Callable[..., Any]:
     """Alias of :func:`tiny_model`."""
     return tiny_model

@@ -88,7 +88,7 @@ def _fill(lines, start: int, inserts: list[str], question: str, length: int, cou
     if part:
         body.append(" ".join(part))
     depths = sorted(rng.randrange(len(body) + 1) for _ in inserts)
-    for k, (d, s) in enumerate(zip(depths, inserts)):
+    for k, (d, s) in enumerate(zip(depths, inserts, strict=True)):
         body.insert(d + k, s)
     return "\n".join(body) + tail
 
@@ -97,7 +97,7 @@ def _needles(rng, vocab, lines, start, length, count, k: int, task: str, h: int)
     avoid: set[str] = set()
     keys = rng.sample(vocab, k)
     values = [_number(rng, avoid) for _ in keys]
-    say = [f"One of the special magic numbers for {key} is: {v}." for key, v in zip(keys, values)]
+    say = [f"One of the special magic numbers for {key} is: {v}." for key, v in zip(keys, values, strict=True)]
     q = f"Question: What is the special magic number for {keys[0]} mentioned in the text?"
     rng.shuffle(say)
     prompt = _fill(lines, start, say, q, length, count, rng)
@@ -112,7 +112,7 @@ def _chains(rng, vocab, lines, start, length, count, hops: int, h: int) -> Item:
     chains = [names[c * (hops + 1):(c + 1) * (hops + 1)] for c in range(N_CHAINS)]
     starts = [_number(rng, avoid) for _ in chains]
     steps = [[f"VAR {ch[0]} = {v}."] + [f"VAR {ch[j]} = VAR {ch[j - 1]}." for j in range(1, hops + 1)]
-             for ch, v in zip(chains, starts)]
+             for ch, v in zip(chains, starts, strict=True)]
     # interleave the chains, each chain's statements in order
     order = [c for c in range(N_CHAINS) for _ in range(hops + 1)]
     rng.shuffle(order)

@@ -30,23 +30,10 @@ from tl_directional.measure.stacks import (
     split_decompose_resid,
     split_stack_head_results,
 )
-from tl_directional.model.load import load_model
 
 FAMILIES = tuple(f for f in ("gpt2", "llama", "gemma3", "neox") if f in LOADABLE)
 PARALLEL_BLOCKS = {"neox"}  # attn and MLP both read resid_pre (written here, not looked up)
 BATCH, POS = 2, 9
-
-
-@pytest.fixture(scope="module")
-def float64_model(tiny_model_dir):
-    loaded = {}
-
-    def _get(family):
-        if family not in loaded:
-            loaded[family] = load_model(tiny_model_dir(family), dtype=torch.float64).eval()
-        return loaded[family]
-
-    return _get
 
 
 def _tokens(model, seed=0):

@@ -15,25 +15,12 @@ import torch
 
 import tl_directional as tld
 from tests.integration._families import LOADABLE
-from tl_directional.model.load import load_model
 from tl_directional.model.reference import resolve_reference
 from tl_directional.model.weights import final_norm_weight
 
 FAMILIES = tuple(f for f in ("gpt2", "llama", "gemma3") if f in LOADABLE)
 KINDS = ("direction", "subspace", "per_layer")
 BATCH, POS = 2, 7
-
-
-@pytest.fixture(scope="module")
-def float64_model(tiny_model_dir):
-    loaded = {}
-
-    def _get(family):
-        if family not in loaded:
-            loaded[family] = load_model(tiny_model_dir(family), dtype=torch.float64).eval()
-        return loaded[family]
-
-    return _get
 
 
 def _tokens(model, seed=0):
@@ -318,13 +305,13 @@ def test_bad_references_are_one_clear_error_each(tiny_model):
     nan = good.clone()
     nan[3] = float("nan")
     cases = [
-        (torch.randn(d_head, generator=g), {}, r"reference has width %d but the space it splits has width %d" % (d_head, d)),
+        (torch.randn(d_head, generator=g), {}, rf"reference has width {d_head} but the space it splits has width {d}"),
         (torch.zeros(n_layers + 1, d), {}, r"reference has zero row\(s\) \[0, 1"),
         (nan, {}, r"reference has NaN or inf entries in row\(s\) \[0\]"),
         (torch.stack([good, 2 * good, -good]), {}, r"spans a subspace of rank 1, below its 3 rows"),
         (torch.randn(n_layers, d, generator=g), {}, r"is both a per-layer set .* pass per_layer=True"),
         (torch.randn(n_layers + 1, d, generator=g), {"per_layer": True},
-         r"reference with per_layer=True must be \[n_layers=%d" % n_layers),
+         rf"reference with per_layer=True must be \[n_layers={n_layers}"),
         (tld.Direction(torch.randn(d_head, generator=g), space="value"), {},
          r"reference is a Direction in 'value' space .* this verb splits 'resid' vectors"),
         (tld.Direction(good, weights_processed=True), {},

@@ -90,8 +90,8 @@ def test_the_readings_go_both_ways_and_name_each_model():
 def test_the_hard_diagonal_row_carries_both_units_and_its_versions():
     nats, _, acc = _fixture()
     models = dict.fromkeys(pvo.MODELS)
-    am = dict(zip(models, (nats["a"], nats["b"])))
-    ac = dict(zip(models, (acc["a"], acc["b"])))
+    am = dict(zip(models, (nats["a"], nats["b"]), strict=True))
+    ac = dict(zip(models, (acc["a"], acc["b"]), strict=True))
     rows = pvo._removal_rows({m: {} for m in models}, am, ac)
     hard = next(r for r in rows if r.startswith("| hard diagonal removal"))
     assert "`sections/experiments.tex`@`28ae91f`" in hard and "@`8e5278e` / `739519c` / `b6d7a16`" in hard

@@ -50,7 +50,7 @@ from torch import Tensor
 
 from ...core.errors import TLDirectionalError
 from ...core.geometry import compute_dtype
-from ...model.generation import FORWARD
+from ...model.generation import FORWARD, past_length
 from ...model.hf_layout import (
     AttentionPatternUnavailableError,
     HFSites,
@@ -90,17 +90,6 @@ def _check_pattern_available(model: Any, edit: Edit) -> None:
 
 class EditsAlreadyInstalledError(TLDirectionalError, RuntimeError):
     """The model already carries tl_directional HF edits."""
-
-
-def _past_length(kwargs: dict) -> int:
-    cache_position = kwargs.get("cache_position")
-    if isinstance(cache_position, Tensor) and cache_position.numel():
-        return int(cache_position.reshape(-1)[0])
-    for key in ("past_key_values", "cache"):
-        past = kwargs.get(key)
-        if past is not None and hasattr(past, "get_seq_length"):
-            return int(past.get_seq_length())
-    return 0
 
 
 def _values(kind: str, out: Tensor, sites: HFSites) -> Float[Tensor, "batch pos n_heads d_head"]:
@@ -301,7 +290,7 @@ def _install(handle: HFEditHandle, model, edits: tuple[Edit, ...], sites: HFSite
         run.saved.append((FORWARD.attention_mask, generating))
         FORWARD.attention_mask = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
         FORWARD.generating += int(generating)
-        run.offset = _past_length(kwargs)
+        run.offset = past_length(kwargs)
         run.on = True if run.when is None else bool(run.when())
 
     def top_post(module, args, output):  # noqa: ARG001
