@@ -35,13 +35,13 @@ def test_a_processed_mismatch_is_one_error_for_the_edits_and_the_resolver():
     """TransformerLens issue #642: one check, one error class (a DirectionError and a
     SubspaceError), the fix named; unknown provenance passes."""
     from tl_directional import DirectionMismatchError, SubspaceError
-    from tl_directional.core.direction import check_weights_processed
+    from tl_directional.core.direction import check_processing_matches
 
     v = torch.ones(4)
-    check_weights_processed(Direction(v), True, argument="reference")  # unknown: passes
-    check_weights_processed(Direction(v, weights_processed=True), True, argument="reference")
+    check_processing_matches(Direction(v), True, argument="reference")  # unknown: passes
+    check_processing_matches(Direction(v, weights_processed=True), True, argument="reference")
     for taken, here in ((True, False), (False, True)):
         with pytest.raises(DirectionMismatchError, match="Load this model the same way") as err:
-            check_weights_processed(Direction(v, weights_processed=taken), here, argument="vector")
+            check_processing_matches(Direction(v, weights_processed=taken), here, argument="vector")
         assert isinstance(err.value, DirectionError) and isinstance(err.value, SubspaceError)
         assert str(err.value).startswith(f"vector was taken from a model with {'un' * (not taken)}processed")

@@ -105,7 +105,7 @@ class Direction:
                 + f", weights_processed={self.weights_processed})")
 
 
-def check_weights_processed(direction: Direction, weights_processed: bool, *, argument: str) -> None:
+def check_processing_matches(direction: Direction, weights_processed: bool, *, argument: str) -> None:
     """Refuse ``direction`` on a model whose weights are ``weights_processed`` when the direction
     records the other state (TransformerLens issue #642: folding LayerNorm and centring the writing
     weights change the stream's coordinates). Unknown provenance (None) passes.
@@ -135,5 +135,5 @@ def reference_tensor(reference: object) -> tuple[object, Direction | None]:
     return reference, None
 
 
-__all__ = ["SPACES", "Direction", "DirectionError", "DirectionMismatchError", "check_weights_processed",
+__all__ = ["SPACES", "Direction", "DirectionError", "DirectionMismatchError", "check_processing_matches",
            "reference_tensor"]

@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..core.direction import Direction, DirectionError, check_weights_processed
+from ..core.direction import Direction, DirectionError, check_processing_matches
 from ..core.geometry import DEFAULT_EPS, compute_dtype
 from ..model.generation import FORWARD
 from ..model.indices import normalize_layers
@@ -194,7 +194,7 @@ class ActivationAddition(Edit):
         """``{layer: [d_model] vector}`` for a model with ``sites`` (checked against it)."""
         d = self.direction
         if d is not None:
-            check_weights_processed(d, weights_processed, argument="vector")
+            check_processing_matches(d, weights_processed, argument="vector")
         if self.vectors.shape[-1] != sites.d_model:
             raise DirectionError(f"vector has width {self.vectors.shape[-1]} but the model's d_model is "
                                  f"{sites.d_model}; pass a [d_model] = [{sites.d_model}] vector")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from jaxtyping import Float
 from torch import Tensor
 
-from ..core.direction import Direction, check_weights_processed
+from ..core.direction import Direction, check_processing_matches
 from ..core.geometry import (
     DEFAULT_EPS,
     Decomposition,
@@ -173,7 +173,7 @@ def _check_direction(model, direction: Direction, *, argument: str, space: str, 
             f"per_layer={per_layer!r} contradicts {argument}'s own per_layer={direction.per_layer} "
             f"({direction!r}); leave per_layer unset (the Direction decides) or rebuild the Direction")
     if direction.weights_processed is not None:
-        check_weights_processed(direction, detect_weight_processing(model).any, argument=argument)
+        check_processing_matches(direction, detect_weight_processing(model).any, argument=argument)
     return direction.per_layer
 
 
