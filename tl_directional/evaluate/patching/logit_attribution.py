@@ -19,6 +19,7 @@ from ...model.inputs import prepare_inputs, token_ids
 from ...model.reference import resolve_reference
 from ...model.sites import ModelSites, analysis_sites
 from ...model.weights import final_norm_weight
+from .cache_input import PatchingInputError, cache_tensor, is_cache
 from .patch_hooks import integer_columns
 
 
@@ -34,6 +35,105 @@ def _final_norm_linear(model, sites: ModelSites, x: Tensor, scale: Tensor) -> Te
     return x * w if w is not None else x
 
 
+#: ``unit=`` values (TransformerLens 4.3's ``direct_logit_attribution`` names, and ``"all"``).
+_UNITS = ("all", "component", "head")
+
+_CACHE_HINT = ("model.run_with_cache(tokens) (no names_filter), or a names_filter keeping "
+               "ln_final.hook_scale, hook_attn_out, hook_mlp_out, hook_resid_pre / hook_resid_mid and "
+               "attn.hook_z of every layer")
+
+
+def _hook_names(sites: ModelSites) -> list[str]:
+    names = ["ln_final.hook_scale"]
+    for L in range(sites.n_layers):
+        names += [sites.value[L].z_hook, sites.value[L].resid_hook]
+        for c in ("attn", "mlp"):
+            u = sites.units[c][L]
+            names += [u.update_hook, u.reference_hook]
+    return names
+
+
+def _activations(model, sites: ModelSites, inputs, cache) -> tuple[Tensor, Tensor, dict]:
+    """``(tokens, attention_mask, {hook: [batch, pos, ...]})``: from a run of ``inputs``, or read
+    from ``cache`` (checked: every hook present, finite, of the tokens' batch and positions)."""
+    device = device_of(model)
+    names = _hook_names(sites)
+    if cache is None or inputs is not None:
+        if inputs is None:
+            raise ValueError("inputs is None and no cache was given; pass the texts / tokens, or cache=")
+        # a cut text would be attributed at its last kept token, not where the answer follows it
+        batch = prepare_inputs(model, inputs, too_long=(
+            "the answer follows the text's last token, which a cut text would not reach, so nothing is "
+            "attributed; pass a shorter text (at most n_ctx tokens, BOS included), or the text's last "
+            "n_ctx token ids as a [1, pos] tensor"))
+        tokens, am = batch.tokens.to(device), batch.attention_mask.to(device)
+    if cache is None:
+        _, acts = capture(model, tokens, names, attention_mask=am, clone=True)
+        return tokens, am, acts
+    if not is_cache(cache):
+        raise ValueError(f"cache must be an ActivationCache or a mapping of hook names to tensors, got "
+                         f"{type(cache).__name__}; pass the cache of model.run_with_cache(tokens)")
+    if inputs is None:  # the cache's own batch and positions, no padding
+        try:
+            first = cache[names[0]]
+        except (KeyError, IndexError, ValueError):
+            raise PatchingInputError(f"cache has no {names[0]!r}; cache the run with {_CACHE_HINT}") from None
+        tokens = torch.zeros(tuple(first.shape[:2]), dtype=torch.long, device=device)
+        am = torch.ones_like(tokens)
+    shape = tuple(tokens.shape)
+    return tokens, am, {h: cache_tensor(cache, h, shape, "cache", _CACHE_HINT) for h in names}
+
+
+def _logit_direction(model, answer_tokens, incorrect_tokens, n: int, device) -> Tensor:
+    """``W_U[:, answer] - W_U[:, incorrect]`` (or ``W_U[:, answer]``) per sequence: ``[batch, d_model]``."""
+    answer = token_ids(model, answer_tokens, n=n, argument="answer_tokens").to(device)
+    W_U = model.W_U  # [d_model, vocab]
+    direction = W_U[:, answer].T
+    if incorrect_tokens is not None:
+        wrong = token_ids(model, incorrect_tokens, n=n, argument="incorrect_tokens").to(device)
+        direction = direction - W_U[:, wrong].T
+    return direction
+
+
+def _read_positions(position: int, tokens: Tensor, am: Tensor, device) -> Tensor:
+    """The position read per sequence: ``[batch]``."""
+    if position == -1:
+        return am.long().cumsum(-1).argmax(-1)  # last real token (right or left padding)
+    if not 0 <= position < tokens.shape[1]:
+        raise ValueError(f"position {position} is outside 0..{tokens.shape[1] - 1} (or -1 for the last token)")
+    return torch.full((tokens.shape[0],), position, device=device)
+
+
+def _unit_rows(sites: ModelSites, L: int, at, dla_of, split_ref, eps: float, n: int) -> list[dict]:
+    """The ``attn`` and ``mlp`` rows of layer ``L``: each update split against its stream."""
+    rows = []
+    for c in ("attn", "mlp"):
+        u = sites.units[c][L]
+        upd = at(u.update_hook)
+        d = split_ref.decompose(upd, at(u.reference_hook), L, eps)
+        total, par, perp = dla_of(upd.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
+        for b in range(n):
+            rows.append({"sequence": b, "layer": L, "unit": c, "head": None, "dla": float(total[b]),
+                         "dla_par": float(par[b]), "dla_perp": float(perp[b]), "par_frac": float(d.par_frac[b])})
+    return rows
+
+
+def _head_rows(model, sites: ModelSites, L: int, at, dla_of, split_ref, eps: float, n: int) -> list[dict]:
+    """Layer ``L``'s heads: ``W_O[h]^T z_h`` split against ``resid_pre`` (NaN on sandwich norms)."""
+    z = at(sites.value[L].z_hook)  # [batch, heads, d_head]
+    x = at(sites.value[L].resid_hook)  # [batch, d_model]
+    out = torch.einsum("bhe,hed->bhd", z, model.blocks[L].attn.W_O)
+    d = split_ref.decompose(out, x.unsqueeze(1), L, eps)
+    total, par, perp = dla_of(out.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
+    exact = sites.factorization_applicable  # else W_O[h]^T z_h is not what the head adds
+    if not exact:
+        total, par, perp = (torch.full_like(t, float("nan")) for t in (total, par, perp))
+    return [{"sequence": b, "layer": L, "unit": "head", "head": h, "dla": float(total[b, h]),
+             "dla_par": float(par[b, h]), "dla_perp": float(perp[b, h]),
+             "par_frac": float(d.par_frac[b, h]) if exact else float("nan")}
+            for b in range(n) for h in range(sites.n_heads)]
+
+
 def split_logit_attribution(
     model,
     inputs,
@@ -41,6 +141,8 @@ def split_logit_attribution(
     *,
     incorrect_tokens: Int[Tensor, " batch"] | Sequence[int] | Sequence[str] | int | str | None = None,
     position: int = -1,
+    unit: str = "all",
+    cache=None,
     eps: float = DEFAULT_EPS,
     wrong_tokens=None,
     reference=None,
@@ -83,6 +185,19 @@ def split_logit_attribution(
     table gets a ``reference`` column and ``random_energy_share`` (``k / d_model``).
     ``table.attrs["reference"]`` / ``["random_energy_share"]`` say the same for every call.
 
+    ``unit`` (TransformerLens 4.3's ``direct_logit_attribution`` name): ``"all"`` (default: the
+    ``attn`` / ``mlp`` rows and the heads), ``"component"`` (the ``attn`` / ``mlp`` rows only) or
+    ``"head"`` (the heads only). TL's ``"layer"`` (the cumulative stream after each sub-layer) is
+    :func:`~tl_directional.split_logit_lens`'s job here and is refused with that pointer.
+
+    ``cache``: an ``ActivationCache`` (or a mapping of hook names to tensors) from
+    ``model.run_with_cache(tokens)`` to read instead of running the model; it must hold
+    ``ln_final.hook_scale``, each layer's update and stream hooks and ``attn.hook_z`` (a missing
+    one is an error naming it).
+    ``inputs`` may then be None (no padding assumed: ``position=-1`` is the last position), or the
+    tokens / texts the cache was run on (their attention mask picks each sequence's last real
+    token).
+
     Returns:
         A DataFrame with one row per (sequence, layer, unit): ``unit`` is ``"attn"``,
         ``"mlp"`` or ``"head"`` (with ``head``), and ``dla``, ``dla_par``, ``dla_perp``,
@@ -92,70 +207,37 @@ def split_logit_attribution(
     if wrong_tokens is not None:
         raise renamed_argument("split_logit_attribution", "wrong_tokens", "incorrect_tokens")
     split_ref = resolve_reference(model, reference, per_layer=per_layer)
+    if unit not in _UNITS:
+        raise ValueError(
+            f"unit must be one of {_UNITS} (TransformerLens's direct_logit_attribution names), got {unit!r}"
+            + ("; the cumulative stream after each sub-layer is split_logit_lens(model, tokens, targets=...)"
+               if unit == "layer" else ""))
     sites = analysis_sites(model, "split_logit_attribution", ValueError,
                            "dropout would make the attribution random")
     if not sites.causal:
         raise ValueError("split_logit_attribution needs a causal LM with an unembedding")
-    # a cut text would be attributed at its last kept token, not where the answer follows it
-    batch = prepare_inputs(model, inputs, too_long=(
-        "the answer follows the text's last token, which a cut text would not reach, so nothing is "
-        "attributed; pass a shorter text (at most n_ctx tokens, BOS included), or the text's last "
-        "n_ctx token ids as a [1, pos] tensor"))
+    tokens, am, acts = _activations(model, sites, inputs, cache)
     device = device_of(model)
-    tokens, am = batch.tokens.to(device), batch.attention_mask.to(device)
-    answer = token_ids(model, answer_tokens, n=tokens.shape[0], argument="answer_tokens").to(device)
-    W_U = model.W_U  # [d_model, vocab]
-    direction = W_U[:, answer].T  # [batch, d_model]
-    if incorrect_tokens is not None:
-        wrong = token_ids(model, incorrect_tokens, n=tokens.shape[0], argument="incorrect_tokens").to(device)
-        direction = direction - W_U[:, wrong].T
-    if position == -1:
-        pos = am.long().cumsum(-1).argmax(-1)  # last real token (right or left padding)
-    else:
-        if not 0 <= position < tokens.shape[1]:
-            raise ValueError(f"position {position} is outside 0..{tokens.shape[1] - 1} (or -1 for the last token)")
-        pos = torch.full((tokens.shape[0],), position, device=device)
-    rows_idx = torch.arange(tokens.shape[0], device=device)
-
-    names = ["ln_final.hook_scale"]
-    for L in range(sites.n_layers):
-        names += [sites.value[L].z_hook, sites.value[L].resid_hook]
-        for c in ("attn", "mlp"):
-            u = sites.units[c][L]
-            names += [u.update_hook, u.reference_hook]
-    _, cache = capture(model, tokens, names, attention_mask=am, clone=True)
-    scale = cache["ln_final.hook_scale"][rows_idx, pos]  # [batch, 1]
+    n = tokens.shape[0]
+    direction = _logit_direction(model, answer_tokens, incorrect_tokens, n, device)
+    pos = _read_positions(position, tokens, am, device)
+    rows_idx = torch.arange(n, device=device)
+    scale = acts["ln_final.hook_scale"].to(device)[rows_idx, pos]  # [batch, 1]
 
     def dla_of(vec: Tensor) -> Tensor:  # [batch, ..., d_model] -> [batch, ...]
         normed = _final_norm_linear(model, sites, vec, scale.view(-1, *([1] * (vec.ndim - 1))))
         return (normed * direction.view(direction.shape[0], *([1] * (vec.ndim - 2)), -1)).sum(-1)
 
+    def at(name: str) -> Tensor:
+        return acts[name].to(device)[rows_idx, pos]
+
     rows = []
     with torch.no_grad():
         for L in range(sites.n_layers):
-            for c in ("attn", "mlp"):
-                u = sites.units[c][L]
-                upd = cache[u.update_hook][rows_idx, pos]
-                ref = cache[u.reference_hook][rows_idx, pos]
-                d = split_ref.decompose(upd, ref, L, eps)
-                total, par, perp = dla_of(upd.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
-                for b in range(tokens.shape[0]):
-                    rows.append({"sequence": b, "layer": L, "unit": c, "head": None, "dla": float(total[b]),
-                                 "dla_par": float(par[b]), "dla_perp": float(perp[b]), "par_frac": float(d.par_frac[b])})
-            z = cache[sites.value[L].z_hook][rows_idx, pos]  # [batch, heads, d_head]
-            x = cache[sites.value[L].resid_hook][rows_idx, pos]  # [batch, d_model]
-            W_O = model.blocks[L].attn.W_O  # [heads, d_head, d_model]
-            out = torch.einsum("bhe,hed->bhd", z, W_O)
-            d = split_ref.decompose(out, x.unsqueeze(1), L, eps)
-            total, par, perp = dla_of(out.to(d.par.dtype)), dla_of(d.par), dla_of(d.perp)
-            if not sites.factorization_applicable:  # W_O[h]^T z_h is not what the head adds
-                total, par, perp = (torch.full_like(t, float("nan")) for t in (total, par, perp))
-            for b in range(tokens.shape[0]):
-                for h in range(sites.n_heads):
-                    rows.append({"sequence": b, "layer": L, "unit": "head", "head": h, "dla": float(total[b, h]),
-                                 "dla_par": float(par[b, h]), "dla_perp": float(perp[b, h]),
-                                 "par_frac": float(d.par_frac[b, h]) if sites.factorization_applicable
-                                 else float("nan")})
+            if unit in ("all", "component"):
+                rows += _unit_rows(sites, L, at, dla_of, split_ref, eps, n)
+            if unit in ("all", "head"):
+                rows += _head_rows(model, sites, L, at, dla_of, split_ref, eps, n)
     table = integer_columns(pd.DataFrame(rows), ("sequence", "layer", "head"))
     if not split_ref.is_stream:
         table["reference"] = split_ref.describe()
