@@ -260,6 +260,13 @@ def test_result_intervals_are_seeded_and_figure_renders(gpt2):
     assert view.data.shape[0] == gpt2.cfg.n_layers * gpt2.cfg.n_heads
     with pytest.raises(ResultError, match="node='nope' is not in this result"):
         res.mean("nope", "full")
+    # the values as float64 torch tensors, as TransformerLens's patching helpers return theirs
+    t = res.tensor("head", "perp")
+    assert t.dtype == torch.float64 and tuple(t.shape) == res.values["head"]["perp"].shape
+    assert np.array_equal(t.numpy(), res.values["head"]["perp"], equal_nan=True)
+    assert np.array_equal(res.tensor("head", "perp", mean=True).numpy(), res.mean("head", "perp"), equal_nan=True)
+    with pytest.raises(ResultError, match="part='nope'"):
+        res.tensor("head", "nope")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import torch
 
 from ...core.bootstrap import bootstrap_mean_interval
 from ...core.errors import TLDirectionalError
@@ -99,6 +100,13 @@ class DirectionalResult:
                 if np.isfinite(arr).any()
                 else np.full(arr.shape[1:], np.nan)
             )
+
+    def tensor(self, node: str, part: str = "full", *, mean: bool = False) -> torch.Tensor:
+        """``values[node][part]`` as a float64 torch tensor ``[example, *dims[node][1:]]`` (the
+        array's own memory, no copy), or its NaN-aware mean over examples (``mean=True``, shaped
+        ``dims[node][1:]``): TransformerLens's patching helpers return tensors, so a result can go
+        where theirs went (``imshow``, ``einops``, ``torch`` arithmetic)."""
+        return torch.from_numpy(np.ascontiguousarray(self.mean(node, part) if mean else self._get(node, part)))
 
     def interval(
         self,
