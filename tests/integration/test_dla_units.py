@@ -55,5 +55,7 @@ def test_bad_unit_and_cache_are_named(tiny_model):
         tld.split_logit_attribution(model, tokens, answer, cache=short)
     with pytest.raises(ValueError, match="cache must be an ActivationCache"):
         tld.split_logit_attribution(model, tokens, answer, cache=torch.zeros(2))
+    with pytest.raises(ValueError, match="with cache=, inputs must be None or the"):
+        tld.split_logit_attribution(model, ["a text"], answer[:1], cache=short)
     with pytest.raises(ValueError, match="inputs is None and no cache"):
         tld.split_logit_attribution(model, None, answer)

@@ -61,6 +61,11 @@ def _activations(model, sites: ModelSites, inputs, cache) -> tuple[Tensor, Tenso
     if cache is None or inputs is not None:
         if inputs is None:
             raise ValueError("inputs is None and no cache was given; pass the texts / tokens, or cache=")
+        if cache is not None and not isinstance(inputs, Tensor):
+            # texts would be tokenised and padded here, maybe not as the cached run was: the last
+            # real token read could silently be another position
+            raise ValueError(f"with cache=, inputs must be None or the [batch, pos] token tensor the cache "
+                             f"was run on, got {type(inputs).__name__}; pass model.to_tokens(texts) to both")
         # a cut text would be attributed at its last kept token, not where the answer follows it
         batch = prepare_inputs(model, inputs, too_long=(
             "the answer follows the text's last token, which a cut text would not reach, so nothing is "
@@ -195,8 +200,8 @@ def split_logit_attribution(
     ``ln_final.hook_scale``, each layer's update and stream hooks and ``attn.hook_z`` (a missing
     one is an error naming it).
     ``inputs`` may then be None (no padding assumed: ``position=-1`` is the last position), or the
-    tokens / texts the cache was run on (their attention mask picks each sequence's last real
-    token).
+    token tensor the cache was run on (texts are refused: tokenised here they might be padded
+    differently from the cached run).
 
     Returns:
         A DataFrame with one row per (sequence, layer, unit): ``unit`` is ``"attn"``,
