@@ -50,6 +50,7 @@ from pathlib import Path
 
 from tl_directional import ValueScale
 
+from .floors import Shape, compression_local_floor
 from .registry import Bench, NotAvailable, register
 from .workloads import forward
 
@@ -281,6 +282,9 @@ def compression_local_cost(bench: Bench):
     # ADJUST HERE if the compression API changes.
     compressed = comp.prune_magnitude(dense, 0.5).model
     bench.extra["compressed_model"] = "prune_magnitude(dense, 0.5)"
+    # what the ratio cannot go below: the matrix products alone (benchmarks/floors.py)
+    bench.extra["matmul_floor"] = round(compression_local_floor(Shape.of_config(dense.cfg),
+                                                                int(batch.tokens.shape[-1])), 4)
 
     def cand():
         return _call(geo.compression_geometry, dense, compressed, batch, mode="local",

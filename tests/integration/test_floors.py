@@ -1,0 +1,42 @@
+"""The matrix-product counts of ``benchmarks.floors`` against torch's own FLOP counter.
+
+``forward_macs`` is counted from the shape alone; ``FlopCounterMode`` counts every matrix
+product a real forward dispatches (projections, attention scores and values, MLP, unembedding).
+Two multiply-add counts per FLOP pair, so the two must agree exactly: a family whose MLP is
+gated read as two-matrix (or GQA read as full heads) fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks.floors import Shape, compression_local_floor, forward_macs, main, mlp_macs
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_forward_macs_equal_the_flops_torch_counts(tiny_model, family):
+    model = tiny_model(family)
+    shape = Shape.of_config(model.cfg)
+    batch, seq = 2, 12
+    tokens = torch.randint(0, model.cfg.d_vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(tokens, return_type="logits")
+    assert counter.get_total_flops() == 2 * batch * seq * forward_macs(shape, seq)
+
+
+def test_compression_floor_of_the_default_shape_is_the_documented_one():
+    # docs/performance.md (issue 13): 0.62 + 0.62 + 0.38 of a forward on the 4-layer default shape
+    default = Shape(4, 256, 4, 4, 64, 1024, 8192, gated_mlp=False)
+    assert compression_local_floor(default, 128) == pytest.approx(1.619, abs=5e-4)
+    assert mlp_macs(default) == 2 * 256 * 1024
+
+
+def test_the_table_and_a_bad_size(capsys):
+    assert main(["--sizes", "smollm2-135m", "--seq", "128"]) == 0
+    assert "| smollm2-135m | 0.204 | 2.166 | 1.592 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["--sizes", "huge"])
+    assert exc.value.code == 2
+    assert "unknown ['huge']" in capsys.readouterr().err
