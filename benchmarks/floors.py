@@ -14,7 +14,7 @@ and values of ``n_kv_heads`` heads), the attention scores and the weighted value
 ``seq x seq`` matrix (TransformerLens computes it whole and masks it), the MLP (three matrices
 when gated, two otherwise), and the unembedding; embedding lookups, norms and softmax are not
 products and are left out. :func:`forward_macs` is checked against
-``torch.utils.flop_counter.FlopCounterMode`` on a tiny model in ``tests/unit/test_floors.py``.
+``torch.utils.flop_counter.FlopCounterMode`` on a tiny model in ``tests/integration/test_floors.py``.
 
 ``compression_local_cost`` (:func:`compression_local_floor`): one dense forward stopped after
 the last block (no unembedding), one compressed forward stopped there with every unit fed the
