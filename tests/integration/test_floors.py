@@ -8,6 +8,8 @@ gated read as two-matrix (or GQA read as full heads) fails here.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -40,3 +42,22 @@ def test_the_table_and_a_bad_size(capsys):
         main(["--sizes", "huge"])
     assert exc.value.code == 2
     assert "unknown ['huge']" in capsys.readouterr().err
+
+
+def test_scaling_table_of_a_constructed_run(tmp_path, capsys):
+    from benchmarks.scaling_table import main as table_main
+
+    rec = {"name": "profile_overhead", "status": "ok", "ratio": 1.2345, "ci95": [1.2, 1.3], "n_pairs": 5,
+           "extra": {"peak_memory": {"baseline": {"increment_mb": 10.0}, "candidate": {"increment_mb": 15.0}}}}
+    skipped = {"name": "edit_overhead", "status": "skipped"}
+    doc = {"command": "python -m benchmarks.scaling", "setting": "64x1", "device": "cpu",
+           "runs": [{"size": "tiny", "dtype": "bfloat16", "parameters": 2_500_000, "run": {"records": [rec, skipped]}}]}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(doc))
+    assert table_main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny | bfloat16 | 2 | 1.23 [1.20, 1.30] (5) | skipped |" in out
+    assert "| tiny | bfloat16 | 2 | 15 / 10 (1.50x) | - |" in out
+    (tmp_path / "bad.json").write_text("{}")
+    assert table_main([str(tmp_path / "bad.json")]) == 2
+    assert "not a scaling JSON (KeyError" in capsys.readouterr().err
