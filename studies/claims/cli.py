@@ -18,9 +18,9 @@ from studies.instruments.run import run_instruments
 from studies.registry import study
 
 
-@study("claims", "The seed's claims A-E on a real model; --settings amend / atlas / accuracy / instruments: "
-       "protocol secs. 9 and 11", data="claims_*, amend_*, atlas_*, accuracy_*, instruments_*",
-       pages="claims_*.md, amend_*.md, atlas_*.md, accuracy_*.md, instruments_*.md, ../results.md")
+@study("claims", "The seed's claims A-E on a real model; --settings amend / atlas / accuracy / instruments / sites: "
+       "protocol secs. 9, 11 and 14", data="claims_*, amend_*, atlas_*, accuracy_*, instruments_*, sites_*",
+       pages="claims_*.md, amend_*.md, atlas_*.md, accuracy_*.md, instruments_*.md, sites_*.md, ../results.md")
 def main(argv=None) -> int:
     r = argparse.ArgumentParser(prog="python -m studies run claims", description=__doc__.split("\n")[0])
     r.add_argument("--model", required=True, choices=[*sorted(SOURCES), "default"],
@@ -32,9 +32,9 @@ def main(argv=None) -> int:
     r.add_argument("--threads", type=int, default=1)
     r.add_argument(
         "--settings",
-        choices=("all", "headline", "amend", "atlas", "accuracy", "instruments"),
+        choices=("all", "headline", "amend", "atlas", "sites", "accuracy", "instruments"),
         default="all",
-        help="amend / atlas / accuracy: protocol sec. 9's grids; instruments: sec. 11's; written as "
+        help="amend / atlas / accuracy: protocol sec. 9's grids; instruments: sec. 11's; sites: sec. 14's; written as "
         "<settings>_<model>.*",
     )
     r.add_argument("--data-dir", default="",

@@ -318,8 +318,25 @@ def atlas_settings(model, sites):
     ]
 
 
-#: ``--settings`` sets written under their own data stem (pages: protocol sec. 9)
-AMENDED_SETS = {"amend": amend_settings, "atlas": atlas_settings}
+def sites_settings(model, sites):
+    """Protocol sec. 14.2: residual parallel removal of the MLP and of attention under four
+    conventions: every layer and position, the first position spared, layer 0 skipped, both."""
+    import tl_directional as tld
+
+    skip0 = layer_sets(sites.n_layers)["skip0"]
+    conventions = {"all": (None, None), "spare0": (None, slice(1, None)),
+                   "skip0": (skip0, None), "skip0 spare0": (skip0, slice(1, None))}
+
+    def edit(component, layers, positions):
+        return lambda: tld.apply_edits(
+            model, tld.ResidualScale(component, s_par=0.0, layers=layers, positions=positions))
+
+    return [(f"resid-{c} {name} s_par=0", "sites", f"resid-{c}", 0.0, "1", edit(c, *conv))
+            for c in ("mlp", "attn") for name, conv in conventions.items()]
+
+
+#: ``--settings`` sets written under their own data stem (pages: protocol secs. 9 and 14)
+AMENDED_SETS = {"amend": amend_settings, "atlas": atlas_settings, "sites": sites_settings}
 
 
 # ---------------------------------------------------------------------------
