@@ -53,12 +53,14 @@ REPEATS = {
 }
 
 
-def _provenance(manifest, stem, texts, tokens) -> list[str]:
+def provenance(manifest, stem, texts, tokens, *, section: str = "9",
+               builder: str = "python scripts/claims.py build") -> list[str]:
+    """The page's opening lines: how it was built, the run, the model, the texts, the statistic."""
     m = manifest["model"]
     done = "" if manifest["complete"] else " (**incomplete run**: the texts below only)"
     return [
-        "Built by `python scripts/claims.py build` from the committed data "
-        f"`docs/results/data/{stem}.*` alone (protocol: [protocol.md](protocol.md) sec. 9); do not edit by hand.",
+        f"Built by `{builder}` from the committed data "
+        f"`docs/results/data/{stem}.*` alone (protocol: [protocol.md](protocol.md) sec. {section}); do not edit by hand.",
         "",
         f"- Data made by `{manifest['command']}` at commit `{manifest['commit']}`, {manifest['date']}, "
         f"{manifest['machine']}, {manifest['seconds']:.0f} s{done}.",
@@ -81,7 +83,7 @@ def _provenance(manifest, stem, texts, tokens) -> list[str]:
     ]
 
 
-def _corpus_ppl(rec, weights):
+def corpus_ppl(rec, weights):
     """``{setting: [B + 1]}`` relative change of the pooled corpus-level perplexity."""
     import numpy as np
 
@@ -97,7 +99,7 @@ def _corpus_ppl(rec, weights):
     return out
 
 
-def _table(st, ppl, labels, texts) -> list[str]:
+def settings_table(st, ppl, labels, texts) -> list[str]:
     L = [
         "| setting | delta pooled [95% CI] | " + " | ".join(f"delta `{t}`" for t in texts)
         + " | corpus ppl change | KL | top-1 agree |",
@@ -230,21 +232,21 @@ def _repeat_check(rec, model: str, data: Path) -> list[str]:
 def build_amend_page(stem: str, data: Path) -> str:
     manifest, rec, _ = D.load_data(stem)
     weights = S.window_bootstrap(rec)
-    st, ppl = S.setting_stats(rec, weights), _corpus_ppl(rec, weights)
+    st, ppl = S.setting_stats(rec, weights), corpus_ppl(rec, weights)
     texts = list(weights)
     tokens = {t: int(rec[(rec.text == t) & (rec.setting == "baseline")].tokens.sum()) for t in texts}
     model = manifest["model"]["name"]
     L = [f"# The paper's edit form on {model} (protocol sec. 9.2)", ""]
-    L += _provenance(manifest, stem, texts, tokens)
+    L += provenance(manifest, stem, texts, tokens)
     L += ["## Verdicts (amended rules, [protocol.md](protocol.md) sec. 9.2)", "",
           "| claim | test | statistic [95% CI] | verdict |", "|---|---|---|---|"]
     L += [f"| {c} | {t} | {s} | {v} |" for c, t, s, v in _amend_verdicts(st)]
     labels = [s["label"] for s in manifest["settings"]]
     for s_par in ("0", "0.5"):
         L += ["", f"## s_par = {s_par}", ""]
-        L += _table(st, ppl, [lab for lab in labels if lab.endswith(f"s_par={s_par}")], texts)
+        L += settings_table(st, ppl, [lab for lab in labels if lab.endswith(f"s_par={s_par}")], texts)
     L += ["", "## Hard diagonal removal", ""]
-    L += _table(st, ppl, ["hard-diag skip0"], texts)
+    L += settings_table(st, ppl, ["hard-diag skip0"], texts)
     # paired contrasts, reported without a verdict
     L += ["", "## Paired contrasts (no verdict)", "", "| contrast | difference of delta [95% CI] |", "|---|---|"]
     for s in ("0", "0.5"):
@@ -276,7 +278,7 @@ def build_atlas_page(stem: str, data: Path) -> str:
     n = m["n_layers"]
     labels = [f"value-exclusive L{L} s_par=0" for L in range(n) if f"value-exclusive L{L} s_par=0" in st]
     L = [f"# Where the exclude-self damage sits on {m['name']}: single-layer atlas (protocol sec. 9.3)", ""]
-    L += _provenance(manifest, stem, texts, tokens)
+    L += provenance(manifest, stem, texts, tokens)
     level = S.BUDGET / n
     pvals = {lab: float(np.mean(st[lab]["pooled"][1:] <= level)) for lab in labels}
     above = holm(pvals)
