@@ -12,8 +12,8 @@ import torch
 import tl_directional as tld
 import tl_directional.model.sites as sites_mod
 from tl_directional.evaluate.sweeps import grid, sweep
-from tl_directional.model.generation import fix_generate, generate_fixed
 from tl_directional.model.families import REGISTRY, lane_families
+from tl_directional.model.generation import fix_generate, generate_fixed
 from tl_directional.model.handle import (
     add_hook_point,
     clone_model,

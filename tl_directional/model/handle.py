@@ -100,10 +100,10 @@ def to_hf_model(model):
     The bridge's own ``save_pretrained`` path fails on GPT-2's split-qkv views, so every
     parameter of a fresh model is read, name by name, through the wrappers.
 
+    A plain ``transformers`` model (:data:`tl_directional.model.lanes.TRANSFORMERS`) is returned as is.
+
     Raises:
         NotImplementedError: ``model`` is not on a lane with HF export (the legacy lane).
-
-    A plain ``transformers`` model (:data:`tl_directional.model.lanes.TRANSFORMERS`) is returned as is.
     """
     return lane_of(model).to_hf_model(model)
 
