@@ -1,5 +1,6 @@
-"""The lane object (one per TransformerLens generation), sites resolved once per model, and a
-``generate`` that is fixed at load, not by ``apply_edits`` (issue 21)."""
+"""The lane object (one per kind of model: the two TransformerLens generations and plain
+``transformers``), sites resolved once per model, and a ``generate`` that is fixed at load, not by
+``apply_edits`` (issue 21; the third lane: issue 49)."""
 
 import pickle
 import re
@@ -11,10 +12,34 @@ import torch
 import tl_directional as tld
 import tl_directional.model.sites as sites_mod
 from tl_directional.evaluate.sweeps import grid, sweep
+from tl_directional.model.families import REGISTRY, lane_families
 from tl_directional.model.generation import fix_generate, generate_fixed
-from tl_directional.model.handle import add_hook_point, clone_model, remove_hook_point
-from tl_directional.model.lanes import BRIDGE, LEGACY, Lane, installed_lane, lane_named, lane_of
-from tl_directional.model.load import tl_lane
+from tl_directional.model.handle import (
+    add_hook_point,
+    clone_model,
+    from_block,
+    remove_hook_point,
+    save_hf_directory,
+    to_hf_model,
+    unembedding,
+)
+from tl_directional.model.hf_layout import MODEL_TYPES
+from tl_directional.model.lanes import (
+    BRIDGE,
+    LANES,
+    LEGACY,
+    TRANSFORMERS,
+    BlockInput,
+    Lane,
+    NoHookPointsError,
+    installed_lane,
+    is_bridge,
+    is_plain_transformers,
+    lane_named,
+    lane_of,
+)
+from tl_directional.model.load import load_model, tl_lane
+from tl_directional.model.weights import final_norm_weight
 
 TEXTS = ["In the beginning God created the heaven and the earth.", "And God said, Let there be light."]
 PACKAGE = Path(tld.__file__).resolve().parent
@@ -50,7 +75,7 @@ def test_lane_of_is_the_installed_lane_singleton(tiny_model, lane):
 
 
 def test_lane_named_rejects_unknown_names():
-    with pytest.raises(ValueError, match="lane must be 'bridge' or 'legacy'"):
+    with pytest.raises(ValueError, match="lane must be one of 'bridge', 'legacy', 'transformers', got 'hooked'"):
         lane_named("hooked")
 
 
@@ -168,3 +193,83 @@ def test_a_clone_of_a_fixed_model_gets_its_own_fixed_generate(tiny_model):
         want = torch.cat([prompt, clone(prompt)[:, -1].argmax(-1, keepdim=True)], dim=1)
     got = clone.generate(prompt, max_new_tokens=1, do_sample=False, stop_at_eos=False, verbose=False)
     assert torch.equal(got.cpu(), want.cpu())
+
+
+# -- the plain transformers lane (issue 49) -------------------------------------------------------
+
+def test_lane_of_each_kind_of_model(tiny_model, tiny_hf_model, lane):
+    tl, hf = tiny_model("gpt2"), tiny_hf_model("gpt2")
+    assert lane_of(tl) is lane_named(lane) and lane_of(hf) is TRANSFORMERS
+    assert list(LANES) == ["bridge", "legacy", "transformers"] and lane_named("transformers") is TRANSFORMERS
+    assert TRANSFORMERS == "transformers" and pickle.loads(pickle.dumps(TRANSFORMERS)) is TRANSFORMERS
+    assert is_plain_transformers(hf) and not is_plain_transformers(tl)
+    assert not is_bridge(hf) and is_bridge(tl) is (lane == "bridge")
+    # the capability the edit floor dispatches on, instead of the model's class
+    assert TRANSFORMERS.hook_kind == "module" and lane_of(tl).hook_kind == "transformer_lens"
+    assert not TRANSFORMERS.hf_export and not TRANSFORMERS.resolves_encoders
+
+
+@pytest.mark.parametrize("thing", [object(), "gpt2", torch.nn.Linear(2, 2)], ids=["object", "str", "Linear"])
+def test_what_is_no_model_is_refused_with_the_accepted_models(thing):
+    with pytest.raises(TypeError, match=(
+            rf"^dense must be a TransformerLens model \(a TL 4 TransformerBridge or a TL 2.x / 3.x HookedTransformer\) "
+            rf"or a plain transformers model \(an nn.Module with a .config, e.g. AutoModelForCausalLM\), got "
+            rf"{type(thing).__name__}\. Load one with tl_directional.load_model")):
+        lane_of(thing, "dense")
+    assert not is_plain_transformers(thing) and not is_bridge(thing)  # predicates answer, never raise
+    with pytest.raises(TypeError, match="^model must be a TransformerLens model"), \
+            tld.apply_edits(thing, tld.ValueScale(0.0)):
+        pass
+
+
+def test_the_transformers_lane_refuses_what_needs_hook_points(tiny_hf_model):
+    from transformer_lens.hook_points import HookPoint
+
+    hf = tiny_hf_model("gpt2")
+    refused = {  # operation named in the message -> the call
+        "add_hook_point('x')": lambda: add_hook_point(hf, "x", HookPoint()),
+        "remove_hook_point('x')": lambda: remove_hook_point(hf, "x"),
+        "unembedding": lambda: unembedding(hf),
+        "from_block": lambda: from_block(hf, BlockInput(1, torch.zeros(1, 3, 32), None)).__enter__(),
+        "final_norm_weight": lambda: final_norm_weight(hf),
+        "linear_inputs": lambda: TRANSFORMERS.linear_inputs(hf, 0, {}),
+        "linear_weights": lambda: TRANSFORMERS.linear_weights(hf, 0),
+        "output_biases": lambda: TRANSFORMERS.output_biases(hf, 0),
+        "resolving hook sites": lambda: TRANSFORMERS.hook_layout_key(hf),
+    }
+    for operation, call in refused.items():
+        with pytest.raises(NoHookPointsError) as err:
+            call()
+        assert isinstance(err.value, TypeError) and isinstance(err.value, tld.TLDirectionalError)
+        message = str(err.value)
+        assert message.startswith(operation), (operation, message)
+        assert "model is on the 'transformers' lane (a plain transformers model, which has none)" in message
+        assert "model = tl_directional.load_model(path_or_name)" in message
+    with pytest.raises(NoHookPointsError, match="plain transformers GPT2LMHeadModel"):
+        tld.edit_hooks(hf, tld.ValueScale(0.0))
+
+
+def test_the_transformers_lane_copies_exports_and_loads(tiny_hf_model, tiny_model_dir, tmp_path):
+    hf = tiny_hf_model("gpt2")
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        base = hf(ids).logits
+    assert to_hf_model(hf) is hf  # already a Hugging Face model
+    copy = clone_model(hf)
+    assert copy is not hf and type(copy) is type(hf) and not copy.training
+    with torch.no_grad():
+        assert torch.equal(copy(ids).logits, base)
+        copy.get_input_embeddings().weight.add_(1.0)  # the copy's weights are its own
+        assert torch.equal(hf(ids).logits, base)
+    save_hf_directory(hf, tmp_path / "out")
+    back = TRANSFORMERS.load_dir(tmp_path / "out", device="cpu", dtype=torch.float32)
+    assert type(back) is type(hf) and lane_of(back) is TRANSFORMERS and not back.training
+    want, got = hf.state_dict(), back.state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    # the lane's families: those whose model types the module hooks know
+    on_lane = lane_families(TRANSFORMERS)
+    assert set(on_lane) == {n for n, f in REGISTRY.items() if set(f.model_types) & set(MODEL_TYPES)}
+    assert "gpt2" in on_lane and "bert" not in on_lane
+    assert "hf_modules is None" in TRANSFORMERS.family_refusal(REGISTRY["bert"])
+    with pytest.raises(ValueError, match="got 'transformers': load_model loads TransformerLens models"):
+        load_model(tiny_model_dir("gpt2"), lane="transformers")

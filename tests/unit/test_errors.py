@@ -42,6 +42,7 @@ KEEPS = {
     "ConfigMismatchError": ValueError,
     "CorpusIntegrityError": ValueError,
     "EditsAlreadyInstalledError": RuntimeError,
+    "NoHookPointsError": TypeError,
     "NonFiniteEditError": ValueError,
     "RenamedArgumentError": TypeError,
     "PretokenisedCorpusError": ValueError,

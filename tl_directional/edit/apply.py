@@ -1,20 +1,22 @@
 """Applying edits to a model: :func:`apply_edits` (a context manager, on every lane) and
 :func:`edit_hooks` (the TransformerLens forward hooks of some edits).
 
-The lane is read once per call: a TransformerLens model (a TL 4 ``TransformerBridge`` or a TL 2.x
-``HookedTransformer``) takes the edits as TransformerLens hooks (each edit's ``fwd_hooks``); a plain
-``transformers`` model takes the same edit objects as torch module hooks
-(:func:`tl_directional.edit.hf.install_edits`). Both call the same tensor functions
-(:mod:`tl_directional.edit.forms`), so one edit gives the same numbers on every lane.
+The lane is read once per call and the edits go on the way it says
+(:attr:`~tl_directional.model.lanes.base.Lane.hook_kind`, one installer per kind in
+``_INSTALLERS``): a TransformerLens model (a TL 4 ``TransformerBridge`` or a TL 2.x
+``HookedTransformer``, ``"transformer_lens"``) takes the edits as TransformerLens hooks (each
+edit's ``fwd_hooks``); a plain ``transformers`` model (``"module"``) takes the same edit objects
+as torch module hooks (:func:`tl_directional.edit.hf.install_edits`). Both call the same tensor
+functions (:mod:`tl_directional.edit.forms`), so one edit gives the same numbers on every lane.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
-from ..model.lanes import is_plain_transformers
+from ..model.lanes import NoHookPointsError, lane_of
 from .base import Edit, HookList, restore_instance_dict, track_attention_mask
 from .carrier import MLPCarrierScale
 from .hf.carrier import install_carrier_edits
@@ -26,12 +28,14 @@ def edit_hooks(model, *edits: Any) -> HookList:
     order), for ``model.run_with_hooks(..., fwd_hooks=...)`` or ``model.hooks(fwd_hooks=...)``.
 
     Raises:
-        TypeError: an item of ``edits`` is not an :class:`Edit`, or ``model`` is a plain
-            ``transformers`` model (it has no TransformerLens hook points: use :func:`apply_edits`
-            or :func:`tl_directional.edit.hf.install_edits`).
+        TypeError: an item of ``edits`` is not an :class:`Edit`, or ``model`` is not a
+            TransformerLens model (:func:`tl_directional.model.lanes.lane_of`).
+        tl_directional.model.lanes.NoHookPointsError: ``model`` is a plain ``transformers`` model
+            (it has no TransformerLens hook points: use :func:`apply_edits` or
+            :func:`tl_directional.edit.hf.install_edits`).
     """
-    if is_plain_transformers(model):
-        raise TypeError(
+    if lane_of(model).hook_kind != "transformer_lens":
+        raise NoHookPointsError(
             f"model is a plain transformers {type(model).__name__}, which has no TransformerLens hook "
             "points; use tl_directional.apply_edits(model, ...) (a context) or "
             "tl_directional.edit.hf.install_edits(model, ...) (until handle.remove())")
@@ -70,29 +74,48 @@ def apply_edits(model, *edits: Any) -> Iterator[Any]:
     :func:`tl_directional.model.generation.fix_generate`.
 
     Raises:
-        TypeError: an item of ``edits`` is not an edit.
+        TypeError: an item of ``edits`` is not an edit, or ``model`` is none of the three kinds of
+            model above (:func:`tl_directional.model.lanes.lane_of`).
         tl_directional.edit.hf.UnsupportedModelError: a plain ``transformers`` model of a family
             the module hooks do not know.
     """
-    if is_plain_transformers(model):
-        # The carrier edits act inside the MLP, on modules the other edits never hook, so
-        # installing them as a second group keeps the composition order that matters.
-        carrier = [e for e in edits if isinstance(e, MLPCarrierScale)]
-        others = [e for e in edits if not isinstance(e, MLPCarrierScale)]
-        with ExitStack() as stack:
-            if others:  # on top of edits already installed: nested blocks compose as on TL
-                stack.enter_context(stacked_edits(model, *others))
-            if carrier:
-                stack.callback(install_carrier_edits(model, *carrier).remove)
-            yield model
-        return
+    with _INSTALLERS[lane_of(model).hook_kind](model, edits):
+        yield model
+
+
+@contextmanager
+def _as_transformer_lens_hooks(model, edits: tuple) -> Iterator[None]:
+    """The edits as TransformerLens hooks (``model.hooks``); the instance ``__dict__`` restored."""
     before = dict(model.__dict__)
     try:
         hooks = edit_hooks(model, *edits)
         with model.hooks(fwd_hooks=hooks):
-            yield model
+            yield
     finally:
         restore_instance_dict(model, before)
+
+
+@contextmanager
+def _as_module_hooks(model, edits: tuple) -> Iterator[None]:
+    """The edits as torch module hooks on a plain ``transformers`` model (:mod:`.hf`)."""
+    # The carrier edits act inside the MLP, on modules the other edits never hook, so
+    # installing them as a second group keeps the composition order that matters.
+    carrier = [e for e in edits if isinstance(e, MLPCarrierScale)]
+    others = [e for e in edits if not isinstance(e, MLPCarrierScale)]
+    with ExitStack() as stack:
+        if others:  # on top of edits already installed: nested blocks compose as on TL
+            stack.enter_context(stacked_edits(model, *others))
+        if carrier:
+            stack.callback(install_carrier_edits(model, *carrier).remove)
+        yield
+
+
+#: ``Lane.hook_kind`` -> how :func:`apply_edits` installs edits on a model of that kind, for the
+#: block: ``installer(model, edits)`` is a context manager.
+_INSTALLERS: dict[str, Callable[[Any, tuple], AbstractContextManager[None]]] = {
+    "transformer_lens": _as_transformer_lens_hooks,
+    "module": _as_module_hooks,
+}
 
 
 __all__ = ["apply_edits", "edit_hooks"]

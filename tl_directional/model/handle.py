@@ -100,6 +100,8 @@ def to_hf_model(model):
     The bridge's own ``save_pretrained`` path fails on GPT-2's split-qkv views, so every
     parameter of a fresh model is read, name by name, through the wrappers.
 
+    A plain ``transformers`` model (:data:`tl_directional.model.lanes.TRANSFORMERS`) is returned as is.
+
     Raises:
         NotImplementedError: ``model`` is not on a lane with HF export (the legacy lane).
     """
@@ -131,6 +133,8 @@ def clone_model(model):
     buffer of the wrapped ``transformers`` model is copied over; the copy is then checked
     to give the same logits as the original on a probe sequence.
 
+    A plain ``transformers`` model is deep-copied like the legacy lane's.
+
     A copy of a model whose ``generate`` was fixed (:func:`tl_directional.model.generation.fix_generate`,
     done by :func:`~tl_directional.model.load.load_model`) gets its own fixed ``generate``.
     """
@@ -159,7 +163,7 @@ def add_hook_point(model, name: str, hook_point) -> None:
     So the bridge lane (:meth:`tl_directional.model.lanes.bridge.BridgeLane.add_hook_point`) is the one
     place that writes the private registry.
     """
-    if name in model.hook_dict:
+    if name in getattr(model, "hook_dict", ()):  # a plain transformers model has none: its lane refuses
         raise ValueError(f"hook point {name!r} already exists on this model; remove it first")
     hook_point.name = name
     lane_of(model).add_hook_point(model, name, hook_point)

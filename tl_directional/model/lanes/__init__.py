@@ -1,38 +1,42 @@
-"""The two TransformerLens lanes, one object each, chosen once per model (and
-:func:`is_plain_transformers`, which tells the third: a plain ``transformers`` model).
+"""The three lanes, one object per kind of model, chosen once per model.
 
 :func:`lane_of` returns the :class:`~tl_directional.model.lanes.base.Lane` of a model:
-:data:`BRIDGE` (TL 4 ``TransformerBridge``, :mod:`tl_directional.model.lanes.bridge`) or
-:data:`LEGACY` (TL 2.x / 3.x ``HookedTransformer``, :mod:`tl_directional.model.lanes.legacy`). The
-lane owns everything that differs between them: linear weights and their inputs, hook-point
-attachment and hook-handle removal, partial forwards, the unembedding, cloning, HF export,
-loading and the ``generate`` fix. No module outside this package compares lane names or
-TransformerLens class names; callers ask the lane.
+:data:`BRIDGE` (TL 4 ``TransformerBridge``, :mod:`tl_directional.model.lanes.bridge`),
+:data:`LEGACY` (TL 2.x / 3.x ``HookedTransformer``, :mod:`tl_directional.model.lanes.legacy`) or
+:data:`TRANSFORMERS` (a plain ``transformers`` model with no TransformerLens hook points,
+:mod:`tl_directional.model.lanes.transformers`). The lane owns everything that differs between
+them: linear weights and their inputs, hook-point attachment and hook-handle removal, partial
+forwards, the unembedding, cloning, HF export, loading, the ``generate`` fix and how edits attach
+(:attr:`~tl_directional.model.lanes.base.Lane.hook_kind`). No module outside this package
+compares lane names or TransformerLens class names; callers ask the lane.
 
 Lanes are frozen singletons and ``str`` subclasses whose value is the name (``"bridge"`` /
-``"legacy"``), so records that store ``lane_of(model)`` keep writing the plain name.
+``"legacy"`` / ``"transformers"``), so records that store ``lane_of(model)`` keep writing the
+plain name.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-import torch
-
 from .base import BlockInput, Lane, LinearSpec, Unembedding, quiet_transformers
 from .bridge import BridgeLane
 from .legacy import LegacyLane
+from .transformers import NoHookPointsError, TransformersLane
 
 #: The TL 4 ``TransformerBridge`` lane.
 BRIDGE: Lane = BridgeLane("bridge")
 #: The TL 2.x / 3.x ``HookedTransformer`` lane.
 LEGACY: Lane = LegacyLane("legacy")
-#: Every lane, by name.
-LANES: dict[str, Lane] = {BRIDGE.name: BRIDGE, LEGACY.name: LEGACY}
+#: A plain ``transformers`` model (no TransformerLens): edits as torch module hooks.
+TRANSFORMERS: Lane = TransformersLane("transformers")
+#: Every lane, by name, in the order :func:`lane_of` asks them.
+LANES: dict[str, Lane] = {BRIDGE.name: BRIDGE, LEGACY.name: LEGACY, TRANSFORMERS.name: TRANSFORMERS}
 
 
 def lane_named(name: str, argument: str = "lane") -> Lane:
-    """The lane called ``name`` (``"bridge"`` or ``"legacy"``; a lane is returned as is).
+    """The lane called ``name`` (``"bridge"``, ``"legacy"`` or ``"transformers"``; a lane is
+    returned as is).
 
     Raises:
         ValueError: ``name`` is not a lane's name.
@@ -42,26 +46,48 @@ def lane_named(name: str, argument: str = "lane") -> Lane:
     try:
         return LANES[name]
     except (KeyError, TypeError):
-        raise ValueError(f"{argument} must be 'bridge' or 'legacy', got {name!r}.") from None
+        names = ", ".join(repr(n) for n in LANES)
+        raise ValueError(f"{argument} must be one of {names}, got {name!r}.") from None
 
 
-def lane_of(model) -> Lane:
-    """:data:`BRIDGE` for a TL 4 ``TransformerBridge``, :data:`LEGACY` for a ``HookedTransformer``
-    (told from the class hierarchy; nothing is imported)."""
-    return BRIDGE if BRIDGE.claims(model) else LEGACY
+def _claiming(model) -> Lane | None:
+    """The first lane of :data:`LANES` that claims ``model``, None if none does."""
+    return next((lane for lane in LANES.values() if lane.claims(model)), None)
+
+
+def lane_of(model, argument: str = "model") -> Lane:
+    """The lane of ``model``: :data:`BRIDGE` for a TL 4 ``TransformerBridge`` (told from the class
+    hierarchy), :data:`LEGACY` for anything else with TransformerLens's hook API
+    (``HookedTransformer``, ``HookedEncoder``: ``run_with_hooks``), :data:`TRANSFORMERS` for a
+    plain ``transformers`` model (an ``nn.Module`` with a ``config`` and no hook API). Nothing is
+    imported.
+
+    Raises:
+        TypeError: ``model`` is none of the three (``argument`` names it in the message).
+    """
+    lane = _claiming(model)
+    if lane is not None:
+        return lane
+    raise TypeError(
+        f"{argument} must be a TransformerLens model (a TL 4 TransformerBridge or a TL 2.x / 3.x "
+        "HookedTransformer) or a plain transformers model (an nn.Module with a .config, e.g. "
+        f"AutoModelForCausalLM), got {type(model).__name__}. Load one with "
+        "tl_directional.load_model(path_or_name) (TransformerLens) or "
+        "tl_directional.model.load.load_hf_model(path) (plain transformers).")
 
 
 def is_plain_transformers(model) -> bool:
-    """Whether ``model`` is on the third lane: a plain ``transformers`` model (an ``nn.Module``
-    with a ``config``) with no TransformerLens hook points, neither a bridge nor a
-    ``HookedTransformer``; the edits go on it as torch module hooks (:mod:`tl_directional.edit.hf`)."""
-    return (isinstance(model, torch.nn.Module) and getattr(model, "config", None) is not None
-            and not BRIDGE.claims(model) and not hasattr(model, "run_with_hooks"))
+    """Whether ``model`` is on the :data:`TRANSFORMERS` lane (``lane_of(model) is TRANSFORMERS``,
+    and False, not an error, for an object that is on no lane): a plain ``transformers`` model
+    with no TransformerLens hook points, whose edits go on as torch module hooks
+    (:mod:`tl_directional.edit.hf`)."""
+    return _claiming(model) is TRANSFORMERS
 
 
 def is_bridge(model) -> bool:
-    """Whether ``model`` is on the bridge lane (see :func:`lane_of`)."""
-    return lane_of(model) is BRIDGE
+    """Whether ``model`` is on the bridge lane (``lane_of(model) is BRIDGE``; False for an object
+    that is on no lane)."""
+    return _claiming(model) is BRIDGE
 
 
 def installed_lane() -> Lane:
@@ -89,6 +115,9 @@ __all__ = [
     "Lane",
     "LegacyLane",
     "LinearSpec",
+    "NoHookPointsError",
+    "TRANSFORMERS",
+    "TransformersLane",
     "Unembedding",
     "installed_lane",
     "is_bridge",

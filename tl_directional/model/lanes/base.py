@@ -1,10 +1,13 @@
-"""The :class:`Lane` protocol: what differs between the two TransformerLens generations.
+"""The :class:`Lane` protocol: what differs between the kinds of model the package takes (the
+two TransformerLens generations and plain ``transformers``).
 
-A lane is a frozen singleton (a ``str`` subclass whose value is its name, ``"bridge"`` or
-``"legacy"``, so that records written to JSON keep the plain name). Each method takes the
-model as its first argument; the implementations live in :mod:`tl_directional.model.lanes.bridge`
-and :mod:`tl_directional.model.lanes.legacy`, and the methods here are the ones both share (they use
-only TransformerLens's public hook API, identical on both generations).
+A lane is a frozen singleton (a ``str`` subclass whose value is its name, ``"bridge"``,
+``"legacy"`` or ``"transformers"``, so that records written to JSON keep the plain name). Each
+method takes the model as its first argument; the implementations live in
+:mod:`tl_directional.model.lanes.bridge`, :mod:`tl_directional.model.lanes.legacy` and
+:mod:`tl_directional.model.lanes.transformers`, and the methods here are the ones the two
+TransformerLens lanes share (they use only TransformerLens's public hook API, identical on both
+generations) and the deep copy that the legacy and plain lanes share.
 
 This module imports nothing from the package; ``transformers`` is imported inside functions.
 """
@@ -12,6 +15,8 @@ This module imports nothing from the package; ``transformers`` is imported insid
 from __future__ import annotations
 
 import contextlib
+import copy
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -81,13 +86,15 @@ BUILT: dict[str, "Lane"] = {}
 
 
 class Lane(str):
-    """One TransformerLens generation: everything the package does differently on it.
+    """One kind of model (a TransformerLens generation, or plain ``transformers``): everything the
+    package does differently on it.
 
     Get the lane of a model with :func:`tl_directional.model.lanes.lane_of`; never construct one (the
-    two instances are :data:`tl_directional.model.lanes.BRIDGE` and :data:`tl_directional.model.lanes.LEGACY`).
-    ``str(lane)`` / :attr:`name` is ``"bridge"`` or ``"legacy"`` (what records store). Callers
-    ask the lane's capabilities (:attr:`hf_export`, :attr:`resolves_encoders`) and methods
-    instead of comparing names.
+    three instances are :data:`tl_directional.model.lanes.BRIDGE`,
+    :data:`tl_directional.model.lanes.LEGACY` and :data:`tl_directional.model.lanes.TRANSFORMERS`).
+    ``str(lane)`` / :attr:`name` is ``"bridge"``, ``"legacy"`` or ``"transformers"`` (what records
+    store). Callers ask the lane's capabilities (:attr:`hook_kind`, :attr:`hf_export`,
+    :attr:`resolves_encoders`) and methods instead of comparing names.
     """
 
     __slots__ = ()
@@ -97,17 +104,22 @@ class Lane(str):
         BUILT.setdefault(name, lane)
         return BUILT[name]
 
-    #: Whether a model on this lane is a wrapped ``transformers`` model that can be written as a
-    #: plain Hugging Face directory (:meth:`to_hf_model`, :meth:`save_hf_directory`).
+    #: Whether a model on this lane wraps a ``transformers`` model whose weights are written back
+    #: as a plain Hugging Face directory (:meth:`to_hf_model` builds it, :meth:`save_hf_directory`
+    #: writes it; a plain ``transformers`` model needs no export: it is its own HF model).
     hf_export: bool = False
     #: Whether post-LN encoders (BERT) are a supported model on this lane.
     resolves_encoders: bool = False
     #: The ``pip`` requirement that provides this lane.
     requirement: str = ""
+    #: How edits and captures attach to a model of this lane: ``"transformer_lens"`` (hook points,
+    #: ``model.hooks(fwd_hooks=...)``) or ``"module"`` (torch module hooks on a plain
+    #: ``transformers`` model, :mod:`tl_directional.edit.hf`). What the edit floor dispatches on.
+    hook_kind: str = "transformer_lens"
 
     @property
     def name(self) -> str:
-        """``"bridge"`` or ``"legacy"``, as a plain ``str``."""
+        """``"bridge"``, ``"legacy"`` or ``"transformers"``, as a plain ``str``."""
         return str.__str__(self)
 
     def __repr__(self) -> str:
@@ -124,7 +136,9 @@ class Lane(str):
     # -- the model's own structure -------------------------------------------------------------
 
     def claims(self, model) -> bool:
-        """Whether ``model`` is a model of this lane."""
+        """Whether ``model`` is a model of this lane (:func:`~tl_directional.model.lanes.lane_of`
+        asks the lanes in :data:`~tl_directional.model.lanes.LANES` order and takes the first:
+        a bridge also has the hook API that the legacy lane claims)."""
         raise NotImplementedError
 
     def hook_layout_key(self, model) -> tuple:
@@ -299,10 +313,48 @@ def blocks_passed_through(model, stop: int, output_form: str | None) -> Iterator
                 object.__setattr__(block, "forward", fwd)
 
 
+def _shared_storage_groups(model) -> dict[int, list[tuple[str, int, tuple, tuple]]]:
+    """Parameters that share one storage (views), grouped by storage pointer."""
+    groups: dict[int, list[tuple[str, int, tuple, tuple]]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        key = p.untyped_storage().data_ptr()
+        groups.setdefault(key, []).append((name, p.storage_offset(), tuple(p.shape), p.stride()))
+    return {k: v for k, v in groups.items() if len({n for n, *_ in v}) > 1}
+
+
+def deep_copy_model(model):
+    """``copy.deepcopy(model)`` in eval mode, for a model whose copy is safe to deep-copy (the
+    legacy ``HookedTransformer``, a plain ``transformers`` model): tensors cached by a previous
+    forward that are not graph leaves are detached first (deepcopy refuses them), parameters that
+    were views of one storage are re-tied in the copy, and TransformerLens hooks (where the
+    model has ``reset_hooks``) are removed from the copy."""
+    for mod in model.modules():
+        for k, v in list(vars(mod).items()):
+            if isinstance(v, Tensor) and not isinstance(v, torch.nn.Parameter) and v.grad_fn is not None:
+                setattr(mod, k, v.detach())
+    groups = _shared_storage_groups(model)
+    clone = copy.deepcopy(model)
+    if groups:
+        params = dict(clone.named_parameters(remove_duplicate=False))
+        with torch.no_grad():
+            for members in groups.values():
+                # the owner: the member that covers the most elements
+                owner = max(members, key=lambda m: math.prod(m[2]))
+                base = params[owner[0]]
+                for name, offset, shape, stride in members:
+                    p = params[name]
+                    if p.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+                        p.set_(base.untyped_storage(), offset, shape, stride)
+    if hasattr(clone, "reset_hooks"):
+        clone.reset_hooks()
+    clone.eval()
+    return clone
+
+
 def built_lane(name: str) -> Lane:
     """The lane singleton called ``name`` (how a pickled lane comes back as the same object)."""
     return BUILT[name]
 
 
-__all__ = ["BUILT", "BlockInput", "Lane", "LinearSpec", "Unembedding", "blocks_passed_through", "built_lane", "float_copy",
-           "quiet_transformers"]
+__all__ = ["BUILT", "BlockInput", "Lane", "LinearSpec", "Unembedding", "blocks_passed_through", "built_lane",
+           "deep_copy_model", "float_copy", "quiet_transformers"]

@@ -162,6 +162,7 @@ class BridgeLane(Lane):
 
     __slots__ = ()
     hf_export = True
+    hook_kind = "transformer_lens"
     resolves_encoders = True
     requirement = "transformer-lens>=4"
 

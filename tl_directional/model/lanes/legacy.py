@@ -12,9 +12,7 @@ deep-copy clone and the pad-id fix of ``generate``.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,17 +21,16 @@ import torch
 from torch import Tensor
 
 from ..families.hf import from_pretrained_kwargs
-from .base import BlockInput, Lane, LinearSpec, Unembedding, float_copy, quiet_transformers
+from .base import (
+    BlockInput,
+    Lane,
+    LinearSpec,
+    Unembedding,
+    deep_copy_model,
+    float_copy,
+    quiet_transformers,
+)
 from .legacy_config import check_rope_scaling, legacy_config_dict, legacy_family, legacy_refusal
-
-
-def _shared_storage_groups(model) -> dict[int, list[tuple[str, int, tuple, tuple]]]:
-    """Parameters that share one storage (views), grouped by storage pointer."""
-    groups: dict[int, list[tuple[str, int, tuple, tuple]]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        key = p.untyped_storage().data_ptr()
-        groups.setdefault(key, []).append((name, p.storage_offset(), tuple(p.shape), p.stride()))
-    return {k: v for k, v in groups.items() if len({n for n, *_ in v}) > 1}
 
 
 def _legacy_setup(model) -> None:
@@ -127,6 +124,7 @@ class LegacyLane(Lane):
 
     __slots__ = ()
     hf_export = False
+    hook_kind = "transformer_lens"
     resolves_encoders = False
     requirement = "transformer-lens<4"
 
@@ -134,7 +132,9 @@ class LegacyLane(Lane):
         return legacy_refusal(family)
 
     def claims(self, model) -> bool:
-        return True  # the fallback: anything with TL's hook API that is not a bridge
+        # TransformerLens's hook API, by duck typing (HookedTransformer, HookedEncoder, a
+        # HookedRootModule stand-in); lane_of asks the bridge lane first, which has it too
+        return hasattr(model, "run_with_hooks")
 
     def hook_layout_key(self, model) -> tuple:
         return tuple(model.hook_dict)
@@ -233,29 +233,7 @@ class LegacyLane(Lane):
         return load_legacy_dir(path, device=device, dtype=dtype)
 
     def clone(self, model):
-        # copy.deepcopy, with tensors cached by a previous forward that are not graph leaves
-        # detached first (deepcopy refuses them), and shared-storage views re-tied.
-        for mod in model.modules():
-            for k, v in list(vars(mod).items()):
-                if isinstance(v, Tensor) and not isinstance(v, torch.nn.Parameter) and v.grad_fn is not None:
-                    setattr(mod, k, v.detach())
-        groups = _shared_storage_groups(model)
-        clone = copy.deepcopy(model)
-        if groups:
-            params = dict(clone.named_parameters(remove_duplicate=False))
-            with torch.no_grad():
-                for members in groups.values():
-                    # the owner: the member that covers the most elements
-                    owner = max(members, key=lambda m: math.prod(m[2]))
-                    base = params[owner[0]]
-                    for name, offset, shape, stride in members:
-                        p = params[name]
-                        if p.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
-                            p.set_(base.untyped_storage(), offset, shape, stride)
-        if hasattr(clone, "reset_hooks"):
-            clone.reset_hooks()
-        clone.eval()
-        return clone
+        return deep_copy_model(model)
 
     def add_hook_point(self, model, name: str, hook_point) -> None:
         # The public route: where name is <an existing module>.<child> the hook point becomes a

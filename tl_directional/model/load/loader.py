@@ -20,9 +20,8 @@ from typing import Any
 import torch
 
 from ...io.model_files import check_model_dir
-from ..families.hf import from_pretrained_kwargs, hf_architecture
 from ..generation import fix_generate
-from ..lanes import Lane, installed_lane, lane_named, quiet_transformers
+from ..lanes import TRANSFORMERS, Lane, installed_lane, lane_named
 from .catalog import REAL_MODELS, check_tokenizer
 from .convert import real_model_dir
 from .default import default_model_dir
@@ -51,6 +50,9 @@ def _resolve_lane(lane: str) -> Lane:
         wanted = lane_named(lane)
     except ValueError:
         raise ValueError(f"lane must be 'auto', 'bridge' or 'legacy', got {lane!r}.") from None
+    if wanted is TRANSFORMERS:  # load_model returns TransformerLens models only
+        raise ValueError(f"lane must be 'auto', 'bridge' or 'legacy', got {lane!r}: load_model loads "
+                         "TransformerLens models; load a plain transformers model with load_hf_model(path).")
     if wanted is not installed:
         raise ValueError(
             f"lane={wanted.name!r} but the installed TransformerLens provides the {installed.name!r} lane; "
@@ -190,21 +192,10 @@ def load_hf_model(
     Returns:
         A ``transformers.PreTrainedModel`` (e.g. ``GPT2LMHeadModel``).
     """
-    import transformers
-
     path = Path(path)
     check_model_dir(path, "path", must_exist=True)
     check_model_weights(path, "path", damaged_weights=damaged_weights, dtype=dtype)
-    hf_config = transformers.AutoConfig.from_pretrained(str(path))
-    cls = getattr(transformers, hf_architecture(hf_config), None)
-    if cls is None:
-        raise ValueError(
-            f"path={str(path)!r}: unknown architecture {hf_config.architectures!r}; load it with "
-            "the matching transformers class instead."
-        )
-    with quiet_transformers():
-        model = cls.from_pretrained(str(path), **from_pretrained_kwargs(dtype))
-    return model.to(device).eval()
+    return TRANSFORMERS.load_dir(path, device=device, dtype=dtype)
 
 
 def load_default_model(**kwargs: Any) -> Any:
