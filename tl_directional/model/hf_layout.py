@@ -62,7 +62,7 @@ class HFSites:
         """The shapes as a :class:`~tl_directional.model.sites.ModelSites` (no hook names), which the
         edit objects' scale and scope helpers take."""
         return ModelSites(
-            model_name=self.model_type, lane="hf", arch=PARALLEL if self.parallel else SEQUENTIAL,
+            model_name=self.model_type, lane="transformers", arch=PARALLEL if self.parallel else SEQUENTIAL,
             n_layers=self.n_layers, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, d_model=self.d_model,
             d_head=self.d_head, causal=True, factorization_applicable=not self.sandwich,
             weights=WeightProcessing(False, False, False), sandwich=self.sandwich)
