@@ -111,7 +111,9 @@ def _cache_of(model, **kwargs):
         (lambda m: dict(tokens=TOKENS, positions=slice(5, 2)), "selects none of the 7 positions"),
         (lambda m: dict(tokens=TOKENS, positions=True), "is not a position selection"),
         (lambda m: dict(tokens=TOKENS, positions=torch.tensor([0.5])), "positions must be integer indices"),
-        (lambda m: dict(tokens=TOKENS, positions=-1, targets=TARGETS), "[batch, pos]=[2, 1]"),
+        (lambda m: dict(tokens=TOKENS, positions=-1, targets=TARGETS),
+         "[batch, pos]=[2, 1] tensor (pos = the 1 selected positions, as TransformerLens aligns them: pass "
+         "targets[:, positions]"),
     ],
 )
 def test_bad_inputs_name_the_argument_and_the_fix(tiny_model, call, needle):

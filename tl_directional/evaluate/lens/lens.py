@@ -432,7 +432,7 @@ def split_logit_lens(
     (batch, n_tokens), mask, tokens, acts = _lens_inputs(model, tokens, attention_mask, cache, names)
     index = _check_positions(positions, n_tokens)
     pos = n_tokens if index is None else int(index.numel())
-    targets = _check_targets(model, targets, batch, pos)
+    targets = _check_targets(model, targets, batch, pos, selected=index is not None)
     if acts is None:
         device = device_of(model)
         am = None if mask is None else mask.long().to(device)

@@ -93,11 +93,15 @@ def _one_token(model, text: str, where: str) -> int:
     return int(ids[0])
 
 
-def _check_targets(model, targets, batch: int, pos: int) -> Tensor:
+def _check_targets(model, targets, batch: int, pos: int, selected: bool = False) -> Tensor:
     """Target ids as ``[batch, pos]`` (a single id or string for every position, one per sequence
-    ``[batch]``, or one per position ``[batch, pos]``)."""
+    ``[batch]``, or one per position ``[batch, pos]``; with ``selected``, ``pos`` counts the
+    positions ``positions=`` selected, which per-position targets are aligned with)."""
     d_vocab = int(model.cfg.d_vocab)
     shapes = f"an int or single-token string, a [batch]={batch} list/tensor, or a [batch, pos]=[{batch}, {pos}] tensor"
+    if selected:
+        shapes += (f" (pos = the {pos} selected positions, as TransformerLens aligns them: pass "
+                   "targets[:, positions] for per-token targets)")
     if targets is None:
         raise LensInputError(
             f"targets is required: {shapes}; for next-token targets pass "
