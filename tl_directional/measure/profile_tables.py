@@ -26,7 +26,7 @@ def _tl_version() -> str:
 
 def _quantiles_note(acc: _Accumulator) -> str:
     """How the profile's quantiles were computed (its metadata's ``"quantiles"``)."""
-    summaries = [s for s in (acc.residual, acc.value, acc.value_excl) if s.count.sum() > 0]
+    summaries = [s for s in (acc.residual, acc.value, acc.value_excl, acc.value_ref) if s.count.sum() > 0]
     if summaries and all(s.quantiles_exact for s in summaries):
         how = (f"exact: numpy's default (linear) quantiles of the values (at most {EXACT_QUANTILE_LIMIT} "
                "per metric in every group)")
@@ -34,6 +34,38 @@ def _quantiles_note(acc: _Accumulator) -> str:
         how = (f"approximate: linear interpolation in fixed histograms (tl_directional.core.stats.BIN_SCALES; "
                f"above {EXACT_QUANTILE_LIMIT} values per metric in a group)")
     return how + "; means, counts and energy ratios are exact sums"
+
+
+def _value_table(acc: _Accumulator, sites, fact: np.ndarray, nan_layers: np.ndarray) -> pd.DataFrame:
+    """The value table: one row per (layer, head), from the value summaries (the ``*_ref``
+    columns too with a value reference)."""
+    n_layers = sites.n_layers
+    v_cols = acc.value.table()
+    e_cols = acc.value_excl.table()
+    n_heads = sites.n_heads
+    vcols: dict = {
+        "layer": np.repeat(np.arange(n_layers), n_heads),
+        "head": np.tile(np.arange(n_heads), n_layers),
+        "kv_head": np.tile(np.array([sites.kv_head(h) for h in range(n_heads)]), n_layers),
+    }
+    for k, v in v_cols.items():
+        vcols["energy_ratio_full" if k == "energy_ratio" else k] = v.numpy()
+    for k, v in e_cols.items():
+        if k == "energy_ratio":
+            vcols["energy_ratio_exclusive"] = v.numpy()
+        elif k == "degenerate":
+            vcols["degenerate_exclusive"] = v.numpy()
+        elif k != "count":
+            vcols[k] = v.numpy()
+    vcols["factorization_error_max"] = np.repeat(
+        fact if sites.factorization_applicable else nan_layers, n_heads)
+    if acc.value_reference is not None:
+        _value_reference_columns(vcols, acc)
+    value = pd.DataFrame(vcols)
+    for c in ("count", "degenerate", "degenerate_exclusive") + (
+            ("degenerate_ref",) if acc.value_reference is not None else ()):
+        value[c] = value[c].astype("int64")
+    return value
 
 
 def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude_first_token) -> dict:
@@ -63,30 +95,7 @@ def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude
         for c in ("count", "degenerate"):
             residual[c] = residual[c].astype("int64")
 
-    value = pd.DataFrame()
-    if acc.with_value:
-        v_cols = acc.value.table()
-        e_cols = acc.value_excl.table()
-        n_heads = sites.n_heads
-        vcols: dict = {
-            "layer": np.repeat(np.arange(n_layers), n_heads),
-            "head": np.tile(np.arange(n_heads), n_layers),
-            "kv_head": np.tile(np.array([sites.kv_head(h) for h in range(n_heads)]), n_layers),
-        }
-        for k, v in v_cols.items():
-            vcols["energy_ratio_full" if k == "energy_ratio" else k] = v.numpy()
-        for k, v in e_cols.items():
-            if k == "energy_ratio":
-                vcols["energy_ratio_exclusive"] = v.numpy()
-            elif k == "degenerate":
-                vcols["degenerate_exclusive"] = v.numpy()
-            elif k != "count":
-                vcols[k] = v.numpy()
-        vcols["factorization_error_max"] = np.repeat(
-            fact if sites.factorization_applicable else nan_layers, n_heads)
-        value = pd.DataFrame(vcols)
-        for c in ("count", "degenerate", "degenerate_exclusive"):
-            value[c] = value[c].astype("int64")
+    value = _value_table(acc, sites, fact, nan_layers) if acc.with_value else pd.DataFrame()
 
     tokens = value_tokens = None
     if acc.per_token:
@@ -117,7 +126,24 @@ def _finish(acc: _Accumulator, model, sites, components, eps, positions, exclude
     if acc.reference is not None:
         metadata.update(reference=acc.reference.describe(), reference_k=acc.reference.k,
                         random_energy_share=acc.reference.random_energy_share)
+    if acc.value_reference is not None:
+        metadata.update(value_reference=acc.value_reference.describe(), value_reference_k=acc.value_reference.k,
+                        value_random_energy_share=acc.value_reference.random_energy_share)
     return dict(residual=residual, value=value, metadata=metadata, tokens=tokens, value_tokens=value_tokens)
+
+
+def _value_reference_columns(vcols: dict, acc: _Accumulator) -> None:
+    """The value table's ``*_ref`` columns (each head's ``z_h`` against ``value_reference``): the
+    summary's metrics, ``energy_ratio_ref`` / ``degenerate_ref``, the reference and its random
+    level ``k / d_head``."""
+    for k, v in acc.value_ref.table().items():
+        if k in ("energy_ratio", "degenerate"):
+            vcols[f"{k}_ref"] = v.numpy()
+        elif k != "count":
+            vcols[k] = v.numpy()
+    n = len(vcols["layer"])
+    vcols["value_reference"] = np.full(n, acc.value_reference.describe(), dtype=object)
+    vcols["value_random_energy_share"] = np.full(n, acc.value_reference.random_energy_share)
 
 
 #: Value-table metrics that belong to the METHOD sec. 3 factorization through W_O (NaN where

@@ -179,14 +179,18 @@ class Profile:
         drop_cosine: bool = False,
         reference=None,
         per_layer: bool | None = None,
+        value_reference=None,
+        value_per_layer: bool | None = None,
     ) -> Profile:
         """Compute the same tables from an ``ActivationCache`` (or a dict of tensors)
         holding the needed hooks, e.g. from ``model.run_with_cache(tokens)``; ``drop_cosine``,
-        ``reference`` and ``per_layer`` as in :func:`profile`."""
+        ``reference``, ``per_layer``, ``value_reference`` and ``value_per_layer`` as in
+        :func:`profile`."""
         drop_cosine = check_drop_cosine(drop_cosine)
         sites = resolve_sites(model)
         components = _check_components(components, sites)
         ref = _profile_reference(model, reference, per_layer, drop_cosine=drop_cosine)
+        value_ref = _value_reference(model, value_reference, value_per_layer, components)
 
         def get(name):
             try:
@@ -201,7 +205,7 @@ class Profile:
         ref_any = get(sites.units["attn"][0].reference_hook)
         # computed where the cache lives (on the GPU for a GPU cache), never copied to the host
         device = ref_any.device
-        acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine, ref)
+        acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine, ref, value_ref)
         batch, pos = ref_any.shape[:2]
         am = torch.ones(batch, pos, dtype=torch.long) if attention_mask is None else attention_mask
         exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
@@ -247,6 +251,26 @@ def _profile_reference(model, reference, per_layer, *, drop_cosine: bool, carrie
     return ref
 
 
+def _value_reference(model, value_reference, value_per_layer, components) -> Reference | None:
+    """``value_reference=`` of :func:`profile` resolved in value space (width ``d_head``), or None;
+    it measures the value table's heads, so it needs ``"value"`` among ``components``."""
+    if value_reference is None:
+        if value_per_layer is not None:
+            raise SubspaceError(f"value_per_layer={value_per_layer!r} is given without value_reference; pass "
+                                "value_reference (a [d_head], [k, d_head] or [n_layers, d_head] tensor) or drop it")
+        return None
+    ref = resolve_reference(model, value_reference, per_layer=value_per_layer, argument="value_reference",
+                            space="value")
+    if ref.is_stream:
+        raise SubspaceError("value_reference='input' is what the value table measures already (each head's "
+                            "output against its tokens' own values); pass a [d_head] direction, a [k, d_head] "
+                            "subspace or a per-layer [n_layers, d_head] set, or leave value_reference out")
+    if "value" not in components:
+        raise SubspaceError(f"value_reference splits the value table's heads, but components={list(components)} "
+                            "leaves 'value' out; add 'value' to components or drop value_reference")
+    return ref
+
+
 def _check_components(components, sites: ModelSites) -> tuple[str, ...]:
     """``components`` checked by :func:`~tl_directional.core.components.check_components` against
     the residual components the model defines plus ``"value"`` (the default: all of them)."""
@@ -280,6 +304,8 @@ def profile(
     drop_cosine: bool = False,
     reference=None,
     per_layer: bool | None = None,
+    value_reference=None,
+    value_per_layer: bool | None = None,
 ) -> Profile:
     """Stream ``inputs`` through ``model`` and summarise the geometry of every update.
 
@@ -326,6 +352,19 @@ def profile(
             are stream measurements and refuse a reference.
         per_layer: read a 2-D ``reference`` as one row per layer (True) or as a subspace (False);
             required when it has exactly ``n_layers`` rows.
+        value_reference: a value-space reference (width ``d_head``, :func:`~tl_directional.model.reference.resolve_reference`
+            with ``space="value"``): a ``[d_head]`` direction, a ``[k, d_head]`` subspace, a
+            ``[n_layers, d_head]`` per-layer set (``value_per_layer=True``; row ``L`` for every
+            head of layer ``L``) or a ``Direction(space="value")``. Each head's output ``z_h``
+            (``attn.hook_z``, ``d_head``) at each counted token is then also split against it: the
+            value table gains ``beta_ref`` (``z_h . r / ||r||^2``; NaN for a subspace),
+            ``par_frac_ref`` and ``par_perp_ratio_ref`` (each with ``_mean`` / ``_std`` /
+            quantile columns), ``energy_ratio_ref``, ``degenerate_ref``, ``value_reference`` and
+            ``value_random_energy_share`` (``k / d_head``), beside the unchanged split against
+            the tokens' own values; ``per_token`` rows get ``beta_ref`` / ``par_frac_ref``.
+            Needs ``"value"`` among ``components``. Default None: no such columns.
+        value_per_layer: read a 2-D ``value_reference`` as one row per layer (True) or as a
+            subspace (False); required when it has exactly ``n_layers`` rows.
 
     Returns:
         A :class:`Profile`.
@@ -335,6 +374,7 @@ def profile(
     ref = _profile_reference(model, reference, per_layer, drop_cosine=drop_cosine, carrier=carrier)
     sites = analysis_sites(model, "profile", SiteResolutionError, "dropout would make the measured shares random")
     components = _check_components(components, sites)
+    value_ref = _value_reference(model, value_reference, value_per_layer, components)
     batch = prepare_inputs(model, inputs, attention_mask)
     exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
     check_positions_select(positions, batch)
@@ -344,7 +384,7 @@ def profile(
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
         verify_sites(model, sites, first.tokens[:, :64], first.attention_mask[:, :64])
-    acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine, ref)
+    acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine, ref, value_ref)
     state: dict = {}
 
     hooks, n_actions = _streaming_hooks(acc, sites, model, state)

@@ -52,6 +52,9 @@ VALUE_METRICS = {
     "cross_term": "signed",
 }
 EXCLUSIVE_METRICS = {"par_frac_exclusive": "unit", "par_perp_ratio_exclusive": "positive"}
+# Each head's output z_h split against a user's value-space (d_head) reference, only with
+# profile(..., value_reference=...): its scale along the direction, the parallel norm share.
+VALUE_REFERENCE_METRICS = {"beta_ref": "signed", "par_frac_ref": "unit", "par_perp_ratio_ref": "positive"}
 
 
 
@@ -67,10 +70,12 @@ class _Accumulator:
     """
 
     def __init__(self, sites: ModelSites, components, device, eps: float, per_token: bool,
-                 drop_cosine: bool = False, reference=None):
+                 drop_cosine: bool = False, reference=None, value_reference=None):
         self.sites = sites
         # None: every unit against its stream; else a resolved non-stream Reference (model.reference)
         self.reference = None if reference is None or reference.is_stream else reference
+        # None: no value_ref columns; else a resolved value-space (d_head) Reference for z_h
+        self.value_reference = None if value_reference is None or value_reference.is_stream else value_reference
         self.drop_cosine = drop_cosine
         self.components = tuple(c for c in components if c != "value")
         self.with_value = "value" in components
@@ -86,6 +91,7 @@ class _Accumulator:
         n_heads = sites.n_layers * sites.n_heads
         self.value = StreamingSummary(n_heads, VALUE_METRICS, device)
         self.value_excl = StreamingSummary(n_heads, EXCLUSIVE_METRICS, device)
+        self.value_ref = StreamingSummary(n_heads, VALUE_REFERENCE_METRICS, device)
         self.factorization_error = torch.zeros(sites.n_layers, dtype=torch.float64, device=device)
         self.token_rows: list[dict] = []
         self.value_token_rows: list[dict] = []
@@ -129,7 +135,7 @@ class _Accumulator:
         return (b_idx + seq_offset).cpu().numpy(), p_idx.cpu().numpy()
 
     def flush(self) -> None:
-        for s in (self.residual, self.value, self.value_excl):
+        for s in (self.residual, self.value, self.value_excl, self.value_ref):
             s.flush()
 
     # -- residual space -------------------------------------------------
@@ -239,6 +245,14 @@ class _Accumulator:
             {"par_frac_exclusive": excl.par_frac, "par_perp_ratio_exclusive": excl.par_perp_ratio},
             degenerate=excl.degenerate, par_sq=excl.par_sq, perp_sq=excl.perp_sq,
         )
+        ref = None
+        if self.value_reference is not None:  # z_h [n, heads, d_head] against the layer's d_head reference
+            ref = self.value_reference.stats(self._select(z, mask), None, layer, self.eps)
+            self.value_ref.update(
+                group, {"beta_ref": ref.alpha.reshape(-1), "par_frac_ref": ref.par_frac.reshape(-1),
+                        "par_perp_ratio_ref": ref.par_perp_ratio.reshape(-1)},
+                degenerate=ref.degenerate.reshape(-1), par_sq=ref.par_sq.reshape(-1),
+                perp_sq=ref.perp_sq.reshape(-1))
         if self.per_token:
             seq, position = self._token_positions(mask, seq_offset)
             for h in range(sites.n_heads):
@@ -248,6 +262,8 @@ class _Accumulator:
                     "beta": full.alpha[:, h].cpu().numpy(), "A_tt": s.a_tt[:, h].float().cpu().numpy(),
                     "gamma": excl.alpha[:, h].cpu().numpy(), "phi": s.phi[:, h].cpu().numpy(),
                     "alpha_head": s.alpha_head[:, h].cpu().numpy(),
+                    **({} if ref is None else {"beta_ref": ref.alpha[:, h].cpu().numpy(),
+                                               "par_frac_ref": ref.par_frac[:, h].cpu().numpy()}),
                 })
         return recon
 
@@ -289,7 +305,7 @@ def _all_reduce_accumulator(acc: _Accumulator) -> None:
     """Sum every streaming sum and histogram over the ranks (exact: float64 / int64)."""
     import torch.distributed as dist
 
-    for s in (acc.residual, acc.value, acc.value_excl):
+    for s in (acc.residual, acc.value, acc.value_excl, acc.value_ref):
         s.all_reduce_()
     dist.all_reduce(acc.factorization_error, op=dist.ReduceOp.MAX)
     counts = torch.tensor([acc.tokens_seen, acc.sequences_seen], dtype=torch.long,

@@ -33,10 +33,10 @@ from ...model.reference import resolve_reference
 from ...model.sites import POST_LN, SEQUENTIAL, analysis_sites, check_hook_api
 from .lens_inputs import (
     LensInputError,
-    _check_mask,
     _check_ordering,
+    _check_positions,
     _check_targets,
-    _check_tokens,
+    _lens_inputs,
 )
 
 
@@ -73,6 +73,10 @@ class SplitLensResult:
             resolved reference's description, e.g. ``"subspace(k=3)"``).
         random_energy_share: ``k / d_model`` of that reference (``1 / d_model`` for the stream
             and a direction): a random update's expected parallel energy share.
+        positions: ``[pos]`` the token position of each entry of the ``pos`` axis (absolute,
+            ``0 .. n_tokens - 1``): every position by default, the selected ones with
+            ``split_logit_lens(positions=...)``; ``to_frame``'s ``position`` column. None reads
+            as ``arange(pos)``.
     """
 
     lens_logits: Float[Tensor, "entries batch pos"]
@@ -87,6 +91,12 @@ class SplitLensResult:
     notes: list[str] = field(default_factory=list)
     reference: str = "stream"
     random_energy_share: float | None = None
+    positions: Int[Tensor, " pos"] | None = None
+
+    def _position_grid(self) -> Tensor:
+        """``[pos]`` the token positions of the ``pos`` axis."""
+        n_pos = self.full.shape[-1]
+        return torch.arange(n_pos) if self.positions is None else self.positions.cpu()
 
     def parallel_steps(
         self, ordering: str | None = None
@@ -121,7 +131,7 @@ class SplitLensResult:
         par_steps = self.parallel_steps(ordering)
         n_layers, n_steps, batch, pos = self.step_full.shape
         layer, b, p = torch.meshgrid(
-            torch.arange(n_layers), torch.arange(batch), torch.arange(pos), indexing="ij"
+            torch.arange(n_layers), torch.arange(batch), self._position_grid(), indexing="ij"
         )
         if not by_component:
             before, after = self.lens_logits[:-1], self.lens_logits[1:]
@@ -170,7 +180,8 @@ class SplitLensResult:
     ) -> dict[str, float]:
         """How the final lens logit at one position was built: the embedding's lens logit, the sum
         over layers of the parallel and of the perpendicular parts (under ``ordering``), and each
-        part's share of the total change ``final - embedding``."""
+        part's share of the total change ``final - embedding``. ``position`` indexes the result's
+        ``pos`` axis (the selected positions when the lens was called with ``positions=``)."""
         n_batch, n_pos = self.full.shape[-2:]
         for name, value, n in (("batch", batch, n_batch), ("position", position, n_pos)):
             if isinstance(value, bool) or not isinstance(value, int) or not -n <= value < n:
@@ -253,12 +264,54 @@ def _steps(sites, layer: int) -> list[_Step]:
     ]
 
 
+def _walk(steps: list[list[_Step]], stream: list[str], acts: dict[str, Tensor], f: _Reader, split_ref,
+          eps: float, check_additivity: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Each block's path of steps over the cached ``acts``: ``(lens [L + 1, batch, pos],
+    parallel_if_first, parallel_if_last, step_full [L, C, batch, pos], additive_error [L, C])``."""
+    n_layers = len(steps)
+    lens = torch.stack([f(acts[name]) for name in stream])  # [L + 1, batch, pos]
+    batch, pos = lens.shape[1:]
+    n_steps = len(steps[0])
+    par_first = torch.zeros(n_layers, n_steps, batch, pos, dtype=torch.float64, device=lens.device)
+    par_last = torch.zeros_like(par_first)
+    step_full = torch.zeros_like(par_first)
+    err = torch.zeros(n_layers, n_steps, dtype=torch.float64)
+    tol = dtype_tolerance(acts[stream[0]].dtype)
+    for L, row in enumerate(steps):
+        f_start = lens[L]
+        for c, step in enumerate(row):
+            x = acts[step.start]
+            u = sum(acts[h] for h in step.updates)
+            last = c == len(row) - 1
+            end = acts[stream[L + 1]] if last else acts[row[c + 1].start]
+            f_end = lens[L + 1] if last else f(end)
+            err[L, c] = float((x + u - end).abs().max())
+            scale = float(end.abs().max()) + 1.0
+            if check_additivity and float(err[L, c]) > tol * scale:
+                raise LensInputError(
+                    f"layer {L} {step.component}: {step.start} + {' + '.join(step.updates)} differs from the next "
+                    f"stream by {float(err[L, c]):.3g} (tolerance {tol * scale:.3g}), so these hooks are not the "
+                    "stream's additive updates on this model; pass check_additivity=False only if you know why"
+                )
+            # The parallel part along the stream the update is added to (METHOD sec. 1-2), in the
+            # stream's dtype so that x + u_par is a real stream point of this model.
+            u_par = split_ref.parallel(u, x, L, eps).to(x.dtype)
+            u_perp = u - u_par
+            par_first[L, c] = f(x + u_par) - f_start
+            par_last[L, c] = f_end - f(x + u_perp)
+            step_full[L, c] = f_end - f_start
+            f_start = f_end
+    return lens, par_first, par_last, step_full, err
+
+
 @torch.no_grad()
 def split_logit_lens(
     model,
-    tokens,
+    tokens=None,
     *,
     targets=None,
+    cache=None,
+    positions=None,
     ordering: str = "shapley",
     eps: float = DEFAULT_EPS,
     check_additivity: bool = True,
@@ -267,7 +320,8 @@ def split_logit_lens(
     reference=None,
     per_layer: bool | None = None,
 ) -> SplitLensResult:
-    """Split logit lens of ``targets`` over every layer and position of ``tokens``.
+    """Split logit lens of ``targets`` over every layer and position (or the selected
+    ``positions``) of ``tokens``.
 
     The lens logit of the stream ``x`` (``[d_model]`` at one position) is
     ``f(x) = ln_final(x) . W_U[:, target] + b_U[target]`` with the final norm's statistics
@@ -292,12 +346,38 @@ def split_logit_lens(
     Args:
         model: a TransformerLens model (bridge or legacy) in eval mode, pre-LN (sequential,
             parallel or sandwich-norm blocks; GQA included).
-        tokens: ``[batch, pos]`` integer token ids (a 1-D tensor is one sequence); checked here
+        tokens: what TransformerLens 4.3's ``logit_lens`` takes as ``input``, in the same place:
+            ``[batch, pos]`` integer token ids (a 1-D tensor is one sequence), a text, or a list
+            of texts. Texts are tokenised one by one with the model's own ``to_tokens`` (BOS
+            prepended as the model does by default), so one text or texts of one length give
+            exactly ``model.to_tokens(texts)``; texts of unequal lengths are right-padded here
+            with an ``attention_mask`` built from their lengths (never guessed from pad ids),
+            whatever the tokenizer's padding side: every real token keeps its position and, in a
+            causal model, never attends to the padding, so a text's values equal its own run's
+            up to batched round-off, and padded positions are NaN. A text longer than ``n_ctx``
+            is refused. None with ``cache=`` (the cache's own batch and positions). Checked here
             rather than by annotation so that a bad value gets this function's error.
         targets: the token whose lens logit is read (TransformerLens 4.3's ``logit_lens`` name;
             the old keyword ``target_tokens`` raises a renamed-argument error): one id or single-token string for
             every position, one per sequence (``[batch]``), or one per position (``[batch, pos]``,
-            e.g. next-token ids).
+            e.g. next-token ids; with ``positions=``, ``[batch, n_selected]``, aligned with the
+            selected positions as TransformerLens's are).
+        cache: an ``ActivationCache`` (or a mapping of hook names to tensors) from
+            ``model.run_with_cache(tokens)``: the lens reads the stream (``hook_resid_pre``,
+            ``hook_resid_mid``, the last ``hook_resid_post``) and the update hooks
+            (``hook_attn_out``, ``hook_mlp_out``, or a sandwich norm's output) from it, without
+            running the model; the result equals the uncached call's. A hook missing from it (a
+            ``names_filter`` that dropped it) is an error naming the hooks and the
+            ``names_filter`` that keeps them. ``tokens`` must then be None or the token tensor
+            the cache was run on (texts are refused: tokenised here they might be padded
+            unlike the cached run); ``attention_mask`` marks a padded cached batch.
+        positions: which token positions the lens reads (TransformerLens 4.3's ``logit_lens``
+            name, its ``Slice`` inputs): None (default, unlike TL's ``-1``: every position), an
+            int, a ``slice``, a ``(start, stop[, step])`` tuple, or a list / 1-D integer tensor
+            of positions; negative indices count from the end of the (padded) sequence; a
+            position outside it is an error. The forward still runs on every token; the
+            result's ``pos`` axis is the selected positions (kept for an int too, unlike TL),
+            and ``result.positions`` holds their indices.
         ordering: which ordering ``to_frame`` reports (``"shapley"``, ``"parallel_first"``,
             ``"perpendicular_first"``); all are kept in the result.
         eps: degenerate threshold of the split (METHOD sec. 1): a stream with ``||x||^2 <= eps``
@@ -321,20 +401,17 @@ def split_logit_lens(
         A :class:`SplitLensResult` (float64 values; ``.to_frame()``, ``.figure()``, ``.shares()``).
 
     Raises:
-        LensInputError: bad ``tokens``, ``targets`` or ``ordering``, a model in training
-            mode, a post-LN (encoder) model, or a broken stream identity.
+        LensInputError: bad ``tokens`` (ids or texts), ``cache`` (missing hooks, wrong
+            shapes, texts beside it), ``positions``, ``targets`` or ``ordering``, a model in
+            training mode, a post-LN (encoder) model, or a broken stream identity.
         SubspaceError: (a ``ValueError``) an unusable ``reference`` (see
             :func:`~tl_directional.model.reference.resolve_reference`).
     """
     check_hook_api(model)
     ordering = _check_ordering(ordering)
     eps = check_eps(eps)
-    tokens = _check_tokens(model, tokens)
-    batch, pos = tokens.shape
-    mask = _check_mask(attention_mask, tokens.shape)
     if target_tokens is not None:
         raise renamed_argument("split_logit_lens", "target_tokens", "targets")
-    targets = _check_targets(model, targets, batch, pos)
     split_ref = resolve_reference(model, reference, per_layer=per_layer)
     sites = analysis_sites(model, "split_logit_lens", LensInputError, "dropout would make the lens random")
     if sites.arch == POST_LN:
@@ -352,42 +429,20 @@ def split_logit_lens(
         | {s.start for row in steps for s in row}
         | {u for row in steps for s in row for u in s.updates}
     )
-    device = device_of(model)
-    am = None if mask is None else mask.long().to(device)
-    _, cache = capture(model, tokens.to(device), names, attention_mask=am)
+    (batch, n_tokens), mask, tokens, acts = _lens_inputs(model, tokens, attention_mask, cache, names)
+    index = _check_positions(positions, n_tokens)
+    pos = n_tokens if index is None else int(index.numel())
+    targets = _check_targets(model, targets, batch, pos, selected=index is not None)
+    if acts is None:
+        device = device_of(model)
+        am = None if mask is None else mask.long().to(device)
+        _, acts = capture(model, tokens.to(device), names, attention_mask=am)
+    if index is not None:  # the forward saw every token; the lens reads the selected positions
+        acts = {h: t[:, index.to(t.device)] for h, t in acts.items()}
+        mask = None if mask is None else mask[:, index]
 
     f = _Reader(model, targets)
-    lens = torch.stack([f(cache[name]) for name in stream])  # [L + 1, batch, pos]
-    n_steps = len(steps[0])
-    par_first = torch.zeros(n_layers, n_steps, batch, pos, dtype=torch.float64, device=lens.device)
-    par_last = torch.zeros_like(par_first)
-    step_full = torch.zeros_like(par_first)
-    err = torch.zeros(n_layers, n_steps, dtype=torch.float64)
-    tol = dtype_tolerance(cache[stream[0]].dtype)
-    for L, row in enumerate(steps):
-        f_start = lens[L]
-        for c, step in enumerate(row):
-            x = cache[step.start]
-            u = sum(cache[h] for h in step.updates)
-            last = c == len(row) - 1
-            end = cache[stream[L + 1]] if last else cache[row[c + 1].start]
-            f_end = lens[L + 1] if last else f(end)
-            err[L, c] = float((x + u - end).abs().max())
-            scale = float(end.abs().max()) + 1.0
-            if check_additivity and float(err[L, c]) > tol * scale:
-                raise LensInputError(
-                    f"layer {L} {step.component}: {step.start} + {' + '.join(step.updates)} differs from the next "
-                    f"stream by {float(err[L, c]):.3g} (tolerance {tol * scale:.3g}), so these hooks are not the "
-                    "stream's additive updates on this model; pass check_additivity=False only if you know why"
-                )
-            # The parallel part along the stream the update is added to (METHOD sec. 1-2), in the
-            # stream's dtype so that x + u_par is a real stream point of this model.
-            u_par = split_ref.parallel(u, x, L, eps).to(x.dtype)
-            u_perp = u - u_par
-            par_first[L, c] = f(x + u_par) - f_start
-            par_last[L, c] = f_end - f(x + u_perp)
-            step_full[L, c] = f_end - f_start
-            f_start = f_end
+    lens, par_first, par_last, step_full, err = _walk(steps, stream, acts, f, split_ref, eps, check_additivity)
     notes = list(sites.notes)
     if mask is not None:  # a padded position has no lens: NaN, not a number that looks like one
         pad = ~mask.to(lens.device)
@@ -406,6 +461,7 @@ def split_logit_lens(
         notes=notes,
         reference=split_ref.describe(),
         random_energy_share=split_ref.random_energy_share,
+        positions=torch.arange(n_tokens) if index is None else index,
     )
 
 
