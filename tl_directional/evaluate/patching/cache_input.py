@@ -88,6 +88,13 @@ def cache_tensor(cache, name: str, shape: tuple[int, int], argument: str, hint: 
     return t
 
 
+def clean_from_cache(cache, names, shape: tuple[int, int], device) -> dict[str, Tensor]:
+    """The hooks ``names`` of a user's clean cache (any mapping), checked: present and of the
+    corrupted run's ``[batch, pos]`` ``shape``; detached, on ``device``."""
+    hint = f"model.run_with_cache(clean_tokens, names_filter=lambda n: n in {sorted(names)!r})"
+    return {n: cache_tensor(cache, n, shape, "clean_cache", hint).detach().to(device) for n in sorted(names)}
+
+
 def check_finite_metric(values, error: type[Exception]):
     """``values`` (a tensor or an array of metric values), unchanged, unless one is NaN or inf:
     then ``error`` naming it (a NaN metric would sit in the result beside plausible numbers)."""
@@ -105,6 +112,7 @@ def check_finite_metric(values, error: type[Exception]):
 __all__ = [
     "PatchingInputError",
     "cache_tensor",
+    "clean_from_cache",
     "check_names_filter",
     "is_cache",
     "names_predicate",
