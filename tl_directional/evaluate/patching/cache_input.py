@@ -109,11 +109,34 @@ def check_finite_metric(values, error: type[Exception]):
     return values
 
 
+def metric_values(metric, logits: Tensor, error: type[Exception], type_error: type[Exception] = TypeError, *,
+                  per_example: bool = True) -> np.ndarray:
+    """``metric(logits)`` (logits ``[b, pos, vocab]``) as float64 ``[b]`` (one number per example,
+    only with ``per_example``) or ``[1]`` (one for the batch). A tensor of another shape or a NaN /
+    inf value raises ``error``, a value that is no number ``type_error``."""
+    value, b = metric(logits), logits.shape[0]
+    if isinstance(value, Tensor):
+        if value.numel() != 1 and (not per_example or value.ndim != 1 or value.shape[0] != b):
+            want = (f"one number per example (shape [{b}]) or one for the batch, e.g. "
+                    "lambda logits: logits[:, -1, a] - logits[:, -1, b]" if per_example else
+                    "one number per run, e.g. reduce over the batch: "
+                    "lambda logits: (logits[:, -1, a] - logits[:, -1, b]).mean()")
+            raise error(f"metric returned a tensor of shape {tuple(value.shape)}; it must return {want}")
+        return check_finite_metric(value.detach().double().cpu().reshape(-1).numpy(), error)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise type_error(f"metric must return a number or a tensor, got {type(value).__name__}; "
+                         "return e.g. (logits[:, -1, a] - logits[:, -1, b]).mean()") from None
+    return check_finite_metric(np.array([number]), error)
+
+
 __all__ = [
     "PatchingInputError",
     "cache_tensor",
     "clean_from_cache",
     "check_names_filter",
     "is_cache",
+    "metric_values",
     "names_predicate",
 ]

@@ -18,7 +18,9 @@ to the metric, and handing the runs to the tabulator. A patcher gives three call
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +28,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...model.handle import from_block
 from ...model.lanes import BlockInput
 from .cache_input import is_cache
-from .stacked import copies_per_forward, stacked_forward
+
+#: Default bound on one stacked forward's logits (elements), when the caller gives no batch size.
+AUTO_LOGIT_ELEMENTS = 2**26
+#: Default bound on the copies in one stacked forward (on small models a forward's fixed cost dominates).
+AUTO_MAX_RUNS = 64
 
 
 @dataclass
@@ -61,13 +68,21 @@ class StackedPatch:
     """One forward: it starts at block ``start`` from the stacked stream ``resid`` ``[copies * b,
     pos, d_model]`` with ``hooks`` on; the first ``len(chunk)`` copies are the chunk's runs in
     order (more copies are helpers, e.g. path patching's shadows). ``edits_norm_scale`` as in
-    :func:`~tl_directional.evaluate.patching.stacked.stacked_forward`."""
+    :func:`stacked_forward`."""
 
     start: int
     resid: Tensor
     hooks: list
     copies: int
     edits_norm_scale: bool = False
+
+
+def check_batch_size(batch_size, error: type[Exception] = ValueError) -> int | None:
+    """``batch_size`` (patched runs stacked into one forward), checked: a positive integer or None."""
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise error(f"batch_size must be a positive integer (patched runs stacked into one forward) "
+                    f"or None (automatic), got {batch_size!r}")
+    return batch_size
 
 
 def generic_directional_patch(model, clean, corrupted, metric, *, plan: Callable[..., PatchJob],
@@ -121,4 +136,34 @@ def run_patches(model, job: PatchJob, patch_setter, progress: bool = False) -> N
                 del logits
 
 
-__all__ = ["PatchJob", "StackedPatch", "generic_directional_patch", "run_patches"]
+def copies_per_forward(b: int, n_pos: int, d_vocab: int) -> int:
+    """How many patched copies of a ``[b, n_pos]`` batch one forward takes by default: as many as
+    keep its ``[copies * b, n_pos, d_vocab]`` logits under :data:`AUTO_LOGIT_ELEMENTS`, at most
+    :data:`AUTO_MAX_RUNS`, at least one."""
+    return max(1, min(AUTO_MAX_RUNS, AUTO_LOGIT_ELEMENTS // max(1, b * n_pos * d_vocab)))
+
+
+def stacked_forward(model, block0: BlockInput, start: int, resid: Tensor, tokens: Tensor, mask: Tensor,
+                    hooks: list, copies: int, *, edits_norm_scale: bool = False) -> Tensor:
+    """Logits ``[copies * b, pos, vocab]`` of one forward from block ``start`` whose input is the
+    stacked stream ``resid`` ``[copies * b, pos, d_model]``, with ``hooks`` on; ``tokens`` /
+    ``mask`` ``[b, pos]`` are repeated ``copies`` times (as is, for one copy). ``block0`` is the
+    unpatched run's recorded block input (its output form).
+
+    ``edits_norm_scale``: the hooks edit a norm's ``hook_scale`` on purpose (path patching with
+    frozen norms); the bridge then rebuilds the norm's output from the hooked values and says so,
+    which is expected here and not shown."""
+    if copies > 1:
+        tokens, mask = tokens.repeat(copies, 1), mask.repeat(copies, 1)
+    with (
+        from_block(model, type(block0)(start, resid, block0.output_form)) as run,
+        model.hooks(fwd_hooks=hooks),
+        warnings.catch_warnings() if edits_norm_scale else nullcontext(),
+    ):
+        if edits_norm_scale:
+            warnings.filterwarnings("ignore", "A forward hook edited hook_scale", UserWarning)
+        return run(tokens, mask)
+
+
+__all__ = ["AUTO_LOGIT_ELEMENTS", "AUTO_MAX_RUNS", "PatchJob", "StackedPatch", "check_batch_size", "copies_per_forward",
+           "generic_directional_patch", "run_patches", "stacked_forward"]

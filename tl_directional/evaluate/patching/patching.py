@@ -35,11 +35,11 @@ from ...model.reference import resolve_reference
 from ...model.sites import ModelSites, analysis_sites, expand_kv_heads, kv_head_index
 from .cache_input import (
     PatchingInputError,
-    check_finite_metric,
     check_names_filter,
     clean_from_cache,
+    metric_values,
 )
-from .generic import PatchJob, StackedPatch, generic_directional_patch
+from .generic import PatchJob, StackedPatch, check_batch_size, generic_directional_patch
 from .patch_hooks import (
     PatchVariant,
     integer_columns,
@@ -66,41 +66,6 @@ STREAM_COMPONENTS = ("resid_pre",)
 KV_COMPONENTS = ("k", "v")
 
 
-def _scalar_metric(metric, logits) -> float:
-    """``metric(logits)`` as a float; a clear error for a vector or a non-number."""
-    value = metric(logits)
-    if isinstance(value, Tensor):
-        if value.numel() != 1:
-            raise ValueError(
-                f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number "
-                "per run, e.g. reduce over the batch: lambda logits: (logits[:, -1, a] - logits[:, -1, b]).mean()"
-            )
-        return float(check_finite_metric(value.reshape(1), PatchingInputError)[0])
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"metric must return a number or a 1-element tensor, got {type(value).__name__}") from None
-    return float(check_finite_metric(np.array([number]), PatchingInputError)[0])
-
-
-def _scalar_metric_array(metric, logits) -> np.ndarray:
-    """:func:`_scalar_metric` as a one-element float64 array (the tuple-returning call shape)."""
-    return np.array([_scalar_metric(metric, logits)])
-
-
-def _metric_array(metric, logits) -> np.ndarray:
-    """``metric(logits)`` as float64 ``[batch]`` (one number per sequence) or ``[1]`` (the batch's)."""
-    value = metric(logits)
-    if isinstance(value, Tensor):
-        if value.ndim > 1 or (value.ndim == 1 and value.shape[0] not in (1, logits.shape[0])):
-            raise ValueError(
-                f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number per "
-                f"sequence (shape [{logits.shape[0]}]) or one for the batch, e.g. "
-                "lambda logits: logits[:, -1, a] - logits[:, -1, b]")
-        return check_finite_metric(value.detach().double().cpu().reshape(-1).numpy(), PatchingInputError)
-    return np.array([_scalar_metric(metric, logits)])
-
-
 def _check_which(which) -> tuple[str, ...]:
     """``which`` as a non-empty tuple of patch kinds (repeats dropped, order kept)."""
     if isinstance(which, str):
@@ -115,15 +80,6 @@ def _check_which(which) -> tuple[str, ...]:
         if w not in WHICH:
             raise ValueError(f"which has unknown entry {w!r}; choose from {WHICH}")
     return which
-
-
-def _check_batch_size(batch_size) -> int | None:
-    if batch_size is None:
-        return None
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer (patched runs stacked into one forward) "
-                         f"or None (automatic), got {batch_size!r}")
-    return batch_size
 
 
 def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
@@ -277,7 +233,7 @@ def _plan_patches(model, clean, corrupted, clean_cache, metric, *, components=("
     and list one group of patched runs per (component, layer); a patch that writes exactly the
     corrupted run's tensor gets the corrupted metric and no forward."""
     which = _check_which(which)
-    batch_size = _check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     eps = check_eps(eps)
     split_ref = resolve_reference(model, reference, per_layer=per_layer)
     sites = analysis_sites(model, "directional_patch", PatchingInputError,
@@ -292,7 +248,7 @@ def _plan_patches(model, clean, corrupted, clean_cache, metric, *, components=("
     clean_names, names = _patch_hook_names(sites, components, layer_list)
     check_names_filter(names_filter, {"directional_patch": names},
                        "directional_patch caches hook_resid_pre and the patched units' update, reference, z and v hooks")
-    metric_values = partial(_metric_array if result else _scalar_metric_array, metric)
+    metric_fn = partial(metric_values, metric, error=PatchingInputError, per_example=result)
     device = device_of(model)
     xt, am = x_batch.tokens.to(device), x_batch.attention_mask.to(device)
     if clean_cache is None:
@@ -304,7 +260,7 @@ def _plan_patches(model, clean, corrupted, clean_cache, metric, *, components=("
             )
         clean_logits, clean_store = capture(model, c_batch.tokens.to(device), names,
                                             attention_mask=c_batch.attention_mask.to(device), clone=True, logits=True)
-        clean_metric = metric_values(clean_logits)
+        clean_metric = metric_fn(clean_logits)
         del clean_logits  # one [batch, pos, vocab] tensor alive at a time (Gemma-3: 262k vocabulary)
     else:
         clean_store = clean_from_cache(clean_cache, clean_names, tuple(xt.shape), device)
@@ -312,7 +268,7 @@ def _plan_patches(model, clean, corrupted, clean_cache, metric, *, components=("
     corr_cache: dict[str, Tensor] = {}
     with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(names, corr_cache, clone=True)):
         corr_logits, block0 = forward_recording_block_input(model, xt, am, 0)
-    corrupted_metric = metric_values(corr_logits)
+    corrupted_metric = metric_fn(corr_logits)
     d_vocab = int(corr_logits.shape[-1])
     del corr_logits
     if clean_metric is None:
@@ -326,7 +282,7 @@ def _plan_patches(model, clean, corrupted, clean_cache, metric, *, components=("
             for v in variants:
                 if _is_identity(sites, c, L, v, clean_store, corr_cache, eps, split_ref):
                     v.value = corrupted_metric
-    return PatchJob(groups, xt, am, block0, metric_values, d_vocab, batch_size, state)
+    return PatchJob(groups, xt, am, block0, metric_fn, d_vocab, batch_size, state)
 
 
 def _patch_hook_names(sites: ModelSites, components, layer_list) -> tuple[set[str], set[str]]:

@@ -41,8 +41,8 @@ from ...model.indices import normalize_layers
 from ...model.inputs import prepare_inputs
 from ...model.reference import resolve_reference
 from ...model.sites import POST_LN, ModelSites, analysis_sites
-from .cache_input import check_finite_metric, check_names_filter, clean_from_cache
-from .generic import PatchJob, StackedPatch, generic_directional_patch
+from .cache_input import check_names_filter, clean_from_cache, metric_values
+from .generic import PatchJob, StackedPatch, check_batch_size, generic_directional_patch
 from .path_hooks import PathRun, chunk_hooks
 from .path_nodes import (
     SPACES,
@@ -58,26 +58,6 @@ from .path_nodes import (
 from .result import DirectionalResult
 
 PARTS = ("full", "par", "perp")
-
-
-def _metric_rows(metric, logits: Tensor, b: int) -> np.ndarray:
-    """``metric(logits)`` as float64 ``[b]`` (per example) or ``[1]`` (the batch's)."""
-    value = metric(logits)
-    if isinstance(value, Tensor):
-        if value.ndim > 1 or (value.ndim == 1 and value.shape[0] not in (1, b)):
-            raise PathPatchError(
-                f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number per example "
-                f"(shape [{b}]) or one for the batch, e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]"
-            )
-        return check_finite_metric(value.detach().double().cpu().reshape(-1).numpy(), PathPatchError)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise PathPatchError(
-            f"metric must return a number or a tensor, got {type(value).__name__}; "
-            "return e.g. (logits[:, -1, a] - logits[:, -1, b]).mean()"
-        ) from None
-    return check_finite_metric(np.array([number]), PathPatchError)
 
 
 def _needed_corrupted(sites, receivers: list[Receiver], freeze: bool) -> set[str]:
@@ -216,8 +196,8 @@ def _plan_paths(model, clean, corrupted, clean_cache, metric, *, sender, receive
     runs.sort(key=lambda run: min(r.layer for r in run.receivers))
     state = _Paths(plan, base, deltas, share, joint, freeze_norm, return_inputs, space, clean_cache is not None,
                    split_ref.k)
-    return PatchJob([(None, runs)], base.xt, base.am, base.block0, partial(_metric_rows, metric, b=base.b),
-                    base.d_vocab, batch_size, state)
+    metric_fn = partial(metric_values, metric, error=PathPatchError, type_error=PathPatchError)
+    return PatchJob([(None, runs)], base.xt, base.am, base.block0, metric_fn, base.d_vocab, batch_size, state)
 
 
 @dataclass
@@ -238,9 +218,7 @@ class _Plan:
 def _plan(model, *, sender, receivers, parts, space, layers, joint, freeze_norm, batch_size, names_filter) -> _Plan:
     """Check :func:`path_patch`'s arguments against the model; raise PathPatchError naming the fix."""
     if space not in SPACES:
-        raise PathPatchError(
-            f"space={space!r}: choose 'residual' (against the stream) or 'value' (a head's own value)"
-        )
+        raise PathPatchError(f"space={space!r}: choose 'residual' (against the stream) or 'value' (a head's own value)")
     parts = (parts,) if isinstance(parts, str) else tuple(dict.fromkeys(parts))
     if not parts or any(p not in PARTS for p in parts):
         raise PathPatchError(f"parts={parts!r}: choose from {PARTS}")
@@ -263,22 +241,14 @@ def _plan(model, *, sender, receivers, parts, space, layers, joint, freeze_norm,
             raise PathPatchError(f"path_patch: {exc}") from None
     recs = parse_receivers(receivers, send, sites, None if layers is None else set(layers))
     if not recs:
-        raise PathPatchError(
-            f"no receiver of {receivers!r} reads the write of sender {sender!r}; choose later layers"
-        )
+        raise PathPatchError(f"no receiver of {receivers!r} reads the write of sender {sender!r}; choose later layers")
     if joint and freeze_norm and any(r.kind == "logits" for r in recs):
         raise PathPatchError(
             "freeze_norm with joint=True cannot freeze the final norm; leave 'logits' out or freeze_norm off"
         )
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-    ):
-        raise PathPatchError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    sandwich = sites.sandwich
+    check_batch_size(batch_size, PathPatchError)
     clean_names, corr_names = sender_hooks(send, sites, space)
-    corr_names |= _needed_corrupted(sites, recs, freeze_norm) | {
-        f"blocks.{send.layer}.hook_resid_pre"
-    }
+    corr_names |= _needed_corrupted(sites, recs, freeze_norm) | {f"blocks.{send.layer}.hook_resid_pre"}
     hook_dict = model.hook_dict  # built on each access on the bridge: read it once
     missing = [n for n in corr_names if n not in hook_dict]
     if missing:
@@ -286,12 +256,9 @@ def _plan(model, *, sender, receivers, parts, space, layers, joint, freeze_norm,
             f"model has no hook point(s) {sorted(missing)[:3]} that these receivers read; "
             "choose other receivers (or freeze_norm=False)"
         )
-    check_names_filter(
-        names_filter,
-        {"path_patch": sorted(clean_names | corr_names)},
-        "path_patch caches the sender's hooks and the receivers' stream and norm hooks",
-    )
-    return _Plan(sites, send, recs, parts, clean_names, corr_names, hook_dict, sandwich)
+    check_names_filter(names_filter, {"path_patch": sorted(clean_names | corr_names)},
+                       "path_patch caches the sender's hooks and the receivers' stream and norm hooks")
+    return _Plan(sites, send, recs, parts, clean_names, corr_names, hook_dict, sites.sandwich)
 
 
 @dataclass
@@ -334,9 +301,9 @@ def _base_runs(model, plan: _Plan, metric, clean, corrupted, clean_cache, attent
     names = corr_names | (clean_names if clean_cache is None else set())
     with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(names, store, clone=True)):
         logits, block0 = forward_recording_block_input(model, both_t, both_m, 0)
-    corrupted_metric = _metric_rows(metric, logits[-b:], b)
+    corrupted_metric = metric_values(metric, logits[-b:], PathPatchError, PathPatchError)
     if clean_cache is None:
-        clean_metric = _metric_rows(metric, logits[:b], b)
+        clean_metric = metric_values(metric, logits[:b], PathPatchError, PathPatchError)
         clean_store = {n: store[n][:b] for n in clean_names}
     else:
         clean_metric = np.full_like(corrupted_metric, np.nan)
@@ -386,83 +353,44 @@ def _tabulate_paths(job: PatchJob):
         zero = inputs[("zero", key[1])]
         inputs[key] = inputs[key] - zero if key[1].kind not in ("resid", "logits") else inputs[key]
     inputs = {key: t for key, t in inputs.items() if key[0] != "zero"}
-    runs = [run for run in job.groups[0][1] if run.part != "zero"]
-    result = _as_result(s.plan.sites, runs, s.plan.recs, s.plan.parts, s.joint, s.base.corrupted_metric,
-                        s.base.clean_metric, s.share, s.space, s.from_cache, s.plan.sandwich, s.k)
+    result = _as_result(s, [run for run in job.groups[0][1] if run.part != "zero"])
     return (result, inputs) if s.return_inputs else result
 
 
-def _as_result(
-    sites,
-    runs,
-    recs,
-    parts,
-    joint,
-    corrupted_metric,
-    clean_metric,
-    share,
-    space,
-    from_cache,
-    sandwich,
-    k=1,
-):
+def _as_result(s: _Paths, runs: list[PathRun]) -> DirectionalResult:
+    """The runs' effects (metric minus the corrupted metric) per receiver kind, as a
+    :class:`DirectionalResult` of kind ``"path_patch"`` (:func:`path_patch`'s Returns)."""
+    sites, recs, corrupted_metric, share = s.plan.sites, s.plan.recs, s.base.corrupted_metric, s.share
     n_ex = corrupted_metric.shape[0]
-    if joint:
-        shapes = {"joint": ()}
-    else:
-        shapes = {}
-        for r in recs:
-            if r.kind in ("q", "k", "v"):
-                shapes[r.kind] = (
-                    sites.n_layers,
-                    sites.n_heads if r.kind == "q" else sites.n_kv_heads,
-                )
-            else:
-                shapes[r.kind] = (sites.n_layers,) if r.kind in ("mlp", "resid") else ()
-    values = {kd: {p: np.full((n_ex,) + s, np.nan) for p in parts} for kd, s in shapes.items()}
+    shapes = {"joint": ()} if s.joint else {
+        r.kind: (sites.n_layers, sites.n_heads if r.kind == "q" else sites.n_kv_heads) if r.kind in ("q", "k", "v")
+        else (sites.n_layers,) if r.kind in ("mlp", "resid") else () for r in recs}
+    values = {kd: {p: np.full((n_ex,) + shape, np.nan) for p in s.plan.parts} for kd, shape in shapes.items()}
     for run in runs:
         eff = run.value - corrupted_metric
-        if joint:
+        if s.joint:
             values["joint"][run.part][:] = eff
             continue
         r = run.receivers[0]
-        idx = (slice(None),) + (
-            (r.layer, r.head) if r.head is not None else (r.layer,) if r.kind != "logits" else ()
-        )
+        idx = (slice(None),) + ((r.layer, r.head) if r.head is not None else (r.layer,) if r.kind != "logits" else ())
         values[r.kind][run.part][idx] = eff
     frac = share.cpu().numpy() if share.shape[0] == n_ex else np.full(n_ex, float(share.mean()))
-    par_frac = {
-        kd: np.broadcast_to(frac.reshape((n_ex,) + (1,) * len(s)), (n_ex,) + s).copy()
-        for kd, s in shapes.items()
-    }
-    dims = {
-        kd: ("example",) + (("layer", "head") if len(s) == 2 else ("layer",) if len(s) == 1 else ())
-        for kd, s in shapes.items()
-    }
-    d = sites.d_head if space == "value" else sites.d_model
-    notes = [
-        f"par_frac is the sender's difference's share along its reference ({space} space), the same for every receiver."
-    ]
+    par_frac = {kd: np.broadcast_to(frac.reshape((n_ex,) + (1,) * len(shape)), (n_ex,) + shape).copy()
+                for kd, shape in shapes.items()}
+    dims = {kd: ("example",) + (("layer", "head"), ("layer",), ())[2 - len(shape)] for kd, shape in shapes.items()}
+    notes = [f"par_frac is the sender's difference's share along its reference ({s.space} space), the same for "
+             "every receiver."]
     if sites.n_kv_heads != sites.n_heads and any(r.kind in ("k", "v") for r in recs):
-        notes.append(
-            "grouped-query model: k / v receivers are key/value heads, each read by a group of query heads."
-        )
-    if sandwich:
-        notes.append(
-            "sandwich-norm model: a head's write is the post-attention norm's output with only that head changed."
-        )
-    if from_cache:
+        notes.append("grouped-query model: k / v receivers are key/value heads, each read by a group of query heads.")
+    if s.plan.sandwich:
+        notes.append("sandwich-norm model: a head's write is the post-attention norm's output with only that head "
+                     "changed.")
+    if s.from_cache:
         notes.append("clean activations from clean_cache: the clean metric is not known (NaN).")
-    return DirectionalResult(
-        kind="path_patch",
-        values=values,
-        dims=dims,
-        par_frac=par_frac,
-        random_share={kd: random_subspace_share(d, k) for kd in shapes},
-        clean_metric=clean_metric,
-        corrupted_metric=corrupted_metric,
-        notes=tuple(notes),
-    )
+    d = sites.d_head if s.space == "value" else sites.d_model
+    return DirectionalResult(kind="path_patch", values=values, dims=dims, par_frac=par_frac,
+                             random_share={kd: random_subspace_share(d, s.k) for kd in shapes},
+                             clean_metric=s.base.clean_metric, corrupted_metric=corrupted_metric, notes=tuple(notes))
 
 
 #: Path patching as the generic loop's patcher: ``plan``, ``patch_setter`` and ``tabulate`` of
