@@ -95,7 +95,9 @@ def generic_directional_patch(model, clean, corrupted, metric, *, plan: Callable
         clean, corrupted: inputs of identical token shape; or ``corrupted_tokens, clean_cache``
             (TransformerLens's patching shape, ``clean_cache`` any mapping of clean activations).
         metric: ``logits -> number`` or per-example values; ``plan`` decides which it accepts.
-        plan, patch_setter, tabulate: the patcher (see the module docstring).
+        plan: ``(model, clean, corrupted, clean_cache, metric, **options) -> PatchJob``.
+        patch_setter: ``(job, key, chunk) -> StackedPatch``, one forward of a group's runs.
+        tabulate: ``job -> result``, read once every run has its value.
         progress: a progress bar over the groups of runs.
         **options: passed on to ``plan`` (e.g. ``components=``, ``sender=``, ``batch_size=``).
 

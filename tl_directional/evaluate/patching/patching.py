@@ -162,6 +162,10 @@ def directional_patch(
     before the corrupted token, where clean and corrupted agree bitwise) is the corrupted
     run, and gets its metric without a forward. Results equal patching one full forward
     at a time to float tolerance (not bitwise: stacked matrix products round differently).
+    The loop is :func:`~tl_directional.evaluate.patching.generic.generic_directional_patch` with
+    this function's patcher (:data:`ACTIVATION_PATCHER`); ``directional_patch_resid_pre``,
+    ``directional_patch_attn``, ``directional_patch_mlp`` and ``directional_patch_value`` are its
+    one-component ``functools.partial`` s.
 
     Two call shapes: ``directional_patch(model, clean, corrupted, metric)`` and
     TransformerLens's patching shape ``directional_patch(model, corrupted_tokens, clean_cache,

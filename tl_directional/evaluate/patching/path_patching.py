@@ -97,10 +97,12 @@ def path_patch(
 ):
     """Path patching of one sender into receivers, full and split (module docstring; METHOD.md sec. 5).
 
-    Two call shapes: ``path_patch(model, clean, corrupted, metric, sender=...)`` (texts or
-    ``[batch, pos]`` tokens of equal shape) and TransformerLens's ``path_patch(model,
-    corrupted_tokens, clean_cache, metric, sender=...)``, ``clean_cache`` any mapping holding the
-    sender's clean hook (``attn.hook_z`` for a head, the update hook for ``attn`` / ``mlp``).
+    The loop is :func:`~tl_directional.evaluate.patching.generic.generic_directional_patch` with
+    this function's patcher (:data:`PATH_PATCHER`). Two call shapes: ``path_patch(model, clean,
+    corrupted, metric, sender=...)`` (texts or ``[batch, pos]`` tokens of equal shape) and
+    TransformerLens's ``path_patch(model, corrupted_tokens, clean_cache, metric, sender=...)``,
+    ``clean_cache`` any mapping holding the sender's clean hook (``attn.hook_z`` for a head, the
+    update hook for ``attn`` / ``mlp``).
 
     Args:
         sender: ``("head", layer, head)``, ``("attn", layer)`` or ``("mlp", layer)``.
