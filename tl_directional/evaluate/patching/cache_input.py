@@ -88,6 +88,13 @@ def cache_tensor(cache, name: str, shape: tuple[int, int], argument: str, hint: 
     return t
 
 
+def clean_from_cache(cache, names, shape: tuple[int, int], device) -> dict[str, Tensor]:
+    """The hooks ``names`` of a user's clean cache (any mapping), checked: present and of the
+    corrupted run's ``[batch, pos]`` ``shape``; detached, on ``device``."""
+    hint = f"model.run_with_cache(clean_tokens, names_filter=lambda n: n in {sorted(names)!r})"
+    return {n: cache_tensor(cache, n, shape, "clean_cache", hint).detach().to(device) for n in sorted(names)}
+
+
 def check_finite_metric(values, error: type[Exception]):
     """``values`` (a tensor or an array of metric values), unchanged, unless one is NaN or inf:
     then ``error`` naming it (a NaN metric would sit in the result beside plausible numbers)."""
@@ -102,10 +109,34 @@ def check_finite_metric(values, error: type[Exception]):
     return values
 
 
+def metric_values(metric, logits: Tensor, error: type[Exception], type_error: type[Exception] = TypeError, *,
+                  per_example: bool = True) -> np.ndarray:
+    """``metric(logits)`` (logits ``[b, pos, vocab]``) as float64 ``[b]`` (one number per example,
+    only with ``per_example``) or ``[1]`` (one for the batch). A tensor of another shape or a NaN /
+    inf value raises ``error``, a value that is no number ``type_error``."""
+    value, b = metric(logits), logits.shape[0]
+    if isinstance(value, Tensor):
+        if value.numel() != 1 and (not per_example or value.ndim != 1 or value.shape[0] != b):
+            want = (f"one number per example (shape [{b}]) or one for the batch, e.g. "
+                    "lambda logits: logits[:, -1, a] - logits[:, -1, b]" if per_example else
+                    "one number per run, e.g. reduce over the batch: "
+                    "lambda logits: (logits[:, -1, a] - logits[:, -1, b]).mean()")
+            raise error(f"metric returned a tensor of shape {tuple(value.shape)}; it must return {want}")
+        return check_finite_metric(value.detach().double().cpu().reshape(-1).numpy(), error)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise type_error(f"metric must return a number or a tensor, got {type(value).__name__}; "
+                         "return e.g. (logits[:, -1, a] - logits[:, -1, b]).mean()") from None
+    return check_finite_metric(np.array([number]), error)
+
+
 __all__ = [
     "PatchingInputError",
     "cache_tensor",
+    "clean_from_cache",
     "check_names_filter",
     "is_cache",
+    "metric_values",
     "names_predicate",
 ]

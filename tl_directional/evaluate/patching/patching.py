@@ -16,6 +16,8 @@ its perpendicular component against the stream it writes into.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -26,24 +28,18 @@ from torch import Tensor
 from ...core.bootstrap import random_subspace_share
 from ...core.components import ALL_COMPONENTS, check_components
 from ...core.geometry import DEFAULT_EPS, check_eps, decompose, patch_components
-from ...model.handle import (
-    capture,
-    capture_hooks,
-    device_of,
-    forward_recording_block_input,
-)
+from ...model.handle import capture, capture_hooks, device_of, forward_recording_block_input
 from ...model.indices import normalize_heads, normalize_layers
 from ...model.inputs import prepare_inputs
-from ...model.lanes import BlockInput
 from ...model.reference import resolve_reference
 from ...model.sites import ModelSites, analysis_sites, expand_kv_heads, kv_head_index
 from .cache_input import (
     PatchingInputError,
-    cache_tensor,
-    check_finite_metric,
     check_names_filter,
-    is_cache,
+    clean_from_cache,
+    metric_values,
 )
+from .generic import PatchJob, StackedPatch, check_batch_size, generic_directional_patch
 from .patch_hooks import (
     PatchVariant,
     integer_columns,
@@ -55,7 +51,6 @@ from .patch_hooks import (
 )
 from .path_nodes import hook_names
 from .result import DirectionalResult
-from .stacked import copies_per_forward, stacked_forward
 
 WHICH = ("par", "perp", "full")
 
@@ -69,41 +64,6 @@ STREAM_COMPONENTS = ("resid_pre",)
 #: (as ``resid_pre``): on grouped-query models a KV head is shared by a group of query heads, so
 #: these are patched per KV head (``heads`` index KV heads), which TransformerLens refuses (#980).
 KV_COMPONENTS = ("k", "v")
-
-
-def _scalar_metric(metric, logits) -> float:
-    """``metric(logits)`` as a float; a clear error for a vector or a non-number."""
-    value = metric(logits)
-    if isinstance(value, Tensor):
-        if value.numel() != 1:
-            raise ValueError(
-                f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number "
-                "per run, e.g. reduce over the batch: lambda logits: (logits[:, -1, a] - logits[:, -1, b]).mean()"
-            )
-        return float(check_finite_metric(value.reshape(1), PatchingInputError)[0])
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"metric must return a number or a 1-element tensor, got {type(value).__name__}") from None
-    return float(check_finite_metric(np.array([number]), PatchingInputError)[0])
-
-
-def _scalar_metric_array(metric, logits) -> np.ndarray:
-    """:func:`_scalar_metric` as a one-element float64 array (the tuple-returning call shape)."""
-    return np.array([_scalar_metric(metric, logits)])
-
-
-def _metric_array(metric, logits) -> np.ndarray:
-    """``metric(logits)`` as float64 ``[batch]`` (one number per sequence) or ``[1]`` (the batch's)."""
-    value = metric(logits)
-    if isinstance(value, Tensor):
-        if value.ndim > 1 or (value.ndim == 1 and value.shape[0] not in (1, logits.shape[0])):
-            raise ValueError(
-                f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number per "
-                f"sequence (shape [{logits.shape[0]}]) or one for the batch, e.g. "
-                "lambda logits: logits[:, -1, a] - logits[:, -1, b]")
-        return check_finite_metric(value.detach().double().cpu().reshape(-1).numpy(), PatchingInputError)
-    return np.array([_scalar_metric(metric, logits)])
 
 
 def _check_which(which) -> tuple[str, ...]:
@@ -120,15 +80,6 @@ def _check_which(which) -> tuple[str, ...]:
         if w not in WHICH:
             raise ValueError(f"which has unknown entry {w!r}; choose from {WHICH}")
     return which
-
-
-def _check_batch_size(batch_size) -> int | None:
-    if batch_size is None:
-        return None
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer (patched runs stacked into one forward) "
-                         f"or None (automatic), got {batch_size!r}")
-    return batch_size
 
 
 def _unit_tensors(sites: ModelSites, c: str, L: int, cache: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
@@ -211,6 +162,10 @@ def directional_patch(
     before the corrupted token, where clean and corrupted agree bitwise) is the corrupted
     run, and gets its metric without a forward. Results equal patching one full forward
     at a time to float tolerance (not bitwise: stacked matrix products round differently).
+    The loop is :func:`~tl_directional.evaluate.patching.generic.generic_directional_patch` with
+    this function's patcher (:data:`ACTIVATION_PATCHER`); ``directional_patch_resid_pre``,
+    ``directional_patch_attn``, ``directional_patch_mlp`` and ``directional_patch_value`` are its
+    one-component ``functools.partial`` s.
 
     Two call shapes: ``directional_patch(model, clean, corrupted, metric)`` and
     TransformerLens's patching shape ``directional_patch(model, corrupted_tokens, clean_cache,
@@ -249,11 +204,40 @@ def directional_patch(
         has one row per patch with ``metric``, plus the clean and corrupted baselines
         and ``par_plus_perp_minus_full`` (the interaction, reported not assumed zero).
     """
-    clean_cache = None
-    if is_cache(corrupted):  # TransformerLens shape: (model, corrupted_tokens, clean_cache, metric)
-        clean_cache, corrupted, clean = corrupted, clean, None
+    return generic_directional_patch(
+        model, clean, corrupted, metric, **ACTIVATION_PATCHER, progress=progress, components=components,
+        layers=layers, heads=heads, per_position=per_position, attention_mask=attention_mask, eps=eps,
+        which=which, batch_size=batch_size, names_filter=names_filter, result=result, reference=reference,
+        per_layer=per_layer)
+
+
+@dataclass
+class _Activation:
+    """What :func:`_plan_patches` resolved and ran, read by :func:`_set_patch` and :func:`_tabulate`."""
+
+    sites: ModelSites
+    components: tuple[str, ...]
+    which: tuple[str, ...]
+    n_pos: int | None  # None: every position at once
+    clean: dict[str, Tensor]
+    corr: dict[str, Tensor]
+    clean_metric: np.ndarray
+    corrupted_metric: np.ndarray
+    from_cache: bool
+    eps: float
+    reference: object
+    result: bool
+
+
+def _plan_patches(model, clean, corrupted, clean_cache, metric, *, components=("attn", "mlp", "value"),
+                  layers=None, heads=None, per_position=False, attention_mask=None, eps=DEFAULT_EPS,
+                  which=WHICH, batch_size=None, names_filter=None, result=False, reference=None,
+                  per_layer=None) -> PatchJob:
+    """:func:`directional_patch`'s plan: check the arguments, cache the clean and corrupted runs,
+    and list one group of patched runs per (component, layer); a patch that writes exactly the
+    corrupted run's tensor gets the corrupted metric and no forward."""
     which = _check_which(which)
-    batch_size = _check_batch_size(batch_size)
+    batch_size = check_batch_size(batch_size)
     eps = check_eps(eps)
     split_ref = resolve_reference(model, reference, per_layer=per_layer)
     sites = analysis_sites(model, "directional_patch", PatchingInputError,
@@ -268,7 +252,7 @@ def directional_patch(
     clean_names, names = _patch_hook_names(sites, components, layer_list)
     check_names_filter(names_filter, {"directional_patch": names},
                        "directional_patch caches hook_resid_pre and the patched units' update, reference, z and v hooks")
-    metric_values = _metric_array if result else _scalar_metric_array
+    metric_fn = partial(metric_values, metric, error=PatchingInputError, per_example=result)
     device = device_of(model)
     xt, am = x_batch.tokens.to(device), x_batch.attention_mask.to(device)
     if clean_cache is None:
@@ -278,48 +262,31 @@ def directional_patch(
                 f"clean and corrupted must have the same token shape and padding, got {tuple(c_batch.tokens.shape)} "
                 f"and {tuple(x_batch.tokens.shape)}; pad or choose prompts of equal token length"
             )
-        # Each run's logits are reduced to the metric at once and dropped, so at most one
-        # [batch, pos, vocab] tensor per stacked forward is alive at a time (Gemma-3: 262k vocabulary).
         clean_logits, clean_store = capture(model, c_batch.tokens.to(device), names,
                                             attention_mask=c_batch.attention_mask.to(device), clone=True, logits=True)
-        clean_metric = metric_values(metric, clean_logits)
-        del clean_logits
+        clean_metric = metric_fn(clean_logits)
+        del clean_logits  # one [batch, pos, vocab] tensor alive at a time (Gemma-3: 262k vocabulary)
     else:
-        clean_store = _clean_from_cache(clean_cache, clean_names, tuple(xt.shape), device)
+        clean_store = clean_from_cache(clean_cache, clean_names, tuple(xt.shape), device)
         clean_metric = None
     corr_cache: dict[str, Tensor] = {}
     with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(names, corr_cache, clone=True)):
         corr_logits, block0 = forward_recording_block_input(model, xt, am, 0)
-    corrupted_metric = metric_values(metric, corr_logits)
-    if clean_metric is None:
-        clean_metric = np.full_like(corrupted_metric, np.nan)
+    corrupted_metric = metric_fn(corr_logits)
     d_vocab = int(corr_logits.shape[-1])
     del corr_logits
-    b, n_pos = xt.shape
-    k_max = batch_size or copies_per_forward(b, n_pos, d_vocab)
-
-    work = _plan(sites, components, layer_list, head_list, kv_list, which, n_pos if per_position else None)
-    iterator = work
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(work, desc="patch")
+    if clean_metric is None:
+        clean_metric = np.full_like(corrupted_metric, np.nan)
+    n_pos = xt.shape[1] if per_position else None
+    state = _Activation(sites, components, which, n_pos, clean_store, corr_cache, clean_metric,
+                        corrupted_metric, clean_cache is not None, eps, split_ref, result)
+    groups = _plan(sites, components, layer_list, head_list, kv_list, which, n_pos)
     with torch.no_grad():
-        for c, L, variants in iterator:
-            todo = []
+        for (c, L), variants in groups:
             for v in variants:
                 if _is_identity(sites, c, L, v, clean_store, corr_cache, eps, split_ref):
                     v.value = corrupted_metric
-                else:
-                    todo.append(v)
-            for start in range(0, len(todo), k_max):
-                _run_chunk(model, sites, c, L, todo[start:start + k_max], clean_store, corr_cache,
-                           block0, xt, am, metric_values, metric, eps, split_ref)
-    if result:
-        return _as_result(sites, work, components, which, n_pos if per_position else None, clean_store,
-                          corr_cache, clean_metric, corrupted_metric, clean_cache is not None, eps, split_ref)
-    return _as_tables(sites, work, components, which, n_pos if per_position else None,
-                      float(clean_metric[0]), float(corrupted_metric[0]))
+    return PatchJob(groups, xt, am, block0, metric_fn, d_vocab, batch_size, state)
 
 
 def _patch_hook_names(sites: ModelSites, components, layer_list) -> tuple[set[str], set[str]]:
@@ -345,14 +312,13 @@ def _patch_hook_names(sites: ModelSites, components, layer_list) -> tuple[set[st
 
 
 def _plan(sites: ModelSites, components, layer_list, head_list, kv_list, which, n_pos: int | None):
-    """The patched runs per (component, layer), in the table's order."""
+    """The patched runs, one group per (component, layer), in the table's order."""
     positions = list(range(n_pos)) if n_pos is not None else [None]
-    work: list[tuple[str, int, list[PatchVariant]]] = []
+    work: list[tuple[tuple[str, int], list[PatchVariant]]] = []
     for c in components:
         for L in layer_list:
             hs = head_list if c == "value" else kv_list if c in KV_COMPONENTS else [None]
-            variants = [PatchVariant(w, p, h) for p in positions for h in hs for w in which]
-            work.append((c, L, variants))
+            work.append(((c, L), [PatchVariant(w, p, h) for p in positions for h in hs for w in which]))
     return work
 
 
@@ -366,7 +332,7 @@ def _as_tables(sites: ModelSites, work, components, which, n_pos: int | None, cl
     """``(results, table)``: tensors shaped like TransformerLens patching results and the tidy table."""
     results = {c: {w: torch.full(_shape(sites, c, n_pos), float("nan")) for w in which} for c in components}
     rows = []
-    for c, L, variants in work:
+    for (c, L), variants in work:
         by_key: dict[tuple, dict[str, float]] = {}
         for v in variants:
             by_key.setdefault((v.pos, v.head), {})[v.which] = float(v.value[0])
@@ -396,7 +362,7 @@ def _as_result(sites: ModelSites, work, components, which, n_pos: int | None, cl
     n_ex = corrupted_metric.shape[0]
     values = {c: {w: np.full((n_ex,) + _shape(sites, c, n_pos), np.nan) for w in which} for c in components}
     fracs = {c: np.full((n_ex,) + _shape(sites, c, n_pos), np.nan) for c in components}
-    for c, L, variants in work:
+    for (c, L), variants in work:
         frac = _difference_share(sites, c, L, clean, corr, eps, reference)  # [batch, pos(, head)]
         for v in variants:
             idx = (slice(None), L) + ((v.pos,) if v.pos is not None else ()) + ((v.head,) if v.head is not None else ())
@@ -437,44 +403,62 @@ def _difference_share(sites: ModelSites, c: str, L: int, clean: dict, corr: dict
     return decompose(delta, ref, eps).par_frac.double().cpu().numpy()
 
 
-def _clean_from_cache(cache, names, shape: tuple[int, int], device) -> dict[str, Tensor]:
-    """The hooks ``names`` of a user's clean cache, checked (present, of the corrupted run's shape)."""
-    hint = f"model.run_with_cache(clean_tokens, names_filter=lambda n: n in {sorted(names)!r})"
-    return {n: cache_tensor(cache, n, shape, "clean_cache", hint).detach().to(device) for n in sorted(names)}
-
-
-def _run_chunk(model, sites: ModelSites, c: str, L: int, chunk: list[PatchVariant], clean: dict, corr: dict,
-               block0: BlockInput, xt: Tensor, am: Tensor, metric_values, metric, eps: float,
-               reference=None) -> None:
-    """One forward from block ``L`` of ``len(chunk)`` stacked patched copies of the corrupted
-    batch; stores each copy's metric in its variant."""
-    k, b = len(chunk), xt.shape[0]
-    resid = corr[f"blocks.{L}.hook_resid_pre"]
+def _set_patch(job: PatchJob, key: tuple[str, int], chunk: list[PatchVariant]) -> StackedPatch:
+    """One forward from block ``L`` of ``len(chunk)`` stacked patched copies of the corrupted batch
+    (component ``c``, layer ``L``: the group ``key``)."""
+    s, (c, L) = job.state, key
+    k, b = len(chunk), job.tokens.shape[0]
+    resid = s.corr[f"blocks.{L}.hook_resid_pre"]
     hooks: list = []
     if c in STREAM_COMPONENTS:  # the patch is the block input itself
-        src = clean[f"blocks.{L}.hook_resid_pre"]
-        stacked = torch.cat([masked(patch_against(reference, L, src, resid, resid, v.which, eps), resid, v.pos)
+        src = s.clean[f"blocks.{L}.hook_resid_pre"]
+        stacked = torch.cat([masked(patch_against(s.reference, L, src, resid, resid, v.which, s.eps), resid, v.pos)
                              for v in chunk])
     else:
         stacked = resid.repeat(k, 1, 1) if k > 1 else resid
         if c in KV_COMPONENTS:
-            name = hook_names(sites, L)[c]
-            hooks = stacked_kv_hooks(name, clean[name], chunk, b, eps)
+            name = hook_names(s.sites, L)[c]
+            hooks = stacked_kv_hooks(name, s.clean[name], chunk, b, s.eps)
         elif c == "value":
-            hooks = stacked_value_hooks(sites.value[L], sites.n_heads, clean[sites.value[L].z_hook], chunk, b, eps)
+            vs = s.sites.value[L]
+            hooks = stacked_value_hooks(vs, s.sites.n_heads, s.clean[vs.z_hook], chunk, b, s.eps)
         else:
-            u = sites.units[c][L]
-            clean_u, _ = _unit_tensors(sites, c, L, clean)
-            hooks = stacked_residual_hooks(u, clean_u, chunk, b, eps, reference)
-    logits = stacked_forward(model, block0, L, stacked, xt, am, hooks, k)
-    for i, v in enumerate(chunk):
-        v.value = metric_values(metric, logits[i * b:(i + 1) * b])
-    del logits
+            clean_u, _ = _unit_tensors(s.sites, c, L, s.clean)
+            hooks = stacked_residual_hooks(s.sites.units[c][L], clean_u, chunk, b, s.eps, s.reference)
+    return StackedPatch(L, stacked, hooks, k)
 
 
-# ---------------------------------------------------------------------------
-# split direct logit attribution
-# ---------------------------------------------------------------------------
+def _tabulate(job: PatchJob):
+    """``(results, table)``, or a :class:`DirectionalResult` with ``result=True``."""
+    s = job.state
+    if s.result:
+        return _as_result(s.sites, job.groups, s.components, s.which, s.n_pos, s.clean, s.corr, s.clean_metric,
+                          s.corrupted_metric, s.from_cache, s.eps, s.reference)
+    return _as_tables(s.sites, job.groups, s.components, s.which, s.n_pos, float(s.clean_metric[0]),
+                      float(s.corrupted_metric[0]))
 
 
-__all__ = ["KV_COMPONENTS", "STREAM_COMPONENTS", "WHICH", "directional_patch"]
+#: Directional activation patching as the generic loop's patcher: ``plan``, ``patch_setter`` and
+#: ``tabulate`` of :func:`~tl_directional.evaluate.patching.generic.generic_directional_patch`.
+ACTIVATION_PATCHER = {"plan": _plan_patches, "patch_setter": _set_patch, "tabulate": _tabulate}
+
+directional_patch_resid_pre = partial(generic_directional_patch, **ACTIVATION_PATCHER, components=("resid_pre",))
+"""``directional_patch(..., components=("resid_pre",))``: the stream entering each block, against
+the corrupted stream there (``full`` is TransformerLens's ``get_act_patch_resid_pre``)."""
+
+directional_patch_attn = partial(generic_directional_patch, **ACTIVATION_PATCHER, components=("attn",))
+"""``directional_patch(..., components=("attn",))``: each attention sub-layer's update, against the
+corrupted run's stream it is added to (``full``: TransformerLens's ``get_act_patch_attn_out``)."""
+
+directional_patch_mlp = partial(generic_directional_patch, **ACTIVATION_PATCHER, components=("mlp",))
+"""``directional_patch(..., components=("mlp",))``: each MLP's update, against the corrupted run's
+stream it is added to (``full``: TransformerLens's ``get_act_patch_mlp_out``)."""
+
+directional_patch_value = partial(generic_directional_patch, **ACTIVATION_PATCHER, components=("value",))
+"""``directional_patch(..., components=("value",))``: each head's output ``z`` in value space,
+against the head's own corrupted value vector (``full``: TransformerLens's
+``get_act_patch_attn_head_out_all_pos`` on ``hook_z``)."""
+
+
+__all__ = ["ACTIVATION_PATCHER", "KV_COMPONENTS", "STREAM_COMPONENTS", "WHICH", "directional_patch",
+           "directional_patch_attn", "directional_patch_mlp", "directional_patch_resid_pre", "directional_patch_value"]

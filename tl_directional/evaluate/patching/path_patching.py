@@ -27,7 +27,8 @@ effects, whatever the norm, once the metric is non-linear in the receiver's inpu
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -35,16 +36,13 @@ from torch import Tensor
 
 from ...core.bootstrap import random_subspace_share
 from ...core.geometry import DEFAULT_EPS, check_eps
-from ...model.handle import (
-    capture_hooks,
-    device_of,
-    forward_recording_block_input,
-)
+from ...model.handle import capture_hooks, device_of, forward_recording_block_input
 from ...model.indices import normalize_layers
 from ...model.inputs import prepare_inputs
 from ...model.reference import resolve_reference
 from ...model.sites import POST_LN, ModelSites, analysis_sites
-from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
+from .cache_input import check_names_filter, clean_from_cache, metric_values
+from .generic import PatchJob, StackedPatch, check_batch_size, generic_directional_patch
 from .path_hooks import PathRun, chunk_hooks
 from .path_nodes import (
     SPACES,
@@ -58,29 +56,8 @@ from .path_nodes import (
     sender_hooks,
 )
 from .result import DirectionalResult
-from .stacked import copies_per_forward, stacked_forward
 
 PARTS = ("full", "par", "perp")
-
-
-def _metric_rows(metric, logits: Tensor, b: int) -> np.ndarray:
-    """``metric(logits)`` as float64 ``[b]`` (per example) or ``[1]`` (the batch's)."""
-    value = metric(logits)
-    if isinstance(value, Tensor):
-        if value.ndim > 1 or (value.ndim == 1 and value.shape[0] not in (1, b)):
-            raise PathPatchError(
-                f"metric returned a tensor of shape {tuple(value.shape)}; it must return one number per example "
-                f"(shape [{b}]) or one for the batch, e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]"
-            )
-        return check_finite_metric(value.detach().double().cpu().reshape(-1).numpy(), PathPatchError)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise PathPatchError(
-            f"metric must return a number or a tensor, got {type(value).__name__}; "
-            "return e.g. (logits[:, -1, a] - logits[:, -1, b]).mean()"
-        ) from None
-    return check_finite_metric(np.array([number]), PathPatchError)
 
 
 def _needed_corrupted(sites, receivers: list[Receiver], freeze: bool) -> set[str]:
@@ -120,10 +97,12 @@ def path_patch(
 ):
     """Path patching of one sender into receivers, full and split (module docstring; METHOD.md sec. 5).
 
-    Two call shapes: ``path_patch(model, clean, corrupted, metric, sender=...)`` (texts or
-    ``[batch, pos]`` tokens of equal shape) and TransformerLens's ``path_patch(model,
-    corrupted_tokens, clean_cache, metric, sender=...)``, ``clean_cache`` any mapping holding the
-    sender's clean hook (``attn.hook_z`` for a head, the update hook for ``attn`` / ``mlp``).
+    The loop is :func:`~tl_directional.evaluate.patching.generic.generic_directional_patch` with
+    this function's patcher (:data:`PATH_PATCHER`). Two call shapes: ``path_patch(model, clean,
+    corrupted, metric, sender=...)`` (texts or ``[batch, pos]`` tokens of equal shape) and
+    TransformerLens's ``path_patch(model, corrupted_tokens, clean_cache, metric, sender=...)``,
+    ``clean_cache`` any mapping holding the sender's clean hook (``attn.hook_z`` for a head, the
+    update hook for ``attn`` / ``mlp``).
 
     Args:
         sender: ``("head", layer, head)``, ``("attn", layer)`` or ``("mlp", layer)``.
@@ -164,9 +143,37 @@ def path_patch(
             shapes, a model in training mode, a metric returning neither a scalar nor ``[batch]``.
         PatchingInputError: a clean cache or ``names_filter`` lacking a needed hook.
     """
-    clean_cache = None
-    if is_cache(corrupted):
-        clean_cache, corrupted, clean = corrupted, clean, None
+    return generic_directional_patch(
+        model, clean, corrupted, metric, **PATH_PATCHER, sender=sender, receivers=receivers, parts=parts,
+        space=space, layers=layers, joint=joint, freeze_norm=freeze_norm, attention_mask=attention_mask,
+        batch_size=batch_size, names_filter=names_filter, eps=eps, return_inputs=return_inputs,
+        reference=reference, per_layer=per_layer)
+
+
+@dataclass
+class _Paths:
+    """What :func:`_plan_paths` resolved and ran, read by :func:`_set_paths` and :func:`_tabulate_paths`."""
+
+    plan: _Plan
+    base: _Base
+    deltas: dict[str, Tensor]
+    share: Tensor
+    joint: bool
+    freeze_norm: bool
+    return_inputs: bool
+    space: str
+    from_cache: bool
+    k: int
+    captured: list = field(default_factory=list)  # (chunk, {(run index, receiver): input}) per forward
+
+
+def _plan_paths(model, clean, corrupted, clean_cache, metric, *, sender, receivers="q", parts=PARTS,
+                space="residual", layers=None, joint=False, freeze_norm=False, attention_mask=None,
+                batch_size=None, names_filter=None, eps=DEFAULT_EPS, return_inputs=False, reference=None,
+                per_layer=None) -> PatchJob:
+    """:func:`path_patch`'s plan: check, run the clean and corrupted runs, split the sender's
+    difference, and list every patched run (a receiver set and a part) in one group sorted by its
+    first receiver's block (a forward starts at its first run's block)."""
     eps = check_eps(eps)
     split_ref = resolve_reference(model, reference, per_layer=per_layer)
     if not split_ref.is_stream and space == "value":
@@ -182,23 +189,17 @@ def path_patch(
             model, plan.sites, plan.send, space, plan.parts, base.clean_store, base.corr, base.block0,
             base.xt, base.am, plan.sandwich, eps, split_ref
         )
-        runs, inputs = _patched_runs(model, plan, base, deltas, metric, joint=joint, freeze_norm=freeze_norm,
-                                     batch_size=batch_size, return_inputs=return_inputs)
-    result = _as_result(
-        plan.sites,
-        runs,
-        plan.recs,
-        plan.parts,
-        joint,
-        base.corrupted_metric,
-        base.clean_metric,
-        share,
-        space,
-        clean_cache is not None,
-        plan.sandwich,
-        split_ref.k,
-    )
-    return (result, inputs) if return_inputs else result
+    # with return_inputs, a zero difference along the same route gives the receiver's unpatched
+    # input computed exactly as the patched ones are (the bridge's norm fallback rounds differently)
+    run_parts = plan.parts + (("zero",) if return_inputs else ())
+    deltas["zero"] = torch.zeros_like(deltas[plan.parts[0]])
+    runs = ([PathRun(tuple(plan.recs), p) for p in run_parts] if joint
+            else [PathRun((r,), p) for r in plan.recs for p in run_parts])
+    runs.sort(key=lambda run: min(r.layer for r in run.receivers))
+    state = _Paths(plan, base, deltas, share, joint, freeze_norm, return_inputs, space, clean_cache is not None,
+                   split_ref.k)
+    metric_fn = partial(metric_values, metric, error=PathPatchError, type_error=PathPatchError)
+    return PatchJob([(None, runs)], base.xt, base.am, base.block0, metric_fn, base.d_vocab, batch_size, state)
 
 
 @dataclass
@@ -219,9 +220,7 @@ class _Plan:
 def _plan(model, *, sender, receivers, parts, space, layers, joint, freeze_norm, batch_size, names_filter) -> _Plan:
     """Check :func:`path_patch`'s arguments against the model; raise PathPatchError naming the fix."""
     if space not in SPACES:
-        raise PathPatchError(
-            f"space={space!r}: choose 'residual' (against the stream) or 'value' (a head's own value)"
-        )
+        raise PathPatchError(f"space={space!r}: choose 'residual' (against the stream) or 'value' (a head's own value)")
     parts = (parts,) if isinstance(parts, str) else tuple(dict.fromkeys(parts))
     if not parts or any(p not in PARTS for p in parts):
         raise PathPatchError(f"parts={parts!r}: choose from {PARTS}")
@@ -244,22 +243,14 @@ def _plan(model, *, sender, receivers, parts, space, layers, joint, freeze_norm,
             raise PathPatchError(f"path_patch: {exc}") from None
     recs = parse_receivers(receivers, send, sites, None if layers is None else set(layers))
     if not recs:
-        raise PathPatchError(
-            f"no receiver of {receivers!r} reads the write of sender {sender!r}; choose later layers"
-        )
+        raise PathPatchError(f"no receiver of {receivers!r} reads the write of sender {sender!r}; choose later layers")
     if joint and freeze_norm and any(r.kind == "logits" for r in recs):
         raise PathPatchError(
             "freeze_norm with joint=True cannot freeze the final norm; leave 'logits' out or freeze_norm off"
         )
-    if batch_size is not None and (
-        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
-    ):
-        raise PathPatchError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    sandwich = sites.sandwich
+    check_batch_size(batch_size, PathPatchError)
     clean_names, corr_names = sender_hooks(send, sites, space)
-    corr_names |= _needed_corrupted(sites, recs, freeze_norm) | {
-        f"blocks.{send.layer}.hook_resid_pre"
-    }
+    corr_names |= _needed_corrupted(sites, recs, freeze_norm) | {f"blocks.{send.layer}.hook_resid_pre"}
     hook_dict = model.hook_dict  # built on each access on the bridge: read it once
     missing = [n for n in corr_names if n not in hook_dict]
     if missing:
@@ -267,12 +258,9 @@ def _plan(model, *, sender, receivers, parts, space, layers, joint, freeze_norm,
             f"model has no hook point(s) {sorted(missing)[:3]} that these receivers read; "
             "choose other receivers (or freeze_norm=False)"
         )
-    check_names_filter(
-        names_filter,
-        {"path_patch": sorted(clean_names | corr_names)},
-        "path_patch caches the sender's hooks and the receivers' stream and norm hooks",
-    )
-    return _Plan(sites, send, recs, parts, clean_names, corr_names, hook_dict, sandwich)
+    check_names_filter(names_filter, {"path_patch": sorted(clean_names | corr_names)},
+                       "path_patch caches the sender's hooks and the receivers' stream and norm hooks")
+    return _Plan(sites, send, recs, parts, clean_names, corr_names, hook_dict, sites.sandwich)
 
 
 @dataclass
@@ -309,21 +297,15 @@ def _base_runs(model, plan: _Plan, metric, clean, corrupted, clean_cache, attent
         both_t = torch.cat([c_batch.tokens.to(device), xt])
         both_m = torch.cat([c_batch.attention_mask.to(device), am])
     else:
-        hint = f"model.run_with_cache(clean_tokens, names_filter={sorted(clean_names)!r})"
-        clean_store = {
-            n: cache_tensor(clean_cache, n, tuple(xt.shape), "clean_cache", hint)
-            .detach()
-            .to(device)
-            for n in clean_names
-        }
+        clean_store = clean_from_cache(clean_cache, clean_names, tuple(xt.shape), device)
         both_t, both_m = xt, am
     store: dict[str, Tensor] = {}
     names = corr_names | (clean_names if clean_cache is None else set())
     with torch.no_grad(), model.hooks(fwd_hooks=capture_hooks(names, store, clone=True)):
         logits, block0 = forward_recording_block_input(model, both_t, both_m, 0)
-    corrupted_metric = _metric_rows(metric, logits[-b:], b)
+    corrupted_metric = metric_values(metric, logits[-b:], PathPatchError, PathPatchError)
     if clean_cache is None:
-        clean_metric = _metric_rows(metric, logits[:b], b)
+        clean_metric = metric_values(metric, logits[:b], PathPatchError, PathPatchError)
         clean_store = {n: store[n][:b] for n in clean_names}
     else:
         clean_metric = np.full_like(corrupted_metric, np.nan)
@@ -332,134 +314,90 @@ def _base_runs(model, plan: _Plan, metric, clean, corrupted, clean_cache, attent
         if clean_store[n].shape != corr[n].shape:  # another model's cache: a shape error deep inside
             raise PathPatchError(
                 f"clean_cache[{n!r}] has shape {tuple(clean_store[n].shape)} but this model's run gives "
-                f"{tuple(corr[n].shape)}; cache the clean run with this model ({hint})"
+                f"{tuple(corr[n].shape)}; cache the clean run with this model (model.run_with_cache(clean_tokens))"
             )
     return _Base(xt, am, b, clean_store, corr, block0, corrupted_metric, clean_metric, int(logits.shape[-1]))
 
 
-def _patched_runs(model, plan: _Plan, base: _Base, deltas: dict, metric, *, joint, freeze_norm, batch_size,
-                  return_inputs) -> tuple[list[PathRun], dict]:
-    """Every patched run (a receiver set and a part), stacked into as few forwards as fit; each
-    run's ``value`` is its metric. Also the receivers' input changes when ``return_inputs``."""
-    b, xt, am, corr, block0 = base.b, base.xt, base.am, base.corr, base.block0
-    # with return_inputs, a zero difference along the same route gives the receiver's unpatched
-    # input computed exactly as the patched ones are (the bridge's norm fallback rounds differently)
-    run_parts = plan.parts + (("zero",) if return_inputs else ())
-    deltas["zero"] = torch.zeros_like(deltas[plan.parts[0]])
-    runs = (
-        [PathRun(tuple(plan.recs), p) for p in run_parts]
-        if joint
-        else [PathRun((r,), p) for r in plan.recs for p in run_parts]
-    )
-    k_max = batch_size or copies_per_forward(b, xt.shape[1], base.d_vocab)
-    captured: dict | None = {} if return_inputs else None
+def _set_paths(job: PatchJob, key: None, chunk: list[PathRun]) -> StackedPatch:  # noqa: ARG001 - one group
+    """One forward of the runs ``chunk`` from their first receiver's block, with their *shadow*
+    copies stacked after them (one per part; a ``joint`` run has its own)."""
+    s = job.state
+    start = min(r.layer for r in chunk[0].receivers)
+    if s.joint:
+        shadows = [(run.part, i) for i, run in enumerate(chunk)]
+    else:
+        shadows = [(p, None) for p in dict.fromkeys(run.part for run in chunk)]
+    index = {p: j for j, (p, _) in enumerate(shadows)}
+    for i, run in enumerate(chunk):
+        run.shadow = i if s.joint else index[run.part]
+    n = len(chunk) + len(shadows)
+    captured: dict | None = {} if s.return_inputs else None
+    if captured is not None:
+        s.captured.append((chunk, captured))
+    hooks = chunk_hooks(s.plan.sites, s.plan.hook_dict, chunk, shadows, s.deltas, s.base.corr, s.base.b,
+                        s.freeze_norm, captured)
+    # freeze_norm edits hook_scale on purpose: the unpatched route is rebuilt the same way
+    resid = s.base.corr[f"blocks.{start}.hook_resid_pre"]
+    return StackedPatch(start, resid.repeat(n, 1, 1), hooks, n, edits_norm_scale=True)
+
+
+def _tabulate_paths(job: PatchJob):
+    """The :class:`DirectionalResult`, and with ``return_inputs`` the receivers' input changes
+    (each patched input minus the zero-difference run's)."""
+    s = job.state
     inputs: dict = {}
-    # one forward for as many runs as fit (on small models a forward's fixed cost dominates);
-    # it starts at the chunk's first receiver block (runs are sorted by their first block)
-    runs.sort(key=lambda run: min(r.layer for r in run.receivers))
-    for c0 in range(0, len(runs), k_max):
-        chunk = runs[c0 : c0 + k_max]
-        start = min(r.layer for r in chunk[0].receivers)
-        if joint:
-            shadows = [(run.part, i) for i, run in enumerate(chunk)]
-        else:
-            shadows = [(p, None) for p in dict.fromkeys(run.part for run in chunk)]
-        index = {p: j for j, (p, _) in enumerate(shadows)}
+    for chunk, captured in s.captured:
         for i, run in enumerate(chunk):
-            run.shadow = i if joint else index[run.part]
-        n = len(chunk) + len(shadows)
-        resid = corr[f"blocks.{start}.hook_resid_pre"]
-        hooks = chunk_hooks(
-            plan.sites, plan.hook_dict, chunk, shadows, deltas, corr, b, freeze_norm, captured
-        )
-        # freeze_norm edits hook_scale on purpose: the unpatched route is rebuilt the same way
-        out = stacked_forward(model, block0, start, resid.repeat(n, 1, 1), xt, am, hooks, n,
-                              edits_norm_scale=True)
-        for i, run in enumerate(chunk):
-            run.value = _metric_rows(metric, out[i * b : (i + 1) * b], b)
-            for rec in run.receivers if captured is not None else ():
-                inputs[(run.part, rec)] = captured.pop((i, rec), deltas[run.part])
-        del out
+            for rec in run.receivers:
+                inputs[(run.part, rec)] = captured.pop((i, rec), s.deltas[run.part])
     for key in [key for key in inputs if key[0] != "zero"]:
         zero = inputs[("zero", key[1])]
-        inputs[key] = (
-            inputs[key] - zero if key[1].kind not in ("resid", "logits") else inputs[key]
-        )
+        inputs[key] = inputs[key] - zero if key[1].kind not in ("resid", "logits") else inputs[key]
     inputs = {key: t for key, t in inputs.items() if key[0] != "zero"}
-    return [run for run in runs if run.part != "zero"], inputs
+    result = _as_result(s, [run for run in job.groups[0][1] if run.part != "zero"])
+    return (result, inputs) if s.return_inputs else result
 
 
-def _as_result(
-    sites,
-    runs,
-    recs,
-    parts,
-    joint,
-    corrupted_metric,
-    clean_metric,
-    share,
-    space,
-    from_cache,
-    sandwich,
-    k=1,
-):
+def _as_result(s: _Paths, runs: list[PathRun]) -> DirectionalResult:
+    """The runs' effects (metric minus the corrupted metric) per receiver kind, as a
+    :class:`DirectionalResult` of kind ``"path_patch"`` (:func:`path_patch`'s Returns)."""
+    sites, recs, corrupted_metric, share = s.plan.sites, s.plan.recs, s.base.corrupted_metric, s.share
     n_ex = corrupted_metric.shape[0]
-    if joint:
-        shapes = {"joint": ()}
-    else:
-        shapes = {}
-        for r in recs:
-            if r.kind in ("q", "k", "v"):
-                shapes[r.kind] = (
-                    sites.n_layers,
-                    sites.n_heads if r.kind == "q" else sites.n_kv_heads,
-                )
-            else:
-                shapes[r.kind] = (sites.n_layers,) if r.kind in ("mlp", "resid") else ()
-    values = {kd: {p: np.full((n_ex,) + s, np.nan) for p in parts} for kd, s in shapes.items()}
+    shapes = {"joint": ()} if s.joint else {
+        r.kind: (sites.n_layers, sites.n_heads if r.kind == "q" else sites.n_kv_heads) if r.kind in ("q", "k", "v")
+        else (sites.n_layers,) if r.kind in ("mlp", "resid") else () for r in recs}
+    values = {kd: {p: np.full((n_ex,) + shape, np.nan) for p in s.plan.parts} for kd, shape in shapes.items()}
     for run in runs:
         eff = run.value - corrupted_metric
-        if joint:
+        if s.joint:
             values["joint"][run.part][:] = eff
             continue
         r = run.receivers[0]
-        idx = (slice(None),) + (
-            (r.layer, r.head) if r.head is not None else (r.layer,) if r.kind != "logits" else ()
-        )
+        idx = (slice(None),) + ((r.layer, r.head) if r.head is not None else (r.layer,) if r.kind != "logits" else ())
         values[r.kind][run.part][idx] = eff
     frac = share.cpu().numpy() if share.shape[0] == n_ex else np.full(n_ex, float(share.mean()))
-    par_frac = {
-        kd: np.broadcast_to(frac.reshape((n_ex,) + (1,) * len(s)), (n_ex,) + s).copy()
-        for kd, s in shapes.items()
-    }
-    dims = {
-        kd: ("example",) + (("layer", "head") if len(s) == 2 else ("layer",) if len(s) == 1 else ())
-        for kd, s in shapes.items()
-    }
-    d = sites.d_head if space == "value" else sites.d_model
-    notes = [
-        f"par_frac is the sender's difference's share along its reference ({space} space), the same for every receiver."
-    ]
+    par_frac = {kd: np.broadcast_to(frac.reshape((n_ex,) + (1,) * len(shape)), (n_ex,) + shape).copy()
+                for kd, shape in shapes.items()}
+    dims = {kd: ("example",) + (("layer", "head"), ("layer",), ())[2 - len(shape)] for kd, shape in shapes.items()}
+    notes = [f"par_frac is the sender's difference's share along its reference ({s.space} space), the same for "
+             "every receiver."]
     if sites.n_kv_heads != sites.n_heads and any(r.kind in ("k", "v") for r in recs):
-        notes.append(
-            "grouped-query model: k / v receivers are key/value heads, each read by a group of query heads."
-        )
-    if sandwich:
-        notes.append(
-            "sandwich-norm model: a head's write is the post-attention norm's output with only that head changed."
-        )
-    if from_cache:
+        notes.append("grouped-query model: k / v receivers are key/value heads, each read by a group of query heads.")
+    if s.plan.sandwich:
+        notes.append("sandwich-norm model: a head's write is the post-attention norm's output with only that head "
+                     "changed.")
+    if s.from_cache:
         notes.append("clean activations from clean_cache: the clean metric is not known (NaN).")
-    return DirectionalResult(
-        kind="path_patch",
-        values=values,
-        dims=dims,
-        par_frac=par_frac,
-        random_share={kd: random_subspace_share(d, k) for kd in shapes},
-        clean_metric=clean_metric,
-        corrupted_metric=corrupted_metric,
-        notes=tuple(notes),
-    )
+    d = sites.d_head if s.space == "value" else sites.d_model
+    return DirectionalResult(kind="path_patch", values=values, dims=dims, par_frac=par_frac,
+                             random_share={kd: random_subspace_share(d, s.k) for kd in shapes},
+                             clean_metric=s.base.clean_metric, corrupted_metric=corrupted_metric, notes=tuple(notes))
 
 
-__all__ = ["PARTS", "path_patch"]
+#: Path patching as the generic loop's patcher: ``plan``, ``patch_setter`` and ``tabulate`` of
+#: :func:`~tl_directional.evaluate.patching.generic.generic_directional_patch`.
+PATH_PATCHER = {"plan": _plan_paths, "patch_setter": _set_paths, "tabulate": _tabulate_paths}
+
+
+__all__ = ["PARTS", "PATH_PATCHER", "path_patch"]
