@@ -229,12 +229,19 @@ def _repeat_check(rec, model: str, data: Path) -> list[str]:
     return L + [""]
 
 
-def build_amend_page(stem: str, data: Path) -> str:
+def page_inputs(stem: str):
+    """``(manifest, records, per-setting stats, corpus ppl, texts, predicted tokens per text)`` of
+    run ``stem``, with sec. 2's window bootstrap: what every page of a settings grid starts from."""
     manifest, rec, _ = D.load_data(stem)
     weights = S.window_bootstrap(rec)
     st, ppl = S.setting_stats(rec, weights), corpus_ppl(rec, weights)
     texts = list(weights)
     tokens = {t: int(rec[(rec.text == t) & (rec.setting == "baseline")].tokens.sum()) for t in texts}
+    return manifest, rec, st, ppl, texts, tokens
+
+
+def build_amend_page(stem: str, data: Path) -> str:
+    manifest, rec, st, ppl, texts, tokens = page_inputs(stem)
     model = manifest["model"]["name"]
     L = [f"# The paper's edit form on {model} (protocol sec. 9.2)", ""]
     L += provenance(manifest, stem, texts, tokens)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from studies.claims import data as D
 from studies.claims import stats as S
-from studies.claims.amend import corpus_ppl, provenance, settings_table
+from studies.claims.amend import page_inputs, provenance, settings_table
 
 COMPONENTS = ("mlp", "attn")
 CONVENTIONS = ("all", "spare0", "skip0", "skip0 spare0")
@@ -93,11 +93,7 @@ def _repeat_check(rec, model: str, data: Path) -> list[str]:
 
 
 def build_sites_page(stem: str, data: Path) -> str:
-    manifest, rec, _ = D.load_data(stem)
-    weights = S.window_bootstrap(rec)
-    st, ppl = S.setting_stats(rec, weights), corpus_ppl(rec, weights)
-    texts = list(weights)
-    tokens = {t: int(rec[(rec.text == t) & (rec.setting == "baseline")].tokens.sum()) for t in texts}
+    manifest, rec, st, ppl, texts, tokens = page_inputs(stem)
     m = manifest["model"]
     L = [f"# Where the residual edits' damage comes from on {m['name']} (protocol sec. 14)", ""]
     L += provenance(manifest, stem, texts, tokens, section="14", builder="python -m studies build")
