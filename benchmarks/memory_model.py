@@ -26,6 +26,8 @@ statistics take 4 bytes whatever the model's dtype):
   with trainable parameters (TransformerLens's ``attribution_patch``) each linear map's input
   and each norm's output are kept too, ``+ T (d_mlp + 5 d_model) e``;
 * ``cache``: ``hooks x T x width x e`` for what a cache or the attribution clean run holds;
+* ``unembed_backward``: a float32 ``vocab x d_model`` buffer ``attribution_patch`` holds with an
+  untied unembedding (measured; origin not found);
 * ``fixed``: what one first call costs whatever the shape (lazy imports, the profile's tables),
   read off the ``tiny`` size (2 layers, width 64, every shape term under 3 MB); ``tiny`` is
   therefore the calibration of this term, not a check of the model.
@@ -189,11 +191,12 @@ def _attribution(s: Shape, pairs: int, seq: int, e: int, layers_per_pass, node_t
     return out
 
 
-def unembed_workspace(s: Shape, rows: int) -> float:
-    """What the backward through an untied unembedding allocates beside it on CPU: a float32
-    ``vocab x d_model`` buffer (the matrix product's packed copy of ``W_U``), seen from 64 rows
-    on (4 x 16 tokens) and not at 16 (TransformerLens's one pair); none with a tied unembedding."""
-    return 0.0 if s.tied or rows < 64 else s.vocab * s.d_model * 4
+def unembed_workspace(s: Shape, rows: int) -> float:  # noqa: ARG001 - measured at 16 and 64 rows alike
+    """A float32 ``vocab x d_model`` buffer that ``attribution_patch`` holds at its peak on the
+    CPU with an untied unembedding (the scaling builds; 16 and 64 rows alike), and not with a
+    tied one (the catalogue SmolLM2) nor in TransformerLens's ``attribution_patch`` on the same
+    model; its origin is not found yet (docs/performance.md)."""
+    return 0.0 if s.tied else s.vocab * s.d_model * 4
 
 
 #: The records whose sides the model covers (``--measure``'s default).

@@ -376,11 +376,14 @@ def test_memory_model_arithmetic_on_constructed_shapes():
         estimate(s, "train", 1, 1)
 
 
+@pytest.mark.bridge
 def test_memory_model_graph_term_counts_what_autograd_saves(tiny_model):
     """The ``graph`` term against the bytes autograd saves in attribution's corrupted forward
     (parameters frozen, the graph starting at the first stream), counted with
     ``torch.autograd.graph.saved_tensors_hooks`` on the tiny Llama (GQA, gated MLP), storage
-    by storage; the unembedding's and final norm's saved input are outside the term."""
+    by storage; the unembedding's and final norm's saved input are outside the term. The model is
+    of the bridge's HF modules: the legacy ``HookedTransformer``'s own block saves 1.7x as much
+    on this model (its einsum attention and hook copies), which the model does not cover."""
     import torch
 
     from benchmarks.memory_model import Shape, estimate
@@ -412,9 +415,9 @@ def test_memory_model_graph_term_counts_what_autograd_saves(tiny_model):
 
 def test_memory_model_is_within_ten_percent_of_the_committed_measurements():
     """Every committed peak increment (benchmarks/results/issue51_memory_cpu_*.json, measured
-    with the harness's probe) of the analyses the model covers to 10%: the forward, the edit,
-    ``profile`` and ``attribution_patch`` (one pass and ``layers_per_pass``) on every size but
-    ``tiny`` (the calibration of the first-call term). TransformerLens's ``attribution_patch`` and
+    with the harness's probe) of the analyses the model covers to 10%: the forward, the edit and
+    ``attribution_patch`` (one pass and ``layers_per_pass``) on every size but ``tiny`` (the
+    calibration of the first-call term). ``profile``, TransformerLens's ``attribution_patch`` and
     the two activation-patching calls are printed by ``--check`` but not modelled to 10%
     (docs/performance.md says by how much and why)."""
     from benchmarks.memory_model import check_rows
@@ -425,7 +428,7 @@ def test_memory_model_is_within_ten_percent_of_the_committed_measurements():
         assert doc["command"].startswith("python -m benchmarks.memory_model --measure")
         rows += check_rows(doc)
     covered = [r for r in rows if r["size"] != "tiny"
-               and r["analysis"] in ("forward", "forward_no_logits", "edit", "profile", "attribution")]
+               and r["analysis"] in ("forward", "forward_no_logits", "edit", "attribution")]
     assert len(covered) >= 6
     bad = [r for r in covered if abs(r["ratio"] - 1) > 0.10]
     assert not bad, bad

@@ -48,7 +48,7 @@ from ...model.reference import resolve_reference
 from ...model.sites import ModelSites, analysis_sites, resolve_sites
 from .attribution_passes import check_layers_per_pass, forward_backward, layer_passes
 from .attribution_scores import AttributionError, node_scores
-from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
+from .cache_input import cache_tensor, check_names_filter, is_cache
 from .result import DirectionalResult
 
 _CACHE_HINT = (
