@@ -15,8 +15,9 @@ for larger shapes, with the settings that make each fit.
 The terms (``T = batch x seq`` tokens, ``e`` bytes per element of the model's dtype; float32
 statistics take 4 bytes whatever the model's dtype):
 
-* ``logits``: ``T x vocab x e``, held by every call that returns logits (once more as the
-  logits' gradient in a backward);
+* ``logits``: ``T x vocab x e``, held by every call that returns logits; in a backward twice
+  more for a metric reading two logits (``logits[:, -1, a] - logits[:, -1, b]``, the harness's
+  and most tutorials'): each index's backward is a full-size zero tensor, then their sum;
 * ``block``: a no-grad block's working set, ``T (3 d_mlp + 4 d_model) e + 2 b n_heads seq^2 e``
   (the MLP's gate, up and product, the stream, its norm and the attention output; scores and
   probabilities);
@@ -26,8 +27,6 @@ statistics take 4 bytes whatever the model's dtype):
   with trainable parameters (TransformerLens's ``attribution_patch``) each linear map's input
   and each norm's output are kept too, ``+ T (d_mlp + 5 d_model) e``;
 * ``cache``: ``hooks x T x width x e`` for what a cache or the attribution clean run holds;
-* ``unembed_backward``: a float32 ``vocab x d_model`` buffer ``attribution_patch`` holds with an
-  untied unembedding (measured; origin not found);
 * ``fixed``: what one first call costs whatever the shape (lazy imports, the profile's tables),
   read off the ``tiny`` size (2 layers, width 64, every shape term under 3 MB); ``tiny`` is
   therefore the calibration of this term, not a check of the model.
@@ -61,7 +60,7 @@ EXACT_QUANTILE_LIMIT = 16_384
 #: increment minus its shape terms, 0 where those exceed it
 #: (benchmarks/results/issue51_memory_cpu_float32_small.json): imports and tables on first use.
 FIXED_MB = {
-    "forward": 0.0, "forward_no_logits": 0.0, "edit": 0.0, "profile": 3.5,
+    "forward": 0.0, "forward_no_logits": 0.0, "edit": 0.0, "profile": 4.4,
     "attribution": 1.8, "attribution_transformer_lens": 1.6,
     "directional_patch": 0.0, "get_act_patch_resid_pre": 1.0,
 }
@@ -134,19 +133,21 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
     logits = T * s.vocab * e
     block = _block(s, batch, seq, e)
     terms: dict[str, float] = {}
-    if analysis == "forward":
-        terms = {"logits": logits, "block": block}
-    elif analysis == "forward_no_logits":
+    # a no-grad forward peaks at the larger of a block's working set and the unembedding's output
+    # beside the last stream (the block's temporaries are freed by then)
+    forward = {"logits": logits, "final_stream": 2 * R} if logits + 2 * R >= block else {"block": block}
+    if analysis in ("forward", "forward_no_logits"):
         # the TransformerLens 4.3 bridge runs the HF model's unembedding whatever return_type says
-        terms = {"logits": logits, "block": block}
+        terms = dict(forward)
     elif analysis == "edit":
-        terms = {"logits": logits, "block": block, "edit_float32": 6 * T * s.d_model * 4}
+        terms = {**forward, "edit_float32": 6 * T * s.d_model * 4}
     elif analysis == "profile":
         groups = s.n_layers * (3 + s.n_heads)
-        # the bridge's logits; the float32 update / reference rows of every layer, held until the
-        # batch's statistics are counted in one pass (6 rows of d_model per layer and token: fitted
-        # on smollm2-135m, see docs/performance.md); the values kept for exact quantiles
-        terms = {"logits": logits, "block": block, "layers_float32": 6 * s.n_layers * T * s.d_model * 4,
+        # no logits (the forward stops after the last block); the float32 update / reference rows
+        # of every layer, held until the batch's statistics are counted in one pass (8/3 rows of
+        # d_model per layer and token: fitted on smollm2-135m, 2.66 on qwen3-0.6b); the values
+        # kept for exact quantiles
+        terms = {"block": block, "layers_float32": 8 * s.n_layers * T * s.d_model * 4 / 3,
                  "kept_values": groups * 4 * min(T, EXACT_QUANTILE_LIMIT) * 8}
     elif analysis == "cache_split":
         hooks = 6 * R + T * s.n_kv_heads * s.dh * e + batch * s.n_heads * seq * seq * e
@@ -157,7 +158,7 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         # one pair at a time: the corrupted run's graph (trainable weights), logits and their gradient,
         # the clean and corrupted caches (embed, z, mlp_out) and the gradients
         cache = seq * s.d_model * e * (1 + 2 * s.n_layers)
-        terms = {"graph": _graph(s, 1, seq, e, s.n_layers, params=True), "logits": 2 * seq * s.vocab * e,
+        terms = {"graph": _graph(s, 1, seq, e, s.n_layers, params=True), "logits": 3 * seq * s.vocab * e,
                  "caches": 3 * cache}
     elif analysis in ("directional_patch", "get_act_patch_resid_pre"):
         if analysis == "directional_patch":
@@ -186,17 +187,8 @@ def _attribution(s: Shape, pairs: int, seq: int, e: int, layers_per_pass, node_t
         T * s.n_kv_heads * s.dh * e if "value" in nt else 0)
     grads = clean_per_layer + (R if "head" in nt else 0)
     out = {"clean": s.n_layers * clean_per_layer, "graph": _graph(s, pairs, seq, e, k),
-           "logits": 2 * T * s.vocab * e, "pass_acts_grads": k * (acts + grads)}
-    out["unembed_backward"] = unembed_workspace(s, T)
+           "logits": 3 * T * s.vocab * e, "pass_acts_grads": k * (acts + grads)}
     return out
-
-
-def unembed_workspace(s: Shape, rows: int) -> float:  # noqa: ARG001 - measured at 16 and 64 rows alike
-    """A float32 ``vocab x d_model`` buffer that ``attribution_patch`` holds at its peak on the
-    CPU with an untied unembedding (the scaling builds; 16 and 64 rows alike), and not with a
-    tied one (the catalogue SmolLM2) nor in TransformerLens's ``attribution_patch`` on the same
-    model; its origin is not found yet (docs/performance.md)."""
-    return 0.0 if s.tied else s.vocab * s.d_model * 4
 
 
 #: The records whose sides the model covers (``--measure``'s default).
