@@ -4,7 +4,7 @@ model's shape, the batch and the dtype, checked against the harness's measured p
 Usage (from the repository root)::
 
     python -m benchmarks.memory_model --measure OUT.json --sizes tiny,smollm2-135m --setting 64x4
-    python -m benchmarks.memory_model --check benchmarks/results/issue51_memory_cpu_float32.json
+    python -m benchmarks.memory_model --check benchmarks/results/issue51_memory_cpu_float32_resident.json
     python -m benchmarks.memory_model --predict      # the 1B / 8B / 9B table of docs/performance.md
 
 ``--check`` prints, for every record side whose peak memory a scaling JSON holds
