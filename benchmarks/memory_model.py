@@ -7,9 +7,10 @@ Usage (from the repository root)::
     python -m benchmarks.memory_model --check benchmarks/results/issue51_memory_cpu_float32_resident.json
     python -m benchmarks.memory_model --predict      # the 1B / 8B / 9B table of docs/performance.md
 
-``--check`` prints, for every record side whose peak memory a scaling JSON holds
-(:mod:`benchmarks.scaling` ``--peak-memory``), the measured increment, the prediction and their
-ratio, as the Markdown table docs/performance.md shows; ``--predict`` prints what the model says
+``--measure`` runs the harness's peak-memory probe (:mod:`benchmarks.peak_memory`, one fresh
+process per record side) on the scaling family's seeded builds; ``--check`` prints, for every
+point of such a JSON, the measured increment, the prediction and their ratio, as the Markdown
+table docs/performance.md shows; ``--predict`` prints what the model says
 for larger shapes, with the settings that make each fit.
 
 The terms (``T = batch x seq`` tokens, ``e`` bytes per element of the model's dtype; float32
