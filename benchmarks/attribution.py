@@ -56,6 +56,33 @@ def _pairs(model, tokens: torch.Tensor):
 def attribution_vs_transformer_lens(bench: Bench):
     """Attribution patching of every node of a few prompt pairs: ``attribution_patch`` (split) /
     TransformerLens's ``attribution_patch`` (unsplit), equal full estimates checked."""
+    return _attribution_record(bench, None)
+
+
+#: Passes of :func:`attribution_layer_passes_vs_transformer_lens`: the backward of this many
+#: layers at a time is ``ceil(n_layers / LAYER_PASSES)`` blocks per pass.
+LAYER_PASSES = 8
+
+
+@register(
+    "attribution_layer_passes_vs_transformer_lens",
+    target=3.0,
+    op="<=",
+    precision=0.25,
+    primary_only=True,
+    floor_pairs=3,
+    baseline="transformer_lens.tools.analysis.attribution_patching.attribution_patch(model, clean, corrupt, "
+    "metric_fn): node granularity, two forwards and one backward per pair, no split",
+    candidate="tl_directional.attribution_patch(model, clean, corrupted, metric, layers_per_pass=ceil(n_layers / 8)): "
+    "the memory-bounded form (8 backward passes, the forward recomputed), scores equal to the default's",
+)
+def attribution_layer_passes_vs_transformer_lens(bench: Bench):
+    """Attribution patching in :data:`LAYER_PASSES` backward passes (``layers_per_pass``): its peak
+    memory beside TransformerLens's one-pair-at-a-time ``attribution_patch``, and what it costs."""
+    return _attribution_record(bench, -(-int(bench.model.cfg.n_layers) // LAYER_PASSES))
+
+
+def _attribution_record(bench: Bench, layers_per_pass: int | None):
     try:
         tl_ap = importlib.import_module("transformer_lens.tools.analysis.attribution_patching")
     except ImportError as exc:
@@ -80,7 +107,7 @@ def attribution_vs_transformer_lens(bench: Bench):
         return tl_ap.attribution_patch(model, clean, corrupted, lambda logits: metric(logits)[0])
 
     def run():
-        return attribution_patch(model, clean, corrupted, metric)
+        return attribution_patch(model, clean, corrupted, metric, layers_per_pass=layers_per_pass)
 
     if bench.check:
         want, got = base(), run()
@@ -113,6 +140,7 @@ def attribution_vs_transformer_lens(bench: Bench):
                 "prompt_tokens": int(clean.shape[1]),
                 "tl_nodes": len(want.node_scores),
                 "node_types": list(got.node_types),
+                "layers_per_pass": layers_per_pass,
                 # the issue's "<= 3 forward-equivalents per pair": run time over one forward of the
                 # same batch of pairs (each pair appears once in that forward), medians of 5
                 "forward_equivalents_per_pair": _forward_equivalents(model, clean, run),
@@ -139,4 +167,5 @@ def _forward_equivalents(model, clean: torch.Tensor, run, repeats: int = 5) -> f
     return median_seconds(run) / forward
 
 
-__all__ = ["ATTRIB_PAIRS", "ATTRIB_SEQ", "attribution_vs_transformer_lens"]
+__all__ = ["ATTRIB_PAIRS", "ATTRIB_SEQ", "LAYER_PASSES", "attribution_layer_passes_vs_transformer_lens",
+           "attribution_vs_transformer_lens"]

@@ -9,7 +9,10 @@ therefore starts, for each record on the primary setting, two subprocesses::
         --seq 128 --batch 8 --side candidate
 
 Each loads the model, builds the same inputs, runs one plain forward of 8 tokens (torch's and
-TransformerLens's one-off lazy set-up), then runs the record function with
+TransformerLens's one-off lazy set-up) and reads every weight once (a model loaded from
+memory-mapped safetensors is paged in on first read: without it the embedding matrix, of which a
+forward reads a few rows, would count in the first analysis that scans the weights), then runs
+the record function with
 ``Bench.probe = side``: the record skips its sanity checks, does its set-up (edits, grids,
 prompt pairs) and, at :meth:`benchmarks.registry.Bench.measure`, this module's :func:`peak_of`
 runs the side **once**:
@@ -59,6 +62,12 @@ def probe(record: str, model_source: str, seq: int, batch: int, side: str, *, de
         from tl_directional.model.inputs import TokenBatch
 
         forward(model, TokenBatch(inputs.tokens[:1, :8], inputs.attention_mask[:1, :8]), None)
+        # every weight resident before the call: a forward reads only the embedding rows of its
+        # tokens, and a model loaded from memory-mapped safetensors pages the rest in at the first
+        # full read (every analysis verb's non-finite scan), which RSS would count as the call's
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sum()
         bench = Bench(spec, setting, model, harness.source("main"), inputs, harness, seed=0,
                       probe=side)
         try:

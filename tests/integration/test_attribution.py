@@ -115,6 +115,26 @@ def test_batching_pairs_changes_nothing(gpt2):
             assert np.abs(a - b).max() <= limit, (node, part, np.abs(a - b).max(), limit)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma3"])
+def test_layer_passes_equal_one_pass_exactly(tiny_model, family):
+    """``layers_per_pass`` (the backward in passes of a few blocks, the forward recomputed) gives
+    the one-pass scores bit for bit (same values, same float ops), leaves the parameters' flags as
+    they were and refuses a non-positive count."""
+    model = tiny_model(family)
+    flags = [p.requires_grad for p in model.parameters()]
+    one = attribution_patch(model, CLEAN, CORRUPTED, metric)
+    for k in (1, model.cfg.n_layers - 1):
+        passes = attribution_patch(model, CLEAN, CORRUPTED, metric, layers_per_pass=k)
+        assert np.array_equal(passes.corrupted_metric, one.corrupted_metric)
+        for node in one.node_types:
+            for part in ("full", "par", "perp"):
+                assert np.array_equal(passes.values[node][part], one.values[node][part]), (k, node, part)
+            assert np.array_equal(passes.par_frac[node], one.par_frac[node]), (k, node)
+    assert [p.requires_grad for p in model.parameters()] == flags
+    with pytest.raises(AttributionError, match=r"layers_per_pass must be None .* got 0"):
+        attribution_patch(model, CLEAN, CORRUPTED, metric, layers_per_pass=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # the split estimates are the small-step limit of real directional patching
 # ---------------------------------------------------------------------------------------------
@@ -339,6 +359,13 @@ def test_benchmark_record_is_registered_and_its_check_passes(gpt2):
     assert attribution_vs_transformer_lens(bench) == "timed" and len(calls) == 1
     assert bench.extra["check_max_abs_diff_vs_transformer_lens"] < 1e-6
     assert bench.extra["tl_nodes"] == ATTRIB_SEQ * (1 + gpt2.cfg.n_layers * (gpt2.cfg.n_heads + 1))
+    # the memory-bounded form: the same check, in passes of ceil(n_layers / 8) blocks
+    from benchmarks.attribution import attribution_layer_passes_vs_transformer_lens
+
+    bench.extra.clear()
+    assert attribution_layer_passes_vs_transformer_lens(bench) == "timed" and len(calls) == 2
+    assert bench.extra["layers_per_pass"] == 1
+    assert bench.extra["check_max_abs_diff_vs_transformer_lens"] < 1e-6
 
 
 def test_sandwich_norm_head_split_is_the_small_step_limit_of_the_normalised_write(tiny_model_dir):

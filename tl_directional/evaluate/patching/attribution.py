@@ -46,8 +46,9 @@ from ...model.handle import capture_hooks, device_of
 from ...model.inputs import prepare_inputs
 from ...model.reference import resolve_reference
 from ...model.sites import ModelSites, analysis_sites, resolve_sites
+from .attribution_passes import check_layers_per_pass, forward_backward, layer_passes
 from .attribution_scores import AttributionError, node_scores
-from .cache_input import cache_tensor, check_finite_metric, check_names_filter, is_cache
+from .cache_input import cache_tensor, check_names_filter, is_cache
 from .result import DirectionalResult
 
 _CACHE_HINT = (
@@ -107,86 +108,6 @@ def attribution_hooks(model, node_types: Sequence[str] = NODE_TYPES) -> list[str
     return sorted({h for hs in names.values() for h in hs})
 
 
-def _metric_vector(metric, logits: Tensor, batch: int) -> Tensor:
-    """The metric as a differentiable ``[batch]`` tensor (per pair) or a 0-d tensor (the batch's)."""
-    value = metric(logits)
-    if not isinstance(value, Tensor):
-        raise AttributionError(
-            f"metric must return a tensor computed from the logits (one number per pair, shape [batch], or "
-            f"one for the batch), got {type(value).__name__}; e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]"
-        )
-    if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != batch):
-        raise AttributionError(
-            f"metric returned shape {tuple(value.shape)}; it must return shape [batch] (={batch}, one number "
-            "per pair) or a scalar, e.g. lambda logits: logits[:, -1, a] - logits[:, -1, b]"
-        )
-    if not value.requires_grad:
-        raise AttributionError(
-            "metric has no gradient with respect to the logits (it returned a tensor that does not require "
-            "grad: detached, built from .item(), or computed under torch.no_grad()); build it from the "
-            "logits tensor with torch operations"
-        )
-    return check_finite_metric(value, AttributionError)
-
-
-# ---------------------------------------------------------------------------------------------
-# the corrupted run: activations and gradients in one forward and one backward
-# ---------------------------------------------------------------------------------------------
-
-
-def _forward_backward(
-    model, tokens: Tensor, mask: Tensor, act_names: set[str], grad_names: set[str], metric
-):
-    """One forward of ``tokens`` keeping ``act_names`` (detached copies) and one backward of the
-    metric's sum keeping ``d metric / d a`` at ``grad_names``. Returns ``(metric, acts, grads)``."""
-    acts: dict[str, Tensor] = {}
-    live: dict[str, Tensor] = {}
-    grads: dict[str, Tensor] = {}
-
-    def fwd(name):
-        def hook(t, hook):  # noqa: ARG001 - TL hook signature
-            acts[name] = t.detach().clone()
-            if name in grad_names or name == first:
-                live[name] = t
-            return t
-
-        return hook
-
-    def bwd(name):
-        def hook(g, hook):  # noqa: ARG001
-            if isinstance(g, Tensor):
-                grads[name] = g.detach().clone()
-
-        return hook
-
-    # the first stream is always a backward input, so the backward runs through every layer
-    first = "blocks.0.hook_resid_pre"
-    names = sorted(act_names | grad_names | {first})
-    with (
-        torch.enable_grad(),
-        model.hooks(
-            fwd_hooks=[(n, fwd(n)) for n in names],
-            bwd_hooks=[(n, bwd(n)) for n in sorted(grad_names)],
-        ),
-    ):
-        logits = model(tokens, attention_mask=mask)
-        value = _metric_vector(metric, logits, tokens.shape[0])
-        inputs = [n for n in sorted(live) if live[n].requires_grad]
-        returned = torch.autograd.grad(value.sum(), [live[n] for n in inputs], allow_unused=True)
-    # the most upstream point's backward hook need not fire (nothing requested lies above it);
-    # its gradient is what autograd.grad returned for it
-    for n, g in zip(inputs, returned, strict=True):
-        if n in grad_names and n not in grads and g is not None:
-            grads[n] = g.detach().clone()
-    missing = sorted(grad_names - set(grads))
-    if missing:
-        raise AttributionError(
-            f"no gradient reached {missing[:3]}: the metric does not depend on them "
-            "(check that metric reads the logits of the corrupted run)"
-        )
-    return value.detach(), acts, grads
-
-
 # ---------------------------------------------------------------------------------------------
 # the public function
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +127,7 @@ def attribution_patch(
     eps: float = DEFAULT_EPS,
     reference=None,
     per_layer: bool | None = None,
+    layers_per_pass: int | None = None,
 ) -> DirectionalResult:
     """First-order (attribution) patching estimate of every node, split into the part along the
     node's reference and the part perpendicular to it (module docstring; METHOD.md sec. 5).
@@ -246,6 +168,11 @@ def attribution_patch(
             value; their ``random_share`` stays a line's, the residual nodes' becomes a random
             ``k``-subspace's.
         per_layer: read a 2-D ``reference`` as one row per layer (True) or a subspace (False).
+        layers_per_pass: None (default): one corrupted forward and backward over every layer.
+            An integer ``k``: the backward in passes of ``k`` blocks, top first, each recomputing
+            the forward and keeping the graph, activations and gradients of its ``k`` blocks only
+            (peak memory about ``k / n_layers`` of the graph, plus the logits; about
+            ``(n_layers / k + 1) / 2`` forwards more). The scores equal the default's exactly.
 
     Returns:
         A :class:`~tl_directional.evaluate.patching.result.DirectionalResult` of kind ``"attribution"``:
@@ -317,6 +244,7 @@ def attribution_patch(
     parts, clean_metric, corrupted_metric = _score_batches(
         model, sites, sandwich, node_types, metric, eps, clean_cache=clean_cache, ct=ct, xt=xt, am=am,
         batch_size=batch_size, names=(clean_names, act_names, grad_names), reference=split_ref,
+        per_pass=check_layers_per_pass(layers_per_pass, sites.n_layers),
     )
     return _as_result(sites, sandwich, node_types, parts, clean_metric, corrupted_metric, clean_cache is not None,
                       split_ref)
@@ -348,7 +276,7 @@ def _run_hooks(sites, node_types, needed: dict) -> tuple[set[str], set[str], set
 
 
 def _score_batches(model, sites, sandwich, node_types, metric, eps, *, clean_cache, ct, xt, am, batch_size,
-                   names, reference=None) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+                   names, reference=None, per_pass=None) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
     """The node scores of every ``batch_size`` rows (a clean forward, unless ``clean_cache``,
     then one corrupted forward and backward): ``{node: {full, par, perp, frac: [arrays]}}`` and
     the clean and corrupted metrics per batch."""
@@ -381,17 +309,34 @@ def _score_batches(model, sites, sandwich, node_types, metric, eps, *, clean_cac
                 for h in clean_names
             }
             clean_metric.append(np.full(k, np.nan))
-        value, acts, grads = _forward_backward(
-            model, xt[rows], am[rows], act_names, grad_names, metric
-        )
+        value, scores = _corrupted_scores(model, sites, sandwich, node_types, metric, eps, clean, xt[rows],
+                                          am[rows], names, reference, per_pass or sites.n_layers)
         corrupted_metric.append(_per_row(value, k))
-        for n, res in node_scores(
-            model, sites, sandwich, node_types, clean, acts, grads, eps, reference
-        ).items():
+        for n, res in scores.items():
             for w, t in res.items():
                 parts[n][w].append(t.cpu().numpy())
-        del acts, grads, clean
+        del scores, clean
     return parts, clean_metric, corrupted_metric
+
+
+def _corrupted_scores(model, sites, sandwich, node_types, metric, eps, clean, tokens, mask, names, reference,
+                      per_pass: int) -> tuple[Tensor, dict]:
+    """The corrupted run of one batch, in passes of ``per_pass`` blocks (top first), each pass's
+    activations and gradients scored and dropped before the next: ``(metric, {node: {which:
+    [b, layer, ...]}})``."""
+    _, act_names, grad_names = names
+    value, grad_above, pieces = None, None, []
+    for layers in layer_passes(sites.n_layers, per_pass):
+        got, acts, grads, grad_above = forward_backward(
+            model, tokens, mask, act_names, grad_names, metric, layers=layers, n_layers=sites.n_layers,
+            grad_above=grad_above)
+        value = got if got is not None else value
+        pieces.append(node_scores(model, sites, sandwich, node_types, clean, acts, grads, eps, reference,
+                                  layers=layers))
+        del acts, grads
+    pieces.reverse()
+    scores = {n: {w: torch.cat([p[n][w] for p in pieces], dim=1) for w in pieces[0][n]} for n in node_types}
+    return value, scores
 
 
 def _as_result(sites, sandwich, node_types, parts, clean_metric, corrupted_metric, from_cache,

@@ -128,13 +128,15 @@ def node_scores(
     grads: dict,
     eps: float,
     reference=None,
+    layers=None,
 ) -> dict[str, dict[str, Tensor]]:
-    """Every node's ``full``, ``par``, ``perp`` and ``frac``, stacked over layers on axis 1;
-    ``reference`` (a resolved non-stream Reference, or None) replaces the residual nodes' own."""
+    """Every node's ``full``, ``par``, ``perp`` and ``frac``, stacked over ``layers`` (default:
+    all) on axis 1; ``reference`` (a resolved non-stream Reference, or None) replaces the residual
+    nodes' own."""
     out: dict[str, dict[str, list[Tensor]]] = {
         n: {"full": [], "par": [], "perp": [], "frac": []} for n in node_types
     }
-    for L in range(sites.n_layers):
+    for L in range(sites.n_layers) if layers is None else layers:
         for n in node_types:
             if n == "resid":
                 h = f"blocks.{L}.hook_resid_pre"

@@ -1,0 +1,342 @@
+"""A memory model of each analysis: the bytes a call holds on top of the loaded model, from the
+model's shape, the batch and the dtype, checked against the harness's measured peak increments.
+
+Usage (from the repository root)::
+
+    python -m benchmarks.memory_model --measure OUT.json --sizes tiny,smollm2-135m --setting 64x4
+    python -m benchmarks.memory_model --check benchmarks/results/issue51_memory_cpu_float32_resident.json
+    python -m benchmarks.memory_model --predict      # the 1B / 8B / 9B table of docs/performance.md
+
+``--measure`` runs the harness's peak-memory probe (:mod:`benchmarks.peak_memory`, one fresh
+process per record side) on the scaling family's seeded builds; ``--check`` prints, for every
+point of such a JSON, the measured increment, the prediction and their ratio, as the Markdown
+table docs/performance.md shows; ``--predict`` prints what the model says
+for larger shapes, with the settings that make each fit.
+
+The terms (``T = batch x seq`` tokens, ``e`` bytes per element of the model's dtype; float32
+statistics take 4 bytes whatever the model's dtype):
+
+* ``logits``: ``T x vocab x e``, held by every call that returns logits; in a backward twice
+  more for a metric reading two logits (``logits[:, -1, a] - logits[:, -1, b]``, the harness's
+  and most tutorials'): each index's backward is a full-size zero tensor, then their sum;
+* ``block``: a no-grad block's working set, ``T (3 d_mlp + 4 d_model) e + 2 b n_heads seq^2 e``
+  (the MLP's gate, up and product, the stream, its norm and the attention output; scores and
+  probabilities);
+* ``graph``: what autograd keeps per block for a backward to the hook points, counted with
+  ``torch.autograd.graph.saved_tensors_hooks`` on SmolLM2 (parameters frozen, as
+  :func:`tl_directional.attribution_patch` runs): ``T (3 d_mlp + 5 d_model + n_heads seq) e``;
+  with trainable parameters (TransformerLens's ``attribution_patch``) each linear map's input
+  and each norm's output are kept too, ``+ T (d_mlp + 5 d_model) e``;
+* ``cache``: ``hooks x T x width x e`` for what a cache or the attribution clean run holds;
+* ``fixed``: what one first call costs whatever the shape (lazy imports, the profile's tables),
+  read off the ``tiny`` size (2 layers, width 64, every shape term under 3 MB); ``tiny`` is
+  therefore the calibration of this term, not a check of the model.
+
+Scope: decoder-only models of the Llama / Qwen / Gemma kind (RMSNorm, gated MLP, rotary, GQA);
+on CPU with glibc's ``MALLOC_MMAP_THRESHOLD_=65536`` (the harness's measurement), or on a GPU
+where the caching allocator's rounding adds a few percent. It says nothing of the weights
+themselves (``parameters x e``; add them for what a machine must hold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+
+from .peak_measure import METHOD_CPU
+
+MB = 2.0**20
+GIB = 2.0**30
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+#: Where TransformerLens's and our patching helpers bound one stacked forward's logits (elements):
+#: tl_directional.evaluate.patching.stacked.AUTO_LOGIT_ELEMENTS.
+AUTO_LOGIT_ELEMENTS = 2**26
+AUTO_MAX_RUNS = 64
+#: Values per (group, metric) a streaming summary keeps for exact quantiles (core.stats).
+EXACT_QUANTILE_LIMIT = 16_384
+#: What each analysis's first call costs whatever the shape (MB): the ``tiny`` size's measured
+#: increment minus its shape terms, 0 where those exceed it
+#: (benchmarks/results/issue51_memory_cpu_float32_small.json): imports and tables on first use.
+FIXED_MB = {
+    "forward": 0.0, "forward_no_logits": 0.0, "edit": 0.0, "profile": 4.4,
+    "attribution": 1.8, "attribution_transformer_lens": 1.6,
+    "directional_patch": 0.0, "get_act_patch_resid_pre": 1.0,
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A decoder's dimensions (what the model needs; the weights are not counted)."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_mlp: int
+    vocab: int
+    d_head: int = 0
+    tied: bool = False  # the unembedding is the embedding's transpose (SmolLM2, Llama-3.2-1B, Gemma)
+
+    @property
+    def dh(self) -> int:
+        return self.d_head or self.d_model // self.n_heads
+
+    @classmethod
+    def of(cls, obj) -> Shape:
+        """From a ``benchmarks.scaling.Size``, a TransformerLens ``cfg`` or a model with one."""
+        cfg = getattr(obj, "cfg", obj)
+        if hasattr(cfg, "vocab_size"):  # a scaling Size
+            return cls(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_mlp, cfg.vocab_size)
+        kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+        return cls(cfg.n_layers, cfg.d_model, cfg.n_heads, kv, cfg.d_mlp, cfg.d_vocab, getattr(cfg, "d_head", 0))
+
+    def parameters(self) -> int:
+        attn = self.d_model * self.dh * (2 * self.n_heads + 2 * self.n_kv_heads)
+        embed = (1 if self.tied else 2) * self.vocab * self.d_model
+        return self.n_layers * (attn + 3 * self.d_model * self.d_mlp + 2 * self.d_model) + embed
+
+
+def _block(s: Shape, b: int, seq: int, e: int) -> float:
+    return b * seq * (3 * s.d_mlp + 4 * s.d_model) * e + 2 * b * s.n_heads * seq * seq * e
+
+
+def _graph(s: Shape, b: int, seq: int, e: int, layers: int, params: bool = False) -> float:
+    per_token = 3 * s.d_mlp + 5 * s.d_model + s.n_heads * seq + (s.d_mlp + 5 * s.d_model if params else 0)
+    return b * seq * layers * per_token * e
+
+
+def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "float32", *,
+             layers_per_pass: int | None = None, node_types: tuple[str, ...] = ("resid", "attn", "mlp", "head", "value"),
+             copies: int | None = None, fixed: bool = True) -> dict[str, float]:
+    """The bytes ``analysis`` holds at its peak on top of the loaded model, by term, and ``total``.
+
+    Args:
+        shape: the model's :class:`Shape`.
+        analysis: ``forward``, ``forward_no_logits``, ``edit`` (a value edit on every layer),
+            ``profile`` (streaming, every component), ``cache_split`` (``run_with_cache`` of the
+            profile's hooks + a hand-written split), ``attribution`` (``attribution_patch``, every
+            node type), ``attribution_transformer_lens`` (one pair at a time, node granularity),
+            ``directional_patch`` (resid_pre, every layer and position), ``get_act_patch_resid_pre``.
+        batch, seq: the call's tokens (attribution: pairs and tokens per prompt).
+        dtype: the model's dtype.
+        layers_per_pass: attribution's backward in passes of this many blocks (None: one pass).
+        node_types: attribution's node types (what the clean run and the passes keep).
+        copies: stacked patched copies per forward (directional patching; default: the library's).
+        fixed: add the first-call constant of :data:`FIXED_MB`.
+    """
+    e = DTYPE_BYTES[dtype]
+    s = shape
+    T = batch * seq
+    R = T * s.d_model * e
+    logits = T * s.vocab * e
+    block = _block(s, batch, seq, e)
+    terms: dict[str, float] = {}
+    # a no-grad forward peaks at the larger of a block's working set and the unembedding's output
+    # beside the last stream (the block's temporaries are freed by then)
+    forward = {"logits": logits, "final_stream": 2 * R} if logits + 2 * R >= block else {"block": block}
+    if analysis in ("forward", "forward_no_logits"):
+        # the TransformerLens 4.3 bridge runs the HF model's unembedding whatever return_type says
+        terms = dict(forward)
+    elif analysis == "edit":
+        terms = {**forward, "edit_float32": 6 * T * s.d_model * 4}
+    elif analysis == "profile":
+        groups = s.n_layers * (3 + s.n_heads)
+        # no logits (the forward stops after the last block); the float32 update / reference rows
+        # of every layer, held until the batch's statistics are counted in one pass (8/3 rows of
+        # d_model per layer and token: fitted on smollm2-135m, 2.66 on qwen3-0.6b); the values
+        # kept for exact quantiles
+        terms = {"block": block, "layers_float32": 8 * s.n_layers * T * s.d_model * 4 / 3,
+                 "kept_values": groups * 4 * min(T, EXACT_QUANTILE_LIMIT) * 8}
+    elif analysis == "cache_split":
+        hooks = 6 * R + T * s.n_kv_heads * s.dh * e + batch * s.n_heads * seq * seq * e
+        terms = {"cache": s.n_layers * hooks, "block": block, "split_float32": 8 * T * s.d_model * 4}
+    elif analysis == "attribution":
+        terms = _attribution(s, batch, seq, e, layers_per_pass, node_types)
+    elif analysis == "attribution_transformer_lens":
+        # one pair at a time: the corrupted run's graph (trainable weights), logits and their gradient,
+        # the clean and corrupted caches (embed, z, mlp_out) and the gradients
+        cache = seq * s.d_model * e * (1 + 2 * s.n_layers)
+        terms = {"graph": _graph(s, 1, seq, e, s.n_layers, params=True), "logits": 3 * seq * s.vocab * e,
+                 "caches": 3 * cache}
+    elif analysis in ("directional_patch", "get_act_patch_resid_pre"):
+        if analysis == "directional_patch":
+            n = copies or max(1, min(AUTO_MAX_RUNS, AUTO_LOGIT_ELEMENTS // max(1, T * s.vocab)))
+            terms = {"cache": 2 * s.n_layers * R, "stacked_logits": n * logits, "stacked_block": n * block}
+        else:
+            terms = {"cache": s.n_layers * (12 * R + 2 * batch * s.n_heads * seq * seq * e), "logits": logits,
+                     "block": block}
+    else:
+        raise ValueError(f"analysis={analysis!r} is not modelled; choose from {ANALYSES}")
+    if fixed:
+        terms["fixed"] = FIXED_MB.get(analysis, 0.0) * MB
+    terms["total"] = sum(terms.values())
+    return terms
+
+
+def _attribution(s: Shape, pairs: int, seq: int, e: int, layers_per_pass, node_types) -> dict[str, float]:
+    T = pairs * seq
+    R = T * s.d_model * e
+    k = s.n_layers if layers_per_pass is None else min(layers_per_pass, s.n_layers)
+    nt = set(node_types)
+    clean_per_layer = R * (("resid" in nt) + ("attn" in nt) + ("mlp" in nt) + bool(nt & {"head", "value"}))
+    # corrupted activations and gradients of one pass: the clean hooks again, the references
+    # (the stream before attention / MLP), v, and a gradient per clean hook
+    acts = clean_per_layer + R * (("attn" in nt) + ("mlp" in nt) + ("head" in nt)) + (
+        T * s.n_kv_heads * s.dh * e if "value" in nt else 0)
+    grads = clean_per_layer + (R if "head" in nt else 0)
+    out = {"clean": s.n_layers * clean_per_layer, "graph": _graph(s, pairs, seq, e, k),
+           "logits": 3 * T * s.vocab * e, "pass_acts_grads": k * (acts + grads)}
+    return out
+
+
+#: The records whose sides the model covers (``--measure``'s default).
+MEASURED_RECORDS = ("profile_overhead", "edit_overhead", "attribution_vs_transformer_lens",
+                    "attribution_layer_passes_vs_transformer_lens", "patching_vs_transformer_lens")
+ANALYSES = ("forward", "forward_no_logits", "edit", "profile", "cache_split", "attribution",
+            "attribution_transformer_lens", "directional_patch", "get_act_patch_resid_pre")
+
+
+def record_sides(record: str, shape: Shape, batch: int, seq: int) -> dict[str, tuple[str, int, int, dict]] | None:
+    """What each side of a harness record runs, as ``(analysis, batch, seq, settings)`` (None:
+    a record the model does not cover)."""
+    attrib = (min(4, batch), 16)
+    table = {
+        "profile_overhead": {"baseline": ("forward_no_logits", batch, seq, {}), "candidate": ("profile", batch, seq, {})},
+        "edit_overhead": {"baseline": ("forward", batch, seq, {}), "candidate": ("edit", batch, seq, {})},
+        "attribution_vs_transformer_lens": {"baseline": ("attribution_transformer_lens", *attrib, {}),
+                                            "candidate": ("attribution", *attrib, {})},
+        "attribution_layer_passes_vs_transformer_lens": {
+            "baseline": ("attribution_transformer_lens", *attrib, {}),
+            "candidate": ("attribution", *attrib, {"layers_per_pass": -(-shape.n_layers // 8)})},
+        "patching_vs_transformer_lens": {"baseline": ("get_act_patch_resid_pre", 1, 15, {}),
+                                         "candidate": ("directional_patch", 1, 15, {})},
+    }
+    return table.get(record)
+
+
+def check_rows(doc: dict) -> list[dict]:
+    """Measured against predicted, one row per (size, dtype, record, side) of a ``--measure`` JSON."""
+    from .scaling import SIZES
+
+    rows = []
+    for pt in doc["points"]:
+        shape = Shape.of(SIZES[pt["size"]])
+        analysis, b, s, settings = record_sides(pt["record"], shape, pt["batch"], pt["seq"])[pt["side"]]
+        pred = estimate(shape, analysis, b, s, pt["dtype"], **settings)["total"] / MB
+        got = pt["increment_mb"]
+        rows.append({"size": pt["size"], "dtype": pt["dtype"], "record": pt["record"], "side": pt["side"],
+                     "analysis": analysis, "tokens": f"{b}x{s}", "measured_mb": got, "predicted_mb": pred,
+                     "ratio": pred / got if got > 0 else math.nan, **settings})
+    return rows
+
+
+def measure_points(sizes: list[str], dtypes: list[str], records: list[str], seq: int, batch: int,
+                   workdir: str, log=None, save=None) -> list[dict]:
+    """The harness's peak-memory probe (:mod:`benchmarks.peak_memory`: a fresh subprocess per
+    record side, VmHWM after one call minus VmRSS before it) for every size, dtype, record and
+    side, on the scaling family's seeded models; no timing."""
+    from pathlib import Path
+
+    from .peak_measure import SIDES, run_probe
+    from .scaling import build
+
+    points = []
+    for name in sizes:
+        path = build(name, Path(workdir))
+        for dtype in dtypes:
+            for record in records:
+                for side in SIDES:
+                    if (side == "baseline" and record == "attribution_layer_passes_vs_transformer_lens"
+                            and "attribution_vs_transformer_lens" in records):
+                        continue  # the same TransformerLens call as attribution_vs_transformer_lens's
+                    r = run_probe(record, str(path), seq, batch, side, device="cpu", dtype=dtype, threads=1)
+                    points.append({"size": name, "dtype": dtype, "record": record, "side": side, "seq": seq,
+                                   "batch": batch, **{k: r[k] for k in ("before_mb", "peak_mb", "increment_mb")}})
+                    if log:
+                        log(f"{name} {dtype} {record} {side}: +{r['increment_mb']:.1f} MB")
+                    if save:
+                        save(points, complete=False)
+    return points
+
+
+def markdown_check(rows: list[dict]) -> str:
+    out = ["| size | dtype | analysis | tokens | measured MB | predicted MB | predicted / measured |",
+           "|---|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        label = r["analysis"] + (f", layers_per_pass={r['layers_per_pass']}" if r.get("layers_per_pass") else "")
+        out.append(f"| {r['size']} | {r['dtype']} | {label} | {r['tokens']} | {r['measured_mb']:.1f} | "
+                   f"{r['predicted_mb']:.1f} | {r['ratio']:.2f} |")
+    return "\n".join(out)
+
+
+#: Larger shapes the docs state predictions for (published configurations; tied where the model ties).
+PREDICT_SHAPES = {
+    "Llama-3.2-1B": Shape(16, 2048, 32, 8, 8192, 128256, tied=True),
+    "Llama-3.1-8B": Shape(32, 4096, 32, 8, 14336, 128256),
+    "Gemma-2-9B": Shape(42, 3584, 16, 8, 14336, 256000, d_head=256, tied=True),
+}
+
+
+def markdown_predict(batch: int = 8, seq: int = 128, dtype: str = "bfloat16") -> str:
+    """Predicted peak increments (GiB) for :data:`PREDICT_SHAPES` at ``batch x seq`` tokens, the
+    weights beside them; attribution with and without ``layers_per_pass``."""
+    e = DTYPE_BYTES[dtype]
+    cases = [("forward (logits)", "forward", {}), ("profile (streaming)", "profile", {}),
+             ("run_with_cache + split", "cache_split", {}), ("value edit (logits)", "edit", {}),
+             ("directional_patch", "directional_patch", {}), ("attribution_patch", "attribution", {}),
+             ("attribution_patch, layers_per_pass=4", "attribution", {"layers_per_pass": 4}),
+             ("attribution_patch, batch_size=1", "attribution", {"pairs": 1})]
+    head = ["| " + dtype + f", {batch} x {seq} tokens | " + " | ".join(PREDICT_SHAPES) + " |",
+            "|---|" + "---:|" * len(PREDICT_SHAPES)]
+    rows = ["| weights | " + " | ".join(f"{s.parameters() * e / GIB:.1f}" for s in PREDICT_SHAPES.values()) + " |"]
+    for label, analysis, settings in cases:
+        settings = dict(settings)
+        b = settings.pop("pairs", batch)
+        vals = [estimate(s, analysis, b, seq, dtype, fixed=False, **settings)["total"] / GIB
+                for s in PREDICT_SHAPES.values()]
+        rows.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
+    return "\n".join(head + rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.memory_model", description=__doc__.split("\n")[0])
+    p.add_argument("--check", metavar="MEASURED_JSON", nargs="+", help="measured vs predicted for --measure JSONs")
+    p.add_argument("--predict", action="store_true", help="the 1B / 8B / 9B predictions")
+    p.add_argument("--dtype", default="bfloat16", help="dtype of --predict")
+    p.add_argument("--measure", metavar="OUT_JSON", help="measure the points (one probe process each) into OUT_JSON")
+    p.add_argument("--sizes", default="tiny,smollm2-135m,smollm2-360m,qwen3-0.6b")
+    p.add_argument("--dtypes", default="float32")
+    p.add_argument("--records", default=",".join(MEASURED_RECORDS))
+    p.add_argument("--setting", default="64x4", help="SEQxBATCH")
+    p.add_argument("--workdir", default="/tmp/tl_directional_scaling")
+    a = p.parse_args(argv)
+    if a.measure:
+        seq, batch = (int(x) for x in a.setting.split("x"))
+        command = "python -m benchmarks.memory_model " + " ".join(sys.argv[1:] if argv is None else argv)
+
+        def save(points, complete=True):  # after every point: a stopped run keeps what it measured
+            doc = {"command": command, "method": METHOD_CPU, "setting": a.setting, "points": points,
+                   "complete": complete}
+            with open(a.measure, "w") as f:
+                f.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+        save(measure_points(a.sizes.split(","), a.dtypes.split(","), a.records.split(","), seq, batch,
+                            a.workdir, log=lambda m: print(m, file=sys.stderr, flush=True), save=save))
+    if a.check:
+        rows = []
+        for path in a.check:
+            with open(path) as f:
+                rows += check_rows(json.load(f))
+        print(markdown_check(rows))
+    if a.predict:
+        print(markdown_predict(dtype=a.dtype))
+    if not (a.check or a.predict or a.measure):
+        p.error("give --measure OUT_JSON, --check MEASURED_JSON and/or --predict")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
