@@ -52,7 +52,7 @@ MB = 2.0**20
 GIB = 2.0**30
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 #: Where TransformerLens's and our patching helpers bound one stacked forward's logits (elements):
-#: tl_directional.evaluate.patching.stacked.AUTO_LOGIT_ELEMENTS.
+#: tl_directional.evaluate.patching.generic.AUTO_LOGIT_ELEMENTS.
 AUTO_LOGIT_ELEMENTS = 2**26
 AUTO_MAX_RUNS = 64
 #: Values per (group, metric) a streaming summary keeps for exact quantiles (core.stats).

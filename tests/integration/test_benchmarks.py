@@ -352,7 +352,7 @@ def test_memory_model_arithmetic_on_constructed_shapes():
     pass keeps, bfloat16 half of float32 except the float32 statistics, and directional
     patching's stacked copies as the library sizes them."""
     from benchmarks.memory_model import MB, Shape, estimate
-    from tl_directional.evaluate.patching.stacked import copies_per_forward
+    from tl_directional.evaluate.patching.generic import copies_per_forward
 
     s = Shape(n_layers=8, d_model=64, n_heads=4, n_kv_heads=2, d_mlp=256, vocab=1000)
     f = estimate(Shape(8, 64, 4, 2, 256, 10_000), "forward", 2, 16, "float32", fixed=False)
