@@ -156,7 +156,8 @@ def make_items(texts: Sequence[str], count: Counter, seed: int, haystacks: int,
     the easiest). Every prompt is at most its length and within :data:`SLACK` of it by ``count``.
 
     Raises:
-        ValueError: a difficulty off its ladder, or texts too short to fill the lengths.
+        ValueError: a difficulty off its ladder, texts too short to fill the lengths, or a rung
+            whose statements alone exceed a length.
     """
     chosen = {t: ladder[0] for t, ladder in LADDERS.items()} | (difficulty or {})
     bad = {t: d for t, d in chosen.items() if d not in LADDERS.get(t, ())}
@@ -178,6 +179,10 @@ def make_items(texts: Sequence[str], count: Counter, seed: int, haystacks: int,
                 _chains(rng, vocab, lines, start, length, count, chosen["variable-tracking"], h),
                 _common_words(rng, vocab, length, count, chosen["common-words"], h),
             ]
+    long = [(i.task, i.difficulty, i.length, i.haystack) for i in items if count(i.prompt) > i.length]
+    if long:  # the inserted statements alone overrun the length (a hard rung at a short length)
+        raise ValueError(f"{len(long)} prompts exceed their length (first: task, difficulty, length, haystack = "
+                         f"{long[0]}): the rung's statements do not fit; pick an easier rung or a longer length")
     short = [(i.task, i.length, i.haystack) for i in items if count(i.prompt) < i.length - SLACK]
     if short:
         raise ValueError(f"{len(short)} prompts fall more than {SLACK} tokens short of their length "

@@ -56,14 +56,17 @@ def is_correct(lls: Sequence[float], answer: int) -> bool:
     return chosen(lls) == answer
 
 
-def pick_rungs(accuracy: Mapping[str, Mapping[int, float]],
-               ladders: Mapping[str, Sequence[int]]) -> dict[str, dict]:
+def pick_rungs(accuracy: Mapping[str, Mapping[int, float]], ladders: Mapping[str, Sequence[int]],
+               fits: Mapping[str, Mapping[int, bool]] | None = None) -> dict[str, dict]:
     """Sec. 13.2's choice per task with a ladder: ``{task: {"rung": d, "pilot_accuracy": a,
     "reached_floor": bool}}``, the hardest rung (last of the ladder, which runs easiest first)
-    whose pilot accuracy is at least :data:`PILOT_FLOOR`, else the easiest rung.
+    whose pilot accuracy is at least :data:`PILOT_FLOOR`, else the easiest rung. With ``fits``
+    (sec. 13.6: whether a rung's items fit the main run's shortest length), only fitting rungs
+    are candidates.
 
     Raises:
-        ValueError: a task of ``ladders`` without a pilot accuracy for every rung.
+        ValueError: a task of ``ladders`` without a pilot accuracy for every rung, or whose
+            easiest rung does not fit.
     """
     out = {}
     for task, ladder in ladders.items():
@@ -72,7 +75,11 @@ def pick_rungs(accuracy: Mapping[str, Mapping[int, float]],
         if missing:
             raise ValueError(f"accuracy[{task!r}] lacks rungs {missing} of {list(ladder)}: score every rung "
                              f"on the pilot before picking")
-        ok = [d for d in ladder if acc[d] >= PILOT_FLOOR]
+        fit = [d for d in ladder if fits is None or fits[task][d]]
+        if not fit or fit[0] != ladder[0]:
+            raise ValueError(f"fits[{task!r}] = {dict(fits[task])}: the easiest rung {ladder[0]} must fit the "
+                             f"shortest length; use longer lengths")
+        ok = [d for d in fit if acc[d] >= PILOT_FLOOR]
         rung = ok[-1] if ok else ladder[0]
         out[task] = {"rung": rung, "pilot_accuracy": acc[rung], "reached_floor": bool(ok)}
     return out

@@ -75,3 +75,14 @@ def test_pilot_refuses_an_unscored_rung():
     with pytest.raises(ValueError, match=r"accuracy\['common-words'\] lacks rungs \[6\]"):
         pick_rungs({"needle-multi": {4: 1, 8: 1, 16: 1}, "variable-tracking": {1: 1, 2: 1, 4: 1},
                     "common-words": {12: 1, 8: 1}}, LADDERS)
+
+
+def test_pilot_skips_a_rung_that_does_not_fit_the_shortest_length():
+    acc = {"needle-multi": {4: 0.9, 8: 0.8, 16: 0.7}, "variable-tracking": {1: 0.9, 2: 0.8, 4: 0.7},
+           "common-words": {12: 0.2, 8: 0.9, 6: 0.1}}
+    fits = {"needle-multi": {4: True, 8: True, 16: False}, "variable-tracking": {1: True, 2: True, 4: True},
+            "common-words": {12: True, 8: True, 6: True}}
+    got = pick_rungs(acc, LADDERS, fits)
+    assert {t: v["rung"] for t, v in got.items()} == {"needle-multi": 8, "variable-tracking": 4, "common-words": 8}
+    with pytest.raises(ValueError, match=r"the easiest rung 4 must fit"):
+        pick_rungs(acc, LADDERS, fits | {"needle-multi": {4: False, 8: True, 16: True}})
