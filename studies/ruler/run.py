@@ -75,8 +75,8 @@ def pilot_items(texts, count, design: dict) -> list:
 
 def rung_fits(texts, count, design: dict, shortest: int) -> dict[str, dict[int, bool]]:
     """Sec. 13.6: ``{task: {rung: whether its items fit shortest tokens}}``, by ``make_items`` at
-    that length (the pilot's seed and haystacks): a rung whose statements alone overrun it is
-    refused there."""
+    that length (the pilot's seed and haystacks): a rung whose statements alone overrun it, or
+    leave the generator unable to fill to within ``SLACK`` of it, is refused there."""
     out: dict[str, dict[int, bool]] = {t: {} for t in LADDERS}
     for r in range(3):
         for task, ladder in LADDERS.items():
@@ -84,7 +84,7 @@ def rung_fits(texts, count, design: dict, shortest: int) -> dict[str, dict[int, 
                 make_items(texts, count, design["seed"], design["haystacks"], [shortest], {task: ladder[r]})
                 out[task][ladder[r]] = True
             except ValueError as e:
-                if "exceed their length" not in str(e):
+                if "exceed their length" not in str(e) and "short of their length" not in str(e):
                     raise
                 out[task][ladder[r]] = False
     return out
