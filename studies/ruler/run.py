@@ -130,6 +130,9 @@ class RulerRun(WindowStudy):
             return 2
         return None
 
+    def complete_texts(self) -> list[str]:
+        return list(self.texts)  # every length of the design, whichever this process runs
+
     def stem(self) -> str:
         return (f"ruler-pilot_{self.args.model}" if self.args.pilot else f"ruler_{self.args.model}") + (
             f"_{self.args.tag}" if self.args.tag else "")
