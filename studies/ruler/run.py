@@ -171,7 +171,7 @@ class RulerRun(WindowStudy):
             print(f"error: {path} is incomplete: finish the pilot (--pilot --resume) first", file=sys.stderr)
             return 2
         self.manifest["pilot_manifest_sha256"] = common.sha256_bytes(path.read_bytes())
-        return {t: v["rung"] for t, v in pilot["rungs"].items()}
+        return pilot["rungs"]
 
     def prepare(self) -> int | None:
         encode, bos = self._tokenizer()
@@ -190,9 +190,10 @@ class RulerRun(WindowStudy):
             rungs = self._main_rungs()
             if isinstance(rungs, int):
                 return rungs
-            self.manifest["rungs"] = rungs
+            self.manifest["rungs"] = rungs  # the pilot's choice, with its accuracy and floor (sec. 13.2)
             d = self.design
-            items = make_items(texts, count, d["seed"], d["haystacks"], d["lengths"], rungs)
+            items = make_items(texts, count, d["seed"], d["haystacks"], d["lengths"],
+                               {t: v["rung"] for t, v in rungs.items()})
             self.sets = ruler_settings(self.run.model, self.run.sites)
         self.items = {f"len{n}": [i for i in items if i.length == n] for n in self.design["lengths"]}
         self.manifest["items_sha256"] = {k: items_sha256(v) for k, v in self.items.items()}

@@ -67,7 +67,7 @@ def test_main_run_scores_every_setting_and_resumes(tmp_path):
     first = pd.read_csv(tmp_path / f"{stem}.records.csv")
     m = json.loads((tmp_path / f"{stem}.manifest.json").read_text())
     assert not m["complete"] and list(m["texts"]) == ["len236"]
-    assert m["rungs"] == {t: ladder[0] for t, ladder in LADDERS.items()}
+    assert m["rungs"] == rungs
     assert [s["label"] for s in m["settings"]] == list(SETTINGS)
     assert main([*args, "--resume"]) == 0
     rec = pd.read_csv(tmp_path / f"{stem}.records.csv")

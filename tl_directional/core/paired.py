@@ -101,9 +101,13 @@ def holm(pvalues: dict[str, float], alpha: float = 0.05) -> set[str]:
     return out
 
 
-def _cluster_counts(clusters: Tensor, strata: Tensor, n_resamples: int, g: torch.Generator) -> Tensor:
-    """``[n_resamples, n_clusters]`` draw counts: within each stratum, its clusters drawn with
-    replacement as many times as it has clusters (clusters numbered ``0 .. n_clusters - 1``)."""
+def cluster_draw_counts(clusters: Tensor, strata: Tensor, n_resamples: int, seed: int = 0) -> Tensor:
+    """``[n_resamples, n_clusters]`` float64 draw counts of a stratified cluster bootstrap: within
+    each stratum (in increasing id order), its clusters drawn with replacement as many times as it
+    has clusters, from a CPU ``torch.Generator`` seeded ``seed``. ``clusters``: ``[n]`` ids
+    numbered ``0 .. n_clusters - 1`` (every id used), ``strata``: ``[n]`` the stratum of each
+    entry, constant over a cluster. An item's weight in resample ``r`` is its cluster's count."""
+    g = torch.Generator().manual_seed(seed)
     n_clusters = int(clusters.max()) + 1
     counts = torch.zeros(n_resamples, n_clusters, dtype=torch.float64)
     of = torch.full((n_clusters,), -1, dtype=torch.long)
@@ -158,7 +162,7 @@ def cluster_paired_drop(
     _, cell = torch.unique(cells_, return_inverse=True)
     onehot = torch.nn.functional.one_hot(cell).double()  # [n, n_cells]
     d = 100.0 * (b - e)
-    w = _cluster_counts(ids, strata, n_resamples, torch.Generator().manual_seed(seed))[:, ids]  # [R, n]
+    w = cluster_draw_counts(ids, strata, n_resamples, seed)[:, ids]  # [R, n]
     per_cell = ((w * d) @ onehot) / (w @ onehot)  # a cell no resample drew: NaN, left out
     rs = per_cell.nanmean(1)
     point = float(((d @ onehot) / onehot.sum(0)).mean())
