@@ -74,19 +74,15 @@ def pilot_items(texts, count, design: dict) -> list:
 
 
 def rung_fits(texts, count, design: dict, shortest: int) -> dict[str, dict[int, bool]]:
-    """Sec. 13.6: ``{task: {rung: whether its items fit shortest tokens}}``, by ``make_items`` at
-    that length (the pilot's seed and haystacks): a rung whose statements alone overrun it, or
-    leave the generator unable to fill to within ``SLACK`` of it, is refused there."""
+    """Sec. 13.6: ``{task: {rung: whether its items fit shortest tokens}}``: none of the task's
+    items of ``make_items`` at that length (the pilot's seed and haystacks, every task at that rung
+    index) longer than ``shortest`` tokens by ``count`` (a rung whose statements alone overrun it)."""
     out: dict[str, dict[int, bool]] = {t: {} for t in LADDERS}
     for r in range(3):
-        for task, ladder in LADDERS.items():
-            try:
-                make_items(texts, count, design["seed"], design["haystacks"], [shortest], {task: ladder[r]})
-                out[task][ladder[r]] = True
-            except ValueError as e:
-                if "exceed their length" not in str(e) and "short of their length" not in str(e):
-                    raise
-                out[task][ladder[r]] = False
+        rung = {t: ladder[r] for t, ladder in LADDERS.items()}
+        got = make_items(texts, count, design["seed"], design["haystacks"], [shortest], rung, check=False)
+        for task in LADDERS:
+            out[task][rung[task]] = all(count(i.prompt) <= shortest for i in got if i.task == task)
     return out
 
 
@@ -186,6 +182,11 @@ class RulerRun(WindowStudy):
             items, self.sets = pilot_items(texts, count, self.design), []
             self.fits = rung_fits(texts, count, self.design, min(self.args.smoke_lengths or MAIN["lengths"]))
             self.manifest["fits_shortest"] = {t: {str(d): v for d, v in by.items()} for t, by in self.fits.items()}
+            try:  # the fit rule's refusal before any scoring, not after
+                pick_rungs({t: dict.fromkeys(ladder, 0.0) for t, ladder in LADDERS.items()}, LADDERS, self.fits)
+            except ValueError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
         else:
             rungs = self._main_rungs()
             if isinstance(rungs, int):
@@ -236,7 +237,10 @@ class RulerRun(WindowStudy):
         if self.args.pilot:
             acc = pilot_accuracy(self.rows)
             self.manifest["pilot_accuracy"] = {t: {str(d): a for d, a in by.items()} for t, by in acc.items()}
-            self.manifest["rungs"] = pick_rungs(acc, LADDERS, self.fits)
+            try:  # a refusal here must not lose the scores: they are written, the main run refuses
+                self.manifest["rungs"] = pick_rungs(acc, LADDERS, self.fits)
+            except ValueError as e:
+                self.manifest["rungs_error"] = str(e)
         return {"items": len(batch), "haystacks": len({it.haystack for it in batch}),
                 "tasks": sorted({it.task for it in batch}, key=TASKS.index),
                 "seconds": round(time.time() - t1, 1), "setting_seconds": spent}
