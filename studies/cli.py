@@ -23,6 +23,7 @@ from studies.compression_study import run as _compression_study  # noqa: F401
 from studies.depth import cli as _depth  # noqa: F401
 from studies.pass_training import cli as _pass_training  # noqa: F401
 from studies.registry import STUDIES
+from studies.ruler import cli as _ruler  # noqa: F401
 from studies.training import cli as _training  # noqa: F401
 
 

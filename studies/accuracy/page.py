@@ -47,18 +47,44 @@ def load(stem: str, data: Path):
 INCOMPLETE = "not decided (suite incomplete)"
 
 
-def verdicts(rec, complete: bool = True) -> list[tuple[str, str, object, str]]:
-    """``[(setting, rule, PairedDrop, verdict)]`` on all items pooled over texts and kinds, then
-    Holm over each rule's family (the count line of the page). While the run has not measured
-    every text (``complete`` false in the manifest) a rule decides nothing."""
+#: the item kinds in the page's column order (``cloze-hard``: sec. 9.7's hard distractors)
+KINDS = ("cloze", "cloze-hard", "continuation")
+
+
+def is_fair(suite: dict | None) -> bool:
+    """Whether a run's suite is sec. 9.7's (hard distractors, macro average over text x kind,
+    window-cluster bootstrap); data from before it keeps sec. 9.4's pooled item bootstrap."""
+    return bool(suite) and suite.get("bootstrap") == "window-cluster"
+
+
+def drop_of(rec, lab: str, fair: bool):
+    """Baseline minus ``lab`` accuracy (PairedDrop): sec. 9.7's macro average over text x kind
+    with the window-cluster bootstrap stratified by text (``fair``), else sec. 9.4's pooled item
+    bootstrap; 2,000 resamples, seed 0, the same for every setting."""
     import torch
 
-    from tl_directional.core.paired import paired_drop, within_verdict, worse_verdict
+    from tl_directional.core.paired import cluster_paired_drop, paired_drop
 
-    base = torch.tensor(rec["baseline"].to_numpy())
+    base, edit = torch.tensor(rec["baseline"].to_numpy()), torch.tensor(rec[lab].to_numpy())
+    if not fair:
+        return paired_drop(base, edit, N_RESAMPLES, SEED)
+    text = torch.tensor(rec["text"].astype("category").cat.codes.to_numpy(), dtype=torch.long)
+    window = torch.tensor(rec["window"].to_numpy(), dtype=torch.long)
+    kind = torch.tensor([KINDS.index(k) for k in rec["kind"]], dtype=torch.long)
+    clusters = text * (int(window.max()) + 1) + window
+    return cluster_paired_drop(base, edit, clusters, text, text * len(KINDS) + kind, N_RESAMPLES, SEED)
+
+
+def verdicts(rec, complete: bool = True, fair: bool = False) -> list[tuple[str, str, object, str]]:
+    """``[(setting, rule, PairedDrop, verdict)]`` on all items (:func:`drop_of`: pooled over
+    texts and kinds, or ``fair``, sec. 9.7's macro average with the window-cluster bootstrap), then
+    Holm over each rule's family (the count line of the page). While the run has not measured
+    every text (``complete`` false in the manifest) a rule decides nothing."""
+    from tl_directional.core.paired import within_verdict, worse_verdict
+
     out = []
     for lab in [c for c in rec.columns if c not in ("text", "item", "kind", "window", "baseline")]:
-        d = paired_drop(base, torch.tensor(rec[lab].to_numpy()), N_RESAMPLES, SEED)
+        d = drop_of(rec, lab, fair)
         if lab in WITHIN_FAMILY:
             v = within_verdict(d, WITHIN) if complete else INCOMPLETE
             out.append((lab, f"within {WITHIN:g} points", d, v))
@@ -81,7 +107,7 @@ def verdict_rows(stem: str, data: Path) -> list[tuple[str, str, str]]:
             f"baseline - edited = {d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] points",
             f"**{v}**",
         )
-        for lab, rule, d, v in verdicts(rec, manifest.get("complete", True))
+        for lab, rule, d, v in verdicts(rec, manifest.get("complete", True), is_fair(manifest.get("suite")))
         if v != "-"
     ]
 
@@ -89,7 +115,8 @@ def verdict_rows(stem: str, data: Path) -> list[tuple[str, str, str]]:
 def drops(stem: str, data: Path) -> dict[str, tuple[object, str]]:
     """``{setting: (PairedDrop, verdict)}`` for every edited setting (``"-"``: no rule)."""
     manifest, rec, _ = load(stem, data)
-    return {lab: (d, v) for lab, _, d, v in verdicts(rec, manifest.get("complete", True))}
+    return {lab: (d, v) for lab, _, d, v in verdicts(rec, manifest.get("complete", True),
+                                                     is_fair(manifest.get("suite")))}
 
 
 def holm_counts(rows) -> list[str]:
@@ -130,6 +157,14 @@ def build_page(stem: str, data: Path) -> str:
         "continuations, length-normalised log-likelihood). Chance is 25%.",
         "",
     ]
+    fair = is_fair(manifest["suite"])
+    if fair:
+        L += [
+            "Sec. 9.7: beside each random cloze item a hard twin (`cloze-hard`: the same position against the "
+            "three wrong tokens the unedited model ranks highest, its ranks 2-4 when it is right); verdicts on "
+            "the macro average over text x item kind with a window-cluster bootstrap stratified by text.",
+            "",
+        ]
     if (chk := manifest.get("scorer_check")) is not None:
         L += [
             "Only the positions an item reads are unembedded (`logits_at`); checked in this run against "
@@ -152,21 +187,24 @@ def build_page(stem: str, data: Path) -> str:
             "complete suite; until the run is resumed to its end every verdict reads "
             f"\"{INCOMPLETE}\" and the intervals below describe the texts measured so far.",
         ]
-    rows = verdicts(rec, complete)
-    L += [
-        "",
-        "## Verdicts (all items pooled; paired item bootstrap, 2,000 resamples, seed 0)",
-        "",
-        "| setting | rule | baseline - edited, points [95% CI] | verdict |",
-        "|---|---|---|---|",
-    ]
-    L += [
-        f"| {lab} | {rule} | {d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] | {('**' + v + '**') if v != '-' else v} |"
-        for lab, rule, d, v in rows
-    ]
+    rows = verdicts(rec, complete, fair)
+    if fair:
+        pooled = {lab: drop_of(rec, lab, False) for lab, *_ in rows}
+        L += ["", "## Verdicts (macro average over text x item kind; window-cluster bootstrap stratified by text, "
+              "2,000 resamples, seed 0)", "",
+              "| setting | rule | baseline - edited, points [95% CI] | verdict | pooled, item bootstrap (sec. 9.4) |",
+              "|---|---|---|---|---|"]
+        L += [f"| {lab} | {rule} | {d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] | {('**' + v + '**') if v != '-' else v} "
+              f"| {pooled[lab].point:+.2f} [{pooled[lab].lo:+.2f}, {pooled[lab].hi:+.2f}] |"
+              for lab, rule, d, v in rows]
+    else:
+        L += ["", "## Verdicts (all items pooled; paired item bootstrap, 2,000 resamples, seed 0)", "",
+              "| setting | rule | baseline - edited, points [95% CI] | verdict |", "|---|---|---|---|"]
+        L += [f"| {lab} | {rule} | {d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] | {('**' + v + '**') if v != '-' else v} |"
+              for lab, rule, d, v in rows]
     L += [""] + (holm_counts(rows) if complete else [])
     L += ["", "## Accuracy by text and item kind (%)", ""]
-    cols = [(t, k) for t in texts for k in ("cloze", "continuation")]
+    cols = [(t, k) for t in texts for k in KINDS if k != "cloze-hard" or (rec.kind == k).any()]
     L += [
         "| setting | " + " | ".join(f"{t} {k}" for t, k in cols) + " |",
         "|---" * (len(cols) + 1) + "|",

@@ -35,6 +35,10 @@ SUITE = {
     "continuation_per_window": 2,
     "context_len": 32,
     "continuation_len": 16,
+    # sec. 9.7 (the suite made fair): a hard twin of every cloze item, the page's statistic and bootstrap
+    "hard_distractors": "unedited model's top wrong tokens (ranks 2-4)",
+    "average": "macro over text x kind",
+    "bootstrap": "window-cluster",
 }
 #: protocol sec. 9.4's settings, by their labels in ``claims_run.amend_settings`` (resid-MLP added)
 ACCURACY_SETTINGS = (
@@ -169,23 +173,40 @@ class AccuracyRun(WindowStudy):
             return 2
         return None
 
-    def _score_cloze(self, text, batch, cloze, correct, spent, t1) -> int | None:
+    def _hard_twins(self, part, its, i):
+        # sec. 9.7: the unedited model's top-4 at each item's position, one scored-rows forward
+        import torch
+
+        from tl_directional.evaluate.suites.accuracy import hard_cloze_items
+        from tl_directional.model.handle import logits_at
+
+        b = torch.tensor([it.window - i for it in its], dtype=torch.long)
+        p = torch.tensor([it.position for it in its], dtype=torch.long)
+        ranked = logits_at(self.run.model, part, b, p).topk(4, dim=-1).indices.cpu()
+        return hard_cloze_items(its, ranked, seed=SUITE["seed"])
+
+    def _score_cloze(self, text, batch, cloze, correct, spent, t1, hard: list) -> int | None:
         import torch
 
         from tl_directional.evaluate.suites.accuracy import cloze_choices
 
         model = self.run.model
+        n_hard = len(hard)
         for i, window_part in window_batches(batch, self.args.batch_size, t1, what="cloze windows"):
             part = window_part.tokens
             its = [it for it in cloze if i <= it.window < i + part.shape[0]]
+            twins = self._hard_twins(part, its, i)
+            hard += twins
             for lab, make in self._edits():
                 ts = time.time()
                 with make() if make is not None else contextlib.nullcontext():
-                    ch = cloze_choices(model, part, its, window_offset=i)
-                correct[lab] += (ch.argmax(-1) == torch.tensor([it.answer for it in its])).long().tolist()
+                    ch = cloze_choices(model, part, its + twins, window_offset=i)
+                right = (ch.argmax(-1) == torch.tensor([it.answer for it in its + twins])).long().tolist()
+                correct[lab] += right[:len(its)]
+                correct[lab + " hard"] += right[len(its):]
                 spent[lab] += time.time() - ts
                 if make is None and "scorer_check" not in self.manifest:
-                    if (rc := self._scorer_check(text, i, part, its, ch)) is not None:
+                    if (rc := self._scorer_check(text, i, part, its + twins, ch)) is not None:
                         return rc
         return None
 
@@ -212,17 +233,22 @@ class AccuracyRun(WindowStudy):
         t1 = time.time()
         print(f"{text}: {len(batch)} windows, {len(cloze)} cloze + {len(cont)} continuation items, "
               f"{len(self.labels)} settings", flush=True)
-        correct = {lab: [] for lab in self.labels}
+        correct = {lab: [] for lab in self.labels} | {lab + " hard": [] for lab in self.labels}
         spent = dict.fromkeys(self.labels, 0.0)  # seconds per setting, for planning runs
-        if (rc := self._score_cloze(text, batch, cloze, correct, spent, t1)) is not None:
+        hard: list = []
+        if (rc := self._score_cloze(text, batch, cloze, correct, spent, t1, hard)) is not None:
             return rc
         self._score_continuation(cont, correct, spent)
         print(f"  continuation items done ({time.time() - t1:.0f} s)", flush=True)
-        for k, it in enumerate([*cloze, *cont]):
+        # rows: the random cloze items, their hard twins (sec. 9.7), the continuation items
+        scored = {lab: correct[lab][:len(cloze)] + correct[lab + " hard"] + correct[lab][len(cloze):]
+                  for lab in self.labels}
+        for k, it in enumerate([*cloze, *hard, *cont]):
             self.rows.append({"text": text, "item": k, "kind": it.to_json()["kind"], "window": it.window,
-                              **{lab: correct[lab][k] for lab in self.labels}})
+                              **{lab: scored[lab][k] for lab in self.labels}})
             self.items.append(it.to_json())
-        return {"cloze_items": len(cloze), "continuation_items": len(cont), "seconds": round(time.time() - t1, 1),
+        return {"cloze_items": len(cloze), "hard_cloze_items": len(hard), "continuation_items": len(cont),
+                "seconds": round(time.time() - t1, 1),
                 "setting_seconds": {lab: round(v, 1) for lab, v in spent.items()}}
 
     def files(self) -> dict[str, bytes]:

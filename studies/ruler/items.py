@@ -80,10 +80,10 @@ def _fill(lines, start: int, inserts: list[str], question: str, length: int, cou
             break
         body.append(cand)
         i += 1
-    part: list[str] = []  # the first words of the line that did not fit, while they fit
-    for w in cand.split():
+    part: list[str] = []  # words of the line that did not fit, in order, each that still fits
+    for w in cand.split():  # (a long word, a path of many tokens, is passed over, not the end)
         if count("\n".join([*body, " ".join([*part, w]), *inserts]) + tail) > length:
-            break
+            continue
         part.append(w)
     if part:
         body.append(" ".join(part))
@@ -150,13 +150,17 @@ def _common_words(rng, vocab, length, count, f: int, h: int) -> Item:
 
 
 def make_items(texts: Sequence[str], count: Counter, seed: int, haystacks: int,
-               lengths: Sequence[int] = LENGTHS, difficulty: dict[str, int] | None = None) -> list[Item]:
+               lengths: Sequence[int] = LENGTHS, difficulty: dict[str, int] | None = None,
+               check: bool = True) -> list[Item]:
     """``haystacks`` haystacks per length, one item of every task in each (:data:`TASKS` order),
     from ``random.Random(seed)``; ``difficulty`` picks a rung of :data:`LADDERS` per task (default
-    the easiest). Every prompt is at most its length and within :data:`SLACK` of it by ``count``.
+    the easiest). Every prompt is at most its length and within :data:`SLACK` of it by ``count``
+    (``check=False``: not checked, for a caller that checks the items it asks about, such as the
+    pilot's fit rule).
 
     Raises:
-        ValueError: a difficulty off its ladder, or texts too short to fill the lengths.
+        ValueError: a difficulty off its ladder, texts too short to fill the lengths, or a rung
+            whose statements alone exceed a length.
     """
     chosen = {t: ladder[0] for t, ladder in LADDERS.items()} | (difficulty or {})
     bad = {t: d for t, d in chosen.items() if d not in LADDERS.get(t, ())}
@@ -178,6 +182,12 @@ def make_items(texts: Sequence[str], count: Counter, seed: int, haystacks: int,
                 _chains(rng, vocab, lines, start, length, count, chosen["variable-tracking"], h),
                 _common_words(rng, vocab, length, count, chosen["common-words"], h),
             ]
+    if not check:
+        return items
+    long = [(i.task, i.difficulty, i.length, i.haystack) for i in items if count(i.prompt) > i.length]
+    if long:  # the inserted statements alone overrun the length (a hard rung at a short length)
+        raise ValueError(f"{len(long)} prompts exceed their length (first: task, difficulty, length, haystack = "
+                         f"{long[0]}): the rung's statements do not fit; pick an easier rung or a longer length")
     short = [(i.task, i.length, i.haystack) for i in items if count(i.prompt) < i.length - SLACK]
     if short:
         raise ValueError(f"{len(short)} prompts fall more than {SLACK} tokens short of their length "

@@ -134,3 +134,52 @@ def test_an_incomplete_run_decides_nothing(tmp_path):
     assert {v for _, _, v in C.verdict_rows(stem, tmp_path)} == {f"**{C.INCOMPLETE}**"}
     C, stem = _data(tmp_path, complete=True)  # the same data, complete: the rules decide
     assert "**held**" in C.build_page(stem, tmp_path)
+
+
+def _fair_data(tmp_path):
+    """Sec. 9.7 data: two texts x three kinds of different sizes, so the macro average differs
+    from the pooled one; the edit loses 30 points on the (small) continuation cells only."""
+    C = _load("accuracy_claims")
+    common = _load("_common")
+    g = torch.Generator().manual_seed(1)
+    parts = []
+    for text in ("kjv", "prose"):
+        for kind, per_window in (("cloze", 20), ("cloze-hard", 20), ("continuation", 2)):
+            n = 16 * per_window
+            base = (torch.rand(n, generator=g) < 0.8).long()
+            edit = base.clone()
+            if kind == "continuation":
+                right = (edit == 1).nonzero().flatten()
+                edit[right[torch.randperm(len(right), generator=g)[: int(0.3 * n)]]] = 0
+            parts.append(pd.DataFrame({"text": text, "kind": kind, "window": [i // per_window for i in range(n)],
+                                       "baseline": base.tolist(), "value-exclusive-joint all s_par=0": edit.tolist()}))
+    rec = pd.concat(parts, ignore_index=True)
+    rec.insert(1, "item", range(len(rec)))
+    stem = "accuracy_fair"
+    files = {f"{stem}.records.csv": rec.to_csv(index=False, lineterminator="\n").encode(), f"{stem}.items.json": b"[]\n"}
+    suite = {"seed": 0, "cloze_per_window": 20, "frequency_bands": 8, "continuation_per_window": 2, "context_len": 32,
+             "continuation_len": 16, "hard_distractors": "x", "average": "macro over text x kind",
+             "bootstrap": "window-cluster"}
+    texts = {t: {"windows": 16, "cloze_items": 320, "continuation_items": 32} for t in ("kjv", "prose")}
+    manifest = {"commit": "abc1234", "command": "x", "model": {"name": "toy", "source_sha256": "0" * 64},
+                "suite": suite, "texts": texts, "files": {}}
+    common.write_data(tmp_path, files, manifest, f"{stem}.manifest.json")
+    return C, stem, rec
+
+
+def test_a_fair_suite_reads_the_macro_average_with_window_clusters(tmp_path):
+    C, stem, rec = _fair_data(tmp_path)
+    page = C.build_page(stem, tmp_path)
+    assert "## Verdicts (macro average over text x item kind; window-cluster bootstrap" in page
+    assert "hard twin (`cloze-hard`" in page and "| kjv cloze-hard |" in "| " + page.split("| setting | ")[-1]
+    lab = "value-exclusive-joint all s_par=0"
+    diff = 100.0 * (rec["baseline"] - rec[lab])
+    macro = diff.groupby([rec["text"], rec["kind"]]).mean().mean()  # independent: six cell means averaged
+    (d, verdict), = [(d, v) for name, _, d, v in C.verdicts(rec, True, True) if name == lab]
+    assert d.point == pytest.approx(macro, abs=1e-9) and d.point > 9  # 30 points on 2 of 6 cells
+    assert diff.mean() < 2  # pooled, the small continuation cells nearly vanish
+    row = next(r for r in page.splitlines() if r.startswith(f"| {lab} |"))
+    assert f"{d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] | **{verdict}** | {diff.mean():+.2f} [" in row
+    assert verdict == "failed"  # within 1.5 points: the macro average says no
+    # the same data without sec. 9.7's suite keys: sec. 9.4's pooled reading, as committed pages have
+    assert C.verdicts(rec, True, False)[0][2].point == pytest.approx(diff.mean(), abs=1e-9)

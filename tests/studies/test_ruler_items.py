@@ -71,3 +71,9 @@ def test_a_bad_difficulty_or_short_texts_are_refused():
     with pytest.raises(ValueError, match="need at least 200 words"):
         make_items(["one two three"], words, 0, 1, (256,))
     assert LADDERS["needle-multi"][0] == 4  # the default is the easiest rung (sec. 13.2)
+
+
+def test_a_rung_whose_statements_overrun_the_length_is_refused():
+    # 16 needles of about 11 words each cannot fit 128 words: refused, not silently overlong
+    with pytest.raises(ValueError, match=r"prompts exceed their length .*'needle-multi', 16, 128"):
+        make_items(TEXTS, words, seed=0, haystacks=1, lengths=(128,), difficulty={"needle-multi": 16})

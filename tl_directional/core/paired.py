@@ -1,5 +1,7 @@
 """Paired item-level statistics of accuracy (protocol sec. 9.4): the bootstrap of baseline minus
-edited accuracy over items, the two margin rules and Holm's step-down over a family of them.
+edited accuracy over items (:func:`paired_drop`) or over clusters of items such as windows, with
+an optional macro average over cells (:func:`cluster_paired_drop`, sec. 9.7), the two margin rules
+and Holm's step-down over a family of them.
 
 Accuracy is in points (percent of items right); every item is resampled with both of its
 scores (baseline and edited), so the interval is of the paired difference."""
@@ -97,3 +99,72 @@ def holm(pvalues: dict[str, float], alpha: float = 0.05) -> set[str]:
             break
         out.add(k)
     return out
+
+
+def cluster_draw_counts(clusters: Tensor, strata: Tensor, n_resamples: int, seed: int = 0) -> Tensor:
+    """``[n_resamples, n_clusters]`` float64 draw counts of a stratified cluster bootstrap: within
+    each stratum (in increasing id order), its clusters drawn with replacement as many times as it
+    has clusters, from a CPU ``torch.Generator`` seeded ``seed``. ``clusters``: ``[n]`` ids
+    numbered ``0 .. n_clusters - 1`` (every id used), ``strata``: ``[n]`` the stratum of each
+    entry, constant over a cluster. An item's weight in resample ``r`` is its cluster's count."""
+    g = torch.Generator().manual_seed(seed)
+    n_clusters = int(clusters.max()) + 1
+    counts = torch.zeros(n_resamples, n_clusters, dtype=torch.float64)
+    of = torch.full((n_clusters,), -1, dtype=torch.long)
+    of[clusters] = strata
+    for s in torch.unique(strata).tolist():
+        members = torch.nonzero(of == s).flatten()
+        draws = members[torch.randint(0, members.numel(), (n_resamples, members.numel()), generator=g)]
+        counts.scatter_add_(1, draws, torch.ones_like(draws, dtype=torch.float64))
+    return counts
+
+
+def cluster_paired_drop(
+    base_correct: Tensor,
+    edit_correct: Tensor,
+    clusters: Tensor,
+    strata: Tensor | None = None,
+    cells: Tensor | None = None,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> PairedDrop:
+    """Baseline minus edited accuracy in points with a cluster bootstrap: the clusters
+    (``clusters``, ``[n]`` ids, e.g. the window each item was cut from) are resampled with
+    replacement within each stratum (``strata``, ``[n]`` ids constant over a cluster, e.g. the
+    text; default one stratum), each item weighted by its cluster's draw count, so items that
+    share a window move together. The statistic is the item mean (``cells`` None) or the
+    **macro** average: the mean over cells (``cells``, ``[n]`` ids, e.g. text x kind) of each
+    cell's item mean, as the paper's Avg. over tasks. ``n_resamples`` draws from a CPU
+    ``torch.Generator`` seeded ``seed``; the same ids and seed give the same resamples for every
+    setting, so differences between settings are paired.
+
+    Raises:
+        PairedStatsError: ids not of the items' length, a cluster in two strata, or bad
+            ``n_resamples`` / ``level``.
+    """
+    b, e = base_correct.double().flatten(), edit_correct.double().flatten()
+    n = b.numel()
+    strata = torch.zeros(n, dtype=torch.long) if strata is None else strata.long().flatten()
+    cells_ = torch.zeros(n, dtype=torch.long) if cells is None else cells.long().flatten()
+    ids = clusters.long().flatten()
+    if e.shape != b.shape or n == 0 or ids.numel() != n or strata.numel() != n or cells_.numel() != n:
+        raise PairedStatsError(
+            f"base_correct {b.numel()}, edit_correct {e.numel()}, clusters {ids.numel()}, strata "
+            f"{strata.numel()}, cells {cells_.numel()} items: pass one non-empty id per item")
+    if n_resamples < 1 or not 0 < level < 1:
+        raise PairedStatsError(f"n_resamples={n_resamples}, level={level}: need n_resamples >= 1 and "
+                               "0 < level < 1; pass e.g. 2000 and 0.95")
+    _, ids = torch.unique(ids, return_inverse=True)
+    pairs = torch.unique(torch.stack([ids, strata]), dim=1)
+    if pairs.shape[1] != int(ids.max()) + 1:
+        raise PairedStatsError("clusters: a cluster lies in two strata; strata must be constant over a cluster")
+    _, cell = torch.unique(cells_, return_inverse=True)
+    onehot = torch.nn.functional.one_hot(cell).double()  # [n, n_cells]
+    d = 100.0 * (b - e)
+    w = cluster_draw_counts(ids, strata, n_resamples, seed)[:, ids]  # [R, n]
+    per_cell = ((w * d) @ onehot) / (w @ onehot)  # a cell no resample drew: NaN, left out
+    rs = per_cell.nanmean(1)
+    point = float(((d @ onehot) / onehot.sum(0)).mean())
+    q = torch.quantile(rs, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64))
+    return PairedDrop(point, float(q[0]), float(q[1]), n, rs)

@@ -39,17 +39,20 @@ class AccuracySuiteError(TLDirectionalError, ValueError):
 @dataclass(frozen=True)
 class ClozeItem:
     """A four-way next-token choice: the logits at ``position`` of window ``window`` pick among
-    ``choices`` (token ids); ``choices[answer]`` is the token at ``position + 1``."""
+    ``choices`` (token ids); ``choices[answer]`` is the token at ``position + 1``. ``hard``: the
+    distractors are the unedited model's most likely wrong tokens (:func:`hard_cloze_items`, kind
+    ``"cloze-hard"``), else drawn from the truth's frequency band (kind ``"cloze"``)."""
 
     text: str
     window: int
     position: int
     choices: tuple[int, ...]
     answer: int
+    hard: bool = False
 
     def to_json(self) -> dict:
         return {
-            "kind": "cloze",
+            "kind": "cloze-hard" if self.hard else "cloze",
             "text": self.text,
             "window": self.window,
             "position": self.position,
@@ -65,6 +68,7 @@ class ClozeItem:
             int(d["position"]),
             tuple(int(c) for c in d["choices"]),
             int(d["answer"]),
+            d.get("kind") == "cloze-hard",
         )
 
 
@@ -167,6 +171,27 @@ def build_cloze_items(
             rng.shuffle(choices)
             items.append(ClozeItem(text, w, p, tuple(choices), choices.index(truth)))
     return items
+
+
+def hard_cloze_items(items: Sequence[ClozeItem], ranked: Tensor, *, seed: int = 0) -> list[ClozeItem]:
+    """Hard twins of cloze ``items`` (protocol sec. 9.7): the same window, position and truth, with
+    the three distractors the unedited model ranks highest among the wrong tokens (its ranks 2-4
+    when it ranks the truth first). ``ranked``: ``[n_items, k]`` token ids, ``k >= 4``, the
+    unedited model's top-``k`` at each item's position in descending logit order (``topk`` of its
+    logits there). Choices shuffled from ``random.Random(f"hard:{seed}:{text}")``; deterministic."""
+    if ranked.ndim != 2 or ranked.shape[0] != len(items) or ranked.shape[1] < N_CHOICES:
+        raise AccuracySuiteError(
+            f"ranked has shape {tuple(ranked.shape)}: must be [{len(items)}, k] with k >= {N_CHOICES}, the "
+            "unedited model's top-k token ids at each item's position (logits.topk(4).indices)")
+    out = []
+    rngs: dict[str, random.Random] = {}
+    for it, row in zip(items, ranked.tolist(), strict=True):
+        truth = it.choices[it.answer]
+        choices = [truth, *[t for t in row if t != truth][: N_CHOICES - 1]]
+        rng = rngs.setdefault(it.text, random.Random(f"hard:{seed}:{it.text}"))
+        rng.shuffle(choices)
+        out.append(ClozeItem(it.text, it.window, it.position, tuple(choices), choices.index(truth), hard=True))
+    return out
 
 
 def build_continuation_items(

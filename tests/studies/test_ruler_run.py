@@ -1,0 +1,86 @@
+"""Protocol sec. 13's runner: the pilot's items and fit rule on a cheap counter, the pilot's
+accuracies from constructed records, and end to end on the bundled default model (one haystack at
+one short length, a pilot manifest written here): every item scored under the baseline and the
+six edits, the scores the scorer's reading of the stored log-likelihoods, and a resumed run that
+keeps the finished length bit for bit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from studies.ruler.cli import main
+from studies.ruler.items import LADDERS
+from studies.ruler.run import PILOT, SETTINGS, pilot_accuracy, pilot_items, rung_fits
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXTS = [(ROOT / "tl_directional/data" / f).read_text() for f in ("kjv_heldout.txt", "prose_heldout.txt")]
+
+
+def words(s: str) -> int:
+    return len(s.split())
+
+
+def test_pilot_items_hold_every_rung_and_one_needle_single():
+    items = pilot_items(TEXTS, words, dict(PILOT, haystacks=2))
+    got = {}
+    for it in items:
+        got.setdefault(it.task, set()).add(it.difficulty)
+    assert got == {"needle-single": {1}, **{t: set(ladder) for t, ladder in LADDERS.items()}}
+    assert len(items) == 2 * (1 + 3 * 3) and {it.length for it in items} == {512}
+
+
+def test_a_rung_that_cannot_be_generated_at_the_shortest_length_does_not_fit():
+    # 16 needles of about 11 words overrun 128 words; the easiest rungs fit
+    fits = rung_fits(TEXTS, words, dict(PILOT, haystacks=2), 128)
+    assert fits["needle-multi"] == {4: True, 8: True, 16: False}
+    assert all(by[LADDERS[t][0]] for t, by in fits.items())
+
+
+def test_pilot_accuracy_reads_the_baseline_rows_only():
+    rows = [{"task": "needle-multi", "difficulty": 4, "setting": "baseline", "correct": c} for c in (1, 1, 0, 1)]
+    rows += [{"task": "needle-multi", "difficulty": 8, "setting": "baseline", "correct": 0}]
+    rows += [{"task": "needle-multi", "difficulty": 8, "setting": "hard-diag skip0", "correct": 1}]
+    assert pilot_accuracy(rows) == {"needle-multi": {4: 0.75, 8: 0.0}}
+
+
+@pytest.fixture(autouse=True)
+def _restore_grad_mode():
+    was = torch.is_grad_enabled()
+    yield
+    torch.set_grad_enabled(was)
+
+
+@pytest.mark.slow
+def test_main_run_scores_every_setting_and_resumes(tmp_path):
+    rungs = {t: {"rung": ladder[0]} for t, ladder in LADDERS.items()}
+    (tmp_path / "ruler-pilot_default.manifest.json").write_text(json.dumps({"complete": True, "rungs": rungs}))
+    # the bundled model's context is 256 tokens: two short lengths, one haystack each
+    args = ["--model", "default", "--haystacks", "1", "--smoke-lengths", "236", "244", "--allow-dirty",
+            "--data-dir", str(tmp_path)]
+    assert main([*args, "--lengths", "236"]) == 0
+    stem = "ruler_default"
+    first = pd.read_csv(tmp_path / f"{stem}.records.csv")
+    m = json.loads((tmp_path / f"{stem}.manifest.json").read_text())
+    assert not m["complete"] and list(m["texts"]) == ["len236"]
+    assert m["rungs"] == rungs
+    assert [s["label"] for s in m["settings"]] == list(SETTINGS)
+    assert main([*args, "--resume"]) == 0
+    rec = pd.read_csv(tmp_path / f"{stem}.records.csv")
+    m = json.loads((tmp_path / f"{stem}.manifest.json").read_text())
+    assert m["complete"] and len(rec) == 2 * 4 * (1 + len(SETTINGS))
+    pd.testing.assert_frame_equal(rec[rec.length == 236].reset_index(drop=True), first, check_exact=True)
+    # each row's choice is the unique top of its four log-likelihoods, right when it is the answer
+    lls = rec[["ll0", "ll1", "ll2", "ll3"]].to_numpy()
+    top = lls.argmax(1)
+    unique = (lls == lls.max(1, keepdims=True)).sum(1) == 1
+    assert (rec["chosen"].to_numpy() == [t if u else -1 for t, u in zip(top, unique, strict=True)]).all()
+    assert (rec["correct"] == (rec["chosen"] == rec["answer"]).astype(int)).all()
+    # an edit changes the log-likelihoods (the hooks act), the baseline rows are the unedited ones
+    base = rec[rec.setting == "baseline"][["ll0"]].to_numpy()
+    hard = rec[rec.setting == "hard-diag skip0"][["ll0"]].to_numpy()
+    assert not (base == hard).all()
