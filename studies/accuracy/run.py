@@ -191,7 +191,6 @@ class AccuracyRun(WindowStudy):
         from tl_directional.evaluate.suites.accuracy import cloze_choices
 
         model = self.run.model
-        n_hard = len(hard)
         for i, window_part in window_batches(batch, self.args.batch_size, t1, what="cloze windows"):
             part = window_part.tokens
             its = [it for it in cloze if i <= it.window < i + part.shape[0]]
