@@ -187,3 +187,23 @@ def test_transformerlens_names_and_the_old_keyword_named(tiny_model, verb, old, 
     call(**{new: 7})
     with pytest.raises(tld.TLDirectionalError, match=rf"{verb}\(\) has no argument '{old}'; it is called '{new}' now"):
         call(**{old: 7})
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_weight_scan_in_every_dtype(tiny_model_dir, dtype):
+    """Issue 51: a bfloat16 model's scan sums each weight in bfloat16 (a float32 copy of every
+    weight cost more than a short forward at 1.5B parameters); NaN, +-inf and a finite weight
+    whose sum overflows are each told right in every dtype."""
+    from tl_directional.model.finite import nonfinite_parameters
+    from tl_directional.model.load import load_model
+
+    model = load_model(tiny_model_dir("llama"), dtype=dtype).eval()
+    assert nonfinite_parameters(model) == []
+    weight = next(p for n, p in model.named_parameters() if "mlp" in n and p.ndim == 2)
+    big = torch.finfo(dtype).max
+    with torch.no_grad():
+        weight.fill_(big)  # finite, but its sum overflows: the exact count says 0, nothing reported
+        assert nonfinite_parameters(model) == []
+        weight[0, 0], weight[1, 1], weight[2, 2] = float("nan"), float("inf"), float("-inf")
+    ((name, count),) = nonfinite_parameters(model)
+    assert "mlp" in name and count == 3
