@@ -21,7 +21,8 @@ committed ``docs/results/data/pass8m.*`` alone.
 The grid outlasts one machine: every finished task's record, ``lr.json`` and ``launch.json`` are
 also copied to ``--keep`` (default for ``--scale study``: ``docs/results/data/pass8m-tasks/``, to
 be committed as each task lands), and ``run`` / ``collect`` on a new machine take them from there
-first, so only unfinished tasks run again.
+first, so only unfinished tasks run again. Sec. 15's seeds 3-5 (:mod:`studies.pass_training.seeds6`)
+run through the same scheduler (:func:`schedule`) and task runner (:func:`run_task`).
 """
 
 from __future__ import annotations
@@ -230,7 +231,7 @@ def _run_task(name: str, kind: str, rest: str, *, out: Path, corpus: Path, scale
     from tl_directional.training import load_init, prepare_data, train
 
     if kind == "lr":  # lr-LR (the baseline) or lr-VARIANT-LR (sec. 15's V-Para check)
-        variant, lr = rest.rsplit("-", 1) if "-" in rest else ("baseline", rest)
+        variant, lr = rest.rsplit("-", 1) if rest[:1].isalpha() else ("baseline", rest)
         lr = float(lr)
         steps = max(int(SCALES[scale]["max_steps"] * LR_FRACTION), 2)
         cfg = _cfg(scale, corpus, variant=variant, seed=LR_SEED, lr=lr, max_steps=steps,

@@ -141,9 +141,10 @@ def section(stem: str, data: Path, final10, curves10, base_manifest: dict) -> li
          "if it lies below 0, **failed** if above 0, **not decided** otherwise and while any of the six seeds of "
          "either arm is missing.", ""]
     if got is None:
+        have = stats.counted_seeds(finals, VARIANTS, SEEDS)
         L += [f"**Not run**: no run of seeds {', '.join(map(str, NEW_SEEDS))} has landed (no "
-              f"`docs/results/data/{stem}.{SUFFIX}.*`); seeds present: {', '.join(map(str, SEEDS))} of each arm "
-              "(sec. 10). The early-step gap and V-Para's learning-rate check appear here with them.", "",
+              f"`docs/results/data/{stem}.{SUFFIX}.*`); seeds present: {', '.join(map(str, have)) or 'none'} of "
+              "each arm (sec. 10). The early-step gap and V-Para's learning-rate check appear here with them.", "",
               *_verdict_table(finals, got)]
         return L
     m = got[0]
