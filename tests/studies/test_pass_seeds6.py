@@ -190,3 +190,38 @@ def test_section_reads_not_run_without_sec15_data():
     assert "seeds present: 0, 1, 2 of each arm (sec. 10)" in text
     assert [ln for ln in lines if ln.endswith("| not run |")] == [
         f"| {label} | not run | - | - | not run |" for _, _, label in seeds6_page.COMPARISONS]
+
+
+def test_section_with_only_the_rate_check_and_one_seed_landed(tmp_path):
+    """Partial sec. 15 data: V-Para's best rate is the shared one (no own-rate arm), seed 3 has
+    two arms, so no new seed counts and every verdict waits for seeds 3-5."""
+    from studies import common as studies_common
+
+    final10 = pd.DataFrame([{"variant": v, "seed": s, "path": "own", "final_val_loss": 4.4 + 0.01 * s + 0.001 * k}
+                            for k, v in enumerate(pass_run.VARIANTS) for s in pass_run.SEEDS])
+    curves10 = pd.DataFrame([{"variant": v, "seed": s, "step": 100, "val_loss": 6.0}
+                             for v in pass_run.VARIANTS for s in pass_run.SEEDS])
+    final = b"variant,seed,lr,final_val_loss,cpu_s\nbaseline,3,0.003,4.470000,9000.0\nvpara,3,0.003,4.460000,9100.0\n"
+    lr = (b"variant,seed,lr,max_steps,final_val_loss\nvpara,100,0.0015,275,5.700000\nvpara,100,0.003,275,5.600000\n"
+          b"vpara,100,0.006,275,5.600000\n")
+    curves = b"variant,seed,lr,step,tokens,train_loss,val_loss\n"
+    studies_common.write_data(tmp_path, {"pass8m.seeds6.final.csv": final, "pass8m.seeds6.curves.csv": curves,
+                                         "pass8m.seeds6.lr.csv": lr},
+                              {"command": "c", "commit": "abc1234", "started": "s", "torch": "t",
+                               "task_commits": ["abc1234"], "cpu_hours": 5.0, "complete": False,
+                               "missing": ["own-attn-para-s3"], "files": {}}, "pass8m.seeds6.manifest.json")
+    base = {"config": {"lr": 0.003}, "lr_choice": {"candidates": {"0.003": 5.6018}}}
+    text = "\n".join(seeds6_page.section("pass8m", tmp_path, final10, curves10, base))
+    assert "**incomplete**; not yet landed: own-attn-para-s3" in text
+    assert "- Seeds counted (all three arms finished): 0, 1, 2; not counted (an arm unfinished): seed 3: baseline, " \
+           "vpara only; not run: 4, 5." in text
+    assert text.count("| not decided (seeds 3, 4, 5 missing) |") == 3
+    assert "| 3 | 4.4700 | 4.4600 | - |" in text
+    # a tie between 3e-3 and 6e-3 goes to the smaller, the shared rate
+    assert "Its best candidate is the baseline's 0.003: the shared rate stands for V-Para too." in text
+    # the early-step gap needs steps 100, 200 and 300: every seed is left out here
+    assert "- vpara - baseline: -." in text
+    # an edited data file is refused by name
+    (tmp_path / "pass8m.seeds6.lr.csv").write_bytes(lr.replace(b"5.7", b"5.1"))
+    with pytest.raises(pass_run.DataError, match="pass8m.seeds6.lr.csv"):
+        seeds6_page.section("pass8m", tmp_path, final10, curves10, base)
