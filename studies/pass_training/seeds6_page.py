@@ -152,7 +152,8 @@ def section(stem: str, data: Path, final10, curves10, base_manifest: dict) -> li
           f"finished at {', '.join(f'`{c}`' for c in m['task_commits'])}; {m['cpu_hours']:.1f} CPU-hours recorded"
           + ("." if m["complete"] else f" so far (**incomplete**; not yet landed: {', '.join(m['missing'])})."),
           _seeds_line(finals), "", *_verdict_table(finals, got), "",
-          "| seed | " + " | ".join(VARIANTS) + " |", "|---|" + "---|" * len(VARIANTS)]
+          f"Final validation loss of seeds {', '.join(map(str, NEW_SEEDS))} (seeds {', '.join(map(str, SEEDS))}: "
+          "sec. 10's table below):", "", "| seed | " + " | ".join(VARIANTS) + " |", "|---|" + "---|" * len(VARIANTS)]
     for s in NEW_SEEDS:
         L.append(f"| {s} | " + " | ".join(f"{finals[v][s]:.4f}" if s in finals[v] else "-" for v in VARIANTS) + " |")
     L += _early_lines(curves, finals)
