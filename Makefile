@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(LANE)
 MODELS_STAMP := $(VENV)/.models-$(LANE)
 
-.PHONY: venv models demo test test-kernels docs lint lock clean results pass-corpus pass-training
+.PHONY: venv models demo test test-kernels docs lint lock clean results pass-corpus pass-training pass-training-seeds6
 
 # Each lane installs exactly what its lock file lists (constraints/$(LANE).lock: every package of
 # the lane's venv, models and docs included, at the version the suite last passed with). The lock
@@ -80,6 +80,12 @@ pass-corpus: $(STAMP)
 JOBS ?= 2
 pass-training: pass-corpus
 	$(PY) -m studies run pass-training run --jobs $(JOBS)
+
+# Protocol sec. 15's runs: seeds 3-5 of the three arms at lr.json's rate and V-Para's rate check
+# (about 7 CPU-hours; resumable and kept like pass-training), then `$(PY) -m studies run
+# pass-training collect-seeds6` and `make results`.
+pass-training-seeds6: pass-corpus
+	$(PY) -m studies run pass-training run-seeds6 --jobs $(JOBS)
 
 # Regenerate constraints/$(LANE).lock: a fresh venv installs what `make venv models` installs,
 # without the old lock, and its `pip freeze` becomes the lock (torch's local "+cpu" tag dropped:

@@ -108,7 +108,7 @@ def claims_pages() -> dict:
     stems = _stems("claims_*.manifest.json")
     depth = _stems("depth_*.manifest.json")
     training = _stems("training_*.manifest.json")
-    passes = _stems("pass8m*.manifest.json")
+    passes = [s for s in _stems("pass8m*.manifest.json") if "." not in s]  # pass8m.seeds6: a section of pass8m
     if not stems:
         raise DataError(f"no claims data under {DATA.relative_to(ROOT)}")
     pages = {}

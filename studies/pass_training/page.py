@@ -9,6 +9,7 @@ from pathlib import Path
 
 from studies import common
 from studies.paper import EXPERIMENTS, cite
+from studies.pass_training import seeds6_page
 from studies.pass_training.run import (
     DATA,
     GEOMETRY_WINDOWS,
@@ -401,6 +402,7 @@ def build_page(stem: str, data: Path = DATA) -> str:
         else:
             L.append(f"| {NAMES[v]} | {s['mean_diff']:+.4f} [{s['ci95_low']:+.4f}, {s['ci95_high']:+.4f}] "
                      f"({len(seeds)} seeds) | {s['perm_p']:.3f} | {s['wins']}/{len(seeds)} | {verdict(s, len(seeds))} |")
+    L += seeds6_page.section(stem, data, t["final"], t["curves"], manifest)  # protocol sec. 15, beside sec. 10
     f = t["final"]
     L += ["", "## Final validation loss per seed", "", "| seed | path | " + " | ".join(VARIANTS) + " |",
           "|---|---|" + "---|" * len(VARIANTS)]

@@ -21,7 +21,8 @@ committed ``docs/results/data/pass8m.*`` alone.
 The grid outlasts one machine: every finished task's record, ``lr.json`` and ``launch.json`` are
 also copied to ``--keep`` (default for ``--scale study``: ``docs/results/data/pass8m-tasks/``, to
 be committed as each task lands), and ``run`` / ``collect`` on a new machine take them from there
-first, so only unfinished tasks run again.
+first, so only unfinished tasks run again. Sec. 15's seeds 3-5 (:mod:`studies.pass_training.seeds6`)
+run through the same scheduler (:func:`schedule`) and task runner (:func:`run_task`).
 """
 
 from __future__ import annotations
@@ -91,17 +92,17 @@ def _kept_names(scale: str) -> list[str]:
 
 
 def _in_out(out: Path, name: str) -> Path:
-    return out / name if name in ("launch.json", "lr.json") else out / "results" / name
+    return out / name if name in ("launch.json", "lr.json") or name.startswith("launch-") else out / "results" / name
 
 
-def take_kept(out: Path, keep: Path | None, scale: str) -> list[str]:
-    """Copy kept records that ``out`` lacks into it (a new machine resumes the grid); returns
-    the names taken. Records ``out`` already holds are left as they are."""
+def take_kept(out: Path, keep: Path | None, scale: str, names: list[str] | None = None) -> list[str]:
+    """Copy kept records (``names``, default sec. 10's) that ``out`` lacks into it (a new machine
+    resumes the grid); returns the names taken. Records ``out`` already holds are left as they are."""
     if keep is None or not keep.is_dir():
         return []
     taken = []
     (out / "results").mkdir(parents=True, exist_ok=True)
-    for name in _kept_names(scale):
+    for name in names or _kept_names(scale):
         src, dst = keep / name, _in_out(out, name)
         if src.is_file() and not dst.is_file():
             try:  # a corrupt kept record stops here, not in a task
@@ -114,12 +115,12 @@ def take_kept(out: Path, keep: Path | None, scale: str) -> list[str]:
     return taken
 
 
-def give_kept(out: Path, keep: Path | None, scale: str) -> list[str]:
-    """Copy finished records of ``out`` that ``keep`` lacks into it (atomic per file)."""
+def give_kept(out: Path, keep: Path | None, scale: str, names: list[str] | None = None) -> list[str]:
+    """Copy finished records of ``out`` (``names``, default sec. 10's) that ``keep`` lacks into it."""
     if keep is None:
         return []
     given = []
-    for name in _kept_names(scale):
+    for name in names or _kept_names(scale):
         src, dst = _in_out(out, name), keep / name
         if src.is_file() and not dst.is_file():
             keep.mkdir(parents=True, exist_ok=True)
@@ -229,19 +230,21 @@ def _run_task(name: str, kind: str, rest: str, *, out: Path, corpus: Path, scale
 
     from tl_directional.training import load_init, prepare_data, train
 
-    if kind == "lr":
-        lr = float(rest)
+    if kind == "lr":  # lr-LR (the baseline) or lr-VARIANT-LR (sec. 15's V-Para check)
+        variant, lr = rest.rsplit("-", 1) if rest[:1].isalpha() else ("baseline", rest)
+        lr = float(lr)
         steps = max(int(SCALES[scale]["max_steps"] * LR_FRACTION), 2)
-        cfg = _cfg(scale, corpus, variant="baseline", seed=LR_SEED, lr=lr, max_steps=steps,
+        cfg = _cfg(scale, corpus, variant=variant, seed=LR_SEED, lr=lr, max_steps=steps,
                    warmup_steps=min(SCALES[scale]["warmup_steps"], steps // 4),
                    eval_every=max(steps // 4, 1), ckpt_every=max(steps // 8, 1))
         res = train(cfg, _task_dir(out, name), progress=False)
-        record = {"task": name, "lr": lr, "final_val_loss": res.final_val_loss, "curve": res.metrics,
+        record = {"task": name, "variant": variant, "lr": lr, "final_val_loss": res.final_val_loss, "curve": res.metrics,
                   "config": cfg.to_dict()}
     else:
         variant, seed = rest.rsplit("-s", 1)
+        seed, _, own_lr = seed.partition("-lr")  # own-VARIANT-sSEED-lrLR: a rate other than lr.json's
         seed = int(seed)
-        lr = json.loads((out / "lr.json").read_text())["lr"]
+        lr = float(own_lr) if own_lr else json.loads((out / "lr.json").read_text())["lr"]
         cfg = _cfg(scale, corpus, variant=variant, seed=seed, lr=lr)
         run_dir = _task_dir(out, name)
         data = prepare_data(cfg, run_dir)
@@ -305,18 +308,31 @@ def run(args) -> int:
     elif json.loads(launch.read_text()).get("scale") != args.scale:
         raise SystemExit(f"error: {out} holds a --scale {json.loads(launch.read_text()).get('scale')} run; "
                          f"use another --out for --scale {args.scale}")
-    pending = [t for t in tasks(args.scale) if not (out / "results" / f"{t}.json").is_file()]
+    failed, pending = schedule(tasks(args.scale), args)
+    if failed or pending:
+        return 1
+    print(f"all {len(tasks(args.scale))} tasks done; now: python -m studies run pass-training collect --out {out}")
+    return 0
+
+
+def schedule(names: list[str], args, kept: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """Run each task of ``names`` that has no record in ``args.out/results`` yet, in that order,
+    ``args.jobs`` at a time, each in its own process (``--jobs 0``: all in this one); finished
+    records go to ``args.keep`` as they land (``kept``: the names to keep, default sec. 10's).
+    Returns the tasks that failed and those not started (both empty when all finished)."""
+    out, corpus, scale = Path(args.out), Path(args.corpus), args.scale
+    pending = [t for t in names if not (out / "results" / f"{t}.json").is_file()]
     if args.jobs == 0:  # every task in this process, one after the other (tests, debugging)
         for t in pending:
             if not t.startswith("lr-"):
-                choose_lr(out, args.scale)
-            run_task(t, out=out, corpus=corpus, scale=args.scale)
-            choose_lr(out, args.scale)
-            give_kept(out, args.keep, args.scale)
+                choose_lr(out, scale)
+            run_task(t, out=out, corpus=corpus, scale=scale)
+            choose_lr(out, scale)
+            give_kept(out, args.keep, scale, kept)
             print(f"{t}: done", flush=True)
-        choose_lr(out, args.scale)
-        give_kept(out, args.keep, args.scale)
-        return 0
+        choose_lr(out, scale)
+        give_kept(out, args.keep, scale, kept)
+        return [], []
     running: dict[str, subprocess.Popen] = {}
     failed: list[str] = []
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -329,8 +345,8 @@ def run(args) -> int:
                       flush=True)
                 if not ok:
                     failed.append(t)
-        lr_ready = choose_lr(out, args.scale) is not None
-        if given := give_kept(out, args.keep, args.scale):
+        lr_ready = choose_lr(out, scale) is not None
+        if given := give_kept(out, args.keep, scale, kept):
             print(f"{time.strftime('%H:%M:%S')} kept in {args.keep}: {', '.join(given)} (commit them)", flush=True)
         for t in list(pending):
             if len(running) >= args.jobs:
@@ -340,20 +356,18 @@ def run(args) -> int:
             pending.remove(t)
             log = open(out / f"{t}.log", "a")  # noqa: SIM115 - the child owns it
             cmd = [sys.executable, "-m", "studies.pass_training.cli", "task", t, "--out", str(out),
-                   "--corpus", str(corpus), "--scale", args.scale]
+                   "--corpus", str(corpus), "--scale", scale]
             running[t] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
             print(f"{time.strftime('%H:%M:%S')} {t}: started (log {out / f'{t}.log'})", flush=True)
         if pending and not running and not lr_ready:
             break  # an lr task failed: nothing can start
         time.sleep(args.poll)
-    choose_lr(out, args.scale)
-    give_kept(out, args.keep, args.scale)
+    choose_lr(out, scale)
+    give_kept(out, args.keep, scale, kept)
     if failed or pending:
         print(f"error: {len(failed)} task(s) failed ({failed}), {len(pending)} not started; see the logs "
               f"in {out} and rerun (finished tasks are kept)", file=sys.stderr)
-        return 1
-    print(f"all {len(tasks(args.scale))} tasks done; now: python -m studies run pass-training collect --out {out}")
-    return 0
+    return failed, pending
 
 
 # --------------------------------------------------------------------------------------------
