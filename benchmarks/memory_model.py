@@ -44,9 +44,9 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
 
 from .peak_measure import METHOD_CPU
+from .shapes import Shape
 
 MB = 2.0**20
 GIB = 2.0**30
@@ -65,38 +65,6 @@ FIXED_MB = {
     "attribution": 1.8, "attribution_transformer_lens": 1.6,
     "directional_patch": 0.0, "get_act_patch_resid_pre": 1.0,
 }
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A decoder's dimensions (what the model needs; the weights are not counted)."""
-
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    d_mlp: int
-    vocab: int
-    d_head: int = 0
-    tied: bool = False  # the unembedding is the embedding's transpose (SmolLM2, Llama-3.2-1B, Gemma)
-
-    @property
-    def dh(self) -> int:
-        return self.d_head or self.d_model // self.n_heads
-
-    @classmethod
-    def of(cls, obj) -> Shape:
-        """From a ``benchmarks.scaling.Size``, a TransformerLens ``cfg`` or a model with one."""
-        cfg = getattr(obj, "cfg", obj)
-        if hasattr(cfg, "vocab_size"):  # a scaling Size
-            return cls(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_mlp, cfg.vocab_size)
-        kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-        return cls(cfg.n_layers, cfg.d_model, cfg.n_heads, kv, cfg.d_mlp, cfg.d_vocab, getattr(cfg, "d_head", 0))
-
-    def parameters(self) -> int:
-        attn = self.d_model * self.dh * (2 * self.n_heads + 2 * self.n_kv_heads)
-        embed = (1 if self.tied else 2) * self.vocab * self.d_model
-        return self.n_layers * (attn + 3 * self.d_model * self.d_mlp + 2 * self.d_model) + embed
 
 
 def _block(s: Shape, b: int, seq: int, e: int) -> float:
@@ -194,7 +162,10 @@ def _attribution(s: Shape, pairs: int, seq: int, e: int, layers_per_pass, node_t
 
 #: The records whose sides the model covers (``--measure``'s default).
 MEASURED_RECORDS = ("profile_overhead", "edit_overhead", "attribution_vs_transformer_lens",
-                    "attribution_layer_passes_vs_transformer_lens", "patching_vs_transformer_lens")
+                    "attribution_layer_passes_vs_transformer_lens", "attribution_batch_size_1_vs_transformer_lens",
+                    "patching_vs_transformer_lens")
+#: Records whose baseline is attribution_vs_transformer_lens's TransformerLens call (measured once).
+SAME_BASELINE = ("attribution_layer_passes_vs_transformer_lens", "attribution_batch_size_1_vs_transformer_lens")
 ANALYSES = ("forward", "forward_no_logits", "edit", "profile", "cache_split", "attribution",
             "attribution_transformer_lens", "directional_patch", "get_act_patch_resid_pre")
 
@@ -211,6 +182,9 @@ def record_sides(record: str, shape: Shape, batch: int, seq: int) -> dict[str, t
         "attribution_layer_passes_vs_transformer_lens": {
             "baseline": ("attribution_transformer_lens", *attrib, {}),
             "candidate": ("attribution", *attrib, {"layers_per_pass": -(-shape.n_layers // 8)})},
+        "attribution_batch_size_1_vs_transformer_lens": {
+            "baseline": ("attribution_transformer_lens", *attrib, {}),
+            "candidate": ("attribution", *attrib, {"batch_size": 1})},
         "patching_vs_transformer_lens": {"baseline": ("get_act_patch_resid_pre", 1, 15, {}),
                                          "candidate": ("directional_patch", 1, 15, {})},
     }
@@ -249,7 +223,7 @@ def measure_points(sizes: list[str], dtypes: list[str], records: list[str], seq:
         for dtype in dtypes:
             for record in records:
                 for side in SIDES:
-                    if (side == "baseline" and record == "attribution_layer_passes_vs_transformer_lens"
+                    if (side == "baseline" and record in SAME_BASELINE
                             and "attribution_vs_transformer_lens" in records):
                         continue  # the same TransformerLens call as attribution_vs_transformer_lens's
                     r = run_probe(record, str(path), seq, batch, side, device="cpu", dtype=dtype, threads=1)
