@@ -78,7 +78,7 @@ def _graph(s: Shape, b: int, seq: int, e: int, layers: int, params: bool = False
 
 def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "float32", *,
              layers_per_pass: int | None = None, node_types: tuple[str, ...] = ("resid", "attn", "mlp", "head", "value"),
-             copies: int | None = None, fixed: bool = True) -> dict[str, float]:
+             copies: int | None = None, batch_size: int | None = None, fixed: bool = True) -> dict[str, float]:
     """The bytes ``analysis`` holds at its peak on top of the loaded model, by term, and ``total``.
 
     Args:
@@ -93,6 +93,9 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         layers_per_pass: attribution's backward in passes of this many blocks (None: one pass).
         node_types: attribution's node types (what the clean run and the passes keep).
         copies: stacked patched copies per forward (directional patching; default: the library's).
+        batch_size: attribution's pairs per forward / backward (None: all at once); each chunk's
+            clean run, graph, logits and gradients are freed before the next (the scores kept
+            between chunks are a few numbers per node).
         fixed: add the first-call constant of :data:`FIXED_MB`.
     """
     e = DTYPE_BYTES[dtype]
@@ -122,7 +125,7 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         hooks = 6 * R + T * s.n_kv_heads * s.dh * e + batch * s.n_heads * seq * seq * e
         terms = {"cache": s.n_layers * hooks, "block": block, "split_float32": 8 * T * s.d_model * 4}
     elif analysis == "attribution":
-        terms = _attribution(s, batch, seq, e, layers_per_pass, node_types)
+        terms = _attribution(s, min(batch, batch_size or batch), seq, e, layers_per_pass, node_types)
     elif analysis == "attribution_transformer_lens":
         # one pair at a time: the corrupted run's graph (trainable weights), logits and their gradient,
         # the clean and corrupted caches (embed, z, mlp_out) and the gradients
@@ -240,9 +243,39 @@ def markdown_check(rows: list[dict]) -> str:
     out = ["| size | dtype | analysis | tokens | measured MB | predicted MB | predicted / measured |",
            "|---|---|---|---|---:|---:|---:|"]
     for r in rows:
-        label = r["analysis"] + (f", layers_per_pass={r['layers_per_pass']}" if r.get("layers_per_pass") else "")
+        label = r["analysis"] + "".join(f", {k}={r[k]}" for k in ("layers_per_pass", "batch_size") if r.get(k))
         out.append(f"| {r['size']} | {r['dtype']} | {label} | {r['tokens']} | {r['measured_mb']:.1f} | "
                    f"{r['predicted_mb']:.1f} | {r['ratio']:.2f} |")
+    return "\n".join(out)
+
+
+def markdown_attribution(rows: list[dict]) -> str:
+    """Attribution patching's measured peak increments (rows of :func:`check_rows`), one row per
+    size and dtype: TransformerLens's ``attribution_patch`` and ours in one pass, with
+    ``layers_per_pass`` and with ``batch_size=1``, each with its ratio to TransformerLens's."""
+    cells: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
+    for r in rows:
+        if r["analysis"] == "attribution_transformer_lens":
+            col = "tl"
+        elif r["analysis"] == "attribution":
+            col = ("lpp" if r.get("layers_per_pass") else "bs1" if r.get("batch_size") else "one")
+        else:
+            continue
+        tag = f"k={r['layers_per_pass']}" if col == "lpp" else ""
+        cells.setdefault((r["size"], r["dtype"]), {})[col] = (r["measured_mb"], tag)
+    out = ["| size | dtype | pairs x tokens | TransformerLens MB | ours, one pass | ours, `layers_per_pass=k` | "
+           "ours, `batch_size=1` |", "|---|---|---|---:|---:|---:|---:|"]
+    tokens = {(r["size"], r["dtype"]): r["tokens"] for r in rows if r["analysis"].startswith("attribution")}
+    for key, c in cells.items():
+        tl = c.get("tl", (math.nan, ""))[0]
+
+        def cell(col, c=c, tl=tl):
+            if col not in c:
+                return "-"
+            mb, tag = c[col]
+            return f"{mb:.1f} ({mb / tl:.2f}x{', ' + tag if tag else ''})"
+
+        out.append(f"| {key[0]} | {key[1]} | {tokens[key]} | {tl:.1f} | {cell('one')} | {cell('lpp')} | {cell('bs1')} |")
     return "\n".join(out)
 
 
@@ -262,14 +295,12 @@ def markdown_predict(batch: int = 8, seq: int = 128, dtype: str = "bfloat16") ->
              ("run_with_cache + split", "cache_split", {}), ("value edit (logits)", "edit", {}),
              ("directional_patch", "directional_patch", {}), ("attribution_patch", "attribution", {}),
              ("attribution_patch, layers_per_pass=4", "attribution", {"layers_per_pass": 4}),
-             ("attribution_patch, batch_size=1", "attribution", {"pairs": 1})]
+             ("attribution_patch, batch_size=1", "attribution", {"batch_size": 1})]
     head = ["| " + dtype + f", {batch} x {seq} tokens | " + " | ".join(PREDICT_SHAPES) + " |",
             "|---|" + "---:|" * len(PREDICT_SHAPES)]
     rows = ["| weights | " + " | ".join(f"{s.parameters() * e / GIB:.1f}" for s in PREDICT_SHAPES.values()) + " |"]
     for label, analysis, settings in cases:
-        settings = dict(settings)
-        b = settings.pop("pairs", batch)
-        vals = [estimate(s, analysis, b, seq, dtype, fixed=False, **settings)["total"] / GIB
+        vals = [estimate(s, analysis, batch, seq, dtype, fixed=False, **settings)["total"] / GIB
                 for s in PREDICT_SHAPES.values()]
         rows.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
     return "\n".join(head + rows)
@@ -278,6 +309,8 @@ def markdown_predict(batch: int = 8, seq: int = 128, dtype: str = "bfloat16") ->
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.memory_model", description=__doc__.split("\n")[0])
     p.add_argument("--check", metavar="MEASURED_JSON", nargs="+", help="measured vs predicted for --measure JSONs")
+    p.add_argument("--attribution", action="store_true",
+                   help="with --check: attribution patching's measured increments against TransformerLens's")
     p.add_argument("--predict", action="store_true", help="the 1B / 8B / 9B predictions")
     p.add_argument("--dtype", default="bfloat16", help="dtype of --predict")
     p.add_argument("--measure", metavar="OUT_JSON", help="measure the points (one probe process each) into OUT_JSON")
@@ -304,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in a.check:
             with open(path) as f:
                 rows += check_rows(json.load(f))
-        print(markdown_check(rows))
+        print(markdown_attribution(rows) if a.attribution else markdown_check(rows))
     if a.predict:
         print(markdown_predict(dtype=a.dtype))
     if not (a.check or a.predict or a.measure):

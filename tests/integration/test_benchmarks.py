@@ -307,24 +307,35 @@ def test_scaled_baselines_count_as_many_forwards_as_the_baseline_runs():
 
 def test_scaling_family_runs_each_size_and_dtype_in_its_own_process(tmp_path):
     """``python -m benchmarks.scaling`` (issue 51's scaling family and device script) on the
-    suite's tiny size: one harness run per dtype, the records measured, the built model's
-    stored parameters equal to the shape's count, bfloat16 checked against TransformerLens in
-    bfloat16's own round-off."""
+    suite's tiny size: one harness run per dtype, the records measured (directional and path
+    patching against TransformerLens's helpers among them), the built model's stored parameters
+    equal to the shape's count, bfloat16 checked against TransformerLens in bfloat16's own
+    round-off. TransformerLens 2.18 (the legacy lane) has no ``get_act_patch_direct_path``: there
+    the path-patching record says ``not_available``."""
+    import importlib
+
     from benchmarks import scaling
 
     out = tmp_path / "scaling.json"
+    names = ("edit_overhead", "patching_vs_transformer_lens", "path_patching_vs_transformer_lens")
+    # path patching's prompt is 15 tokens: the setting's sequences must be at least that long
     status = scaling.main(["--sizes", "tiny", "--dtypes", "float32,bfloat16", "--device", "cpu",
-                           "--records", "edit_overhead,patching_vs_transformer_lens",
-                           "--setting", "8x1", "--min-pairs", "2", "--max-pairs", "2",
+                           "--records", ",".join(names),
+                           "--setting", "16x1", "--min-pairs", "2", "--max-pairs", "2",
                            "--workdir", str(tmp_path / "models"), "--json", str(out)])
     doc = json.loads(out.read_text())
     assert status == 0, doc
     assert [(r["size"], r["dtype"]) for r in doc["runs"]] == [("tiny", "float32"), ("tiny", "bfloat16")]
+    direct_path = hasattr(importlib.import_module("transformer_lens.patching"), "get_act_patch_direct_path")
     for run in doc["runs"]:
         assert run["parameters"] == scaling.SIZES["tiny"].parameters() == run["parameters_published_shape"]
         records = {r["name"]: r for r in run["run"]["records"]}
-        assert set(records) == {"edit_overhead", "patching_vs_transformer_lens"}
+        assert set(records) == set(names)
+        if not direct_path:
+            assert records.pop("path_patching_vs_transformer_lens")["status"] == "not_available"
         assert all(r["status"] == "ok" and r["ratio"] > 0 for r in records.values()), records
+        assert all(r["extra"]["check_max_abs_diff_vs_transformer_lens"] >= 0 for n, r in records.items()
+                   if n != "edit_overhead")
         assert run["run"]["config"]["dtype"] == run["dtype"]
     assert scaling.main(["--sizes", "huge", "--json", str(out)]) == 2
 
