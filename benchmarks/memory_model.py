@@ -45,6 +45,7 @@ import json
 import math
 import sys
 
+from .patching import PATCH_SEQ
 from .peak_measure import METHOD_CPU
 from .shapes import Shape
 
@@ -57,13 +58,18 @@ AUTO_LOGIT_ELEMENTS = 2**26
 AUTO_MAX_RUNS = 64
 #: Values per (group, metric) a streaming summary keeps for exact quantiles (core.stats).
 EXACT_QUANTILE_LIMIT = 16_384
+#: Bytes the streaming profile holds per layer, token and d_model until a batch's statistics are
+#: counted (the rows of every layer): fitted, 8/3 float32 rows on smollm2-135m in float32 (2.81 on
+#: qwen3-0.6b, 2.42 on llama-3.2-1b), 8.25 bytes on llama-3.2-1b in bfloat16 (half-precision models
+#: keep some rows in their dtype, the statistics' in float32).
+PROFILE_ROW_BYTES = {"float32": 32 / 3, "bfloat16": 8.25, "float16": 8.25}
 #: What each analysis's first call costs whatever the shape (MB): the ``tiny`` size's measured
 #: increment minus its shape terms, 0 where those exceed it
 #: (benchmarks/results/issue51_memory_cpu_float32_small.json): imports and tables on first use.
 FIXED_MB = {
     "forward": 0.0, "forward_no_logits": 0.0, "edit": 0.0, "profile": 4.4,
-    "attribution": 1.8, "attribution_transformer_lens": 1.6,
-    "directional_patch": 0.0, "get_act_patch_resid_pre": 1.0,
+    "attribution": 2.0, "attribution_transformer_lens": 1.6,
+    "directional_patch": 4.1, "get_act_patch_resid_pre": 0.7,
 }
 
 
@@ -115,11 +121,10 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         terms = {**forward, "edit_float32": 6 * T * s.d_model * 4}
     elif analysis == "profile":
         groups = s.n_layers * (3 + s.n_heads)
-        # no logits (the forward stops after the last block); the float32 update / reference rows
-        # of every layer, held until the batch's statistics are counted in one pass (8/3 rows of
-        # d_model per layer and token: fitted on smollm2-135m, 2.66 on qwen3-0.6b); the values
-        # kept for exact quantiles
-        terms = {"block": block, "layers_float32": 8 * s.n_layers * T * s.d_model * 4 / 3,
+        # no logits (the forward stops after the last block); the update / reference rows of
+        # every layer, held until the batch's statistics are counted in one pass
+        # (PROFILE_ROW_BYTES per layer, token and d_model); the values kept for exact quantiles
+        terms = {"block": block, "layers_rows": PROFILE_ROW_BYTES.get(dtype, 32 / 3) * s.n_layers * T * s.d_model,
                  "kept_values": groups * 4 * min(T, EXACT_QUANTILE_LIMIT) * 8}
     elif analysis == "cache_split":
         hooks = 6 * R + T * s.n_kv_heads * s.dh * e + batch * s.n_heads * seq * seq * e
@@ -132,13 +137,26 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         cache = seq * s.d_model * e * (1 + 2 * s.n_layers)
         terms = {"graph": _graph(s, 1, seq, e, s.n_layers, params=True), "logits": 3 * seq * s.vocab * e,
                  "caches": 3 * cache}
-    elif analysis in ("directional_patch", "get_act_patch_resid_pre"):
-        if analysis == "directional_patch":
-            n = copies or max(1, min(AUTO_MAX_RUNS, AUTO_LOGIT_ELEMENTS // max(1, T * s.vocab)))
-            terms = {"cache": 2 * s.n_layers * R, "stacked_logits": n * logits, "stacked_block": n * block}
+    elif analysis == "directional_patch":
+        # the clean and corrupted streams of every layer, then one stacked forward from block L at
+        # a time; like a forward it peaks at the larger of its logits beside the last stream and
+        # a block's working set, for each of the copies (the library's count, or fewer where a
+        # layer has fewer runs to patch)
+        n = copies or max(1, min(AUTO_MAX_RUNS, AUTO_LOGIT_ELEMENTS // max(1, T * s.vocab)))
+        terms = {"cache": 2 * s.n_layers * R}
+        if logits + 2 * R >= block:
+            terms.update(stacked_logits=n * logits, stacked_streams=n * 2 * R)
         else:
-            terms = {"cache": s.n_layers * (12 * R + 2 * batch * s.n_heads * seq * seq * e), "logits": logits,
-                     "block": block}
+            terms["stacked_block"] = n * block
+    elif analysis == "get_act_patch_resid_pre":
+        # run_with_cache of the clean run (the bridge's every hook point, aliases stored once:
+        # 11 d_model, 3 d_mlp, 3 key/value and 2 score rows per layer and token; the embedding,
+        # final norm and logits), then one forward per patch with autograd on and trainable
+        # weights (TransformerLens does not turn gradients off): its graph and logits, twice (the
+        # loop's previous logits, and the graph they hold, are alive while the next forward runs)
+        rows = 11 * s.d_model + 3 * s.d_mlp + 3 * s.n_kv_heads * s.dh + 2 * s.n_heads * seq
+        terms = {"cache": T * e * (s.n_layers * rows + 3 * s.d_model) + logits,
+                 "graph": 2 * _graph(s, batch, seq, e, s.n_layers, params=True), "logits": 2 * logits}
     else:
         raise ValueError(f"analysis={analysis!r} is not modelled; choose from {ANALYSES}")
     if fixed:
@@ -153,14 +171,15 @@ def _attribution(s: Shape, pairs: int, seq: int, e: int, layers_per_pass, node_t
     k = s.n_layers if layers_per_pass is None else min(layers_per_pass, s.n_layers)
     nt = set(node_types)
     clean_per_layer = R * (("resid" in nt) + ("attn" in nt) + ("mlp" in nt) + bool(nt & {"head", "value"}))
-    # corrupted activations and gradients of one pass: the clean hooks again, the references
-    # (the stream before attention / MLP), v, and a gradient per clean hook
+    # corrupted activations of one pass: the clean hooks again, the references (the stream before
+    # attention / MLP) and v. The pass's gradients (a stream row per clean hook) are not a term:
+    # the backward frees each block's saved tensors as it leaves the block, and a block's graph
+    # (3 d_mlp + 5 d_model + n_heads seq per token) is larger than its gradients (about 5
+    # d_model), so the peak is where the backward starts, with the whole graph and no gradient
     acts = clean_per_layer + R * (("attn" in nt) + ("mlp" in nt) + ("head" in nt)) + (
         T * s.n_kv_heads * s.dh * e if "value" in nt else 0)
-    grads = clean_per_layer + (R if "head" in nt else 0)
-    out = {"clean": s.n_layers * clean_per_layer, "graph": _graph(s, pairs, seq, e, k),
-           "logits": 3 * T * s.vocab * e, "pass_acts_grads": k * (acts + grads)}
-    return out
+    return {"clean": s.n_layers * clean_per_layer, "graph": _graph(s, pairs, seq, e, k),
+            "logits": 3 * T * s.vocab * e, "pass_acts": k * acts}
 
 
 #: The records whose sides the model covers (``--measure``'s default).
@@ -188,8 +207,11 @@ def record_sides(record: str, shape: Shape, batch: int, seq: int) -> dict[str, t
         "attribution_batch_size_1_vs_transformer_lens": {
             "baseline": ("attribution_transformer_lens", *attrib, {}),
             "candidate": ("attribution", *attrib, {"batch_size": 1})},
-        "patching_vs_transformer_lens": {"baseline": ("get_act_patch_resid_pre", 1, 15, {}),
-                                         "candidate": ("directional_patch", 1, 15, {})},
+        # the record corrupts position PATCH_SEQ // 2: at every layer the earlier positions' streams
+        # are equal to the corrupted run's (nothing to run), so a layer stacks the later ones only
+        "patching_vs_transformer_lens": {
+            "baseline": ("get_act_patch_resid_pre", 1, PATCH_SEQ, {}),
+            "candidate": ("directional_patch", 1, PATCH_SEQ, {"copies": PATCH_SEQ - PATCH_SEQ // 2})},
     }
     return table.get(record)
 
@@ -243,7 +265,7 @@ def markdown_check(rows: list[dict]) -> str:
     out = ["| size | dtype | analysis | tokens | measured MB | predicted MB | predicted / measured |",
            "|---|---|---|---|---:|---:|---:|"]
     for r in rows:
-        label = r["analysis"] + "".join(f", {k}={r[k]}" for k in ("layers_per_pass", "batch_size") if r.get(k))
+        label = r["analysis"] + "".join(f", {k}={r[k]}" for k in ("layers_per_pass", "batch_size", "copies") if r.get(k))
         out.append(f"| {r['size']} | {r['dtype']} | {label} | {r['tokens']} | {r['measured_mb']:.1f} | "
                    f"{r['predicted_mb']:.1f} | {r['ratio']:.2f} |")
     return "\n".join(out)
