@@ -58,11 +58,12 @@ AUTO_LOGIT_ELEMENTS = 2**26
 AUTO_MAX_RUNS = 64
 #: Values per (group, metric) a streaming summary keeps for exact quantiles (core.stats).
 EXACT_QUANTILE_LIMIT = 16_384
-#: Bytes the streaming profile holds per layer, token and d_model until a batch's statistics are
-#: counted (the rows of every layer): fitted, 8/3 float32 rows on smollm2-135m in float32 (2.81 on
-#: qwen3-0.6b, 2.42 on llama-3.2-1b), 8.25 bytes on llama-3.2-1b in bfloat16 (half-precision models
-#: keep some rows in their dtype, the statistics' in float32).
-PROFILE_ROW_BYTES = {"float32": 32 / 3, "bfloat16": 8.25, "float16": 8.25}
+#: Bytes the streaming profile holds per layer and token until a batch's statistics are counted,
+#: as ``(per d_model, per n_heads x seq)``: fitted by least squares on the float32 points of
+#: smollm2-135m, qwen3-0.6b, llama-3.2-1b and qwen2.5-1.5b (about 1.15 float32 rows of the stream
+#: and 1.45 float32 attention patterns); bfloat16 is float32's scaled to llama-3.2-1b's bfloat16
+#: point (one point: a fit, not a check).
+PROFILE_BYTES = {"float32": (4.6, 5.8), "bfloat16": (3.65, 4.6), "float16": (3.65, 4.6)}
 #: What each analysis's first call costs whatever the shape (MB): the ``tiny`` size's measured
 #: increment minus its shape terms, 0 where those exceed it
 #: (benchmarks/results/issue51_memory_cpu_float32_small.json): imports and tables on first use.
@@ -121,11 +122,12 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         terms = {**forward, "edit_float32": 6 * T * s.d_model * 4}
     elif analysis == "profile":
         groups = s.n_layers * (3 + s.n_heads)
-        # no logits (the forward stops after the last block); the update / reference rows of
-        # every layer, held until the batch's statistics are counted in one pass
-        # (PROFILE_ROW_BYTES per layer, token and d_model); the values kept for exact quantiles
-        terms = {"block": block, "layers_rows": PROFILE_ROW_BYTES.get(dtype, 32 / 3) * s.n_layers * T * s.d_model,
-                 "kept_values": groups * 4 * min(T, EXACT_QUANTILE_LIMIT) * 8}
+        # no logits (the forward stops after the last block); the rows of every layer, held until
+        # the batch's statistics are counted in one pass (PROFILE_BYTES); the values kept for
+        # exact quantiles
+        per_stream, per_pattern = PROFILE_BYTES.get(dtype, PROFILE_BYTES["float32"])
+        rows = s.n_layers * T * (per_stream * s.d_model + per_pattern * s.n_heads * seq)
+        terms = {"block": block, "layers_rows": rows, "kept_values": groups * 4 * min(T, EXACT_QUANTILE_LIMIT) * 8}
     elif analysis == "cache_split":
         hooks = 6 * R + T * s.n_kv_heads * s.dh * e + batch * s.n_heads * seq * seq * e
         terms = {"cache": s.n_layers * hooks, "block": block, "split_float32": 8 * T * s.d_model * 4}
@@ -182,6 +184,9 @@ def _attribution(s: Shape, pairs: int, seq: int, e: int, layers_per_pass, node_t
             "logits": 3 * T * s.vocab * e, "pass_acts": k * acts}
 
 
+#: How far below the median resident size of its (size, dtype) a point's ``before_mb`` may lie
+#: before :func:`check_rows` marks it not resident (weights evicted, its increment not the call's).
+RESIDENT_SLACK = 0.02
 #: The records whose sides the model covers (``--measure``'s default).
 MEASURED_RECORDS = ("profile_overhead", "edit_overhead", "attribution_vs_transformer_lens",
                     "attribution_layer_passes_vs_transformer_lens", "attribution_batch_size_1_vs_transformer_lens",
@@ -228,7 +233,12 @@ def check_rows(doc: dict) -> list[dict]:
         got = pt["increment_mb"]
         rows.append({"size": pt["size"], "dtype": pt["dtype"], "record": pt["record"], "side": pt["side"],
                      "analysis": analysis, "tokens": f"{b}x{s}", "measured_mb": got, "predicted_mb": pred,
-                     "ratio": pred / got if got > 0 else math.nan, **settings})
+                     "ratio": pred / got if got > 0 else math.nan, "before_mb": pt["before_mb"], **settings})
+    # a point whose process started the call with less resident than its siblings (same size and
+    # dtype) had weight pages evicted under memory pressure: its increment is not the call's
+    for r in rows:
+        befores = sorted(q["before_mb"] for q in rows if (q["size"], q["dtype"]) == (r["size"], r["dtype"]))
+        r["resident"] = r["before_mb"] >= befores[len(befores) // 2] * (1 - RESIDENT_SLACK)
     return rows
 
 
@@ -266,7 +276,8 @@ def markdown_check(rows: list[dict]) -> str:
            "|---|---|---|---|---:|---:|---:|"]
     for r in rows:
         label = r["analysis"] + "".join(f", {k}={r[k]}" for k in ("layers_per_pass", "batch_size", "copies") if r.get(k))
-        out.append(f"| {r['size']} | {r['dtype']} | {label} | {r['tokens']} | {r['measured_mb']:.1f} | "
+        flag = "" if r.get("resident", True) else " (not resident: less in memory before the call than its siblings, excluded)"
+        out.append(f"| {r['size']} | {r['dtype']} | {label}{flag} | {r['tokens']} | {r['measured_mb']:.1f} | "
                    f"{r['predicted_mb']:.1f} | {r['ratio']:.2f} |")
     return "\n".join(out)
 

@@ -380,9 +380,9 @@ def test_memory_model_arithmetic_on_constructed_shapes():
     assert estimate(s, "attribution", 4, 16, node_types=("resid",), fixed=False)["clean"] == 8 * 4 * 16 * 64 * 4
     prof = estimate(s, "profile", 2, 16, "bfloat16", fixed=False)
     f32 = estimate(s, "profile", 2, 16, "float32", fixed=False)["layers_rows"]
-    # the profile's rows: 8/3 float32 rows per layer, token and d_model; 8.25 bytes in bfloat16 (fitted)
-    assert f32 == pytest.approx(32 / 3 * 8 * 2 * 16 * 64, rel=1e-12)
-    assert prof["layers_rows"] == pytest.approx(8.25 * 8 * 2 * 16 * 64, rel=1e-12)
+    # the profile's rows per layer and token: fitted bytes per d_model and per n_heads x seq
+    assert f32 == pytest.approx(8 * 2 * 16 * (4.6 * 64 + 5.8 * 4 * 16), rel=1e-12)
+    assert prof["layers_rows"] == pytest.approx(8 * 2 * 16 * (3.65 * 64 + 4.6 * 4 * 16), rel=1e-12)
     for b, p, v in ((1, 15, 1000), (1, 15, 151936), (8, 128, 262144)):
         shape = Shape(2, 64, 4, 2, 128, v)
         got = estimate(shape, "directional_patch", b, p, fixed=False)["stacked_logits"]
@@ -455,7 +455,7 @@ def test_memory_model_is_within_ten_percent_of_the_committed_measurements():
         doc = json.loads(path.read_text())
         assert doc["command"].startswith("python -m benchmarks.memory_model --measure")
         rows += check_rows(doc)
-    covered = [r for r in rows if r["size"] != "tiny" and (
+    covered = [r for r in rows if r["size"] != "tiny" and r["resident"] and (
         r["analysis"] in ("forward", "forward_no_logits", "edit", "profile", "directional_patch")
         or (r["analysis"] == "attribution" and r["dtype"] == "float32"))]
     assert {r["dtype"] for r in covered} == {"float32", "bfloat16"}
