@@ -51,8 +51,8 @@ from pathlib import Path
 from tl_directional import ValueScale
 
 from .floors import compression_local_floor
-from .shapes import Shape
 from .registry import Bench, NotAvailable, register
+from .shapes import Shape
 from .workloads import forward
 
 #: Number of edit settings in the sweep record (plus the unedited baseline).
