@@ -16,6 +16,8 @@ Modules:
 * :mod:`benchmarks.memory`   peak-memory worker, one subprocess per corpus size.
 * :mod:`benchmarks.training` standalone training-step timing (:func:`step_time_ratio`).
 * :mod:`benchmarks.run`      the command line: settings, table, JSON.
+* :mod:`benchmarks.shapes`   a decoder's shape, the one description :mod:`benchmarks.floors`,
+  :mod:`benchmarks.memory_model` and :mod:`benchmarks.scaling` read.
 
 See ``docs/performance.md`` for the latest numbers and what they mean.
 """

@@ -82,7 +82,26 @@ def attribution_layer_passes_vs_transformer_lens(bench: Bench):
     return _attribution_record(bench, -(-int(bench.model.cfg.n_layers) // LAYER_PASSES))
 
 
-def _attribution_record(bench: Bench, layers_per_pass: int | None):
+@register(
+    "attribution_batch_size_1_vs_transformer_lens",
+    target=2.0,
+    op="<=",
+    precision=0.25,
+    primary_only=True,
+    floor_pairs=3,
+    baseline="transformer_lens.tools.analysis.attribution_patching.attribution_patch(model, clean, corrupt, "
+    "metric_fn): node granularity, two forwards and one backward per pair, no split",
+    candidate="tl_directional.attribution_patch(model, clean, corrupted, metric, batch_size=1): one pair per "
+    "forward / backward as TransformerLens runs them, every node type split",
+)
+def attribution_batch_size_1_vs_transformer_lens(bench: Bench):
+    """Attribution patching one pair at a time (``batch_size=1``, TransformerLens's own batching): its
+    peak memory beside TransformerLens's ``attribution_patch`` (the logits and graph of one pair), and
+    what it costs."""
+    return _attribution_record(bench, None, batch_size=1)
+
+
+def _attribution_record(bench: Bench, layers_per_pass: int | None, batch_size: int | None = None):
     try:
         tl_ap = importlib.import_module("transformer_lens.tools.analysis.attribution_patching")
     except ImportError as exc:
@@ -107,7 +126,8 @@ def _attribution_record(bench: Bench, layers_per_pass: int | None):
         return tl_ap.attribution_patch(model, clean, corrupted, lambda logits: metric(logits)[0])
 
     def run():
-        return attribution_patch(model, clean, corrupted, metric, layers_per_pass=layers_per_pass)
+        return attribution_patch(model, clean, corrupted, metric, layers_per_pass=layers_per_pass,
+                                 batch_size=batch_size)
 
     if bench.check:
         want, got = base(), run()
@@ -141,6 +161,7 @@ def _attribution_record(bench: Bench, layers_per_pass: int | None):
                 "tl_nodes": len(want.node_scores),
                 "node_types": list(got.node_types),
                 "layers_per_pass": layers_per_pass,
+                "batch_size": batch_size,
                 # the issue's "<= 3 forward-equivalents per pair": run time over one forward of the
                 # same batch of pairs (each pair appears once in that forward), medians of 5
                 "forward_equivalents_per_pair": _forward_equivalents(model, clean, run),
@@ -167,5 +188,6 @@ def _forward_equivalents(model, clean: torch.Tensor, run, repeats: int = 5) -> f
     return median_seconds(run) / forward
 
 
-__all__ = ["ATTRIB_PAIRS", "ATTRIB_SEQ", "LAYER_PASSES", "attribution_layer_passes_vs_transformer_lens",
+__all__ = ["ATTRIB_PAIRS", "ATTRIB_SEQ", "LAYER_PASSES", "attribution_batch_size_1_vs_transformer_lens",
+           "attribution_layer_passes_vs_transformer_lens",
            "attribution_vs_transformer_lens"]

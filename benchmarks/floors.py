@@ -7,7 +7,7 @@ Usage (from the repository root)::
 
 What: a ratio's *floor* is what the candidate must cost against its baseline even if every
 elementwise pass, hook and statistic were free: the multiply-adds of the matrix products each
-side runs, counted per token from the shape (:class:`Shape`). A target below its floor cannot be
+side runs, counted per token from the shape (:class:`benchmarks.shapes.Shape`). A target below its floor cannot be
 met by making the code faster; it needs less work (fewer units, a cheaper baseline). The counts
 are those of TransformerLens's forward: the query / key / value / output projections (GQA: keys
 and values of ``n_kv_heads`` heads), the attention scores and the weighted values over the full
@@ -26,35 +26,14 @@ compressed MLP called a second time on the dense ``resid_mid``
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Shape:
-    """What the counts need of a decoder: depth, widths, heads and vocabulary."""
-
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    d_mlp: int
-    vocab: int
-    gated_mlp: bool = True
-
-    @classmethod
-    def of_config(cls, cfg) -> Shape:
-        """From a TransformerLens config (``model.cfg`` of either lane): ``n_key_value_heads``
-        None means one key/value head per query head; ``gated_mlp`` False is a two-matrix MLP."""
-        kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-        return cls(cfg.n_layers, cfg.d_model, cfg.n_heads, kv, cfg.d_head, cfg.d_mlp, cfg.d_vocab,
-                   bool(getattr(cfg, "gated_mlp", False)))
+from .shapes import Shape
 
 
 def attention_macs(s: Shape, seq: int) -> int:
     """Multiply-adds per token of one attention layer: four projections, scores and values."""
-    projections = s.d_model * s.d_head * (2 * s.n_heads + 2 * s.n_kv_heads)
-    return projections + 2 * s.n_heads * s.d_head * seq
+    projections = s.d_model * s.dh * (2 * s.n_heads + 2 * s.n_kv_heads)
+    return projections + 2 * s.n_heads * s.dh * seq
 
 
 def mlp_macs(s: Shape) -> int:
@@ -89,8 +68,7 @@ def _scaling_shapes() -> dict[str, Shape]:
     # the scaling family's published shapes; head width d_model / n_heads, as it builds them
     from benchmarks.scaling import SIZES
 
-    return {name: Shape(z.n_layers, z.d_model, z.n_heads, z.n_kv_heads, z.d_model // z.n_heads, z.d_mlp,
-                        z.vocab_size, True) for name, z in SIZES.items()}
+    return {name: z.shape for name, z in SIZES.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

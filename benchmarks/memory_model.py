@@ -44,9 +44,10 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
 
+from .patching import PATCH_SEQ
 from .peak_measure import METHOD_CPU
+from .shapes import Shape
 
 MB = 2.0**20
 GIB = 2.0**30
@@ -57,46 +58,20 @@ AUTO_LOGIT_ELEMENTS = 2**26
 AUTO_MAX_RUNS = 64
 #: Values per (group, metric) a streaming summary keeps for exact quantiles (core.stats).
 EXACT_QUANTILE_LIMIT = 16_384
+#: Bytes the streaming profile holds per layer and token until a batch's statistics are counted,
+#: as ``(per d_model, per n_heads x seq)``: fitted by least squares on the float32 points of
+#: smollm2-135m, qwen3-0.6b, llama-3.2-1b and qwen2.5-1.5b (about 1.15 float32 rows of the stream
+#: and 1.45 float32 attention patterns); bfloat16 is float32's scaled to llama-3.2-1b's bfloat16
+#: point (one point: a fit, not a check).
+PROFILE_BYTES = {"float32": (4.6, 5.8), "bfloat16": (3.65, 4.6), "float16": (3.65, 4.6)}
 #: What each analysis's first call costs whatever the shape (MB): the ``tiny`` size's measured
 #: increment minus its shape terms, 0 where those exceed it
 #: (benchmarks/results/issue51_memory_cpu_float32_small.json): imports and tables on first use.
 FIXED_MB = {
     "forward": 0.0, "forward_no_logits": 0.0, "edit": 0.0, "profile": 4.4,
-    "attribution": 1.8, "attribution_transformer_lens": 1.6,
-    "directional_patch": 0.0, "get_act_patch_resid_pre": 1.0,
+    "attribution": 2.0, "attribution_transformer_lens": 1.6,
+    "directional_patch": 4.1, "get_act_patch_resid_pre": 0.7,
 }
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A decoder's dimensions (what the model needs; the weights are not counted)."""
-
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    d_mlp: int
-    vocab: int
-    d_head: int = 0
-    tied: bool = False  # the unembedding is the embedding's transpose (SmolLM2, Llama-3.2-1B, Gemma)
-
-    @property
-    def dh(self) -> int:
-        return self.d_head or self.d_model // self.n_heads
-
-    @classmethod
-    def of(cls, obj) -> Shape:
-        """From a ``benchmarks.scaling.Size``, a TransformerLens ``cfg`` or a model with one."""
-        cfg = getattr(obj, "cfg", obj)
-        if hasattr(cfg, "vocab_size"):  # a scaling Size
-            return cls(cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.d_mlp, cfg.vocab_size)
-        kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-        return cls(cfg.n_layers, cfg.d_model, cfg.n_heads, kv, cfg.d_mlp, cfg.d_vocab, getattr(cfg, "d_head", 0))
-
-    def parameters(self) -> int:
-        attn = self.d_model * self.dh * (2 * self.n_heads + 2 * self.n_kv_heads)
-        embed = (1 if self.tied else 2) * self.vocab * self.d_model
-        return self.n_layers * (attn + 3 * self.d_model * self.d_mlp + 2 * self.d_model) + embed
 
 
 def _block(s: Shape, b: int, seq: int, e: int) -> float:
@@ -110,7 +85,7 @@ def _graph(s: Shape, b: int, seq: int, e: int, layers: int, params: bool = False
 
 def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "float32", *,
              layers_per_pass: int | None = None, node_types: tuple[str, ...] = ("resid", "attn", "mlp", "head", "value"),
-             copies: int | None = None, fixed: bool = True) -> dict[str, float]:
+             copies: int | None = None, batch_size: int | None = None, fixed: bool = True) -> dict[str, float]:
     """The bytes ``analysis`` holds at its peak on top of the loaded model, by term, and ``total``.
 
     Args:
@@ -125,6 +100,9 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         layers_per_pass: attribution's backward in passes of this many blocks (None: one pass).
         node_types: attribution's node types (what the clean run and the passes keep).
         copies: stacked patched copies per forward (directional patching; default: the library's).
+        batch_size: attribution's pairs per forward / backward (None: all at once); each chunk's
+            clean run, graph, logits and gradients are freed before the next (the scores kept
+            between chunks are a few numbers per node).
         fixed: add the first-call constant of :data:`FIXED_MB`.
     """
     e = DTYPE_BYTES[dtype]
@@ -144,30 +122,43 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         terms = {**forward, "edit_float32": 6 * T * s.d_model * 4}
     elif analysis == "profile":
         groups = s.n_layers * (3 + s.n_heads)
-        # no logits (the forward stops after the last block); the float32 update / reference rows
-        # of every layer, held until the batch's statistics are counted in one pass (8/3 rows of
-        # d_model per layer and token: fitted on smollm2-135m, 2.66 on qwen3-0.6b); the values
-        # kept for exact quantiles
-        terms = {"block": block, "layers_float32": 8 * s.n_layers * T * s.d_model * 4 / 3,
-                 "kept_values": groups * 4 * min(T, EXACT_QUANTILE_LIMIT) * 8}
+        # no logits (the forward stops after the last block); the rows of every layer, held until
+        # the batch's statistics are counted in one pass (PROFILE_BYTES); the values kept for
+        # exact quantiles
+        per_stream, per_pattern = PROFILE_BYTES.get(dtype, PROFILE_BYTES["float32"])
+        rows = s.n_layers * T * (per_stream * s.d_model + per_pattern * s.n_heads * seq)
+        terms = {"block": block, "layers_rows": rows, "kept_values": groups * 4 * min(T, EXACT_QUANTILE_LIMIT) * 8}
     elif analysis == "cache_split":
         hooks = 6 * R + T * s.n_kv_heads * s.dh * e + batch * s.n_heads * seq * seq * e
         terms = {"cache": s.n_layers * hooks, "block": block, "split_float32": 8 * T * s.d_model * 4}
     elif analysis == "attribution":
-        terms = _attribution(s, batch, seq, e, layers_per_pass, node_types)
+        terms = _attribution(s, min(batch, batch_size or batch), seq, e, layers_per_pass, node_types)
     elif analysis == "attribution_transformer_lens":
         # one pair at a time: the corrupted run's graph (trainable weights), logits and their gradient,
         # the clean and corrupted caches (embed, z, mlp_out) and the gradients
         cache = seq * s.d_model * e * (1 + 2 * s.n_layers)
         terms = {"graph": _graph(s, 1, seq, e, s.n_layers, params=True), "logits": 3 * seq * s.vocab * e,
                  "caches": 3 * cache}
-    elif analysis in ("directional_patch", "get_act_patch_resid_pre"):
-        if analysis == "directional_patch":
-            n = copies or max(1, min(AUTO_MAX_RUNS, AUTO_LOGIT_ELEMENTS // max(1, T * s.vocab)))
-            terms = {"cache": 2 * s.n_layers * R, "stacked_logits": n * logits, "stacked_block": n * block}
+    elif analysis == "directional_patch":
+        # the clean and corrupted streams of every layer, then one stacked forward from block L at
+        # a time; like a forward it peaks at the larger of its logits beside the last stream and
+        # a block's working set, for each of the copies (the library's count, or fewer where a
+        # layer has fewer runs to patch)
+        n = copies or max(1, min(AUTO_MAX_RUNS, AUTO_LOGIT_ELEMENTS // max(1, T * s.vocab)))
+        terms = {"cache": 2 * s.n_layers * R}
+        if logits + 2 * R >= block:
+            terms.update(stacked_logits=n * logits, stacked_streams=n * 2 * R)
         else:
-            terms = {"cache": s.n_layers * (12 * R + 2 * batch * s.n_heads * seq * seq * e), "logits": logits,
-                     "block": block}
+            terms["stacked_block"] = n * block
+    elif analysis == "get_act_patch_resid_pre":
+        # run_with_cache of the clean run (the bridge's every hook point, aliases stored once:
+        # 11 d_model, 3 d_mlp, 3 key/value and 2 score rows per layer and token; the embedding,
+        # final norm and logits), then one forward per patch with autograd on and trainable
+        # weights (TransformerLens does not turn gradients off): its graph and logits, twice (the
+        # loop's previous logits, and the graph they hold, are alive while the next forward runs)
+        rows = 11 * s.d_model + 3 * s.d_mlp + 3 * s.n_kv_heads * s.dh + 2 * s.n_heads * seq
+        terms = {"cache": T * e * (s.n_layers * rows + 3 * s.d_model) + logits,
+                 "graph": 2 * _graph(s, batch, seq, e, s.n_layers, params=True), "logits": 2 * logits}
     else:
         raise ValueError(f"analysis={analysis!r} is not modelled; choose from {ANALYSES}")
     if fixed:
@@ -182,19 +173,26 @@ def _attribution(s: Shape, pairs: int, seq: int, e: int, layers_per_pass, node_t
     k = s.n_layers if layers_per_pass is None else min(layers_per_pass, s.n_layers)
     nt = set(node_types)
     clean_per_layer = R * (("resid" in nt) + ("attn" in nt) + ("mlp" in nt) + bool(nt & {"head", "value"}))
-    # corrupted activations and gradients of one pass: the clean hooks again, the references
-    # (the stream before attention / MLP), v, and a gradient per clean hook
+    # corrupted activations of one pass: the clean hooks again, the references (the stream before
+    # attention / MLP) and v. The pass's gradients (a stream row per clean hook) are not a term:
+    # the backward frees each block's saved tensors as it leaves the block, and a block's graph
+    # (3 d_mlp + 5 d_model + n_heads seq per token) is larger than its gradients (about 5
+    # d_model), so the peak is where the backward starts, with the whole graph and no gradient
     acts = clean_per_layer + R * (("attn" in nt) + ("mlp" in nt) + ("head" in nt)) + (
         T * s.n_kv_heads * s.dh * e if "value" in nt else 0)
-    grads = clean_per_layer + (R if "head" in nt else 0)
-    out = {"clean": s.n_layers * clean_per_layer, "graph": _graph(s, pairs, seq, e, k),
-           "logits": 3 * T * s.vocab * e, "pass_acts_grads": k * (acts + grads)}
-    return out
+    return {"clean": s.n_layers * clean_per_layer, "graph": _graph(s, pairs, seq, e, k),
+            "logits": 3 * T * s.vocab * e, "pass_acts": k * acts}
 
 
+#: How far below the median resident size of its (size, dtype) a point's ``before_mb`` may lie
+#: before :func:`check_rows` marks it not resident (weights evicted, its increment not the call's).
+RESIDENT_SLACK = 0.02
 #: The records whose sides the model covers (``--measure``'s default).
 MEASURED_RECORDS = ("profile_overhead", "edit_overhead", "attribution_vs_transformer_lens",
-                    "attribution_layer_passes_vs_transformer_lens", "patching_vs_transformer_lens")
+                    "attribution_layer_passes_vs_transformer_lens", "attribution_batch_size_1_vs_transformer_lens",
+                    "patching_vs_transformer_lens")
+#: Records whose baseline is attribution_vs_transformer_lens's TransformerLens call (measured once).
+SAME_BASELINE = ("attribution_layer_passes_vs_transformer_lens", "attribution_batch_size_1_vs_transformer_lens")
 ANALYSES = ("forward", "forward_no_logits", "edit", "profile", "cache_split", "attribution",
             "attribution_transformer_lens", "directional_patch", "get_act_patch_resid_pre")
 
@@ -211,8 +209,14 @@ def record_sides(record: str, shape: Shape, batch: int, seq: int) -> dict[str, t
         "attribution_layer_passes_vs_transformer_lens": {
             "baseline": ("attribution_transformer_lens", *attrib, {}),
             "candidate": ("attribution", *attrib, {"layers_per_pass": -(-shape.n_layers // 8)})},
-        "patching_vs_transformer_lens": {"baseline": ("get_act_patch_resid_pre", 1, 15, {}),
-                                         "candidate": ("directional_patch", 1, 15, {})},
+        "attribution_batch_size_1_vs_transformer_lens": {
+            "baseline": ("attribution_transformer_lens", *attrib, {}),
+            "candidate": ("attribution", *attrib, {"batch_size": 1})},
+        # the record corrupts position PATCH_SEQ // 2: at every layer the earlier positions' streams
+        # are equal to the corrupted run's (nothing to run), so a layer stacks the later ones only
+        "patching_vs_transformer_lens": {
+            "baseline": ("get_act_patch_resid_pre", 1, PATCH_SEQ, {}),
+            "candidate": ("directional_patch", 1, PATCH_SEQ, {"copies": PATCH_SEQ - PATCH_SEQ // 2})},
     }
     return table.get(record)
 
@@ -229,8 +233,25 @@ def check_rows(doc: dict) -> list[dict]:
         got = pt["increment_mb"]
         rows.append({"size": pt["size"], "dtype": pt["dtype"], "record": pt["record"], "side": pt["side"],
                      "analysis": analysis, "tokens": f"{b}x{s}", "measured_mb": got, "predicted_mb": pred,
-                     "ratio": pred / got if got > 0 else math.nan, **settings})
+                     "ratio": pred / got if got > 0 else math.nan, "before_mb": pt["before_mb"], **settings})
+    # a point whose process started the call with less resident than its siblings (same size and
+    # dtype) had weight pages evicted under memory pressure: its increment is not the call's
+    for r in rows:
+        befores = sorted(q["before_mb"] for q in rows if (q["size"], q["dtype"]) == (r["size"], r["dtype"]))
+        r["resident"] = r["before_mb"] >= befores[len(befores) // 2] * (1 - RESIDENT_SLACK)
     return rows
+
+
+def check_files(paths) -> list[dict]:
+    """:func:`check_rows` of several ``--measure`` JSONs, in order; a point measured again in a
+    later file (same size, dtype, record and side) replaces the earlier one."""
+    rows: dict[tuple, dict] = {}
+    for path in paths:
+        with open(path) as f:
+            for r in check_rows(json.load(f)):
+                rows.pop((r["size"], r["dtype"], r["record"], r["side"]), None)
+                rows[(r["size"], r["dtype"], r["record"], r["side"])] = r
+    return list(rows.values())
 
 
 def measure_points(sizes: list[str], dtypes: list[str], records: list[str], seq: int, batch: int,
@@ -249,7 +270,7 @@ def measure_points(sizes: list[str], dtypes: list[str], records: list[str], seq:
         for dtype in dtypes:
             for record in records:
                 for side in SIDES:
-                    if (side == "baseline" and record == "attribution_layer_passes_vs_transformer_lens"
+                    if (side == "baseline" and record in SAME_BASELINE
                             and "attribution_vs_transformer_lens" in records):
                         continue  # the same TransformerLens call as attribution_vs_transformer_lens's
                     r = run_probe(record, str(path), seq, batch, side, device="cpu", dtype=dtype, threads=1)
@@ -266,9 +287,41 @@ def markdown_check(rows: list[dict]) -> str:
     out = ["| size | dtype | analysis | tokens | measured MB | predicted MB | predicted / measured |",
            "|---|---|---|---|---:|---:|---:|"]
     for r in rows:
-        label = r["analysis"] + (f", layers_per_pass={r['layers_per_pass']}" if r.get("layers_per_pass") else "")
-        out.append(f"| {r['size']} | {r['dtype']} | {label} | {r['tokens']} | {r['measured_mb']:.1f} | "
+        label = r["analysis"] + "".join(f", {k}={r[k]}" for k in ("layers_per_pass", "batch_size", "copies") if r.get(k))
+        flag = "" if r.get("resident", True) else " (not resident: less in memory before the call than its siblings, excluded)"
+        out.append(f"| {r['size']} | {r['dtype']} | {label}{flag} | {r['tokens']} | {r['measured_mb']:.1f} | "
                    f"{r['predicted_mb']:.1f} | {r['ratio']:.2f} |")
+    return "\n".join(out)
+
+
+def markdown_attribution(rows: list[dict]) -> str:
+    """Attribution patching's measured peak increments (rows of :func:`check_rows`), one row per
+    size and dtype: TransformerLens's ``attribution_patch`` and ours in one pass, with
+    ``layers_per_pass`` and with ``batch_size=1``, each with its ratio to TransformerLens's."""
+    cells: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
+    for r in rows:
+        if r["analysis"] == "attribution_transformer_lens":
+            col = "tl"
+        elif r["analysis"] == "attribution":
+            col = ("lpp" if r.get("layers_per_pass") else "bs1" if r.get("batch_size") else "one")
+        else:
+            continue
+        tag = f"k={r['layers_per_pass']}" if col == "lpp" else ""
+        # TransformerLens's call measured again as another record's baseline: the first reading stays
+        cells.setdefault((r["size"], r["dtype"]), {}).setdefault(col, (r["measured_mb"], tag))
+    out = ["| size | dtype | pairs x tokens | TransformerLens MB | ours, one pass | ours, `layers_per_pass=k` | "
+           "ours, `batch_size=1` |", "|---|---|---|---:|---:|---:|---:|"]
+    tokens = {(r["size"], r["dtype"]): r["tokens"] for r in rows if r["analysis"].startswith("attribution")}
+    for key, c in cells.items():
+        tl = c.get("tl", (math.nan, ""))[0]
+
+        def cell(col, c=c, tl=tl):
+            if col not in c:
+                return "-"
+            mb, tag = c[col]
+            return f"{mb:.1f} ({mb / tl:.2f}x{', ' + tag if tag else ''})"
+
+        out.append(f"| {key[0]} | {key[1]} | {tokens[key]} | {tl:.1f} | {cell('one')} | {cell('lpp')} | {cell('bs1')} |")
     return "\n".join(out)
 
 
@@ -288,14 +341,12 @@ def markdown_predict(batch: int = 8, seq: int = 128, dtype: str = "bfloat16") ->
              ("run_with_cache + split", "cache_split", {}), ("value edit (logits)", "edit", {}),
              ("directional_patch", "directional_patch", {}), ("attribution_patch", "attribution", {}),
              ("attribution_patch, layers_per_pass=4", "attribution", {"layers_per_pass": 4}),
-             ("attribution_patch, batch_size=1", "attribution", {"pairs": 1})]
+             ("attribution_patch, batch_size=1", "attribution", {"batch_size": 1})]
     head = ["| " + dtype + f", {batch} x {seq} tokens | " + " | ".join(PREDICT_SHAPES) + " |",
             "|---|" + "---:|" * len(PREDICT_SHAPES)]
     rows = ["| weights | " + " | ".join(f"{s.parameters() * e / GIB:.1f}" for s in PREDICT_SHAPES.values()) + " |"]
     for label, analysis, settings in cases:
-        settings = dict(settings)
-        b = settings.pop("pairs", batch)
-        vals = [estimate(s, analysis, b, seq, dtype, fixed=False, **settings)["total"] / GIB
+        vals = [estimate(s, analysis, batch, seq, dtype, fixed=False, **settings)["total"] / GIB
                 for s in PREDICT_SHAPES.values()]
         rows.append(f"| {label} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
     return "\n".join(head + rows)
@@ -303,7 +354,10 @@ def markdown_predict(batch: int = 8, seq: int = 128, dtype: str = "bfloat16") ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.memory_model", description=__doc__.split("\n")[0])
-    p.add_argument("--check", metavar="MEASURED_JSON", nargs="+", help="measured vs predicted for --measure JSONs")
+    p.add_argument("--check", metavar="MEASURED_JSON", nargs="+",
+                   help="measured vs predicted for --measure JSONs (a point in a later file replaces an earlier one)")
+    p.add_argument("--attribution", action="store_true",
+                   help="with --check: attribution patching's measured increments against TransformerLens's")
     p.add_argument("--predict", action="store_true", help="the 1B / 8B / 9B predictions")
     p.add_argument("--dtype", default="bfloat16", help="dtype of --predict")
     p.add_argument("--measure", metavar="OUT_JSON", help="measure the points (one probe process each) into OUT_JSON")
@@ -326,11 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         save(measure_points(a.sizes.split(","), a.dtypes.split(","), a.records.split(","), seq, batch,
                             a.workdir, log=lambda m: print(m, file=sys.stderr, flush=True), save=save))
     if a.check:
-        rows = []
-        for path in a.check:
-            with open(path) as f:
-                rows += check_rows(json.load(f))
-        print(markdown_check(rows))
+        rows = check_files(a.check)
+        print(markdown_attribution(rows) if a.attribution else markdown_check(rows))
     if a.predict:
         print(markdown_predict(dtype=a.dtype))
     if not (a.check or a.predict or a.measure):

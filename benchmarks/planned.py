@@ -50,8 +50,9 @@ from pathlib import Path
 
 from tl_directional import ValueScale
 
-from .floors import Shape, compression_local_floor
+from .floors import compression_local_floor
 from .registry import Bench, NotAvailable, register
+from .shapes import Shape
 from .workloads import forward
 
 #: Number of edit settings in the sweep record (plus the unedited baseline).
@@ -283,7 +284,7 @@ def compression_local_cost(bench: Bench):
     compressed = comp.prune_magnitude(dense, 0.5).model
     bench.extra["compressed_model"] = "prune_magnitude(dense, 0.5)"
     # what the ratio cannot go below: the matrix products alone (benchmarks/floors.py)
-    bench.extra["matmul_floor"] = round(compression_local_floor(Shape.of_config(dense.cfg),
+    bench.extra["matmul_floor"] = round(compression_local_floor(Shape.of(dense.cfg),
                                                                 int(batch.tokens.shape[-1])), 4)
 
     def cand():

@@ -38,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .shapes import Shape
+
 DEFAULT_RECORDS = ("profile_overhead", "edit_overhead", "sweep_cost", "patching_vs_transformer_lens",
                    "attribution_vs_transformer_lens", "path_patching_vs_transformer_lens")
 
@@ -55,14 +57,17 @@ class Size:
     vocab_size: int
     source: str  # whose configuration this is
 
+    @property
+    def shape(self) -> Shape:
+        """The built model's :class:`~benchmarks.shapes.Shape`: gated MLP, head width
+        ``d_model / n_heads``, untied unembedding."""
+        return Shape.of(self)
+
     def parameters(self) -> int:
         """Parameters of the built model: the published shape with an untied unembedding (the
         builder unties it, so memory holds ``W_U`` beside ``W_E`` even where the named model
         ties them; compute is the same either way), norms included."""
-        d_head = self.d_model // self.n_heads
-        attn = self.d_model * d_head * (2 * self.n_heads + 2 * self.n_kv_heads)
-        mlp = 3 * self.d_model * self.d_mlp
-        return self.n_layers * (attn + mlp + 2 * self.d_model) + 2 * self.vocab_size * self.d_model + self.d_model
+        return self.shape.parameters()
 
 
 #: The family's sizes, smallest first. ``tiny`` is for the suite (seconds); the others follow the

@@ -366,6 +366,13 @@ def test_benchmark_record_is_registered_and_its_check_passes(gpt2):
     assert attribution_layer_passes_vs_transformer_lens(bench) == "timed" and len(calls) == 2
     assert bench.extra["layers_per_pass"] == 1
     assert bench.extra["check_max_abs_diff_vs_transformer_lens"] < 1e-6
+    # one pair per forward / backward, as TransformerLens runs them
+    from benchmarks.attribution import attribution_batch_size_1_vs_transformer_lens
+
+    bench.extra.clear()
+    assert attribution_batch_size_1_vs_transformer_lens(bench) == "timed" and len(calls) == 3
+    assert bench.extra["batch_size"] == 1 and bench.extra["layers_per_pass"] is None
+    assert bench.extra["check_max_abs_diff_vs_transformer_lens"] < 1e-6
 
 
 def test_sandwich_norm_head_split_is_the_small_step_limit_of_the_normalised_write(tiny_model_dir):

@@ -14,13 +14,14 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.floors import Shape, compression_local_floor, forward_macs, main, mlp_macs
+from benchmarks.floors import compression_local_floor, forward_macs, main, mlp_macs
+from benchmarks.shapes import Shape
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_forward_macs_equal_the_flops_torch_counts(tiny_model, family):
     model = tiny_model(family)
-    shape = Shape.of_config(model.cfg)
+    shape = Shape.of(model.cfg)
     batch, seq = 2, 12
     tokens = torch.randint(0, model.cfg.d_vocab, (batch, seq), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
@@ -30,7 +31,7 @@ def test_forward_macs_equal_the_flops_torch_counts(tiny_model, family):
 
 def test_compression_floor_of_the_default_shape_is_the_documented_one():
     # docs/performance.md (issue 13): 0.62 + 0.62 + 0.38 of a forward on the 4-layer default shape
-    default = Shape(4, 256, 4, 4, 64, 1024, 8192, gated_mlp=False)
+    default = Shape(4, 256, 4, 4, 1024, 8192, d_head=64, gated_mlp=False)
     assert compression_local_floor(default, 128) == pytest.approx(1.619, abs=5e-4)
     assert mlp_macs(default) == 2 * 256 * 1024
 
