@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 
 from studies.ruler.cli import main
 from studies.ruler.items import LADDERS
@@ -48,11 +47,7 @@ def test_pilot_accuracy_reads_the_baseline_rows_only():
     assert pilot_accuracy(rows) == {"needle-multi": {4: 0.75, 8: 0.0}}
 
 
-@pytest.fixture(autouse=True)
-def _restore_grad_mode():
-    was = torch.is_grad_enabled()
-    yield
-    torch.set_grad_enabled(was)
+pytestmark = pytest.mark.usefixtures("restore_grad_mode")  # tests/studies/conftest.py
 
 
 @pytest.mark.slow
