@@ -31,6 +31,9 @@ def main(argv=None) -> int:
     r.add_argument("--smoke-lengths", nargs="+", type=int, default=None,
                    help="smoke runs only: the design's lengths replaced (a model with a short context)")
     r.add_argument("--batch-size", type=int, default=4, help="sequences per forward (4: one item's candidates)")
+    r.add_argument("--scorer", choices=["batched", "shared-prefix"], default="batched",
+                   help="batched: an item's four candidates as four full forwards (sec. 13.6); shared-prefix: "
+                        "its prompt run once into a KV cache, TransformerLens 2 only (sec. 13.8)")
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--data-dir", default="", help="write the data files here (smoke runs)")
     r.add_argument("--tag", default="", help="a suffix of the data files' names, for a run split over processes")

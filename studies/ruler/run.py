@@ -34,7 +34,13 @@ from studies import common
 from studies.claims.data import csv_bytes
 from studies.claims.run import SOURCES, TEXTS, amend_settings, run_header, settings_manifest
 from studies.ruler.items import LADDERS, LENGTHS, TASKS, make_items
-from studies.ruler.score import chosen, item_requests, pick_rungs
+from studies.ruler.score import (
+    chosen,
+    item_requests,
+    pick_rungs,
+    shared_prefix_loglikelihoods,
+    shared_prefix_supported,
+)
 from studies.runner import WindowStudy, run_windows
 
 #: sec. 13.1's filler texts (sec. 1's ``kjv`` and ``prose``)
@@ -170,6 +176,12 @@ class RulerRun(WindowStudy):
         return pilot["rungs"]
 
     def prepare(self) -> int | None:
+        if self.args.scorer == "shared-prefix" and not shared_prefix_supported(self.run.model):
+            print(f"error: --scorer shared-prefix: the model is a {type(self.run.model).__name__}; it needs "
+                  f"TransformerLens 2's HookedTransformer (run with .venv-legacy) or --scorer batched",
+                  file=sys.stderr)
+            return 2
+        self.manifest["scorer"] = self.args.scorer  # sec. 13.6 (batched) or 13.8 (shared-prefix)
         encode, bos = self._tokenizer()
         self.encode, self.bos = encode, bos
 
@@ -206,7 +218,7 @@ class RulerRun(WindowStudy):
         import pandas as pd
 
         old = json.loads((self.data / f"{stem}.manifest.json").read_text())
-        for key in ("design", "items_sha256", "settings", "filler"):
+        for key in ("design", "items_sha256", "settings", "filler", "scorer"):
             if old.get(key) != self.manifest.get(key):
                 return f"was run with another {key}; use the same code and options or another --tag"
         self.manifest["texts"] = old["texts"]
@@ -224,7 +236,11 @@ class RulerRun(WindowStudy):
         for lab, make in [("baseline", None)] + [(s[0], s[-1]) for s in self.sets]:
             ts = time.time()
             with make() if make is not None else contextlib.nullcontext():
-                lls = loglikelihoods(self.run.model, reqs, batch_size=self.args.batch_size).tolist()
+                if self.args.scorer == "shared-prefix":  # sec. 13.8: each item's prompt run once
+                    lls = [v for k in range(0, len(reqs), 4)
+                           for v in shared_prefix_loglikelihoods(self.run.model, reqs[k:k + 4]).tolist()]
+                else:
+                    lls = loglikelihoods(self.run.model, reqs, batch_size=self.args.batch_size).tolist()
             for k, it in enumerate(batch):
                 four = lls[4 * k:4 * k + 4]
                 pick = chosen(four)
