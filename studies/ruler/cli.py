@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     r.add_argument("--scorer", choices=["batched", "shared-prefix"], default="batched",
                    help="batched: an item's four candidates as four full forwards (sec. 13.6); shared-prefix: "
                         "its prompt run once into a KV cache, TransformerLens 2 only (sec. 13.8)")
+    r.add_argument("--device", default="cpu", help="where the model runs (cuda: sec. 13.9's full design on a GPU)")
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--data-dir", default="", help="write the data files here (smoke runs)")
     r.add_argument("--tag", default="", help="a suffix of the data files' names, for a run split over processes")

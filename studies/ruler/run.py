@@ -150,7 +150,7 @@ class RulerRun(WindowStudy):
                     "model": {"name": args.model, "source_sha256": None, "n_layers": r.sites.n_layers}}
         filler = {t: {"file": TEXTS[t][1], "sha256": common.sha256_bytes((common.ROOT / TEXTS[t][1]).read_bytes())}
                   for t in FILLER}
-        return head | {"pilot": bool(args.pilot), "design": self.design, "filler": filler, "texts": {},
+        return head | {"device": getattr(args, "device", "cpu"), "pilot": bool(args.pilot), "design": self.design, "filler": filler, "texts": {},
                        "complete": False, "files": {}}
 
     def _tokenizer(self):
