@@ -25,6 +25,9 @@ def main(argv=None) -> int:
     r.add_argument("--model", required=True, choices=[*sorted(SOURCES), "default"],
                    help="default (the bundled model): smoke runs only")
     r.add_argument("--pilot", action="store_true", help="sec. 13.2's pilot (seed 1, 512 tokens, every rung)")
+    r.add_argument("--design", choices=["full", "cpu"], default="full",
+                   help="main run: full (sec. 13.1, 40 haystacks at every length) or cpu (sec. 13.10: the same "
+                        "items, the first haystacks of each length; data ruler-cpu_<model>.*)")
     r.add_argument("--lengths", nargs="+", type=int, default=None,
                    help="run only these of the design's lengths (the items are the whole design's)")
     r.add_argument("--haystacks", type=int, default=0, help="smoke runs only: fewer haystacks than the design")
@@ -34,7 +37,7 @@ def main(argv=None) -> int:
     r.add_argument("--scorer", choices=["batched", "shared-prefix"], default="batched",
                    help="batched: an item's four candidates as four full forwards (sec. 13.6); shared-prefix: "
                         "its prompt run once into a KV cache, TransformerLens 2 only (sec. 13.8)")
-    r.add_argument("--device", default="cpu", help="where the model runs (cuda: sec. 13.9's full design on a GPU)")
+    r.add_argument("--device", default="cpu", help="where the model runs (cuda: sec. 13.10's full design on a GPU)")
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--data-dir", default="", help="write the data files here (smoke runs)")
     r.add_argument("--tag", default="", help="a suffix of the data files' names, for a run split over processes")
@@ -42,6 +45,8 @@ def main(argv=None) -> int:
     r.add_argument("--resume", action="store_true",
                    help="keep the lengths an earlier run of the same data files finished and run the rest")
     args = r.parse_args(argv)
+    if args.pilot and args.design != "full":
+        r.error(f"--design {args.design}: the pilot has one design (sec. 13.2); drop --design")
     if args.haystacks < 0:
         r.error(f"--haystacks {args.haystacks}: must be 1 or more (0: the design's)")
     return run(args)

@@ -11,7 +11,11 @@ Two designs (sec. 13.1-13.2 and the amendment of sec. 13.6):
   data ``ruler-pilot_<model>.*``, whose manifest names the chosen rungs (``rungs``);
 * the main run: seed 0, 40 haystacks at 256 / 512 / 1,024 / 2,048 tokens on the pilot's rungs
   (read from the pilot's committed manifest), the unedited model and the six edits; data
-  ``ruler_<model>.*``.
+  ``ruler_<model>.*``;
+* ``--design cpu`` (sec. 13.10): the main run's items, of which the first 30 haystacks at 256 /
+  512 / 1,024 tokens and the first 10 at 2,048 are scored; data ``ruler-cpu_<model>.*``.
+
+``--scorer shared-prefix`` (sec. 13.8, TransformerLens 2 only) runs each item's prompt once.
 
 Each item's four candidates are scored by the summed log-likelihood of ``" " + candidate`` after
 the prompt (:mod:`studies.ruler.score`), the forwards by
@@ -48,6 +52,9 @@ FILLER = ("kjv", "prose")
 #: sec. 13.1-13.2's designs: the main items and the pilot's
 MAIN = {"seed": 0, "haystacks": 40, "lengths": list(LENGTHS)}
 PILOT = {"seed": 1, "haystacks": 10, "lengths": [512]}
+#: sec. 13.10's CPU design: the main items (the same draws), of which the first ``scored[length]``
+#: haystacks of each length are scored
+CPU = MAIN | {"scored": {"256": 30, "512": 30, "1024": 30, "2048": 10}}
 #: sec. 13.3's edits, by their labels in ``studies.claims.run.amend_settings`` (joint, skip0)
 SETTINGS = (
     "value-exclusive-joint skip0 s_par=0",
@@ -115,10 +122,15 @@ class RulerRun(WindowStudy):
 
     def __init__(self, args):
         super().__init__(args)
-        self.design = dict(PILOT if args.pilot else MAIN)
+        self.design = dict(PILOT if args.pilot else CPU if getattr(args, "design", "full") == "cpu" else MAIN)
         if args.haystacks:  # smoke runs only (the manifest records the design)
             self.design["haystacks"] = args.haystacks
+            if "scored" in self.design:
+                self.design["scored"] = {n: min(h, args.haystacks) for n, h in self.design["scored"].items()}
         if args.smoke_lengths:
+            if "scored" in self.design:  # each smoke length takes the count of the design's length in its place
+                counts = list(self.design["scored"].values())
+                self.design["scored"] = {str(n): counts[k] for k, n in enumerate(args.smoke_lengths)}
             self.design["lengths"] = list(args.smoke_lengths)
         self.texts = {f"len{n}": (f"sec. 13 items of {n} tokens (generator)", GENERATOR) for n in self.design["lengths"]}
         args.texts = [f"len{n}" for n in (args.lengths or self.design["lengths"])]
@@ -136,7 +148,8 @@ class RulerRun(WindowStudy):
         return list(self.texts)  # every length of the design, whichever this process runs
 
     def stem(self) -> str:
-        return (f"ruler-pilot_{self.args.model}" if self.args.pilot else f"ruler_{self.args.model}") + (
+        kind = "ruler-pilot" if self.args.pilot else "ruler-cpu" if "scored" in self.design else "ruler"
+        return f"{kind}_{self.args.model}" + (
             f"_{self.args.tag}" if self.args.tag else "")
 
     def header(self) -> dict:
@@ -226,7 +239,8 @@ class RulerRun(WindowStudy):
         return None
 
     def windows(self, text: str, rel: str):
-        return self.items[text]
+        scored = self.design.get("scored")  # sec. 13.10: the first haystacks of each length
+        return [i for i in self.items[text] if scored is None or i.haystack < scored[str(i.length)]]
 
     def measure_text(self, text: str, batch) -> dict | int:
         from tl_directional.evaluate.suites.accuracy import loglikelihoods
