@@ -6,6 +6,10 @@ pilot's rungs) under the unedited model and sec. 13.3's six edits, into
 
     python -m studies run ruler-probe --model smollm2-135m --pilot
     python -m studies run ruler-probe --model smollm2-135m --resume
+
+Sec. 13.8's shared-prefix scorer and sec. 13.10's CPU design (TransformerLens 2, ``.venv-legacy``)::
+
+    python -m studies run ruler-probe --model smollm2-135m --design cpu --scorer shared-prefix --lengths 256
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from studies.ruler.run import run
 
 
 @study("ruler-probe", "RULER-style long-context items (needles, variable tracking, common words) under "
-       "the edits: protocol sec. 13", data="ruler-pilot_<model>.*, ruler_<model>.*", pages="-")
+       "the edits: protocol sec. 13", data="ruler-pilot_<model>.*, ruler_<model>.*, ruler-cpu_<model>.*", pages="-")
 def main(argv=None) -> int:
     r = argparse.ArgumentParser(prog="python -m studies run ruler-probe", description=__doc__.split("\n")[0])
     r.add_argument("--model", required=True, choices=[*sorted(SOURCES), "default"],
