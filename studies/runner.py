@@ -45,8 +45,8 @@ class Started:
 def start(args, check: Callable[[], int | None] | None = None) -> Started | int:
     """The opening of every measuring run: refuse a dirty ``tl_directional/`` or ``studies/``
     (unless ``args.allow_dirty``), run the study's own argument ``check`` (an exit status stops
-    the run), set ``args.threads`` torch threads with gradients off, load ``args.model`` and
-    resolve its sites. Returns :class:`Started`, or the exit status to stop with."""
+    the run), set ``args.threads`` torch threads with gradients off, load ``args.model`` (on
+    ``args.device`` where the study has that option, else the CPU) and resolve its sites. Returns :class:`Started`, or the exit status to stop with."""
     import torch
 
     from tl_directional.model.load import load_model
@@ -60,7 +60,7 @@ def start(args, check: Callable[[], int | None] | None = None) -> Started | int:
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     t0 = time.time()
-    model = load_model(args.model)
+    model = load_model(args.model, device=getattr(args, "device", "cpu"))
     return Started(commit, dirty, model, resolve_sites(model, warn=False), t0)
 
 

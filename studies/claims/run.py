@@ -66,7 +66,8 @@ def _concat_hooks(model, sites, mode: str, s_par: float, layers=None):
             store[("v", L)] = t
 
         def grab_a(t, hook, L=vs.layer):  # noqa: ARG001
-            store[("a", L)] = torch.diagonal(t, dim1=-2, dim2=-1)  # [b, h, q]
+            # each query's own key: with a KV cache the keys run ahead of the queries by the cache
+            store[("a", L)] = torch.diagonal(t, offset=t.shape[-1] - t.shape[-2], dim1=-2, dim2=-1)  # [b, h, q]
 
         def edit_z(z, hook, L=vs.layer):  # noqa: ARG001
             v = expand_kv_heads(store.pop(("v", L)), sites.n_heads)  # [b, p, h, d]

@@ -80,13 +80,22 @@ def _fill(lines, start: int, inserts: list[str], question: str, length: int, cou
             break
         body.append(cand)
         i += 1
-    part: list[str] = []  # words of the line that did not fit, in order, each that still fits
-    for w in cand.split():  # (a long word, a path of many tokens, is passed over, not the end)
-        if count("\n".join([*body, " ".join([*part, w]), *inserts]) + tail) > length:
-            continue
-        part.append(w)
-    if part:
-        body.append(" ".join(part))
+    def words_that_fit(line: str) -> None:
+        part: list[str] = []  # the line's words, in order, each that still fits
+        for w in line.split():  # (a long word, a path of many tokens, is passed over, not the end)
+            if count("\n".join([*body, " ".join([*part, w]), *inserts]) + tail) > length:
+                continue
+            part.append(w)
+        if part:
+            body.append(" ".join(part))
+
+    words_that_fit(cand)
+    # a passed-over long word can leave the prompt more than SLACK short: the next lines' words
+    # then fill it, each line its own (a prompt already within SLACK is unchanged)
+    for j in range(i + 1, i + 1 + len(lines)):
+        if count("\n".join([*body, *inserts]) + tail) >= length - SLACK:
+            break
+        words_that_fit(lines[j % len(lines)])
     depths = sorted(rng.randrange(len(body) + 1) for _ in inserts)
     for k, (d, s) in enumerate(zip(depths, inserts, strict=True)):
         body.insert(d + k, s)

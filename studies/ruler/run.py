@@ -11,7 +11,11 @@ Two designs (sec. 13.1-13.2 and the amendment of sec. 13.6):
   data ``ruler-pilot_<model>.*``, whose manifest names the chosen rungs (``rungs``);
 * the main run: seed 0, 40 haystacks at 256 / 512 / 1,024 / 2,048 tokens on the pilot's rungs
   (read from the pilot's committed manifest), the unedited model and the six edits; data
-  ``ruler_<model>.*``.
+  ``ruler_<model>.*``;
+* ``--design cpu`` (sec. 13.10): the main run's items, of which the first 30 haystacks at 256 /
+  512 / 1,024 tokens and the first 10 at 2,048 are scored; data ``ruler-cpu_<model>.*``.
+
+``--scorer shared-prefix`` (sec. 13.8, TransformerLens 2 only) runs each item's prompt once.
 
 Each item's four candidates are scored by the summed log-likelihood of ``" " + candidate`` after
 the prompt (:mod:`studies.ruler.score`), the forwards by
@@ -34,7 +38,13 @@ from studies import common
 from studies.claims.data import csv_bytes
 from studies.claims.run import SOURCES, TEXTS, amend_settings, run_header, settings_manifest
 from studies.ruler.items import LADDERS, LENGTHS, TASKS, make_items
-from studies.ruler.score import chosen, item_requests, pick_rungs
+from studies.ruler.score import (
+    chosen,
+    item_requests,
+    pick_rungs,
+    shared_prefix_loglikelihoods,
+    shared_prefix_supported,
+)
 from studies.runner import WindowStudy, run_windows
 
 #: sec. 13.1's filler texts (sec. 1's ``kjv`` and ``prose``)
@@ -42,6 +52,9 @@ FILLER = ("kjv", "prose")
 #: sec. 13.1-13.2's designs: the main items and the pilot's
 MAIN = {"seed": 0, "haystacks": 40, "lengths": list(LENGTHS)}
 PILOT = {"seed": 1, "haystacks": 10, "lengths": [512]}
+#: sec. 13.10's CPU design: the main items (the same draws), of which the first ``scored[length]``
+#: haystacks of each length are scored
+CPU = MAIN | {"scored": {"256": 30, "512": 30, "1024": 30, "2048": 10}}
 #: sec. 13.3's edits, by their labels in ``studies.claims.run.amend_settings`` (joint, skip0)
 SETTINGS = (
     "value-exclusive-joint skip0 s_par=0",
@@ -109,10 +122,15 @@ class RulerRun(WindowStudy):
 
     def __init__(self, args):
         super().__init__(args)
-        self.design = dict(PILOT if args.pilot else MAIN)
+        self.design = dict(PILOT if args.pilot else CPU if getattr(args, "design", "full") == "cpu" else MAIN)
         if args.haystacks:  # smoke runs only (the manifest records the design)
             self.design["haystacks"] = args.haystacks
+            if "scored" in self.design:
+                self.design["scored"] = {n: min(h, args.haystacks) for n, h in self.design["scored"].items()}
         if args.smoke_lengths:
+            if "scored" in self.design:  # each smoke length takes the count of the design's length in its place
+                counts = list(self.design["scored"].values())
+                self.design["scored"] = {str(n): counts[k] for k, n in enumerate(args.smoke_lengths)}
             self.design["lengths"] = list(args.smoke_lengths)
         self.texts = {f"len{n}": (f"sec. 13 items of {n} tokens (generator)", GENERATOR) for n in self.design["lengths"]}
         args.texts = [f"len{n}" for n in (args.lengths or self.design["lengths"])]
@@ -130,7 +148,8 @@ class RulerRun(WindowStudy):
         return list(self.texts)  # every length of the design, whichever this process runs
 
     def stem(self) -> str:
-        return (f"ruler-pilot_{self.args.model}" if self.args.pilot else f"ruler_{self.args.model}") + (
+        kind = "ruler-pilot" if self.args.pilot else "ruler-cpu" if "scored" in self.design else "ruler"
+        return f"{kind}_{self.args.model}" + (
             f"_{self.args.tag}" if self.args.tag else "")
 
     def header(self) -> dict:
@@ -144,7 +163,7 @@ class RulerRun(WindowStudy):
                     "model": {"name": args.model, "source_sha256": None, "n_layers": r.sites.n_layers}}
         filler = {t: {"file": TEXTS[t][1], "sha256": common.sha256_bytes((common.ROOT / TEXTS[t][1]).read_bytes())}
                   for t in FILLER}
-        return head | {"pilot": bool(args.pilot), "design": self.design, "filler": filler, "texts": {},
+        return head | {"device": getattr(args, "device", "cpu"), "pilot": bool(args.pilot), "design": self.design, "filler": filler, "texts": {},
                        "complete": False, "files": {}}
 
     def _tokenizer(self):
@@ -170,6 +189,12 @@ class RulerRun(WindowStudy):
         return pilot["rungs"]
 
     def prepare(self) -> int | None:
+        if self.args.scorer == "shared-prefix" and not shared_prefix_supported(self.run.model):
+            print(f"error: --scorer shared-prefix: the model is a {type(self.run.model).__name__}; it needs "
+                  f"TransformerLens 2's HookedTransformer (run with .venv-legacy) or --scorer batched",
+                  file=sys.stderr)
+            return 2
+        self.manifest["scorer"] = self.args.scorer  # sec. 13.6 (batched) or 13.8 (shared-prefix)
         encode, bos = self._tokenizer()
         self.encode, self.bos = encode, bos
 
@@ -206,7 +231,7 @@ class RulerRun(WindowStudy):
         import pandas as pd
 
         old = json.loads((self.data / f"{stem}.manifest.json").read_text())
-        for key in ("design", "items_sha256", "settings", "filler"):
+        for key in ("design", "items_sha256", "settings", "filler", "scorer"):
             if old.get(key) != self.manifest.get(key):
                 return f"was run with another {key}; use the same code and options or another --tag"
         self.manifest["texts"] = old["texts"]
@@ -214,7 +239,8 @@ class RulerRun(WindowStudy):
         return None
 
     def windows(self, text: str, rel: str):
-        return self.items[text]
+        scored = self.design.get("scored")  # sec. 13.10: the first haystacks of each length
+        return [i for i in self.items[text] if scored is None or i.haystack < scored[str(i.length)]]
 
     def measure_text(self, text: str, batch) -> dict | int:
         from tl_directional.evaluate.suites.accuracy import loglikelihoods
@@ -224,7 +250,11 @@ class RulerRun(WindowStudy):
         for lab, make in [("baseline", None)] + [(s[0], s[-1]) for s in self.sets]:
             ts = time.time()
             with make() if make is not None else contextlib.nullcontext():
-                lls = loglikelihoods(self.run.model, reqs, batch_size=self.args.batch_size).tolist()
+                if self.args.scorer == "shared-prefix":  # sec. 13.8: each item's prompt run once
+                    lls = [v for k in range(0, len(reqs), 4)
+                           for v in shared_prefix_loglikelihoods(self.run.model, reqs[k:k + 4]).tolist()]
+                else:
+                    lls = loglikelihoods(self.run.model, reqs, batch_size=self.args.batch_size).tolist()
             for k, it in enumerate(batch):
                 four = lls[4 * k:4 * k + 4]
                 pick = chosen(four)

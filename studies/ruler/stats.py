@@ -7,7 +7,7 @@ clusters: one haystack hosts one item of each task), stratified by length, 2,000
 (``tl_directional.core.paired.cluster_draw_counts``), the same draws for every setting, so
 differences between settings are paired. Headroom ``H`` = baseline accuracy minus 25 (chance), per
 length, inside each resample. Pooling over lengths (sec. 13.6): the mean over the lengths, each
-length weight 1 (every length holds the same number of items). A resample whose headroom at some
+length weight 1 (whatever its number of haystacks: sec. 13.10's CPU design scores fewer at 2,048). A resample whose headroom at some
 length is not positive gives no ratio (NaN) and is left out of that rule's quantiles.
 """
 

@@ -15,11 +15,7 @@ from tests.studies._sandbox import load
 _script = load
 
 
-@pytest.fixture(autouse=True)
-def _restore_grad_mode():
-    was = torch.is_grad_enabled()
-    yield
-    torch.set_grad_enabled(was)
+pytestmark = pytest.mark.usefixtures("restore_grad_mode")  # tests/studies/conftest.py
 
 
 @pytest.mark.slow

@@ -77,3 +77,16 @@ def test_a_rung_whose_statements_overrun_the_length_is_refused():
     # 16 needles of about 11 words each cannot fit 128 words: refused, not silently overlong
     with pytest.raises(ValueError, match=r"prompts exceed their length .*'needle-multi', 16, 128"):
         make_items(TEXTS, words, seed=0, haystacks=1, lengths=(128,), difficulty={"needle-multi": 16})
+
+
+def test_a_long_last_word_does_not_leave_the_prompt_short():
+    # every filler line ends in a path that costs 30 "tokens": the line that does not fit whole is
+    # cut before its path, and the next lines' words fill the rest to within SLACK (once refused)
+    vocab = [f"{a}{b}{c}word" for a in "abcdefg" for b in "hijklmn" for c in "opqrs"]
+    lines = [" ".join(vocab[(7 * k + j) % len(vocab)] for j in range(12)) + " /usr/share/doc/x/" for k in range(60)]
+
+    def paths(s: str) -> int:
+        return sum(30 if "/" in w else 1 for w in s.split())
+
+    got = make_items(["\n".join(lines)], paths, seed=0, haystacks=3, lengths=(128, 256))
+    assert all(i.length - SLACK <= paths(i.prompt) <= i.length for i in got)

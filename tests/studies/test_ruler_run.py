@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-import torch
 
 from studies.ruler.cli import main
 from studies.ruler.items import LADDERS
-from studies.ruler.run import PILOT, SETTINGS, pilot_accuracy, pilot_items, rung_fits
+from studies.ruler.run import (
+    CPU,
+    MAIN,
+    PILOT,
+    SETTINGS,
+    RulerRun,
+    pilot_accuracy,
+    pilot_items,
+    rung_fits,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [(ROOT / "tl_directional/data" / f).read_text() for f in ("kjv_heldout.txt", "prose_heldout.txt")]
@@ -48,11 +57,7 @@ def test_pilot_accuracy_reads_the_baseline_rows_only():
     assert pilot_accuracy(rows) == {"needle-multi": {4: 0.75, 8: 0.0}}
 
 
-@pytest.fixture(autouse=True)
-def _restore_grad_mode():
-    was = torch.is_grad_enabled()
-    yield
-    torch.set_grad_enabled(was)
+pytestmark = pytest.mark.usefixtures("restore_grad_mode")  # tests/studies/conftest.py
 
 
 @pytest.mark.slow
@@ -84,3 +89,15 @@ def test_main_run_scores_every_setting_and_resumes(tmp_path):
     base = rec[rec.setting == "baseline"][["ll0"]].to_numpy()
     hard = rec[rec.setting == "hard-diag skip0"][["ll0"]].to_numpy()
     assert not (base == hard).all()
+
+
+def test_the_cpu_design_scores_the_first_haystacks_of_each_length():
+    # sec. 13.10: the main design's items, of which the first scored[length] haystacks are scored
+    assert CPU["seed"] == MAIN["seed"] and CPU["haystacks"] == MAIN["haystacks"] and CPU["lengths"] == MAIN["lengths"]
+    items = pilot_items(TEXTS, words, dict(MAIN, haystacks=3, lengths=[256, 512]))
+    run = SimpleNamespace(design=dict(CPU, scored={"256": 3, "512": 1}),
+                          items={"len256": [i for i in items if i.length == 256],
+                                 "len512": [i for i in items if i.length == 512]})
+    assert RulerRun.windows(run, "len256", "") == run.items["len256"]
+    assert {i.haystack for i in RulerRun.windows(run, "len512", "")} == {0}
+    assert len(RulerRun.windows(run, "len512", "")) == len(run.items["len512"]) // 3

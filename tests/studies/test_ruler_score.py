@@ -1,10 +1,14 @@
 """Protocol sec. 13's scorer on constructed token ids and log-likelihoods: the continuation's ids
-read lm-eval's way, a tie at the top is wrong, and the pilot's rung rule (sec. 13.2)."""
+read lm-eval's way, a tie at the top is wrong, and the pilot's rung rule (sec. 13.2); the
+shared-prefix scorer (sec. 13.8) against each candidate's own forward and the batched path on
+tiny models of three families, unedited and under the six edits."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
+from studies.ruler.run import ruler_settings
 from studies.ruler.score import (
     PILOT_FLOOR,
     chosen,
@@ -12,7 +16,12 @@ from studies.ruler.score import (
     is_correct,
     item_requests,
     pick_rungs,
+    shared_prefix_loglikelihoods,
+    shared_prefix_supported,
 )
+from tl_directional.core.roundoff import roundoff_tolerance
+from tl_directional.evaluate.suites.accuracy import loglikelihoods
+from tl_directional.model.sites import resolve_sites
 
 
 def chars(s: str) -> list[int]:  # one id per character: no merges across the boundary
@@ -86,3 +95,58 @@ def test_pilot_skips_a_rung_that_does_not_fit_the_shortest_length():
     assert {t: v["rung"] for t, v in got.items()} == {"needle-multi": 8, "variable-tracking": 4, "common-words": 8}
     with pytest.raises(ValueError, match=r"the easiest rung 4 must fit"):
         pick_rungs(acc, LADDERS, fits | {"needle-multi": {4: False, 8: True, 16: True}})
+
+
+def _requests(model, n_ctx: int = 40):
+    """One item's shape: a shared context (BOS then seeded ids) and four continuations of 1-3
+    ids, two of them sharing their first id."""
+    g = torch.Generator().manual_seed(0)
+    d_vocab = model.cfg.d_vocab
+    ctx = [0, *torch.randint(1, d_vocab, (n_ctx - 1,), generator=g).tolist()]
+    conts = [torch.randint(1, d_vocab, (n,), generator=g).tolist() for n in (1, 3, 2, 3)]
+    conts[3][0] = conts[1][0]
+    return [(ctx, c) for c in conts]
+
+
+@pytest.mark.legacy
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma3"])
+def test_shared_prefix_scores_equal_the_batched_path_under_every_edit(tiny_model, family):
+    # sec. 13.8: the prompt run once into a KV cache gives the log-likelihoods of sec. 13.6's four
+    # full forwards (learned positions, RoPE with GQA, Gemma-3's 6-token sliding window), unedited
+    # and under the six edits (the hooks act on both forwards); differences are float32 round-off
+    model = tiny_model(family)
+    reqs = _requests(model)
+    cfg = model.cfg
+    with torch.no_grad():
+        # independent of both paths: each candidate's own full forward, log-softmax in float64
+        plain = []
+        for ctx, cont in reqs:
+            lp = torch.log_softmax(model(torch.tensor([ctx + cont[:-1]]))[0, len(ctx) - 1:].double(), -1)
+            plain.append(float(lp[torch.arange(len(cont)), torch.tensor(cont)].sum()))
+        tol = roundoff_tolerance(torch.float32, max(map(abs, plain)), cfg.d_model * cfg.n_layers * len(reqs[0][0]))
+        got = shared_prefix_loglikelihoods(model, reqs)
+        assert got.dtype == torch.float64 and max(abs(a - b) for a, b in zip(got.tolist(), plain, strict=True)) <= tol
+        for label, *_, make in ruler_settings(model, resolve_sites(model, warn=False)):
+            with make():
+                want = loglikelihoods(model, reqs, batch_size=4)
+                got = shared_prefix_loglikelihoods(model, reqs)
+            assert (got - want).abs().max().item() <= tol, label
+            acts = (want - torch.tensor(plain, dtype=torch.float64)).abs().max().item()
+            assert acts > 50 * tol, label  # the edit acts, far beyond the tolerance
+
+
+@pytest.mark.legacy
+def test_shared_prefix_refuses_requests_without_one_context(tiny_model):
+    model = tiny_model("gpt2")
+    reqs = _requests(model)
+    with pytest.raises(ValueError, match=r"contexts of lengths \[40, 39, 40, 40\]: they must share one context"):
+        shared_prefix_loglikelihoods(model, [reqs[0], (reqs[1][0][1:], reqs[1][1]), *reqs[2:]])
+
+
+@pytest.mark.bridge
+def test_shared_prefix_refuses_the_bridge(tiny_model):
+    # TransformerLens 4.3's bridge gives wrong logits from its KV cache (kv_cache_matches)
+    model = tiny_model("llama")
+    assert not shared_prefix_supported(model)
+    with pytest.raises(ValueError, match=r"model is a TransformerBridge: .*HookedTransformer \(the legacy lane"):
+        shared_prefix_loglikelihoods(model, _requests(model))

@@ -37,15 +37,7 @@ def _check_meta(meta: dict, model_dir: str):
     assert meta["tokens_total"] > 0
 
 
-@pytest.fixture(autouse=True)
-def _restore_grad_mode():
-    # the studies' mains turn autograd off for the whole process (they are command-line
-    # programs); run in-process here, that must not leak into the rest of the suite
-    import torch
-
-    was = torch.is_grad_enabled()
-    yield
-    torch.set_grad_enabled(was)
+pytestmark = pytest.mark.usefixtures("restore_grad_mode")  # tests/studies/conftest.py
 
 
 def test_prose_slice_is_pinned_and_licensed():
