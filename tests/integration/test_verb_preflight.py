@@ -207,3 +207,29 @@ def test_the_weight_scan_in_every_dtype(tiny_model_dir, dtype):
         weight[0, 0], weight[1, 1], weight[2, 2] = float("nan"), float("inf"), float("-inf")
     ((name, count),) = nonfinite_parameters(model)
     assert "mlp" in name and count == 3
+
+
+def test_an_unchanged_model_is_not_scanned_twice(tiny_model_dir, monkeypatch):
+    """Issue 51: the weight scan of a model whose parameters are unchanged since a scan found them
+    finite is skipped (it read every weight at every ``profile`` call); a weight written in place
+    and a parameter replaced by another tensor are scanned again and told."""
+    from tl_directional.model import finite
+    from tl_directional.model.load import load_model
+
+    model = load_model(tiny_model_dir("llama")).eval()
+    assert finite.nonfinite_parameters(model) == []
+    calls = []
+    original = torch.Tensor.sum
+    monkeypatch.setattr(torch.Tensor, "sum", lambda t, *a, **k: calls.append(1) or original(t, *a, **k))
+    assert finite.nonfinite_parameters(model) == [] and calls == []  # unchanged: no sum at all
+    weight = next(p for n, p in model.named_parameters() if "mlp" in n and p.ndim == 2)
+    with torch.no_grad():
+        weight[0, 0] = float("nan")
+    ((name, count),) = finite.nonfinite_parameters(model)
+    assert "mlp" in name and count == 1 and calls
+    with torch.no_grad():
+        weight[0, 0] = 0.0
+    assert finite.nonfinite_parameters(model) == []
+    other = next(p for n, p in model.named_parameters() if "attn" in n and p.ndim == 2)
+    other.data = torch.full_like(other, float("inf"))  # another tensor: another address
+    assert finite.nonfinite_parameters(model)[0][1] == other.numel()
