@@ -198,3 +198,30 @@ def test_block_update_equals_the_old_per_metric_histograms():
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-13, atol=1e-13, equal_nan=True, msg=k)
     assert len(QUANTILES) == 5
+
+
+def test_value_stats_read_a_gqa_groups_one_value_head():
+    """Issue 51: ``value_stats`` takes ``hook_v``'s key-value heads as they are (query head ``h``
+    reads head ``h // group``, no copy per query head) and gives what the heads expanded by
+    ``repeat_interleave`` give, and what the split of each head against its value gives, to
+    float64's round-off; a head count that does not divide is refused naming both counts."""
+    g = torch.Generator().manual_seed(5)
+    n, h, kv, e, dm = 24, 6, 2, 8, 16
+    z = torch.randn(n, h, e, generator=g, dtype=torch.float64)
+    v = torch.randn(n, kv, e, generator=g, dtype=torch.float64)
+    x = torch.randn(n, dm, generator=g, dtype=torch.float64)
+    W_O = torch.randn(h, e, dm, generator=g, dtype=torch.float64)
+    a_tt = torch.rand(n, h, generator=g, dtype=torch.float64)
+    grouped = value_stats(z, v, a_tt, x, W_O, None)
+    v_h = v.repeat_interleave(h // kv, dim=1)
+    expanded = value_stats(z, v_h, a_tt, x, W_O, None)
+    full = decompose(z, v_h)
+    excl = decompose(z - a_tt.unsqueeze(-1) * v_h, v_h)
+    for want, got in ((expanded.full, grouped.full), (expanded.exclusive, grouped.exclusive),
+                      (full, grouped.full), (excl, grouped.exclusive)):
+        for name in ("alpha", "par_frac", "par_perp_ratio", "par_sq", "perp_sq"):
+            torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-12, atol=1e-12)
+    for name in ("alpha_head", "phi", "recon"):
+        torch.testing.assert_close(getattr(grouped, name), getattr(expanded, name), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="v has 4 heads, which do not divide z's 6"):
+        value_stats(z, torch.randn(n, 4, e, dtype=torch.float64), a_tt, x, W_O, None)

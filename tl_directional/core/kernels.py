@@ -17,7 +17,7 @@ model, hook or host synchronisation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from jaxtyping import Float
@@ -73,15 +73,24 @@ _BLOCK_DOT_MIN_WIDTH = 256
 _DOT_BLOCK = 8
 
 
-def row_dot(x: Float[Tensor, "*batch d"], y: Float[Tensor, "*batch d"]) -> Float[Tensor, "*batch"]:
-    """``sum_k x[..., k] * y[..., k]`` (same shapes, one dtype), without writing the ``[..., d]``
-    product: on the CPU the products are matrix products (batched GEMMs, accumulating in the
-    dtype); elsewhere ``(x * y).sum(-1)``. The same value up to the order of the additions (the
-    round-off of a ``d``-term sum, :mod:`tl_directional.core.roundoff`)."""
+def row_dot(x: Float[Tensor, "*batch d"], y: Float[Tensor, "*ybatch d"]) -> Float[Tensor, "*batch"]:
+    """``sum_k x[..., k] * y[..., k]`` (one dtype), without writing the ``[..., d]`` product: on the
+    CPU the products are matrix products (batched GEMMs, accumulating in the dtype); elsewhere
+    ``(x * y).sum(-1)``. The same value up to the order of the additions (the round-off of a
+    ``d``-term sum, :mod:`tl_directional.core.roundoff`).
+
+    ``y`` has ``x``'s shape, or size 1 in its second-to-last dimension: one row of ``y`` for each
+    group of rows of ``x`` (the key-value head shared by a group of query heads, ``[n, n_kv, 1,
+    d_head]`` against ``[n, n_kv, group, d_head]``), with no copy of ``y`` per row."""
     d = x.shape[-1]
     lead = x.shape[:-1]
     if x.device.type != "cpu" or x.numel() == 0 or d == 0:
         return (x * y).sum(-1)
+    if y.shape != x.shape:  # broadcast along dim -2: a group's rows against its one row of y
+        if x.ndim < 2 or y.shape != (*x.shape[:-2], 1, d):
+            raise ValueError(f"row_dot: y of shape {tuple(y.shape)} neither has x's shape {tuple(x.shape)} "
+                             f"nor size 1 in its second-to-last dimension; pass tensors of one shape")
+        return torch.bmm(x.reshape(-1, x.shape[-2], d), y.reshape(-1, d, 1)).view(lead)
     xf, yf = x.reshape(-1, d), y.reshape(-1, d)
     n = xf.shape[0]
     if d < _BLOCK_DOT_MIN_WIDTH:
@@ -102,9 +111,10 @@ def row_norm(x: Float[Tensor, "*batch d"]) -> Float[Tensor, "*batch"]:
 
 
 def _perp(u: Tensor, a: Tensor, r: Tensor, scratch: Scratch | None, name: str = "split") -> Tensor:
-    """``u - a r`` (``a`` one scale per row) in one pass, written into ``scratch``'s buffer ``name``
-    when the shapes allow: the explicit perpendicular part, never the Gram closed form."""
-    if _fits(scratch, u, r):
+    """``u - a r`` (``a`` one scale per row; ``r`` may broadcast over ``u``) in one pass, written
+    into ``scratch``'s buffer ``name`` when ``u`` is contiguous: the explicit perpendicular part,
+    never the Gram closed form."""
+    if _fits(scratch, u):
         buf = scratch.get(name, tuple(u.shape), u.dtype, u.device)
         return torch.addcmul(u, a.unsqueeze(-1), r, value=-1.0, out=buf)
     return torch.addcmul(u, a.unsqueeze(-1), r, value=-1.0)
@@ -179,6 +189,11 @@ def squared_norm(x: Float[Tensor, "*batch d"], scratch: Scratch | None = None) -
     return norm * norm
 
 
+def _heads(s: SplitStats, n: int, n_heads: int) -> SplitStats:
+    """``s`` computed per (token, key-value head, query head of its group), as ``[n, n_heads]``."""
+    return SplitStats(**{f.name: getattr(s, f.name).reshape(n, n_heads) for f in fields(s)})
+
+
 @dataclass(frozen=True)
 class ValueStats:
     """Value-space scalars of every head at ``n`` query tokens (METHOD.md sec. 3), compute dtype.
@@ -202,7 +217,7 @@ class ValueStats:
 
 def value_stats(
     z: Float[Tensor, "n n_heads d_head"],
-    v: Float[Tensor, "n n_heads d_head"],
+    v: Float[Tensor, "n n_kv_heads d_head"],
     a_tt: Float[Tensor, "n n_heads"],
     x: Float[Tensor, "n d_model"],
     W_O: Float[Tensor, "n_heads d_head d_model"],
@@ -216,7 +231,8 @@ def value_stats(
 
     Args:
         z: per-head outputs ``o_t`` at the query tokens.
-        v: the query token's own value ``v_t`` per head (GQA heads already expanded).
+        v: the query token's own value ``v_t`` per key-value head (``hook_v``'s heads; query head
+            ``h`` reads head ``h // (n_heads // n_kv_heads)``), or already expanded to ``n_heads``.
         a_tt: the attention pattern's diagonal ``A[h, t, t]``.
         x: the residual reference ``x_t`` of the attention update.
         W_O, b_O: the layer's output weights and bias (``b_O`` may be None).
@@ -228,31 +244,39 @@ def value_stats(
     one GEMM); the rest is dot products over ``d_head``.
     """
     dtype = compute_dtype(torch.promote_types(z.dtype, v.dtype))
-    o = z.to(dtype)
-    vt = v.to(dtype)
+    n, n_heads, d_head = z.shape
+    n_kv = v.shape[-2]
+    if n_kv < 1 or n_heads % n_kv:
+        raise ValueError(f"value_stats: v has {n_kv} heads, which do not divide z's {n_heads}; pass each "
+                         "layer's hook_v heads (n_kv_heads) or the query heads they serve (n_heads)")
+    # a query head's group shares one key-value head (head h reads KV head h // group): the
+    # heads as [n, n_kv, group, d_head] against [n, n_kv, 1, d_head], no copy of v per query head
+    o = z.to(dtype).reshape(n, n_kv, n_heads // n_kv, d_head)
+    vt = v.to(dtype).reshape(n, n_kv, 1, d_head)
     full, v_sq = _split(o, vt, eps, None, scratch)
     att = a_tt.to(dtype)
     # o - A_tt v in one pass, in its own buffer (the split below reuses "split")
-    cross = _perp(o, att, vt, scratch, "cross")
+    cross = _perp(o, att.view(o.shape[:-1]), vt, scratch, "cross")
     # the same reference as the full split: its squared norm is reused
     exclusive = _split(cross, vt, eps, v_sq, scratch)[0]
+    full, exclusive = _heads(full, n, n_heads), _heads(exclusive, n, n_heads)
     x_t = x.to(dtype)
-    n_heads, d_head, d_model = W_O.shape
+    d_model = W_O.shape[-1]
     # W_O[h] x_t for every head as one GEMM: [n, d] @ [d, h * e] -> [n, h, e]
     w = W_O.to(dtype).reshape(n_heads * d_head, d_model).T
-    if _fits(scratch, o, vt) and x_t.is_contiguous():
+    if _fits(scratch, o) and x_t.is_contiguous():
         wx = torch.matmul(x_t, w, out=scratch.get("wx", (x_t.shape[0], n_heads * d_head), dtype, o.device))
     else:
         wx = x_t @ w
-    wx = wx.view(-1, n_heads, d_head)
+    wx = wx.view(o.shape)
     if x_sq is None or x_sq.dtype != dtype:
         x_norm = row_norm(x_t)
         x_sq = x_norm * x_norm
     x_ok = x_sq > eps
     safe = torch.where(x_ok, x_sq, 1.0).unsqueeze(-1)
     ok = x_ok.unsqueeze(-1)
-    alpha_head = torch.where(ok, row_dot(o, wx) / safe, 0.0)
-    phi = torch.where(ok, row_dot(vt, wx) / safe, 0.0)
+    alpha_head = torch.where(ok, row_dot(o, wx).reshape(n, n_heads) / safe, 0.0)
+    phi = torch.where(ok, row_dot(wx, vt).reshape(n, n_heads) / safe, 0.0)
     self_term = att * phi
     recon = alpha_head.sum(-1)
     if b_O is not None:

@@ -14,7 +14,7 @@ from ..core.geometry import compute_dtype, projection_coefficient
 from ..core.kernels import Scratch, split_stats, squared_norm, value_stats
 from ..core.stats import StreamingSummary
 from ..model.handle import StopForward
-from ..model.sites import ModelSites, UnitSite, ValueSite, expand_kv_heads
+from ..model.sites import ModelSites, UnitSite, ValueSite
 from ..model.weights import attention_output_weights
 from .cosine import drop_cosine, stream_beta
 
@@ -211,14 +211,7 @@ class _Accumulator:
         per masked token (NaN where the factorization does not apply).
         """
         sites = self.sites
-        vt = self._select(v, mask)
-        group = sites.n_heads // vt.shape[-2]
-        if group > 1:  # expand_kv_heads, written into a reused buffer (a copy: same values)
-            n, n_kv, d_head = vt.shape
-            out = self.scratch.get("kv", (n, n_kv, group, d_head), vt.dtype, vt.device)
-            vt = out.copy_(vt.unsqueeze(-2).expand(n, n_kv, group, d_head)).view(n, n_kv * group, d_head)
-        else:
-            vt = expand_kv_heads(vt, sites.n_heads)
+        vt = self._select(v, mask)  # [n, n_kv_heads, d_head]: value_stats reads a GQA group's one head
         if layer not in self._weights:
             self._weights[layer] = attention_output_weights(model, layer)
         W_O, b_O = self._weights[layer]
