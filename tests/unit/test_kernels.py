@@ -17,8 +17,8 @@ import torch
 
 from tl_directional.core.geometry import decompose
 from tl_directional.core.kernels import row_dot, row_norm, split_stats, value_stats
-from tl_directional.core.roundoff import roundoff_tolerance
 from tl_directional.core.quantiles import BIN_SCALES, QUANTILES
+from tl_directional.core.roundoff import roundoff_tolerance
 from tl_directional.core.stats import EXACT_QUANTILE_LIMIT, StreamingSummary
 
 # -- the old computation (reference) ---------------------------------------------------------

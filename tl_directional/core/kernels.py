@@ -7,12 +7,15 @@ functions here compute exactly those and nothing else, and they are the one home
 computation for both streaming :func:`tl_directional.measure.profile` and
 :meth:`tl_directional.measure.Profile.from_cache`.
 
-Exactness comes first: every scalar is formed by the same floating-point steps as
-:func:`~tl_directional.core.geometry.decompose` (dot products as ``(x * y).sum(-1)``, the
-perpendicular norm from ``u - a r`` itself, never from the Gram closed form
-``||u||^2 - a^2 ||r||^2``, which loses digits when ``u`` is nearly parallel to ``r``), so the
-tables equal those of the unfused path to rounding. Everything is pure tensor math: no
-model, hook or host synchronisation.
+Exactness comes first: every scalar is the one :func:`~tl_directional.core.geometry.decompose`
+defines, formed from the same vectors (the perpendicular norm from ``u - a r`` itself, never from
+the Gram closed form ``||u||^2 - a^2 ||r||^2``, which loses digits when ``u`` is nearly parallel
+to ``r``), so the tables equal those of the unfused path to rounding. What differs is how the
+passes over ``[n, d]`` are made (issue 51): a squared norm is one reduction (:func:`row_norm`), a
+dot product a matrix product (:func:`row_dot`), ``u - a r`` one pass, so no product is written
+only to be summed; the sums then add in another order than ``(x * y).sum(-1)``, within the
+round-off of a ``d``-term sum (:mod:`tl_directional.core.roundoff`; tests/unit/test_kernels.py).
+Everything is pure tensor math: no model, hook or host synchronisation.
 """
 
 from __future__ import annotations
