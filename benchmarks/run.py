@@ -337,6 +337,20 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
+#: The environment variables that pick the CPU kernel path of torch (ATen), MKL and oneDNN
+#: (Makefile ``test-kernels``; ``benchmarks.kernel_paths`` sets them per subprocess).
+KERNEL_ENV_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+
+
+def cpu_capability() -> str | None:
+    """``torch.backends.cpu.get_cpu_capability()`` (e.g. ``"AVX512"``, ``"AVX2"``), None where
+    this torch build cannot say."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def machine_info(device: str, dtype: str) -> dict:
     """Where and with what the numbers were measured (the JSON header's ``machine``)."""
     from tl_directional.model.load import tl_lane
@@ -358,6 +372,10 @@ def machine_info(device: str, dtype: str) -> dict:
         "device": device,
         "device_name": torch.cuda.get_device_name(0) if cuda else _cpu_model(),
         "cuda_available": torch.cuda.is_available(),
+        # which CPU kernels torch, MKL and oneDNN ran (AVX-512 / AMX against AVX2 changes the
+        # ratios by several percent): torch's choice and the variables that force another path
+        "cpu_capability": cpu_capability(),
+        "kernel_env": {k: os.environ.get(k) for k in KERNEL_ENV_VARS},
         "dtype": dtype,
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(status) if status is not None else None,

@@ -42,7 +42,7 @@ ALWAYS_AVAILABLE = ("profile_overhead", "profile_vs_handwritten", "profile_vs_ca
 VERDICTS = ("met", "missed", "too noisy")
 RECORD_FIELDS = ("name", "setting", "primary", "status", "reason", "target", "target_op", "met",
                  "ratio", "ci95", "n_pairs", "times", "extra", "baseline", "candidate")
-MACHINE_FIELDS = ("cpu_count", "torch_version", "transformer_lens_version", "device", "dtype",
+MACHINE_FIELDS = ("cpu_count", "cpu_capability", "kernel_env", "torch_version", "transformer_lens_version", "device", "dtype",
                   "git_commit")
 
 
@@ -462,3 +462,30 @@ def test_memory_model_is_within_ten_percent_of_the_committed_measurements():
     assert not bad, bad
     # the attribution table of docs/performance.md, generated from the same points
     assert main(["--check", str(REPO_ROOT / "benchmarks" / "results" / MEMORY_POINTS[0]), "--attribution"]) == 0
+
+
+def test_kernel_paths_run_each_path_in_alternating_subprocesses(tiny_model_dir, tmp_path):
+    """Issue 51: ``python -m benchmarks.kernel_paths`` runs the records under torch's own kernel
+    path and under AVX2 forced (one subprocess per path and round, the order reversed every other
+    round), pools each path's pairs, and keeps the capability each subprocess ran and its kernel
+    variables; an unknown path is a usage error."""
+    from benchmarks import kernel_paths
+
+    out = tmp_path / "kernel_paths.json"
+    status = kernel_paths.main(["--model", str(tiny_model_dir("gpt2")), "--records", "edit_overhead",
+                                "--setting", "8x1", "--rounds", "2", "--pairs", "1", "--warmup", "0",
+                                "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert status == 0, doc
+    assert [o["variant"] for o in doc["order"]] == ["default", "avx2", "avx2", "default"]
+    for variant in doc["variants"]:
+        (rec,) = variant["records"]
+        assert rec["name"] == "edit_overhead" and rec["n_pairs"] == 2 and rec["ratio"] > 0
+        assert len(rec["round_ratios"]) == 2
+        for run in variant["runs"]:
+            want = {k: v for k, v in kernel_paths.PATHS[variant["path"]].items()}
+            assert run["machine"]["kernel_env"] == want
+    caps = {v["path"]: v["cpu_capability"] for v in doc["variants"]}
+    if caps["default"][0] in ("AVX2", "AVX512"):  # an x86 CPU: the forced path is the one run
+        assert caps["avx2"] == ["AVX2"]
+    assert kernel_paths.main(["--paths", "avx9", "--json", str(out)]) == 2

@@ -207,3 +207,18 @@ def test_the_weight_scan_in_every_dtype(tiny_model_dir, dtype):
         weight[0, 0], weight[1, 1], weight[2, 2] = float("nan"), float("inf"), float("-inf")
     ((name, count),) = nonfinite_parameters(model)
     assert "mlp" in name and count == 3
+
+
+def test_a_write_through_data_is_seen_by_the_next_scan(tiny_model_dir):
+    """The weight scan runs at every call: a cache keyed on the parameters' version counters
+    (tried for issue 51, about 4 % of a profile) misses a write through ``.data``, which pruning
+    code uses, so a NaN written that way would pass silently."""
+    from tl_directional.model import finite
+    from tl_directional.model.load import load_model
+
+    model = load_model(tiny_model_dir("llama")).eval()
+    assert finite.nonfinite_parameters(model) == []
+    weight = next(p for n, p in model.named_parameters() if "mlp" in n and p.ndim == 2)
+    weight.data[0, 0] = float("nan")  # no version bump on the parameter
+    ((name, count),) = finite.nonfinite_parameters(model)
+    assert "mlp" in name and count == 1

@@ -14,7 +14,7 @@ from ..core.geometry import compute_dtype, projection_coefficient
 from ..core.kernels import Scratch, split_stats, squared_norm, value_stats
 from ..core.stats import StreamingSummary
 from ..model.handle import StopForward
-from ..model.sites import ModelSites, UnitSite, ValueSite, expand_kv_heads
+from ..model.sites import ModelSites, UnitSite, ValueSite
 from ..model.weights import attention_output_weights
 from .cosine import drop_cosine, stream_beta
 
@@ -105,6 +105,10 @@ class _Accumulator:
         # (a layer's resid_pre is the reference of attn, block and the value-space x_t).
         self.scratch = Scratch()
         self._ref_sq: list[tuple[Tensor, Tensor]] = []
+        # The compute-dtype copies of the last few half-precision streams (a layer's resid_pre is
+        # the reference of attn and block, the minuend of block's difference and the value-space
+        # x_t: one float32 copy of it, not four); float32 and float64 tensors are never copied.
+        self._upcasts: list[tuple[Tensor, Tensor]] = []
 
     def _select(self, t: Tensor, mask: Tensor) -> Tensor:
         """``t[mask]`` as ``[n, ...]``: a reshape when every token counts, else one gather
@@ -130,11 +134,29 @@ class _Accumulator:
             self._ref_sq.pop(0)
         return sq
 
+    def upcast(self, t: Tensor) -> Tensor:
+        """``t`` in its compute dtype (:func:`~tl_directional.core.geometry.compute_dtype`): ``t``
+        itself unless it is half precision; a half-precision tensor's float32 copy is made once
+        and kept for the next two others (the entry holds the tensor, so its identity is not
+        reused; :meth:`flush` drops them)."""
+        cd = compute_dtype(t.dtype)
+        if cd == t.dtype:
+            return t
+        for src, up in self._upcasts:
+            if src is t:
+                return up
+        up = t.to(cd)
+        self._upcasts.append((t, up))
+        if len(self._upcasts) > 3:
+            self._upcasts.pop(0)
+        return up
+
     def _token_positions(self, mask: Tensor, seq_offset: int):
         b_idx, p_idx = mask.nonzero(as_tuple=True)
         return (b_idx + seq_offset).cpu().numpy(), p_idx.cpu().numpy()
 
     def flush(self) -> None:
+        self._upcasts.clear()
         for s in (self.residual, self.value, self.value_excl, self.value_ref):
             s.flush()
 
@@ -151,7 +173,7 @@ class _Accumulator:
     ) -> Float[Tensor, " n"]:
         """Split the masked tokens of one unit (:func:`~tl_directional.core.kernels.split_stats`);
         returns their ``alpha`` (for the factorization check)."""
-        ref = self._select(reference, mask)
+        ref = self._select(self.upcast(reference), mask)
         if self.reference is not None:  # a user's direction / subspace instead of the stream
             return self._add_against_reference(layer, component, self._select(update, mask), ref, mask, seq_offset)
         ref_sq = self._reference_sq(reference, ref)
@@ -211,18 +233,11 @@ class _Accumulator:
         per masked token (NaN where the factorization does not apply).
         """
         sites = self.sites
-        vt = self._select(v, mask)
-        group = sites.n_heads // vt.shape[-2]
-        if group > 1:  # expand_kv_heads, written into a reused buffer (a copy: same values)
-            n, n_kv, d_head = vt.shape
-            out = self.scratch.get("kv", (n, n_kv, group, d_head), vt.dtype, vt.device)
-            vt = out.copy_(vt.unsqueeze(-2).expand(n, n_kv, group, d_head)).view(n, n_kv * group, d_head)
-        else:
-            vt = expand_kv_heads(vt, sites.n_heads)
+        vt = self._select(v, mask)  # [n, n_kv_heads, d_head]: value_stats reads a GQA group's one head
         if layer not in self._weights:
             self._weights[layer] = attention_output_weights(model, layer)
         W_O, b_O = self._weights[layer]
-        xs = self._select(x, mask)
+        xs = self._select(self.upcast(x), mask)
         s = value_stats(self._select(z, mask), vt, self._select(diag, mask),
                         xs, W_O, b_O, self.eps, x_sq=self._reference_sq(x, xs), scratch=self.scratch)
         full, excl = s.full, s.exclusive
@@ -376,7 +391,7 @@ def _residual_action(acc: _Accumulator, u: UnitSite, state: dict):
             # a half-precision model: difference the two streams in the compute dtype, or the
             # block update would be rounded to 8 (bf16) / 11 (fp16) bits before it is split
             cd = compute_dtype(t.dtype)
-            update = t.to(cd) - ref.to(cd)
+            update = t.to(cd) - acc.upcast(ref)
         alpha = acc.add_residual(u.layer, u.component, update, ref, state["mask"], state["seq_offset"])
         if u.component == "attn":
             _factorization_meet(acc, u.layer, state, alpha=alpha)
