@@ -15,6 +15,7 @@ from studies.accuracy import page as accuracy_claims
 from studies.claims import amend as amend_claims
 from studies.claims import page as claims_page
 from studies.claims import sites as sites_claims
+from studies.claims import sites_more
 from studies.claims.data import DATA, PAGES, ROOT, DataError
 from studies.compression import page as compression_page
 from studies.depth import page as depth_claims
@@ -132,6 +133,10 @@ def claims_pages() -> dict:
         pages[PAGES / f"{stem}.md"] = instruments_claims.build_page(stem, DATA) + "\n"
     for stem in sites_claims.stems(DATA):  # protocol sec. 14; a page only where its data exist
         pages[PAGES / f"{stem}.md"] = sites_claims.build_sites_page(stem, DATA) + "\n"
+    for prefix, build in (("strength", sites_more.build_strength_page), ("residatlas", sites_more.build_residatlas_page),
+                          ("residrandom", sites_more.build_residrandom_page)):  # protocol sec. 16
+        for stem in sites_more.stems(DATA, prefix):
+            pages[PAGES / f"{stem}.md"] = build(stem, DATA) + "\n"
     index = PAGES.parent / "results.md"
     if index.is_file():
         text = index.read_text()

@@ -35,6 +35,7 @@ from .edit import (
     ActivationAddition,
     DiagonalRemoval,
     Edit,
+    EditStrength,
     EffectiveDiagonal,
     MLPCarrierScale,
     ResidualScale,
@@ -43,6 +44,7 @@ from .edit import (
     ValueScale,
     apply_edits,
     edit_hooks,
+    edit_strength,
     hf,  # noqa: F401  the plain-transformers lane (install_edits, handles, the supported families)
     scales,
 )
@@ -161,6 +163,8 @@ __all__ = [
     "scales",
     "apply_edits",
     "edit_hooks",
+    "edit_strength",
+    "EditStrength",
     "scale_components",
     "patch_components",
     # evaluate: sweeps, safe scales, directional patching

@@ -14,13 +14,16 @@ import argparse
 from studies import common
 from studies.accuracy.run import run_accuracy
 from studies.claims.run import SOURCES, TEXTS, run
+from studies.claims.strength import run_strength
 from studies.instruments.run import run_instruments
 from studies.registry import study
 
 
-@study("claims", "The seed's claims A-E on a real model; --settings amend / atlas / accuracy / instruments / sites: "
-       "protocol secs. 9, 11 and 14", data="claims_*, amend_*, atlas_*, accuracy_*, instruments_*, sites_*",
-       pages="claims_*.md, amend_*.md, atlas_*.md, accuracy_*.md, instruments_*.md, sites_*.md, ../results.md")
+@study("claims", "The seed's claims A-E on a real model; --settings amend / atlas / accuracy / instruments / sites / "
+       "residatlas / residrandom / strength: protocol secs. 9, 11, 14 and 16",
+       data="claims_*, amend_*, atlas_*, accuracy_*, instruments_*, sites_*, residatlas_*, residrandom_*, strength_*",
+       pages="claims_*.md, amend_*.md, atlas_*.md, accuracy_*.md, instruments_*.md, sites_*.md, residatlas_*.md, "
+       "residrandom_*.md, strength_*.md, ../results.md")
 def main(argv=None) -> int:
     r = argparse.ArgumentParser(prog="python -m studies run claims", description=__doc__.split("\n")[0])
     r.add_argument("--model", required=True, choices=[*sorted(SOURCES), "default"],
@@ -32,9 +35,11 @@ def main(argv=None) -> int:
     r.add_argument("--threads", type=int, default=1)
     r.add_argument(
         "--settings",
-        choices=("all", "headline", "amend", "atlas", "sites", "accuracy", "instruments"),
+        choices=("all", "headline", "amend", "atlas", "sites", "residatlas", "residrandom", "strength", "accuracy",
+                 "instruments"),
         default="all",
-        help="amend / atlas / accuracy: protocol sec. 9's grids; instruments: sec. 11's; sites: sec. 14's; written as "
+        help="amend / atlas / accuracy: protocol sec. 9's grids; instruments: sec. 11's; sites: sec. 14's; residatlas / "
+        "residrandom / strength: sec. 16's; written as "
         "<settings>_<model>.*",
     )
     r.add_argument("--data-dir", default="",
@@ -59,6 +64,8 @@ def main(argv=None) -> int:
         return run_accuracy(args)
     if args.settings == "instruments":
         return run_instruments(args)
+    if args.settings == "strength" and args.model in SOURCES:
+        return run_strength(args)
     if args.model not in SOURCES:
         r.error(f"--model {args.model}: only --settings accuracy / instruments run on it; choose one of {sorted(SOURCES)}")
     return run(args)

@@ -13,6 +13,7 @@ import time
 
 from studies import common
 from studies.claims.data import DATA, csv_bytes, load_data
+from studies.claims.residual import resid_atlas_settings, resid_random_settings
 from studies.claims.stats import EXCL_GRID
 from studies.runner import WindowStudy, record_windows, run_windows
 
@@ -336,8 +337,9 @@ def sites_settings(model, sites):
             for c in ("mlp", "attn") for name, conv in conventions.items()]
 
 
-#: ``--settings`` sets written under their own data stem (pages: protocol secs. 9 and 14)
-AMENDED_SETS = {"amend": amend_settings, "atlas": atlas_settings, "sites": sites_settings}
+#: ``--settings`` sets written under their own data stem (pages: protocol secs. 9, 14 and 16)
+AMENDED_SETS = {"amend": amend_settings, "atlas": atlas_settings, "sites": sites_settings,
+                "residatlas": resid_atlas_settings, "residrandom": resid_random_settings}
 
 
 # ---------------------------------------------------------------------------

@@ -21,7 +21,8 @@ functions), :mod:`~tl_directional.edit.tensors` (scale arguments, scopes, the ch
 :mod:`~tl_directional.edit.base` (:class:`Edit`, hook state), :mod:`~tl_directional.edit.residual`,
 :mod:`~tl_directional.edit.value`, :mod:`~tl_directional.edit.pattern` (the edits' TransformerLens
 hooks), :mod:`~tl_directional.edit.steering` (:class:`ActivationAddition`, a steering vector split
-against the stream), :mod:`~tl_directional.edit.spaces` (the named edit spaces), :mod:`~tl_directional.edit.apply`
+against the stream), :mod:`~tl_directional.edit.spaces` (the named edit spaces), :mod:`~tl_directional.edit.strength`
+(:func:`edit_strength`, how much of each edited update an edit changes), :mod:`~tl_directional.edit.apply`
 (:func:`apply_edits`, on every lane) and :mod:`tl_directional.edit.hf` (the plain ``transformers`` lane's
 module hooks).
 """
@@ -35,6 +36,7 @@ from .pattern import DiagonalRemoval, EffectiveDiagonal
 from .residual import ResidualScale
 from .spaces import EDIT_SPACES, EditSpace, edit_space, edits_for_space
 from .steering import STEERING_SITES, ActivationAddition, SteeringReport
+from .strength import STRENGTH_EPS, EditStrength, edit_strength
 from .tensors import NonFiniteEditError, Scales, scales
 from .value import ValueScale
 
@@ -44,17 +46,20 @@ __all__ = [
     "EDIT_SPACES",
     "Edit",
     "EditSpace",
+    "EditStrength",
     "EffectiveDiagonal",
     "MLPCarrierScale",
     "NonFiniteEditError",
     "ResidualScale",
     "STEERING_SITES",
+    "STRENGTH_EPS",
     "Scales",
     "SteeringReport",
     "ValueScale",
     "apply_edits",
     "edit_hooks",
     "edit_space",
+    "edit_strength",
     "edits_for_space",
     "restore_instance_dict",
     "scales",
