@@ -41,6 +41,11 @@ def _pairs(model, tokens: torch.Tensor):
     return clean, corrupted, metric
 
 
+#: What every record here compares with: TransformerLens's own attribution patching.
+TL_BASELINE = ("transformer_lens.tools.analysis.attribution_patching.attribution_patch(model, clean, corrupt, "
+               "metric_fn): node granularity, two forwards and one backward per pair, no split")
+
+
 @register(
     "attribution_vs_transformer_lens",
     target=1.2,
@@ -48,8 +53,7 @@ def _pairs(model, tokens: torch.Tensor):
     precision=0.10,
     primary_only=True,
     floor_pairs=3,
-    baseline="transformer_lens.tools.analysis.attribution_patching.attribution_patch(model, clean, corrupt, "
-    "metric_fn): node granularity, two forwards and one backward per pair, no split",
+    baseline=TL_BASELINE,
     candidate="tl_directional.attribution_patch(model, clean, corrupted, metric): every node type split into "
     "parallel and perpendicular parts, two forwards and one backward per batch of pairs",
 )
@@ -71,8 +75,7 @@ LAYER_PASSES = 8
     precision=0.25,
     primary_only=True,
     floor_pairs=3,
-    baseline="transformer_lens.tools.analysis.attribution_patching.attribution_patch(model, clean, corrupt, "
-    "metric_fn): node granularity, two forwards and one backward per pair, no split",
+    baseline=TL_BASELINE,
     candidate="tl_directional.attribution_patch(model, clean, corrupted, metric, layers_per_pass=ceil(n_layers / 8)): "
     "the memory-bounded form (8 backward passes, the forward recomputed), scores equal to the default's",
 )
@@ -89,8 +92,7 @@ def attribution_layer_passes_vs_transformer_lens(bench: Bench):
     precision=0.25,
     primary_only=True,
     floor_pairs=3,
-    baseline="transformer_lens.tools.analysis.attribution_patching.attribution_patch(model, clean, corrupt, "
-    "metric_fn): node granularity, two forwards and one backward per pair, no split",
+    baseline=TL_BASELINE,
     candidate="tl_directional.attribution_patch(model, clean, corrupted, metric, batch_size=1): one pair per "
     "forward / backward as TransformerLens runs them, every node type split",
 )

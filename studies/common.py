@@ -179,3 +179,13 @@ def run_main(main: Callable[[], int | None]) -> None:
     except USER_ERRORS as e:
         sys.exit(report_user_error(e))
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def interval_verdict(stat: dict) -> str:
+    """The paired-difference rule of protocol secs. 8, 10 and 15: **held** if the 95% interval
+    (``ci95_low``, ``ci95_high``) lies below 0, **failed** if above 0, **not decided** otherwise."""
+    if stat["ci95_high"] < 0:
+        return "**held**"
+    if stat["ci95_low"] > 0:
+        return "**failed**"
+    return "**not decided**"

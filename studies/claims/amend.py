@@ -311,15 +311,21 @@ def build_atlas_page(stem: str, data: Path) -> str:
             L.append(f"| all-layer delta on the same texts, sec. 3's data (`{all_layer}`) | "
                      f"{S.fmt_interval(ost['value-exclusive s_par=0']['pooled'])} |")
     L += ["", "Edits interact: the sum of single-layer deltas need not equal the all-layer delta.", "",
-          "## Per layer", "",
-          "| layer | delta pooled [95% CI] | " + " | ".join(f"delta `{t}`" for t in texts) + " | KL | top-1 agree |",
-          "|---:|---|" + "---:|" * len(texts) + "---:|---:|"]
+          "## Per layer", ""] + per_layer_table(st, labels, texts)
+    return "\n".join(L)
+
+
+def per_layer_table(st: dict, labels: list[str], texts: list[str]) -> list[str]:
+    """The markdown rows of a single-layer atlas: per layer (read from a label ``"<edit> L<i> ..."``)
+    the pooled delta with its interval, each text's delta, KL and top-1 agreement."""
+    rows = ["| layer | delta pooled [95% CI] | " + " | ".join(f"delta `{t}`" for t in texts) + " | KL | top-1 agree |",
+            "|---:|---|" + "---:|" * len(texts) + "---:|---:|"]
     for lab in labels:
         d = st[lab]
-        L.append(f"| {lab.split()[1][1:]} | {S.fmt_interval(d['pooled'])} | "
-                 + " | ".join(f"{float(d[t][0]):+.3f}" if t in d else "" for t in texts)
-                 + f" | {float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |")
-    return "\n".join(L)
+        rows.append(f"| {lab.split()[1][1:]} | {S.fmt_interval(d['pooled'])} | "
+                    + " | ".join(f"{float(d[t][0]):+.3f}" if t in d else "" for t in texts)
+                    + f" | {float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |")
+    return rows
 
 
 def verdict_rows(stem: str, data: Path) -> list[tuple[str, str, str]]:

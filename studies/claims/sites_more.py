@@ -17,7 +17,7 @@ from pathlib import Path
 from studies import common
 from studies.claims import data as D
 from studies.claims import stats as S
-from studies.claims.amend import corpus_ppl, settings_table
+from studies.claims.amend import corpus_ppl, per_layer_table, settings_table
 from studies.claims.residual import COMPONENTS, DRAWS, atlas_label, random_label
 from studies.paper import APPENDIX, cite
 from tl_directional.core.paired import holm  # noqa: E402
@@ -219,14 +219,7 @@ def build_residatlas_page(stem: str, data: Path) -> str:
         if old is not None and f"resid-{c} all s_par=0" in old:
             L.append(f"| all-layer delta, sec. 14's `all` (`sites_{m['name']}`, same texts) | "
                      f"{S.fmt_interval(old[f'resid-{c} all s_par=0']['pooled'])} |")
-        L += ["", "| layer | delta pooled [95% CI] | " + " | ".join(f"delta `{t}`" for t in texts) + " | KL | top-1 agree |",
-              "|---:|---|" + "---:|" * len(texts) + "---:|---:|"]
-        for lab in labels:
-            d = st[lab]
-            L.append(f"| {lab.split()[1][1:]} | {S.fmt_interval(d['pooled'])} | "
-                     + " | ".join(f"{float(d[t][0]):+.3f}" if t in d else "" for t in texts)
-                     + f" | {float(d['pooled:kl'][0]):.3f} | {float(d['pooled:top1'][0]):.3f} |")
-        L.append("")
+        L += [""] + per_layer_table(st, labels, texts) + [""]
     L.append("Edits interact: the sum of single-layer deltas need not equal the all-layer delta.")
     return "\n".join(L)
 

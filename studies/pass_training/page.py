@@ -127,11 +127,7 @@ def verdict(stats, n_seeds: int) -> str:
     fewer than 3 seeds) not decided."""
     if stats is None or n_seeds < len(SEEDS):
         return "not decided (runs incomplete)"
-    if stats["ci95_high"] < 0:
-        return "**held**"
-    if stats["ci95_low"] > 0:
-        return "**failed**"
-    return "**not decided**"
+    return common.interval_verdict(stats)
 
 
 NAMES = {"vpara": "full-aggregate value-space V-Para (per head)",

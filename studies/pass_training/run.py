@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from studies import common
+from studies.pass_training import stats
 
 ROOT = common.ROOT
 DATA = ROOT / "docs" / "results" / "data"
@@ -485,10 +486,7 @@ def collect(args) -> int:
         "corpus": cfg0["corpus"], "lr_choice": lr,
         "complete": all(f"own-{v}-s{s}" in recs for v in VARIANTS for s in SEEDS)
         and all(f"hf-{v}-s{s}" in recs for v in VARIANTS for s in HF_SEEDS),
-        "cpu_hours": sum(r.get("cpu_s", 0) for r in recs.values()) / 3600,
-        "cpu_partial_runs": sorted(t for t, r in recs.items() if not r.get("cpu_complete", False)),
-        "task_commits": sorted({c[:7] + ("+dirty" if c.endswith("+dirty") else "")
-                                for c in (r.get("commit", "unknown") for r in recs.values())}),
+        **stats.ledger(recs),
         "files": {},
     }
     common.write_data(data, files, manifest, f"{args.stem}.manifest.json")

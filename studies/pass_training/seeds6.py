@@ -209,10 +209,7 @@ def collect(args) -> int:
         "started": launch["started"], "torch": launch["torch"], "command": launch["command"],
         "base": base_path.name, "complete": best is not None and all(t in recs for t in wanted),
         "missing": [t for t in wanted if t not in recs],
-        "cpu_hours": sum(r.get("cpu_s", 0) for r in recs.values()) / 3600,
-        "cpu_partial_runs": sorted(t for t, r in recs.items() if not r.get("cpu_complete", False)),
-        "task_commits": sorted({c[:7] + ("+dirty" if c.endswith("+dirty") else "")
-                                for c in (r.get("commit", "unknown") for r in recs.values())}),
+        **stats.ledger(recs),
         "files": {},
     }
     common.write_data(data, files, manifest, f"{stem}.manifest.json")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from studies import common
+
 #: The evaluations the early-step gap averages (protocol sec. 15, "a declared secondary").
 EARLY_STEPS = (100, 200, 300)
 
@@ -45,11 +47,7 @@ def verdict(stat: dict | None, missing: Sequence[int]) -> str:
         return f"not decided (seed{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} missing)"
     if stat is None:
         return "not decided (fewer than 2 seeds)"
-    if stat["ci95_high"] < 0:
-        return "**held**"
-    if stat["ci95_low"] > 0:
-        return "**failed**"
-    return "**not decided**"
+    return common.interval_verdict(stat)
 
 
 def early_gap(curves: Mapping[str, Mapping[int, Mapping[int, float]]], variant: str, reference: str,
@@ -76,3 +74,14 @@ def best_lr(losses: Mapping[float, float]) -> float:
 
 
 __all__ = ["EARLY_STEPS", "best_lr", "counted_seeds", "early_gap", "paired", "verdict"]
+
+
+def ledger(recs: Mapping[str, Mapping]) -> dict:
+    """A manifest's CPU ledger of finished task records (name -> record): CPU hours summed, the
+    tasks whose CPU time is partial (resumed), and the commits the tasks ran at (``+dirty`` kept)."""
+    return {
+        "cpu_hours": sum(r.get("cpu_s", 0) for r in recs.values()) / 3600,
+        "cpu_partial_runs": sorted(t for t, r in recs.items() if not r.get("cpu_complete", False)),
+        "task_commits": sorted({c[:7] + ("+dirty" if c.endswith("+dirty") else "")
+                                for c in (r.get("commit", "unknown") for r in recs.values())}),
+    }

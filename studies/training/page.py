@@ -130,11 +130,7 @@ def verdict(stats) -> str:
     """Protocol sec. 8: held if the paired interval lies below 0, failed if above, else not decided."""
     if stats is None:
         return "not decided (runs incomplete)"
-    if stats["ci95_high"] < 0:
-        return "**held**"
-    if stats["ci95_low"] > 0:
-        return "**failed**"
-    return "**not decided**"
+    return common.interval_verdict(stats)
 
 
 def verdict_rows(stem: str, data: Path = DATA):
