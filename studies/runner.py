@@ -57,11 +57,33 @@ def start(args, check: Callable[[], int | None] | None = None) -> Started | int:
         return refused
     if check is not None and (rc := check()) is not None:
         return rc
+    device = getattr(args, "device", "cpu")
+    if (why := device_problem(device)) is not None:
+        print(f"error: --device {device}: {why}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     t0 = time.time()
-    model = load_model(args.model, device=getattr(args, "device", "cpu"))
+    model = load_model(args.model, device=device)
     return Started(commit, dirty, model, resolve_sites(model, warn=False), t0)
+
+
+def device_problem(device: str) -> str | None:
+    """Why ``device`` cannot take a model here (not a torch device, or a CUDA / MPS device this
+    torch build or machine does not have), or None."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        return f"not a torch device ({exc}); pass cpu, cuda or cuda:N"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return "this torch has no CUDA device (a CPU build, or no GPU); run with --device cpu"
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        return f"only {torch.cuda.device_count()} CUDA device(s); pass cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        return "no MPS device here; run with --device cpu"
+    return None
 
 
 def window_batches(batch, batch_size: int, t1: float, what: str = "windows", prefix: str = "  ") -> Iterator:

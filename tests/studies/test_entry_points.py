@@ -60,3 +60,20 @@ def test_an_entry_point_runs_from_anywhere(tmp_path, argv):
         assert proc.returncode == 2 and "python -m studies run claims" in proc.stderr
     else:
         assert proc.returncode == 0 and "python -m studies run claims" in proc.stdout, proc.stderr
+
+
+def test_a_device_this_machine_lacks_is_one_error_line(monkeypatch):
+    """``--device`` (the RULER probe's, for sec. 13.10's GPU design) is checked before any model
+    loads: a device torch cannot build, or CUDA on a machine without it, is one ``error:`` line
+    naming the value and the fix, exit status 2, never torch's traceback."""
+    import torch
+
+    from studies.runner import device_problem
+
+    assert device_problem("cpu") is None
+    assert "not a torch device" in device_problem("gpu0") and "cpu, cuda or cuda:N" in device_problem("gpu0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "--device cpu" in device_problem("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert device_problem("cuda:0") is None and "cuda:0 to cuda:0" in device_problem("cuda:3")
