@@ -1,7 +1,8 @@
 """The one page writer: every results page, rebuilt from the committed data under
 ``docs/results/data/`` alone (``python -m studies build``, ``make results``), and the marker
 blocks of ``docs/results.md`` (the verdict table of every run) and ``README.md`` /
-``docs/results.md`` (the paper-vs-ours lead). ``--check`` compares each page with the file on
+``docs/results.md`` (the paper-vs-ours lead), and the closing table of every claim
+(``docs/results/claims_table.md``, :mod:`studies.claims_table`). ``--check`` compares each page with the file on
 disk and fails on any difference (the suite runs it); a page is never edited by hand.
 """
 
@@ -134,10 +135,10 @@ def claims_pages() -> dict:
                           ("residrandom", sites_more.build_residrandom_page)):  # protocol sec. 16
         for stem in sites_more.stems(DATA, prefix):
             pages[PAGES / f"{stem}.md"] = build(stem, DATA) + "\n"
-    rows = summary_rows(stems, depth, training, amend, passes, accuracy, instruments)
-    pages[PAGES / claims_table.PAGE] = claims_table.build_page(rows, DATA) + "\n"
     index = PAGES.parent / "results.md"
-    if index.is_file():
+    if index.is_file():  # the verdict table's rows, and the closing table of every claim the index links
+        rows = summary_rows(stems, depth, training, amend, passes, accuracy, instruments)
+        pages[PAGES / claims_table.PAGE] = claims_table.build_page(rows, DATA) + "\n"
         text = index.read_text()
         if SUMMARY_START in text and SUMMARY_END in text:
             head, rest = text.split(SUMMARY_START, 1)
