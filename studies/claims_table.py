@@ -41,7 +41,7 @@ NOT_RUN = "**not run**"
 class Source:
     """Where a rule's verdict is read: the data ``stems`` (``{model}`` filled; the first one committed
     is read), the command that writes the first (``plan``, printed while none is committed, with
-    ``note`` after it) and the page built from them (``page``; "" where none is built)."""
+    ``note`` after it; ``", then "`` parts one after the other) and the page built from them (``page``; "" where none is built)."""
 
     stems: tuple[str, ...]
     plan: str
@@ -293,7 +293,8 @@ def _row(rule: Rule, model: str, source: Source, stem: str | None, hit: list, da
     if stem is None:
         plan = source.plan.format(model=model)
         note = " " + source.note.format(model=model) if source.note else ""
-        return rule, model, "-", NOT_RUN, f"`{source.stems[0].format(model=model)}.*`", f"`{plan}`{note}"
+        steps = ", then ".join(f"`{c}`" for c in plan.split(", then "))
+        return rule, model, "-", NOT_RUN, f"`{source.stems[0].format(model=model)}.*`", steps + note
     cell = f"[{stem}]({source.page.format(model=model)})" if source.page else f"`{stem}.*`"
     if not hit:
         return rule, model, "not measured in this run", "not decided", cell, _provenance(stem, data)

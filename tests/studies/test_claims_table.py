@@ -17,6 +17,8 @@ from studies import claims_table as CT
 from studies.claims.data import DataError
 from studies.common import sha256_bytes
 from studies.paper import ADDRESSES, VERSIONS
+from studies.pass_training import seeds6_page
+from studies.pass_training.run import SEEDS, VARIANTS
 from studies.ruler.stats import EXCL, HARD, VPARA, rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,6 +113,31 @@ def test_ruler_rows_read_rules_from_the_records_and_the_cpu_design_stands_in(tmp
     # an incomplete run decides nothing
     _manifest(tmp_path, stem, {f"{stem}.records.csv": rec.to_csv(index=False).encode()}, rungs=rungs, complete=False)
     assert _row(CT.table_rows([], tmp_path), "L2", GEMMA)[3] == "not decided (run incomplete)"
+
+
+def test_six_seed_rows_are_the_sections_table(tmp_path):
+    """Sec. 15's rows as the pass8m page's six-seed table prints them (partial data: seed 3 has two arms)."""
+    from studies import common as studies_common
+
+    final10 = pd.DataFrame([{"variant": v, "seed": s, "path": "own", "final_val_loss": 4.4 + 0.01 * s + 0.003 * k * s}
+                            for k, v in enumerate(VARIANTS) for s in SEEDS])
+    curves10 = pd.DataFrame([{"variant": v, "seed": s, "step": 100, "val_loss": 6.0} for v in VARIANTS for s in SEEDS])
+    files = {"pass8m.seeds6.final.csv": b"variant,seed,lr,final_val_loss,cpu_s\nbaseline,3,0.003,4.47,9.0\n"
+             b"vpara,3,0.003,4.46,9.1\n", "pass8m.seeds6.curves.csv": b"variant,seed,lr,step,tokens,train_loss,val_loss\n",
+             "pass8m.seeds6.lr.csv": b"variant,seed,lr,max_steps,final_val_loss\n"}
+    studies_common.write_data(tmp_path, files, {"command": "c", "commit": "abc1234", "started": "s", "torch": "t",
+                                                "task_commits": [], "cpu_hours": 1.0, "complete": False,
+                                                "missing": ["own-attn-para-s3"], "files": {}},
+                              "pass8m.seeds6.manifest.json")
+    base = {"config": {"lr": 0.003}}
+    rows = seeds6_page.verdict_rows("pass8m", tmp_path, final10, curves10, base)
+    lines = seeds6_page.section("pass8m", tmp_path, final10, curves10, base)
+    assert [r[0] for r in rows] == [c[2] for c in seeds6_page.COMPARISONS]
+    for label, stat, verdict in rows:
+        cells = next(ln for ln in lines if ln.startswith(f"| {label} |")).strip("|").split(" | ")
+        assert stat.endswith(f" = {cells[1].strip()} nats/token") and verdict == cells[-1].strip()
+        assert verdict == "not decided (seeds 3, 4, 5 missing)"
+    assert seeds6_page.verdict_rows("pass8m", tmp_path / "none", final10, curves10, base) is None
 
 
 def test_a_verdict_row_no_rule_claims_stops_the_build(tmp_path):
