@@ -179,3 +179,15 @@ def test_rules_are_unique_and_address_only_versions_read():
     assert len(keys) == len(set(keys))
     for r in CT.RULES:
         assert r.source in CT.SOURCES and (not r.addresses or set(ADDRESSES[r.addresses]) <= set(VERSIONS)), r.id
+
+
+def test_the_lead_table_reads_the_versions_it_addresses_from_their_one_home():
+    """studies/paper_vs_ours.py names no addressed commit itself: every ``_addresses(...)`` /
+    ``_ticks(...)`` argument comes from :data:`studies.paper.ADDRESSES` (or ``EVERY``), not a literal."""
+    import ast
+
+    tree = ast.parse((ROOT / "studies" / "paper_vs_ours.py").read_text())
+    bad = [f"line {n.lineno}" for n in ast.walk(tree)
+           if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "_addresses"
+           and any(isinstance(a, ast.Constant) for a in n.args)]
+    assert not bad, f"literal commits passed to _addresses in studies/paper_vs_ours.py: {bad}"
