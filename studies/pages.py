@@ -1,7 +1,8 @@
 """The one page writer: every results page, rebuilt from the committed data under
 ``docs/results/data/`` alone (``python -m studies build``, ``make results``), and the marker
 blocks of ``docs/results.md`` (the verdict table of every run) and ``README.md`` /
-``docs/results.md`` (the paper-vs-ours lead). ``--check`` compares each page with the file on
+``docs/results.md`` (the paper-vs-ours lead), and the closing table of every claim
+(``docs/results/claims_table.md``, :mod:`studies.claims_table`). ``--check`` compares each page with the file on
 disk and fails on any difference (the suite runs it); a page is never edited by hand.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from studies import common, paper_vs_ours
+from studies import claims_table, common, paper_vs_ours
 from studies.accuracy import page as accuracy_claims
 from studies.claims import amend as amend_claims
 from studies.claims import page as claims_page
@@ -31,64 +32,61 @@ DATA_ERRORS = (DataError, training_claims.DataError, pass_training.DataError,
 SUMMARY_START, SUMMARY_END = "<!-- claims-summary -->", "<!-- /claims-summary -->"
 
 
-def summary_block(stems, depth=(), training=(), amend=(), passes=(), accuracy=(), instruments=()) -> str:
-    """The verdict table of every run, for docs/results.md (between the two markers)."""
+def _done(stem: str) -> str:
+    return "" if json.loads((DATA / f"{stem}.manifest.json").read_text())["complete"] else " (incomplete)"
 
-    L = [SUMMARY_START, "", "| run | claim | statistic [95% CI] | verdict |", "|---|---|---|---|"]
+
+def summary_rows(stems, depth=(), training=(), amend=(), passes=(), accuracy=(), instruments=()) -> list[tuple]:
+    """Every verdict row of every run, as the verdict functions of the studies give them:
+    ``[(kind, stem, run cell, claim, statistic, verdict)]`` (``kind``: the study, ``run cell``: the
+    first column of the verdict table, a link to the run's page). The verdict table of
+    docs/results.md and the closing table (:mod:`studies.claims_table`) are both built from them."""
+    R = []
     for stem in amend:
-        done = "" if json.loads((DATA / f"{stem}.manifest.json").read_text())["complete"] else " (incomplete)"
-        for claim, stat, verdict in amend_claims.verdict_rows(stem, DATA):
-            L.append(f"| [{stem}](results/{stem}.md){done} | {claim} | {stat} | {verdict} |")
+        R += [("amend", stem, f"[{stem}](results/{stem}.md){_done(stem)}", *r)
+              for r in amend_claims.verdict_rows(stem, DATA)]
     for stem in accuracy:
-        for claim, stat, verdict in accuracy_claims.verdict_rows(stem, DATA):
-            L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
+        R += [("accuracy", stem, f"[{stem}](results/{stem}.md)", *r) for r in accuracy_claims.verdict_rows(stem, DATA)]
     for stem in instruments:  # protocol sec. 11
-        done = "" if json.loads((DATA / f"{stem}.manifest.json").read_text())["complete"] else " (incomplete)"
-        for claim, stat, verdict in instruments_claims.verdict_rows(stem, DATA):
-            L.append(f"| [{stem}](results/{stem}.md){done} | {claim} | {stat} | {verdict} |")
+        R += [("instruments", stem, f"[{stem}](results/{stem}.md){_done(stem)}", *r)
+              for r in instruments_claims.verdict_rows(stem, DATA)]
     for stem in training:
-        for claim, stat, verdict in training_claims.verdict_rows(stem, DATA):
-            L.append(f"| [claims_{stem}](results/claims_{stem}.md) | {claim} | {stat} | {verdict} |")
+        R += [("training", stem, f"[claims_{stem}](results/claims_{stem}.md)", *r)
+              for r in training_claims.verdict_rows(stem, DATA)]
     for stem in passes:
-        for claim, stat, verdict in pass_training.verdict_rows(stem, DATA):
-            L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
+        R += [("pass", stem, f"[{stem}](results/{stem}.md)", *r) for r in pass_training.verdict_rows(stem, DATA)]
     for stem in depth:
-        for claim, stat, verdict in depth_claims.verdict_rows(stem, DATA):
-            L.append(f"| [{stem}](results/{stem}.md) | {claim} | {stat} | {verdict} |")
+        R += [("depth", stem, f"[{stem}](results/{stem}.md)", *r) for r in depth_claims.verdict_rows(stem, DATA)]
     compression = sorted(p.name[: -len(".manifest.json")] for p in DATA.glob("compression_*.manifest.json")
                          if not p.name[len("compression_"):].split(".")[0].count("_"))
-    if compression:
-        for stem in compression:
-            page = compression_page.build_page(stem)
-            row = next(ln for ln in page.splitlines() if "(**pre-registered**)" in ln)
-            cells = [c.strip() for c in row.strip("|").split(" | ")]
-            L.append(
-                f"| [claims_{stem}](results/claims_{stem}.md) | 3: perpendicular error ranks compression damage "
-                f"better than parallel error, 1-cos and MSE ({cells[0].split(' (')[0]}) | T = {cells[1]} | {cells[-1]} |"
-            )
-            amended = [ln for ln in page.split("## Amended reading", 1)[-1].splitlines()
-                       if ln.startswith("| attn, per-token mean |")]
-            if amended:
-                cells = [c.strip() for c in amended[0].strip("|").split(" | ")]
-                L.append(
-                    f"| [claims_{stem}](results/claims_{stem}.md) | 3 (amended reading, sec. 9.5): perpendicular "
-                    f"error ranks compression damage better than parallel error | rho_perp - rho_par = {cells[1]} | "
-                    f"{cells[2]} |"
-                )
+    for stem in compression:
+        cell = f"[claims_{stem}](results/claims_{stem}.md)"
+        page = compression_page.build_page(stem)
+        row = next(ln for ln in page.splitlines() if "(**pre-registered**)" in ln)
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        R.append(("compression", stem, cell, "3: perpendicular error ranks compression damage better than parallel "
+                  f"error, 1-cos and MSE ({cells[0].split(' (')[0]})", f"T = {cells[1]}", cells[-1]))
+        amended = [ln for ln in page.split("## Amended reading", 1)[-1].splitlines()
+                   if ln.startswith("| attn, per-token mean |")]
+        if amended:
+            cells = [c.strip() for c in amended[0].strip("|").split(" | ")]
+            R.append(("compression", stem, cell, "3 (amended reading, sec. 9.5): perpendicular error ranks "
+                      "compression damage better than parallel error", f"rho_perp - rho_par = {cells[1]}", cells[2]))
     for stem in stems:
-        manifest = json.loads((DATA / f"{stem}.manifest.json").read_text())
         page = claims_page.build_page(stem)
-        rows = [
-            ln
-            for ln in page.split("\n## Verdicts", 1)[1].split("\n\n", 2)[1].splitlines()[2:]
-            if ln.startswith("|")
-        ]
-        done = "" if manifest["complete"] else " (incomplete)"
+        rows = [ln for ln in page.split("\n## Verdicts", 1)[1].split("\n\n", 2)[1].splitlines()[2:]
+                if ln.startswith("|")]
         for ln in rows:
             cells = [c.strip() for c in ln.strip("|").split(" | ")]
-            L.append(
-                f"| [{stem}](results/{stem}.md){done} | {cells[0]} | {cells[2]} | {cells[3]} |"
-            )
+            R.append(("claims", stem, f"[{stem}](results/{stem}.md){_done(stem)}", cells[0], cells[2], cells[3]))
+    return R
+
+
+def summary_block(rows) -> str:
+    """The verdict table of every run, for docs/results.md (between the two markers), from
+    :func:`summary_rows`."""
+    L = [SUMMARY_START, "", "| run | claim | statistic [95% CI] | verdict |", "|---|---|---|---|"]
+    L += [f"| {cell} | {claim} | {stat} | {verdict} |" for _, _, cell, claim, stat, verdict in rows]
     L += ["", SUMMARY_END]
     return "\n".join(L)
 
@@ -138,12 +136,13 @@ def claims_pages() -> dict:
         for stem in sites_more.stems(DATA, prefix):
             pages[PAGES / f"{stem}.md"] = build(stem, DATA) + "\n"
     index = PAGES.parent / "results.md"
-    if index.is_file():
+    if index.is_file():  # the verdict table's rows, and the closing table of every claim the index links
+        rows = summary_rows(stems, depth, training, amend, passes, accuracy, instruments)
+        pages[PAGES / claims_table.PAGE] = claims_table.build_page(rows, DATA) + "\n"
         text = index.read_text()
         if SUMMARY_START in text and SUMMARY_END in text:
             head, rest = text.split(SUMMARY_START, 1)
-            text = head + summary_block(stems, depth, training, amend, passes, accuracy,
-                                        instruments) + rest.split(SUMMARY_END, 1)[1]
+            text = head + summary_block(rows) + rest.split(SUMMARY_END, 1)[1]
         pages[index] = text
     lead = paper_vs_ours.block(DATA)
     for path in (index, ROOT / "README.md"):

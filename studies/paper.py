@@ -29,6 +29,30 @@ APPENDIX = "sections/appendix.tex"
 ABSTRACT = "sections/abstract.tex"
 SWEEP_CSV = "figs/para_ablation_corrected/ppl_component_scaling_corrected_sources.csv"
 
+#: every version: the sentences all four read alike (the V-Para drop, the perpendicular asymmetry,
+#: the training trajectory, hard diagonal the worst row)
+EVERY = tuple(VERSIONS)
+#: The versions each rule's verdict addresses (protocol sec. 12, "Which version each verdict
+#: addresses", and the sections that state a rule beside its quote); the lead table of
+#: docs/results.md and the closing table (docs/results/claims_table.md) both read them here. Keyed
+#: by the protocol's rule id; ``acc<=1.5@0`` / ``acc<=1.5@0.5`` / ``acc>=3 vpara`` /
+#: ``acc>=3 hard`` are sec. 9.4's accuracy rules (9.7 keeps them). A rule the protocol does not pin
+#: to a version (the seed's own terms, or a reading of no sentence) is absent.
+ADDRESSES: dict[str, tuple[str, ...]] = {
+    "A1": ("28ae91f",), "A2": ("28ae91f",), "B": EVERY, "C1": EVERY, "C2": EVERY,
+    "D": ("28ae91f", "8e5278e"), "3 amended": ("28ae91f", "739519c", "b6d7a16"),
+    "A1p": ("28ae91f",), "A1h": ("28ae91f",), "A3h": ("8e5278e", "739519c", "b6d7a16"),
+    "A3r": ("8e5278e", "739519c", "b6d7a16"),
+    "acc<=1.5@0": ("8e5278e", "739519c", "b6d7a16"), "acc<=1.5@0.5": ("739519c", "b6d7a16"),
+    "acc>=3 vpara": EVERY, "acc>=3 hard": ("28ae91f",),
+    "4": EVERY, "V1 (sec. 15)": ("739519c",),
+    "M1": ("739519c",), "M2": ("739519c",), "M3": ("28ae91f",),
+    "W1": ("739519c",), "W2": ("739519c",),
+    "R1u": ("739519c",), "R1g": ("739519c",), "R2u": ("739519c",), "R2g": ("739519c",),
+    "L1": ("28ae91f", "739519c", "b6d7a16"), "L2": EVERY, "L3": EVERY, "L4": ("739519c",),
+    "strength (sec. 16.3)": ("8e5278e",), "V1 (sec. 16.5)": ("739519c",),
+}
+
 
 def cite(path: str, *commits: str) -> str:
     """``"`path`@`c1` / `c2`"``: a file of the paper at the commits whose text reads as quoted.

@@ -17,7 +17,7 @@ from studies.claims import data as D
 from studies.claims import stats as S
 from studies.depth import page as depth_claims
 from studies.instruments import page as I
-from studies.paper import ABSTRACT, APPENDIX, EXPERIMENTS, SWEEP_CSV, cite
+from studies.paper import ABSTRACT, ADDRESSES, APPENDIX, EVERY, EXPERIMENTS, SWEEP_CSV, cite
 from studies.pass_training import page as pass_training
 from studies.pass_training.run import STEM as PASS_STEM
 from studies.training import page as training_claims
@@ -116,9 +116,9 @@ def _instrument_rows(data: Path) -> list[str]:
         return []
     app = cite(APPENDIX, "739519c")
 
-    def verdicts(*ids, addresses="`739519c`"):
+    def verdicts(*ids, addresses=None):
         return "; ".join(f"{m}: " + ", ".join(f"{i} {v[i][3]}" for i in ids) for m, (_, _, v) in ins.items()) + (
-            f" (addresses {addresses})")
+            f" (addresses {addresses or _ticks(ids[0])})")
 
     def worst(st, dist):
         labels = [f"{dist} seed={k}" for k in (0, 1, 2) if f"{dist} seed={k}" in st]
@@ -130,7 +130,7 @@ def _instrument_rows(data: Path) -> list[str]:
              "perpendicular removal > 13", f"{app}, table `tab:mlp-internal-carrier`",
              {m: f"input {_delta(st, 'carrier-input s_par=0')}, block {_delta(st, 'carrier-block s_par=0')}, "
                  f"residual MLP {_delta(st, 'resid-mlp s_par=0')}" for m, (st, _, _) in ins.items()},
-             verdicts("M1", "M2", "M3", addresses="`739519c`'s table; M3 `28ae91f`'s sentence"),
+             verdicts("M1", "M2", "M3", addresses=f"{_ticks('M1')}'s table; M3 {_ticks('M3')}'s sentence"),
              "Neither of our models' MLP width is a multiple of d (a zero-padded partial block), and Gemma-3 "
              "norms the MLP output after the carrier edits; the paper's own words: \"stable small interventions, "
              "not by itself as proof that a large MLP component is functionally redundant\"."),
@@ -166,6 +166,11 @@ def _addresses(*commits: str) -> str:
     return "addresses " + " / ".join(f"`{c}`" for c in commits)
 
 
+def _ticks(rule: str, start: int = 0) -> str:
+    """The versions rule ``rule`` addresses (:data:`studies.paper.ADDRESSES`) from the ``start``-th on."""
+    return " / ".join(f"`{c}`" for c in ADDRESSES[rule][start:])
+
+
 def _depth_row(data: Path) -> str:
     """Claim 1's row: the depth profile and its anisotropy control (claim D)."""
     depth = {}
@@ -182,7 +187,7 @@ def _depth_row(data: Path) -> str:
             f"{depth[m]['D1a'][1]}" for m in depth},
         "; ".join(f"{m}: level {depth[m]['D1l'][2]}, excess beyond anisotropy {depth[m]['D1a'][2]}, "
                   f"excess above the random level {depth[m]['D1'][2]}" for m in depth)
-        + f" ({_addresses('28ae91f', '8e5278e')})",
+        + f" ({_addresses(*ADDRESSES['D'])})",
         "The level holds; most of it is anisotropy (a shared stream direction), which scale does not "
         "remove by itself. Depth pages give the per-layer share.",
     )
@@ -206,7 +211,7 @@ def _compression_row(data: Path) -> str:
         f"({cite(EXPERIMENTS, '739519c', 'b6d7a16')})",
         "Qwen3-4B, AWQ 4-bit < Wanda 50% < 4:8 < 2:4", f"{cite(EXPERIMENTS, '28ae91f')}, \"Compression Diagnostics\"",
         {m: f"rho_perp - rho_par over 23 settings {s}" for m, s, _ in comp},
-        "; ".join(f"{m}: {v}" for m, _, v in comp) + f" (amended reading; {_addresses('28ae91f', '739519c', 'b6d7a16')})",
+        "; ".join(f"{m}: {v}" for m, _, v in comp) + f" (amended reading; {_addresses(*ADDRESSES['3 amended'])})",
         "On the paper's four settings both diagnostics order them as their damage in every layer, and the "
         "parallel one separates them more (compression pages): the \"interleave\" sentence "
         f"({cite(EXPERIMENTS, '28ae91f', '8e5278e', '739519c', 'b6d7a16')}) does not hold here.",
@@ -233,7 +238,7 @@ def _training_row(data: Path) -> str:
         "below baseline at 296M / 436M / 528M, OpenWebText (figure); +0.7 / +1.5 downstream points at "
         "1.4B / 2.7B (single runs)", f"{cite(EXPERIMENTS, '28ae91f', '8e5278e', '739519c', 'b6d7a16')}, "
         "\"Training-Time Allocation\"",
-        ours, verdicts + f" ({_addresses('28ae91f', '8e5278e', '739519c', 'b6d7a16')})", reading,
+        ours, verdicts + f" ({_addresses(*ADDRESSES['4'])})", reading,
     )
 
 
@@ -271,10 +276,11 @@ def _exclude_self_rows(st: dict, am: dict, acc: dict, av: dict) -> list[str]:
             f"{_delta(am[m], 'value-exclusive-joint skip0 s_par=0')}"
             f"{_drop(acc, m, 'value-exclusive-joint skip0 s_par=0')}" for m in MODELS},
         _nat_verdicts(av, ("A1p",), "joint, all but layer 0, at most 0.05 nats at s_par 0 and 0.5 (sec. 9.2; "
-                      + _addresses("28ae91f") + "'s \"virtually intact\")")
+                      + _addresses(*ADDRESSES["A1p"]) + "'s \"virtually intact\")")
         + "; per head, all layers: A1 failed on both (sec. 3)"
         + _acc_verdicts(acc, "value-exclusive-joint skip0 s_par=0", within)
-        + (f" ({_addresses('8e5278e')}'s \"within 1.51 points\" and the -1.51 of `739519c` / `b6d7a16`)" if acc else ""),
+        + (f" ({_addresses(ADDRESSES['acc<=1.5@0'][0])}'s \"within 1.51 points\" and the -1.51 of "
+           f"{_ticks('acc<=1.5@0', 1)})" if acc else ""),
         "The paper's own form (joint over heads, every layer but the first) is measured beside ours on "
         f"the amend pages; {SMALL_MODELS}. Whether our 135M / 270M models lose more for their size or for "
         "their 4-bit dequantisation these runs cannot separate.",
@@ -289,11 +295,11 @@ def _exclude_self_rows(st: dict, am: dict, acc: dict, av: dict) -> list[str]:
         {m: f"joint, all but layer 0 {_delta(am[m], 'value-exclusive-joint skip0 s_par=0.5')}; per head, "
             f"all layers {_delta(st[m], 'value-exclusive s_par=0.5')}"
             f"{_drop(acc, m, 'value-exclusive-joint skip0 s_par=0.5')}" for m in MODELS},
-        _nat_verdicts(av, ("A1h",), "at most 0.05 nats (" + _addresses("28ae91f") + "'s \"closely tracks\")")
+        _nat_verdicts(av, ("A1h",), "at most 0.05 nats (" + _addresses(*ADDRESSES["A1h"]) + "'s \"closely tracks\")")
         + "; " + _nat_verdicts(av, ("A3h", "A3r"), "less damage than full aggregate / residual attention at 0.5 ("
-                               + _addresses("8e5278e", "739519c", "b6d7a16") + "'s comparative reading)")
+                               + _addresses(*ADDRESSES["A3h"]) + "'s comparative reading)")
         + _acc_verdicts(acc, "value-exclusive-joint skip0 s_par=0.5", within)
-        + (f" ({_addresses('739519c', 'b6d7a16')}'s \"near baseline\")" if acc else ""),
+        + (f" ({_addresses(*ADDRESSES['acc<=1.5@0.5'])}'s \"near baseline\")" if acc else ""),
         ("Nats per token is a finer yardstick than RULER accuracy; the accuracy drop is on our offline "
          "cloze and continuation suite, not RULER; " if acc else
          "Accuracy is not yet measured (protocol sec. 9.4); nats per token is a finer yardstick than "
@@ -311,7 +317,7 @@ def _removal_rows(st: dict, am: dict, acc: dict) -> list[str]:
         f"\"67.44 at scale 3\" in the text of {cite(EXPERIMENTS, '739519c', 'b6d7a16')}; `8e5278e` says "
         "nothing at 3", f"{cite(EXPERIMENTS, '28ae91f')}, \"Site asymmetry\"",
         {m: f"at 3: {_delta(st[m], 'value-exclusive s_par=3')}" for m in MODELS},
-        f"no verdict (protocol sec. 9.1; {_addresses('28ae91f')} only): that version's sentence fails on the "
+        f"no verdict (protocol sec. 9.1; {_addresses(*ADDRESSES['A2'])} only): that version's sentence fails on the "
         "paper's own data; the other versions print the +67.44 themselves",
         "A disagreement between one version's text and its table, not between the paper and us; in "
         "`739519c` / `b6d7a16` text and table agree.",
@@ -322,7 +328,7 @@ def _removal_rows(st: dict, am: dict, acc: dict) -> list[str]:
         f"{cite(EXPERIMENTS, *every)}, table `tab:general-zeroshot`",
         {m: _delta(st[m], "value-full s_par=0") + _drop(acc, m, "value-full-joint skip0 s_par=0").replace(
             "; accuracy", " (per head, all layers); accuracy, joint, all but layer 0,") for m in MODELS},
-        f"nats: B held on both (it hurts; {_addresses(*every)})"
+        f"nats: B held on both (it hurts; {_addresses(*ADDRESSES['B'])})"
         + _acc_verdicts(acc, "value-full-joint skip0 s_par=0", "joint, all but layer 0, at least 3 points worse"),
         "Agrees in direction; accuracy points and nats are different units.",
     ), _row(
@@ -335,8 +341,8 @@ def _removal_rows(st: dict, am: dict, acc: dict) -> list[str]:
             + ("; " + LR.ours_cell(comps[m]) if m in comps else "") for m in MODELS},
         ("accuracy: no verdict yet (sec. 9.4)" if not acc else
          _acc_verdicts(acc, LR.HARD, "all but layer 0, at least 3 points worse")[2:])
-        + f" ({_addresses('28ae91f')}'s \"severely degrades\"); nats: no rule (a variant in sec. 3); the order "
-        f"readings ({_addresses(*every)}: the worst row in every version) are not verdicts",
+        + f" ({_addresses(*ADDRESSES['acc>=3 hard'])}'s \"severely degrades\"); nats: no rule (a variant in sec. 3); "
+        f"the order readings ({_addresses(*EVERY)}: the worst row in every version) are not verdicts",
         LR.reading(comps),
     )]
 
@@ -348,7 +354,7 @@ def _perp_row(st: dict) -> str:
         "value s_perp = 0: PPL +95,486; residual MLP: +32.5M", cite(SWEEP_CSV, "b6d7a16"),
         {m: f"value s_perp = 0 {_delta(st[m], 'value s_perp=0')}" for m in MODELS},
         "C2 (matched scale) held on both; C1 (matched norm) held on Gemma-3, failed on SmolLM2 "
-        f"(residual attention) ({_addresses('28ae91f', '8e5278e', '739519c', 'b6d7a16')}: every version "
+        f"(residual attention) ({_addresses(*ADDRESSES['C1'])}: every version "
         "calls perpendicular edits the more disruptive)",
         "Agrees at matched scale; at matched perturbation norm one space of one model disagrees.",
     )

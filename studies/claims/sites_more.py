@@ -106,6 +106,21 @@ def _pct(x) -> str:
     return f"{v:.2f}% [{lo:.2f}, {hi:.2f}]"
 
 
+#: the paper's norm ratio, exclude-self value-space over residual-space (49.10 / 25.15)
+PAPER_RATIO = PAPER_STRENGTH["attention exclude-self value-space"][0] / PAPER_STRENGTH["attention residual-space"][0]
+
+
+def strength_comparison(st) -> tuple:
+    """Sec. 16.3's comparison on :func:`strength_stats` ``st``: ``(difference, ratio, reading)`` of the
+    mean norms of :data:`PAIR` (``[B + 1]`` arrays, exclude-self minus / over the residual edit) and the
+    reading of the difference's interval (the paper's ordering holds / is reversed / not decided)."""
+    a, b = PAIR
+    diff, ratio = st[a]["norm"] - st[b]["norm"], st[a]["norm"] / st[b]["norm"]
+    _, lo, hi = S.interval(diff)
+    return diff, ratio, ("**holds on this model**" if lo > 0 else "**is reversed on this model**" if hi < 0
+                         else "not decided")
+
+
 def _strength_section(st, sandwich: bool) -> list[str]:
     L = ["## Applied strength (sec. 16.3)", "",
          "Per edited update (one token of one edited layer): `norm = ||y~ - y|| / ||y||`, "
@@ -125,19 +140,28 @@ def _strength_section(st, sandwich: bool) -> list[str]:
     L += [f"| {k} | {a:.2f}% | {b:.3f}% | {c:.2f}% |" for k, (a, b, c) in PAPER_STRENGTH.items()]
     a, b = PAIR
     if a in st and b in st:
-        diff, ratio = st[a]["norm"] - st[b]["norm"], st[a]["norm"] / st[b]["norm"]
-        _, lo, hi = S.interval(diff)
-        reading = ("**holds on this model**" if lo > 0 else "**is reversed on this model**" if hi < 0
-                   else "not decided")
-        paper = PAPER_STRENGTH["attention exclude-self value-space"][0] / PAPER_STRENGTH["attention residual-space"][0]
+        diff, ratio, reading = strength_comparison(st)
         L += ["", "| comparison (sec. 16.3) | value [95% CI] |", "|---|---|",
               f"| norm({a}) - norm({b}) | {S.fmt_interval(diff * 100, '+.2f')} points |",
-              f"| norm ratio, ours | {S.fmt_interval(ratio, '.2f')} |", f"| norm ratio, the paper | {paper:.2f} |",
+              f"| norm ratio, ours | {S.fmt_interval(ratio, '.2f')} |", f"| norm ratio, the paper | {PAPER_RATIO:.2f} |",
               f"| the paper's ordering (exclude-self above the residual edit) | {reading} |"]
     return L
 
 
 SIGN_COLS = ("n", "neg", "zero", "pos", "big", "sum", "degenerate")
+
+
+def sign_stats(signs, weights) -> dict[str, tuple]:
+    """Sec. 16.4 per form (joint, per head): ``{form: (sums, rows, reading)}``, ``sums`` the
+    resampled sums of :data:`SIGN_COLS` (``[B + 1]``), ``rows`` the form's records and ``reading``
+    that of the fraction positive's interval (non-positive in practice / signed / not decided)."""
+    out = {}
+    for form, g in signs.groupby("form", sort=False):
+        s = _boot(g.groupby(["text", "window"], as_index=False)[list(SIGN_COLS)].sum(), SIGN_COLS, weights)
+        _, lo, hi = S.interval(s["pos"] / s["n"])
+        out[form] = (s, g, "**non-positive in practice**" if hi < NONPOSITIVE else "**signed**" if lo > SIGNED
+                     else "not decided")
+    return out
 
 
 def _signs_section(signs, weights) -> list[str]:
@@ -149,12 +173,8 @@ def _signs_section(signs, weights) -> list[str]:
          f"{NONPOSITIVE:g}: **non-positive in practice**; lower bound > {SIGNED:g}: **signed**; else not decided.", "",
          "| form | shifts | negative [95% CI] | zero | positive [95% CI] | mean shift [95% CI] | min | max | abs > 1 | reading |",
          "|---|---:|---|---:|---|---|---:|---:|---:|---|"]
-    for form, g in signs.groupby("form", sort=False):
-        s = _boot(g.groupby(["text", "window"], as_index=False)[list(SIGN_COLS)].sum(), SIGN_COLS, weights)
+    for form, (s, g, reading) in sign_stats(signs, weights).items():
         pos = s["pos"] / s["n"]
-        _, lo, hi = S.interval(pos)
-        reading = ("**non-positive in practice**" if hi < NONPOSITIVE else "**signed**" if lo > SIGNED
-                   else "not decided")
         L.append(f"| {form} | {int(s['n'][0])} | {_pct(s['neg'] / s['n'])} | {int(s['zero'][0])} | {_pct(pos)} | "
                  f"{S.fmt_interval(s['sum'] / s['n'], '+.4f')} | {g['min'].min():+.3f} | {g['max'].max():+.3f} | "
                  f"{int(s['big'][0])} | {reading} |")
@@ -183,15 +203,32 @@ def _sum_over(st, labels):
     return np.sum([st[lab]["pooled"] for lab in labels], axis=0)
 
 
+def atlas_share(st, labels) -> tuple:
+    """Sec. 16.2 on one component's single-layer ``labels`` (layer order): ``(sum of the deltas, share
+    of it in layers 0 and 1, reading)``, both ``[B + 1]``, the reading of the share's interval
+    against :data:`MOST` (layers 0-1 carry most / do not carry most / not decided)."""
+    total, early = _sum_over(st, labels), _sum_over(st, labels[:2])
+    share = early / total
+    _, lo, hi = S.interval(share)
+    return total, share, "**carry most**" if lo > MOST else "**do not carry most**" if hi < MOST else "not decided"
+
+
+def _atlas_inputs(stem: str) -> tuple:
+    """``(manifest, st, texts, {component: its single-layer labels, layer order})`` of run ``stem``."""
+    manifest, frames = load_frames(stem)
+    weights = S.window_bootstrap(frames["records"])
+    st = S.setting_stats(frames["records"], weights)
+    n = manifest["model"]["n_layers"]
+    labels = {c: [atlas_label(c, layer) for layer in range(n) if atlas_label(c, layer) in st] for c in COMPONENTS}
+    return manifest, st, list(weights), labels
+
+
 def build_residatlas_page(stem: str, data: Path) -> str:
     import numpy as np
 
-    manifest, frames = load_frames(stem)
-    rec = frames["records"]
-    weights = S.window_bootstrap(rec)
-    st = S.setting_stats(rec, weights)
+    manifest, st, texts, by_component = _atlas_inputs(stem)
     m = manifest["model"]
-    n, texts = m["n_layers"], list(weights)
+    n = m["n_layers"]
     L = _head(manifest, stem, "16.2", "Where the residual edits' damage sits: single-layer atlas")
     sites = D.DATA / f"sites_{m['name']}.manifest.json"
     old = None
@@ -201,13 +238,10 @@ def build_residatlas_page(stem: str, data: Path) -> str:
         old = S.setting_stats(old, S.window_bootstrap(old))
     level = S.BUDGET / n
     for c in COMPONENTS:
-        labels = [atlas_label(c, layer) for layer in range(n) if atlas_label(c, layer) in st]
+        labels = by_component[c]
         if not labels:
             continue
-        total, early = _sum_over(st, labels), _sum_over(st, labels[:2])
-        share = early / total
-        _, lo, hi = S.interval(share)
-        reading = "**carry most**" if lo > MOST else "**do not carry most**" if hi < MOST else "not decided"
+        total, share, reading = atlas_share(st, labels)
         above = holm({lab: float(np.mean(st[lab]["pooled"][1:] <= level)) for lab in labels})
         L += [f"## resid-{c}", "", "| statistic | value [95% CI] |", "|---|---|",
               f"| layers measured | {len(labels)} of {n} |",
@@ -242,26 +276,40 @@ def _value_records(model: str, rec):
     return val, diff
 
 
-def build_residrandom_page(stem: str, data: Path) -> str:
+def v1_verdict(st, pairs) -> tuple:
+    """Sec. 16.5's V1: ``(statistic [B + 1], verdict)``, the minimum over ``pairs`` ``(residual label,
+    value label)`` of delta(resid) - delta(value), held if its interval lies above 0."""
     import numpy as np
+
+    worst = np.min([st[r]["pooled"] - st[v]["pooled"] for r, v in pairs], axis=0)
+    _, lo, hi = S.interval(worst)
+    return worst, "**held**" if lo > 0 else "**failed**" if hi < 0 else "not decided"
+
+
+def _random_inputs(stem: str) -> tuple:
+    """``(manifest, both records, weights, st, pairs, value records, baseline difference)`` of run
+    ``stem`` with sec. 11.4's value-space side (``pairs``: the measured (residual, value) labels)."""
     import pandas as pd
 
     manifest, frames = load_frames(stem)
-    rec, m = frames["records"], manifest["model"]
-    val, diff = _value_records(m["name"], rec)
+    rec = frames["records"]
+    val, diff = _value_records(manifest["model"]["name"], rec)
     both = rec if val is None else pd.concat([rec, val], ignore_index=True)
     weights = S.window_bootstrap(both)
     st = S.setting_stats(both, weights)
-    L = _head(manifest, stem, "16.5", "Random per-layer draws: residual against value space")
     pairs = [(random_label(c, f"{d} seed={k}"), f"value {d} seed={k}") for c in COMPONENTS for d, k in DRAWS]
-    pairs = [(r, v) for r, v in pairs if r in st and v in st]
+    return manifest, both, weights, st, [(r, v) for r, v in pairs if r in st and v in st], val, diff
+
+
+def build_residrandom_page(stem: str, data: Path) -> str:
+    manifest, both, weights, st, pairs, val, diff = _random_inputs(stem)
+    m = manifest["model"]
+    L = _head(manifest, stem, "16.5", "Random per-layer draws: residual against value space")
     L += ["## Verdict (sec. 16.5)", "", "| claim | statistic | value [95% CI] | verdict |", "|---|---|---|---|"]
     if val is None or len(pairs) < 2 * len(DRAWS):
         L.append("| V1 | min over draws and components of delta(resid) - delta(value) | not measured | not decided |")
     else:
-        worst = np.min([st[r]["pooled"] - st[v]["pooled"] for r, v in pairs], axis=0)
-        _, lo, hi = S.interval(worst)
-        verdict = "**held**" if lo > 0 else "**failed**" if hi < 0 else "not decided"
+        worst, verdict = v1_verdict(st, pairs)
         L.append(f"| V1: value-space random per-layer scales are more stable than residual-space ones with the same "
                  f"draws ({cite(APPENDIX, '739519c')}, \"Random layerwise value-parallel scaling\") | min over "
                  f"{len(pairs)} (draw, component) pairs of delta(resid) - delta(value) | {S.fmt_interval(worst)} | {verdict} |")
@@ -285,4 +333,37 @@ def build_residrandom_page(stem: str, data: Path) -> str:
     return "\n".join(L)
 
 
-__all__ = ["build_residatlas_page", "build_residrandom_page", "build_strength_page", "load_frames", "stems"]
+def verdict_rows(prefix: str, stem: str) -> list[tuple[str, str, str]]:
+    """``[(id, statistic, verdict or reading)]`` of a sec. 16 run, as its page states them (the
+    closing table, :mod:`studies.claims_table`): ``strength`` gives sec. 16.3's comparison and sec.
+    16.4's sign reading per form, ``residatlas`` sec. 16.2's share per component, ``residrandom``
+    sec. 16.5's V1. Readings carry no verdict on the paper: ``no rule (reading: ...)``."""
+    if prefix == "strength":
+        manifest, frames = load_frames(stem)
+        weights = S.window_bootstrap(frames["strength"])
+        st = strength_stats(frames["strength"], weights)
+        rows = []
+        if all(e in st for e in PAIR):
+            diff, ratio, reading = strength_comparison(st)
+            rows.append(("strength (sec. 16.3)", f"norm(exclude-self joint) - norm(resid-attn), skip0 s_par=0 = "
+                         f"{S.fmt_interval(diff * 100, '+.2f')} points; ratio {S.fmt_interval(ratio, '.2f')} "
+                         f"(the paper: {PAPER_RATIO:.2f})", f"no rule (reading: the paper's ordering {reading})"))
+        for form, (sums, _, reading) in sign_stats(frames["signs"], weights).items():
+            rows.append((f"sign (sec. 16.4), {form}", f"fraction of positive shifts = {_pct(sums['pos'] / sums['n'])}",
+                         f"no rule (reading: {reading})"))
+        return rows
+    if prefix == "residatlas":
+        _, st, _, by_component = _atlas_inputs(stem)
+        return [(f"atlas (sec. 16.2), resid-{c}", f"share of the summed single-layer deltas in layers 0-1 = "
+                 f"{S.fmt_interval(share, '+.2f')} ({len(labels)} layers)", f"no rule (reading: layers 0-1 {reading})")
+                for c, labels in by_component.items() if labels for _, share, reading in [atlas_share(st, labels)]]
+    _, _, _, st, pairs, val, _ = _random_inputs(stem)
+    if val is None or len(pairs) < 2 * len(DRAWS):
+        return [("V1 (sec. 16.5)", "not measured", "not decided")]
+    worst, verdict = v1_verdict(st, pairs)
+    return [("V1 (sec. 16.5)", f"min over {len(pairs)} (draw, component) pairs of delta(resid) - delta(value) = "
+             f"{S.fmt_interval(worst)}", verdict)]
+
+
+__all__ = ["atlas_share", "build_residatlas_page", "build_residrandom_page", "build_strength_page", "load_frames",
+           "sign_stats", "stems", "strength_comparison", "v1_verdict", "verdict_rows"]

@@ -91,6 +91,23 @@ def _verdict_table(finals, got) -> list[str]:
     return L
 
 
+def verdict_rows(stem: str, data: Path, final10, curves10, base_manifest: dict) -> list[tuple[str, str, str]] | None:
+    """``[(comparison, statistic, verdict)]`` of sec. 15's three comparisons as the section's table
+    states them (the closing table, :mod:`studies.claims_table`), from sec. 10's tables ``final10`` /
+    ``curves10`` and sec. 15's data; None while sec. 15 has no data (not run)."""
+    got = load(stem, data)
+    if got is None:
+        return None
+    finals = arms(final10, curves10, got, base_manifest["config"]["lr"])[0]
+    counted = stats.counted_seeds(finals, VARIANTS, ALL_SEEDS)
+    missing = [s for s in ALL_SEEDS if s not in counted]
+    rows = []
+    for variant, ref, label in COMPARISONS:
+        s = stats.paired(finals, variant, ref, counted)
+        rows.append((label, "-" if s is None else f"{variant} - {ref} = {_cell(s)} nats/token", stats.verdict(s, missing)))
+    return rows
+
+
 def _lr_lines(got, finals, own_rate, base_manifest) -> list[str]:
     shared = base_manifest["config"]["lr"]
     cands = {float(r["lr"]): float(r["final_val_loss"]) for r in got[1]["lr"] if r["variant"] == LR_VARIANT}
