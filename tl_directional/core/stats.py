@@ -234,8 +234,9 @@ class StreamingSummary:
         if self._staged:
             staged = self._staged
             self._staged = []
-            if len(staged) == 1:
-                self._accumulate(*staged[0])
+            if len(staged) == 1 or self.device.type == "cpu":
+                for entry in staged:
+                    self._accumulate(*entry)
             else:
                 self._accumulate(torch.cat([s[0] for s in staged]),
                                  torch.cat([s[1] for s in staged], dim=1),
