@@ -16,7 +16,8 @@ when gated, two otherwise), and the unembedding; embedding lookups, norms and so
 products and are left out. :func:`forward_macs` is checked against
 ``torch.utils.flop_counter.FlopCounterMode`` on a tiny model in ``tests/integration/test_floors.py``.
 
-``compression_local_cost`` (:func:`compression_local_floor`): one dense forward stopped after
+``profile_overhead`` (:func:`profile_floor`): the forward stopped after the last block plus the
+value split's ``W_O[h] x_t`` product. ``compression_local_cost`` (:func:`compression_local_floor`): one dense forward stopped after
 the last block (no unembedding), one compressed forward stopped there with every unit fed the
 dense input, and, where a sequential block is measured as ``mlp`` and as ``block`` at once, the
 compressed MLP called a second time on the dense ``resid_mid``
@@ -59,6 +60,16 @@ def compression_local_floor(s: Shape, seq: int, *, mlp_twice: bool = True) -> fl
     return (2 * stopped + extra) / forward_macs(s, seq)
 
 
+def profile_floor(s: Shape, seq: int) -> float:
+    """Floor of ``profile_overhead``: the forward stopped after the last block (``profile`` runs no
+    unembedding) plus the value split's one matrix product per layer, ``W_O[h] x_t`` for every
+    head (``n_heads x d_head x d_model`` per token), against a full forward with logits. Every
+    elementwise pass of the statistics comes on top."""
+    stopped = s.n_layers * block_macs(s, seq)
+    value_split = s.n_layers * s.n_heads * s.dh * s.d_model
+    return (stopped + value_split) / forward_macs(s, seq)
+
+
 def unembedding_share(s: Shape, seq: int) -> float:
     """The unembedding's share of a full forward's multiply-adds."""
     return s.d_model * s.vocab / forward_macs(s, seq)
@@ -83,12 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or args.seq < 1:
         p.error(f"--sizes: unknown {unknown}; valid: {', '.join(shapes)}" if unknown
                 else f"--seq must be >= 1, got {args.seq}")
-    print(f"| size (seq {args.seq}) | unembedding share | compression_local_cost floor | without the second MLP |")
-    print("|---|---|---|---|")
+    print(f"| size (seq {args.seq}) | unembedding share | compression_local_cost floor | without the second MLP "
+          "| profile_overhead floor |")
+    print("|---|---|---|---|---|")
     for n in names:
         s = shapes[n]
         print(f"| {n} | {unembedding_share(s, args.seq):.3f} | {compression_local_floor(s, args.seq):.3f} | "
-              f"{compression_local_floor(s, args.seq, mlp_twice=False):.3f} |")
+              f"{compression_local_floor(s, args.seq, mlp_twice=False):.3f} | {profile_floor(s, args.seq):.3f} |")
     return 0
 
 

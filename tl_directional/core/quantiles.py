@@ -109,12 +109,20 @@ def linear_quantiles(group, x, use, counts, width: int, qs, n_groups: int):
     import numpy as np
 
     n_m, n_g = len(x), n_groups
-    sorted_rows = np.full((n_m, n_g, width), np.nan)
-    for j in range(n_m):
-        g, values = group[use[j]], x[j][use[j]]
-        starts = np.concatenate([[0], np.cumsum(counts[j])[:-1]])
-        sorted_rows[j, g, np.arange(g.size) - starts[g]] = values  # in original order per group
-    sorted_rows.sort(axis=2, kind="stable")
+    if group.size == n_g * width and bool(use.all()):
+        # every value counts and every group holds the same number (a profile's usual case): the
+        # values, in group order, already are the rows; no padding or scatter
+        sorted_rows = np.array(x, dtype=np.float64).reshape(n_m, n_g, width)
+    else:
+        sorted_rows = np.full((n_m, n_g, width), np.nan)
+        for j in range(n_m):
+            g, values = group[use[j]], x[j][use[j]]
+            starts = np.concatenate([[0], np.cumsum(counts[j])[:-1]])
+            sorted_rows[j, g, np.arange(g.size) - starts[g]] = values  # in original order per group
+    # numpy's default sort (vectorised introsort, AVX-512 / AVX2 on x86): about 10x a stable
+    # merge sort on these rows; equal values are interchangeable, so the sorted rows, and every
+    # quantile read from them, are the same (only the order of a -0.0 and a +0.0 may differ)
+    sorted_rows.sort(axis=2)
     n = np.maximum(counts, 1)[None]
     h = (n - 1) * np.asarray([float(q) for q in qs], dtype=np.float64)[:, None, None]
     lo = np.floor(h).astype(np.int64)

@@ -234,8 +234,9 @@ class StreamingSummary:
         if self._staged:
             staged = self._staged
             self._staged = []
-            if len(staged) == 1:
-                self._accumulate(*staged[0])
+            if len(staged) == 1 or self.device.type == "cpu":
+                for entry in staged:
+                    self._accumulate(*entry)
             else:
                 self._accumulate(torch.cat([s[0] for s in staged]),
                                  torch.cat([s[1] for s in staged], dim=1),
@@ -335,7 +336,7 @@ class StreamingSummary:
         The kept values are put in group order once (a stable sort of the group ids, shared
         by every metric); a batch of metrics' values then fill one ``[n_metrics, n_groups, max
         count]`` array (NaN-padded: NaN sorts last, and kept values are never NaN) whose rows
-        are sorted stably in one call. That is the order ``np.lexsort((x, group))`` gives, so
+        are sorted in one call. The sorted values are those ``np.lexsort((x, group))`` orders, so
         the same two neighbours are read for every quantile; all quantiles are read at once."""
         import numpy as np
 
@@ -380,6 +381,16 @@ class StreamingSummary:
         if self._exact_valid():
             return self._exact_quantiles(metric, (q,))[0]
         return histogram_quantiles(BIN_SCALES[self.metrics[metric]], (q,), self.hist[metric].cpu().double())[0]
+
+    def saw_nonfinite(self) -> bool:
+        """Whether a counted token (kept, not degenerate) held a NaN metric, or the energy sums
+        are not finite: what a NaN or inf activation leaves behind (a NaN metric goes to the
+        histograms' spare bin and out of the means, so the sums alone would not show it). One
+        read of the ``[n_groups]`` / ``[n_groups, n_metrics]`` sums, never of the tokens."""
+        self.flush()
+        if not bool(torch.isfinite(self.par_sq).all() & torch.isfinite(self.perp_sq).all()):
+            return True
+        return bool((self._kept < self.count.round().long().unsqueeze(-1)).any())
 
     @property
     def quantiles_exact(self) -> bool:

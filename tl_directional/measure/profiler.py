@@ -28,6 +28,7 @@ from ..io.distributed import rank_and_world
 from ..io.locks import recover_interrupted_swap
 from ..io.outputs import replace_dir
 from ..io.records import verify_manifest
+from ..model.finite import nonfinite_message
 from ..model.handle import StopForward, device_of
 from ..model.inputs import TokenBatch, iter_batches, prepare_inputs
 from ..model.mlp_carrier import carrier_site
@@ -277,6 +278,27 @@ def _check_components(components, sites: ModelSites) -> tuple[str, ...]:
     return check_components(components, sites.components + ("value",), arch=sites.arch)
 
 
+def _raise_if_nonfinite(acc: _Accumulator, model) -> None:
+    """The weight scan of :func:`profile`, run only when its statistics hold a NaN or an
+    infinite energy sum; the error names the non-finite weights as
+    :func:`~tl_directional.model.sites.analysis_sites` would have before the forwards.
+
+    Why after, and only then: every number of a profile is a sum over the counted tokens of
+    quantities computed from their activations, and NaN / inf propagate through every product,
+    sum and norm of a forward; a NaN or inf weight that reaches a counted activation therefore
+    leaves a NaN (or an infinite energy sum) in the statistics, which
+    :meth:`~tl_directional.core.stats.StreamingSummary.saw_nonfinite` finds in the
+    ``[groups]``-sized sums. A non-finite weight that reaches none of them (an embedding row no
+    token used, the unembedding, which profile never runs, a score masked out by ``where``)
+    changes no number, so the tables are correct as they are. Finite weights with non-finite
+    statistics (activations that overflow) return the tables as before."""
+    if not any(s.saw_nonfinite() for s in (acc.residual, acc.value, acc.value_excl, acc.value_ref)):
+        return
+    broken = nonfinite_message(model) if hasattr(model, "named_parameters") else None
+    if broken:
+        raise SiteResolutionError(f"profile: {broken}")
+
+
 def _token_mask(attention_mask: Tensor, positions, exclude_first_token: bool) -> Tensor:
     mask = attention_mask.bool()
     pm = position_mask(positions, batch=mask.shape[0], n_query=mask.shape[1], device=mask.device)
@@ -372,7 +394,9 @@ def profile(
     eps = check_eps(eps)
     drop_cosine = check_drop_cosine(drop_cosine)
     ref = _profile_reference(model, reference, per_layer, drop_cosine=drop_cosine, carrier=carrier)
-    sites = analysis_sites(model, "profile", SiteResolutionError, "dropout would make the measured shares random")
+    # the weight scan runs after the forwards, only if the statistics hold a NaN (_raise_if_nonfinite)
+    sites = analysis_sites(model, "profile", SiteResolutionError, "dropout would make the measured shares random",
+                           scan_weights=False)
     components = _check_components(components, sites)
     value_ref = _value_reference(model, value_reference, value_per_layer, components)
     batch = prepare_inputs(model, inputs, attention_mask)
@@ -383,7 +407,7 @@ def profile(
     device = device_of(model)
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
-        verify_sites(model, sites, first.tokens[:, :64], first.attention_mask[:, :64])
+        verify_sites(model, sites, first.tokens[:, :64], first.attention_mask[:, :64], verb="profile")
     acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine, ref, value_ref)
     state: dict = {}
 
@@ -426,6 +450,7 @@ def profile(
     acc.tokens_seen = int(tokens_seen)
     if world > 1:
         _all_reduce_accumulator(acc)
+    _raise_if_nonfinite(acc, model)
     out = Profile(**_finish(acc, model, sites, components, eps, positions, exclude_first_token))
     if carrier:  # every rank measures every batch: the carrier sums need no all-reduce
         table = carrier_table(model, ((p, _token_mask(p.attention_mask, positions, exclude_first_token))

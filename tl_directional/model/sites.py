@@ -289,7 +289,7 @@ def _warn_if_processed(sites: ModelSites, *, verb: str = "") -> None:
     )
 
 
-def analysis_sites(model, verb: str, error: type[Exception], why: str) -> ModelSites:
+def analysis_sites(model, verb: str, error: type[Exception], why: str, *, scan_weights: bool = True) -> ModelSites:
     """The one check every analysis verb makes of its model before it runs anything: refuse a
     model in training mode whose dropout is live (two identical runs would differ; training mode
     without a random module changes nothing and passes: :mod:`.randomness`) and one whose weights
@@ -302,6 +302,10 @@ def analysis_sites(model, verb: str, error: type[Exception], why: str) -> ModelS
         error: the verb's own error class (a ``ValueError`` / ``RuntimeError`` subclass).
         why: what dropout would spoil, in the verb's terms ("the patched and corrupted runs
             would differ by chance").
+        scan_weights: scan every weight for NaN / inf here (the default). False only for a verb
+            that checks its own results instead and scans when they are not finite (``profile``:
+            its statistics are sums over the counted tokens, so a non-finite weight that reaches
+            them leaves a NaN there; :func:`tl_directional.measure.profile` says why that suffices).
 
     Raises:
         error: a module of ``model`` draws random numbers in training mode (the message names
@@ -315,7 +319,7 @@ def analysis_sites(model, verb: str, error: type[Exception], why: str) -> ModelS
             f"{verb}: model is in training mode with live dropout ({first}, rate {rate:g}"
             f"{f', and {more} more modules' if more else ''}): {why}; call model.eval() first"
         )
-    broken = nonfinite_message(model) if hasattr(model, "named_parameters") else None
+    broken = nonfinite_message(model) if scan_weights and hasattr(model, "named_parameters") else None
     if broken:
         raise error(f"{verb}: {broken}")
     sites = resolve_sites(model, warn=False)

@@ -24,6 +24,8 @@ def verify_sites(
     sites: ModelSites,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"] | None = None,
+    *,
+    verb: str | None = None,
 ) -> dict[str, float]:
     """Check ``next == reference + update`` on real activations, for every layer.
 
@@ -37,6 +39,9 @@ def verify_sites(
     instance, its hook layout, its train/eval mode and the hooks attached to those hook
     points stay the same: adding or removing a hook there (which can break the identity)
     makes the next call verify again.
+
+    ``verb``: the calling function's name, put before the message that names non-finite
+    weights (NaN activations), as :func:`~tl_directional.model.sites.analysis_sites` words it.
     """
     names = set()
     for comp in sites.components:
@@ -80,7 +85,8 @@ def verify_sites(
             errors[key] = err
             tol = dtype_tolerance(lhs.dtype)
             if not math.isfinite(err):  # NaN activations: name the weights, not the hook layout
-                raise SiteResolutionError(nonfinite_message(model) or (
+                broken = nonfinite_message(model)
+                raise SiteResolutionError(f"{verb}: {broken}" if broken and verb else broken or (
                     f"layer {L}: the activations at {desc.split(' == ')[0]} are NaN or inf for these "
                     "inputs while every weight is finite; check the inputs (token ids, attention_mask)"))
             if not err <= tol:
