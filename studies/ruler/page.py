@@ -21,11 +21,13 @@ import io
 from pathlib import Path
 
 from studies import common
+from studies.claims import amend
 from studies.claims.data import DataError
 from studies.ruler import stats
 from studies.ruler.items import LADDERS, TASKS
 from studies.ruler.run import pilot_accuracy
 from studies.ruler.score import PILOT_FLOOR, VERDICT_FLOOR, pick_rungs
+from tl_directional.core.rank import spearman
 
 #: sec. 13.4's statistics as the rows name them, and their number format
 RULER_STATS = {"L1": ("drop(exclude-self 0.5) / headroom, mean over lengths", "+.3f"),
@@ -230,12 +232,30 @@ def _trend_section(rec, manifest: dict) -> list[str]:
     return L
 
 
-def _drops_section(rec, manifest: dict) -> list[str]:
+def nats_deltas(model: str, data: Path) -> dict[str, float] | None:
+    """Sec. 9.2's pooled nats/token delta per setting on ``model`` (the committed ``amend_<model>``
+    run, :func:`studies.claims.amend.page_inputs`), or None where that run is not committed."""
+    if not (data / f"amend_{model}.manifest.json").is_file():
+        return None
+    st = amend.page_inputs(f"amend_{model}")[2]
+    return {s: float(st[s]["pooled"][0]) for s in st}
+
+
+def _rho(got: dict[str, list[stats.Stat]], nats: dict[str, float], k: int) -> str:
+    settings = [s for s in got if s in nats]
+    x = [got[s][k].point for s in settings]
+    return f"{spearman(x, [nats[s] for s in settings]):+.2f}"
+
+
+def _drops_section(rec, manifest: dict, model: str, nats: dict[str, float] | None) -> list[str]:
     tasks, _ = entry(rec, manifest)
     settings = [s for s in rec["setting"].drop_duplicates() if s != "baseline"]
     L = ["## Every setting's drop", "",
          "Baseline minus edited accuracy in points, per length and the mean over lengths, 95% haystack bootstrap "
          "(the same draws for every setting); residual attention at 0.5 has no rule (sec. 13.4)."]
+    L += ["", "Below each table, without a verdict (sec. 13.4): Spearman's rho across the six settings of these drops "
+          "with sec. 9.2's pooled nats/token deltas of the same settings (do the items rank the edits differently?)"
+          + (f", from [amend_{model}](amend_{model}.md)." if nats else f": not read, `amend_{model}.*` is not committed.")]
     groups = [(f"pooled: {', '.join(tasks)} (the rules' items)", tasks)] + [(t, [t]) for t in TASKS
                                                                            if t in set(rec["task"])]
     for title, ts in groups:
@@ -243,6 +263,9 @@ def _drops_section(rec, manifest: dict) -> list[str]:
         L += ["", f"### {title}", "", "| setting | " + " | ".join(_n(n) for n in lengths) + " | mean |",
               "|---|" + "---|" * (len(lengths) + 1)]
         L += [f"| {s} | " + " | ".join(_ci(st) for st in got[s]) + " |" for s in settings]
+        if nats:
+            L += ["", "Spearman's rho with the nats deltas: " + ", ".join(
+                f"{_n(n)} {_rho(got, nats, k)}" for k, n in enumerate(lengths)) + f", mean {_rho(got, nats, -1)}."]
     return L
 
 
@@ -260,7 +283,7 @@ def build_page(stem: str, data: Path) -> str:
     L += [""] + _rules_section(rec, manifest)
     if len(set(rec["length"])) >= 2:
         L += [""] + _trend_section(rec, manifest)
-    L += [""] + _drops_section(rec, manifest)
+    L += [""] + _drops_section(rec, manifest, model, nats_deltas(model, data))
     return "\n".join(L)
 
 

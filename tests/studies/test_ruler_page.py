@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -102,6 +103,25 @@ def test_the_page_reads_its_numbers_from_the_records_and_the_rules(tmp_path):
         assert claim.startswith(f"{rid} (sec. 13.4): ") and verdict == f"**{want[rid].verdict}**"
         got = [r for r in table if r[0].id == rid and r[1] == MODEL]
         assert [(g[2], g[3], g[4]) for g in got] == [(stat, verdict, f"[{stem}]({stem}.md)")]
+
+
+def test_the_spearman_reading_pairs_each_setting_with_its_nats_delta(tmp_path):
+    stem = f"ruler-cpu_{MODEL}"
+    rec = _records(haystacks=4)
+    _commit(tmp_path, stem, rec)
+    assert ": not read, `amend_gemma-3-270m.*` is not committed." in P.build_page(stem, tmp_path)
+    for p in DATA.glob(f"amend_{MODEL}.*"):  # sec. 9.2's committed run beside the probe's
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    nats = P.nats_deltas(MODEL, tmp_path)
+    assert set(SETTINGS) <= set(nats)
+    pooled = rec[rec.task.isin(["needle-single", "needle-multi", "common-words"])]
+    acc = pooled.groupby(["setting", "length"])["correct"].mean().unstack() * 100
+    drop = (acc.loc["baseline"] - acc.loc[list(SETTINGS)]).mean(axis=1)
+    ranks = pd.DataFrame({"drop": drop, "nats": [nats[s] for s in SETTINGS]}).rank(method="average")
+    rho = float(np.corrcoef(ranks["drop"], ranks["nats"])[0, 1])
+    page = P.build_page(stem, tmp_path)
+    line = page.split("### pooled")[1].split("###")[0].strip().splitlines()[-1]
+    assert line.startswith("Spearman's rho with the nats deltas: 256 ") and line.endswith(f", mean {rho:+.2f}.")
 
 
 def test_a_partial_run_decides_no_rule_and_names_what_it_lacks(tmp_path):
