@@ -8,7 +8,8 @@ Nothing here computes a statistic: the rows of the verdict table of docs/results
 (:func:`studies.pages.summary_rows`, the studies' own verdict functions) are passed in, and the runs
 that table does not list are read through their pages' functions (sec. 15:
 :func:`studies.pass_training.seeds6_page.verdict_rows`; sec. 16:
-:func:`studies.claims.sites_more.verdict_rows`; sec. 13: :func:`studies.ruler.stats.rules`). The
+:func:`studies.claims.sites_more.verdict_rows`); sec. 13's rows are the verdict table's
+(:func:`studies.ruler.page.verdict_rows`). The
 versions come from :data:`studies.paper.ADDRESSES`, the lead table's home of them. A rule whose data
 are not committed prints **not run** and the command that writes them, so the row fills in when a
 later session commits the data and runs ``make results``; a verdict row no rule here claims stops the
@@ -17,20 +18,16 @@ build (:class:`studies.claims.data.DataError`), so a new rule cannot be added wi
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from studies import common
 from studies.accuracy.page import WITHIN_FAMILY, WORSE_FAMILY
 from studies.claims import sites_more
 from studies.claims.data import DataError
 from studies.paper import ADDRESSES
 from studies.pass_training import page as pass_training
 from studies.pass_training import seeds6_page
-from studies.ruler import stats as ruler_stats
-from studies.ruler.score import VERDICT_FLOOR
 
 PAGE = "claims_table.md"
 MODELS = ("smollm2-135m", "gemma-3-270m")
@@ -74,7 +71,7 @@ SOURCES = {
     "instruments": Source(("instruments_{model}",), _CLAIMS + " --settings instruments --windows 24 --batch-size 8 "
                           "--threads 1", "instruments_{model}.md"),
     "ruler": Source(("ruler_{model}", "ruler-cpu_{model}"), ".venv-legacy/bin/python -m studies run ruler-probe "
-                    "--model {model} --scorer shared-prefix --device cuda", note="(sec. 13.10's CPU design: `--design cpu` "
+                    "--model {model} --scorer shared-prefix --device cuda", "{stem}.md", note="(sec. 13.10's CPU design: `--design cpu` "
                     "without `--device`, data `ruler-cpu_{model}.*`, read when the full design's are not committed)"),
     "strength": Source(("strength_{model}",), _CLAIMS + " --settings strength --windows 16 --batch-size 8 --threads 1",
                        "strength_{model}.md"),
@@ -182,10 +179,10 @@ RULES: tuple[Rule, ...] = (
          "instruments", "R2u: ", "R2u"),
     Rule("R2g", "11.4", "... and bounded-Gaussian ones", "instruments", "R2g: ", "R2g"),
     Rule("L1", "13.4", "exclude-self half retention tracks the baseline on long-context items (drop below 0.10 of "
-         "the headroom)", "ruler", "L1", "L1"),
-    Rule("L2", "13.4", "at half retention exclude-self damages less than full aggregate (items)", "ruler", "L2", "L2"),
-    Rule("L3", "13.4", "hard diagonal removal is the most damaging removal (items)", "ruler", "L3", "L3"),
-    Rule("L4", "13.4", "exclude-self half retention loses more as the context grows", "ruler", "L4", "L4"),
+         "the headroom)", "ruler", "L1 (sec. 13.4): ", "L1"),
+    Rule("L2", "13.4", "at half retention exclude-self damages less than full aggregate (items)", "ruler", "L2 (sec. 13.4): ", "L2"),
+    Rule("L3", "13.4", "hard diagonal removal is the most damaging removal (items)", "ruler", "L3 (sec. 13.4): ", "L3"),
+    Rule("L4", "13.4", "exclude-self half retention loses more as the context grows", "ruler", "L4 (sec. 13.4): ", "L4"),
     Rule("atlas resid-mlp", "16.2", "layers 0-1 carry most of the single-layer residual MLP damage", "residatlas",
          "atlas (sec. 16.2), resid-mlp"),
     Rule("atlas resid-attn", "16.2", "layers 0-1 carry most of the single-layer residual attention damage",
@@ -199,35 +196,6 @@ RULES: tuple[Rule, ...] = (
     Rule("V1 (sec. 16.5)", "16.5", "value-space random per-layer scales are more stable than residual-space ones "
          "with the same draws", "residrandom", "V1 (sec. 16.5)", "V1 (sec. 16.5)"),
 )
-
-
-#: sec. 13.4's statistics as the rows name them, and their number format
-RULER_STATS = {"L1": ("drop(exclude-self 0.5) / headroom, mean over lengths", "+.3f"),
-               "L2": ("drop(V-Para 0.5) - drop(exclude-self 0.5), mean over lengths", "+.2f"),
-               "L3": ("min over exclude-self 0 and V-Para 0 of drop(hard diagonal) - drop(that)", "+.2f"),
-               "L4": ("slope of drop(exclude-self 0.5) / headroom over log2(length)", "+.3f")}
-
-
-def ruler_rows(stem: str, data: Path) -> list[tuple[str, str, str]]:
-    """``[(id, statistic, verdict)]`` of sec. 13.4's rules L1-L4 on a committed probe run (``ruler_<model>``
-    or sec. 13.10's ``ruler-cpu_<model>``), on the tasks with a verdict (sec. 13.2); drops in points."""
-    import pandas as pd
-
-    mpath = data / f"{stem}.manifest.json"
-    manifest = common.read_data_manifest(mpath, mpath.name, DataError)
-    if "+dirty" in manifest["commit"]:
-        raise DataError(f"{mpath.name}: made from a dirty tree ({manifest['commit']}); rerun from a clean one")
-    name = f"{stem}.records.csv"
-    rec = pd.read_csv(io.BytesIO(common.checked_bytes(data / name, manifest["files"].get(name, ""), name,
-                                                      mpath.name, DataError)))
-    tasks = ruler_stats.verdict_tasks(rec, manifest["rungs"], VERDICT_FLOOR)
-    done = "" if manifest.get("complete") else " (run incomplete)"
-    rows = []
-    for rid, st in ruler_stats.rules(rec, tasks).items():
-        what, f = RULER_STATS[rid]
-        verdict = "not decided" + done if done else f"**{st.verdict}**"
-        rows.append((rid, f"{what} = {st.point:{f}} [{st.lo:{f}}, {st.hi:{f}}] ({', '.join(tasks)})", verdict))
-    return rows
 
 
 def _committed(source: Source, model: str, data: Path) -> str | None:
@@ -244,8 +212,6 @@ def _own_rows(source: str, stem: str, data: Path) -> list[tuple[str, str, str]]:
         base = stem.split(".", 1)[0]
         manifest, t = pass_training.load(base, data)
         return seeds6_page.verdict_rows(base, data, t["final"], t["curves"], manifest) or []
-    if source == "ruler":
-        return ruler_rows(stem, data)
     return sites_more.verdict_rows(source, stem)
 
 
@@ -274,7 +240,7 @@ def table_rows(summary: list[tuple], data: Path) -> list[tuple]:
         rules = [r for r in RULES if r.source == source_name]
         for model in dict.fromkeys(m for r in rules for m in r.models):
             stem = _committed(source, "" if model in SHOWN else model, data)
-            got = (by_stem.get(stem, []) if source_name not in ("seeds6", "ruler", "strength", "residatlas",
+            got = (by_stem.get(stem, []) if source_name not in ("seeds6", "strength", "residatlas",
                                                                 "residrandom") else _own_rows(source_name, stem, data)
                    ) if stem else []
             for rule in (r for r in rules if model in r.models):
@@ -295,7 +261,7 @@ def _row(rule: Rule, model: str, source: Source, stem: str | None, hit: list, da
         note = " " + source.note.format(model=model) if source.note else ""
         steps = ", then ".join(f"`{c}`" for c in plan.split(", then "))
         return rule, model, "-", NOT_RUN, f"`{source.stems[0].format(model=model)}.*`", steps + note
-    cell = f"[{stem}]({source.page.format(model=model)})" if source.page else f"`{stem}.*`"
+    cell = f"[{stem}]({source.page.format(model=model, stem=stem)})" if source.page else f"`{stem}.*`"
     if not hit:
         return rule, model, "not measured in this run", "not decided", cell, _provenance(stem, data)
     _, stat, verdict = hit[0]

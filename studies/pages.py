@@ -22,6 +22,7 @@ from studies.compression import page as compression_page
 from studies.depth import page as depth_claims
 from studies.instruments import page as instruments_claims
 from studies.pass_training import page as pass_training
+from studies.ruler import page as ruler_page
 from studies.training import page as training_claims
 
 #: each study's own error class for bad committed data (a build stops with one ``error:`` line)
@@ -36,7 +37,8 @@ def _done(stem: str) -> str:
     return "" if json.loads((DATA / f"{stem}.manifest.json").read_text())["complete"] else " (incomplete)"
 
 
-def summary_rows(stems, depth=(), training=(), amend=(), passes=(), accuracy=(), instruments=()) -> list[tuple]:
+def summary_rows(stems, depth=(), training=(), amend=(), passes=(), accuracy=(), instruments=(),
+                 ruler=()) -> list[tuple]:
     """Every verdict row of every run, as the verdict functions of the studies give them:
     ``[(kind, stem, run cell, claim, statistic, verdict)]`` (``kind``: the study, ``run cell``: the
     first column of the verdict table, a link to the run's page). The verdict table of
@@ -50,6 +52,8 @@ def summary_rows(stems, depth=(), training=(), amend=(), passes=(), accuracy=(),
     for stem in instruments:  # protocol sec. 11
         R += [("instruments", stem, f"[{stem}](results/{stem}.md){_done(stem)}", *r)
               for r in instruments_claims.verdict_rows(stem, DATA)]
+    for stem in ruler:  # protocol sec. 13.4
+        R += [("ruler", stem, f"[{stem}](results/{stem}.md){_done(stem)}", *r) for r in ruler_page.verdict_rows(stem, DATA)]
     for stem in training:
         R += [("training", stem, f"[claims_{stem}](results/claims_{stem}.md)", *r)
               for r in training_claims.verdict_rows(stem, DATA)]
@@ -131,13 +135,18 @@ def claims_pages() -> dict:
         pages[PAGES / f"{stem}.md"] = instruments_claims.build_page(stem, DATA) + "\n"
     for stem in sites_claims.stems(DATA):  # protocol sec. 14; a page only where its data exist
         pages[PAGES / f"{stem}.md"] = sites_claims.build_sites_page(stem, DATA) + "\n"
+    for stem in ruler_page.pilot_stems(DATA):  # protocol sec. 13.2 (13.7, 13.9)
+        pages[PAGES / f"{stem}.md"] = ruler_page.build_pilot_page(stem, DATA) + "\n"
+    for stem in ruler_page.stems(DATA):  # protocol sec. 13; a page only where its data exist
+        pages[PAGES / f"{stem}.md"] = ruler_page.build_page(stem, DATA) + "\n"
     for prefix, build in (("strength", sites_more.build_strength_page), ("residatlas", sites_more.build_residatlas_page),
                           ("residrandom", sites_more.build_residrandom_page)):  # protocol sec. 16
         for stem in sites_more.stems(DATA, prefix):
             pages[PAGES / f"{stem}.md"] = build(stem, DATA) + "\n"
     index = PAGES.parent / "results.md"
     if index.is_file():  # the verdict table's rows, and the closing table of every claim the index links
-        rows = summary_rows(stems, depth, training, amend, passes, accuracy, instruments)
+        rows = summary_rows(stems, depth, training, amend, passes, accuracy, instruments,
+                           ruler_page.stems(DATA))
         pages[PAGES / claims_table.PAGE] = claims_table.build_page(rows, DATA) + "\n"
         text = index.read_text()
         if SUMMARY_START in text and SUMMARY_END in text:

@@ -23,7 +23,8 @@ from studies.ruler.run import run
 
 
 @study("ruler-probe", "RULER-style long-context items (needles, variable tracking, common words) under "
-       "the edits: protocol sec. 13", data="ruler-pilot_<model>.*, ruler_<model>.*, ruler-cpu_<model>.*", pages="-")
+       "the edits: protocol sec. 13", data="ruler-pilot_<model>.*, ruler_<model>.*, ruler-cpu_<model>.*",
+       pages="ruler-pilot_<model>.md, ruler_<model>.md, ruler-cpu_<model>.md")
 def main(argv=None) -> int:
     r = argparse.ArgumentParser(prog="python -m studies run ruler-probe", description=__doc__.split("\n")[0])
     r.add_argument("--model", required=True, choices=[*sorted(SOURCES), "default"],

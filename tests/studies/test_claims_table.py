@@ -19,6 +19,7 @@ from studies.common import sha256_bytes
 from studies.paper import ADDRESSES, VERSIONS
 from studies.pass_training import seeds6_page
 from studies.pass_training.run import SEEDS, VARIANTS
+from studies.ruler import page as ruler_page
 from studies.ruler.stats import EXCL, HARD, VPARA, rules
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,19 +101,25 @@ def test_ruler_rows_read_rules_from_the_records_and_the_cpu_design_stands_in(tmp
     rec = _ruler_records()
     rungs = {t: {"rung": 1, "reached_floor": True} for t in ("needle-multi", "common-words")}
     stem = f"ruler-cpu_{GEMMA}"  # only sec. 13.10's design committed: read in place of ruler_<model>
-    _manifest(tmp_path, stem, {f"{stem}.records.csv": rec.to_csv(index=False).encode()}, rungs=rungs)
-    rows = CT.table_rows([], tmp_path)
+    _manifest(tmp_path, stem, {f"{stem}.records.csv": rec.to_csv(index=False).encode()}, rungs=rungs,
+              design={"lengths": [256, 512, 1024, 2048]})
+
+    def summary():  # the verdict table's rows, as studies.pages.summary_rows passes them
+        return [("ruler", stem, f"[{stem}](results/{stem}.md)", *r) for r in ruler_page.verdict_rows(stem, tmp_path)]
+
+    rows = CT.table_rows(summary(), tmp_path)
     want = rules(rec, ["needle-single", "needle-multi", "common-words"])
     for rid in ("L1", "L2", "L3", "L4"):
         _, _, stat, verdict, cell, command = _row(rows, rid, GEMMA)
-        what, f = CT.RULER_STATS[rid]
+        what, f = ruler_page.RULER_STATS[rid]
         assert stat.startswith(f"{what} = {want[rid].point:{f}} [{want[rid].lo:{f}}, {want[rid].hi:{f}}]")
-        assert verdict == f"**{want[rid].verdict}**" and cell == f"`{stem}.*`" and "`abc1234`" in command
+        assert verdict == f"**{want[rid].verdict}**" and cell == f"[{stem}]({stem}.md)" and "`abc1234`" in command
     assert _row(rows, "L2", GEMMA)[3] == _row(rows, "L3", GEMMA)[3] == "**held**"
     assert _row(rows, "L1", SMOL)[3] == CT.NOT_RUN
     # an incomplete run decides nothing
-    _manifest(tmp_path, stem, {f"{stem}.records.csv": rec.to_csv(index=False).encode()}, rungs=rungs, complete=False)
-    assert _row(CT.table_rows([], tmp_path), "L2", GEMMA)[3] == "not decided (run incomplete)"
+    _manifest(tmp_path, stem, {f"{stem}.records.csv": rec.to_csv(index=False).encode()}, rungs=rungs, complete=False,
+              design={"lengths": [256, 512, 1024, 2048]})
+    assert _row(CT.table_rows(summary(), tmp_path), "L2", GEMMA)[3] == "not decided (run incomplete)"
 
 
 def test_six_seed_rows_are_the_sections_table(tmp_path):
