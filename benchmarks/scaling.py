@@ -119,6 +119,8 @@ def measure(name: str, dtype: str, args: argparse.Namespace, root: Path) -> dict
     cmd += ["--peak-memory"] if args.peak_memory else ["--no-peak-memory"]
     if args.min_pairs is not None:
         cmd += ["--min-pairs", str(args.min_pairs), "--max-pairs", str(max(args.min_pairs, args.max_pairs))]
+    if args.warmup is not None:
+        cmd += ["--warmup", str(args.warmup)]
     started = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if not out.exists():
@@ -139,6 +141,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-seconds", type=float, default=60.0)
     p.add_argument("--min-pairs", type=int, default=None)
     p.add_argument("--max-pairs", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=None,
+                   help="warm-up pairs per record (the harness's default, 1, when not given)")
     p.add_argument("--peak-memory", action="store_true", help="peak memory of each side (slow)")
     p.add_argument("--workdir", default=None, help="where the built models go (default: a temp dir)")
     p.add_argument("--json", required=True, metavar="OUT")
