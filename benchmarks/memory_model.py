@@ -201,6 +201,7 @@ def record_sides(record: str, shape: Shape, batch: int, seq: int) -> dict[str, t
     """What each side of a harness record runs, as ``(analysis, batch, seq, settings)`` (None:
     a record the model does not cover)."""
     attrib = (min(4, batch), 16)
+    n = min(PATCH_SEQ, seq)  # the patching record's prompt
     table = {
         "profile_overhead": {"baseline": ("forward_no_logits", batch, seq, {}), "candidate": ("profile", batch, seq, {})},
         "edit_overhead": {"baseline": ("forward", batch, seq, {}), "candidate": ("edit", batch, seq, {})},
@@ -212,11 +213,11 @@ def record_sides(record: str, shape: Shape, batch: int, seq: int) -> dict[str, t
         "attribution_batch_size_1_vs_transformer_lens": {
             "baseline": ("attribution_transformer_lens", *attrib, {}),
             "candidate": ("attribution", *attrib, {"batch_size": 1})},
-        # the record corrupts position PATCH_SEQ // 2: at every layer the earlier positions' streams
-        # are equal to the corrupted run's (nothing to run), so a layer stacks the later ones only
+        # the record corrupts position n // 2: at every layer the earlier positions' streams are
+        # equal to the corrupted run's (nothing to run), so a layer stacks the later ones only
         "patching_vs_transformer_lens": {
-            "baseline": ("get_act_patch_resid_pre", 1, PATCH_SEQ, {}),
-            "candidate": ("directional_patch", 1, PATCH_SEQ, {"copies": PATCH_SEQ - PATCH_SEQ // 2})},
+            "baseline": ("get_act_patch_resid_pre", 1, n, {}),
+            "candidate": ("directional_patch", 1, n, {"copies": n - n // 2})},
     }
     return table.get(record)
 

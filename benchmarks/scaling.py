@@ -160,23 +160,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     root = Path(args.workdir or tempfile.mkdtemp(prefix="tl_directional_scaling_"))
     root.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for name in names:
-        for dtype in (d.strip() for d in args.dtypes.split(",") if d.strip()):
-            print(f"scaling: {name} in {dtype} ...", file=sys.stderr, flush=True)
-            runs.append({"size": name, "dtype": dtype, "shape": asdict(SIZES[name]),
-                         "parameters_published_shape": SIZES[name].parameters(),
-                         "run": measure(name, dtype, args, root),
-                         "parameters": counted_parameters(build(name, root))})
+    pairs = [(n, d.strip()) for n in names for d in args.dtypes.split(",") if d.strip()]
+    runs: list[dict] = []
+    for name, dtype in pairs:
+        print(f"scaling: {name} in {dtype} ...", file=sys.stderr, flush=True)
+        runs.append({"size": name, "dtype": dtype, "shape": asdict(SIZES[name]),
+                     "parameters_published_shape": SIZES[name].parameters(),
+                     "run": measure(name, dtype, args, root),
+                     "parameters": counted_parameters(build(name, root))})
+        # written after every size and dtype: a run stopped for time keeps what it measured
+        _write(args, argv, runs, complete=len(runs) == len(pairs))
+    return 1 if any(r["run"].get("status") == "error" for r in runs) else 0
+
+
+def _write(args: argparse.Namespace, argv: list[str] | None, runs: list[dict], complete: bool) -> None:
+    """The family's JSON so far (``complete`` false until every size and dtype has run)."""
     doc = {"command": "python -m benchmarks.scaling " + " ".join(sys.argv[1:] if argv is None else argv),
-           "setting": args.setting, "device": args.device, "runs": runs}
+           "setting": args.setting, "device": args.device, "runs": runs, "complete": complete}
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
-    return 1 if any(r["run"].get("status") == "error" for r in runs) else 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
