@@ -377,6 +377,14 @@ def test_memory_model_arithmetic_on_constructed_shapes():
     two = estimate(s, "attribution", 4, 16, layers_per_pass=2, fixed=False)
     assert one["graph"] == 4 * 16 * 8 * (3 * 256 + 5 * 64 + 4 * 16) * 4
     assert two["graph"] * 4 == one["graph"] and two["clean"] == one["clean"]
+    # bfloat16: the norms' float32 inputs and the softmax's float32 probabilities stay 4 bytes
+    assert estimate(s, "attribution", 4, 16, "bfloat16", fixed=False)["graph"] == 4 * 16 * 8 * (
+        (3 * 256 + 3 * 64 + 4 * 16) * 2 + (2 * 64 + 4 * 16) * 4)
+    # a wide stream with many heads, one block per pass: the head nodes' float64 scoring is the peak
+    wide = estimate(Shape(4, 2048, 32, 8, 8192, 1000), "attribution", 4, 16, "bfloat16", layers_per_pass=1,
+                    fixed=False)
+    assert set(wide) == {"clean", "pass_acts", "pass_grads", "head_float64", "total"}
+    assert wide["head_float64"] == (2048**2 + 2 * 64 * 32 * 2048 + 4 * 64 * 2048) * 8
     assert estimate(s, "attribution", 4, 16, node_types=("resid",), fixed=False)["clean"] == 8 * 4 * 16 * 64 * 4
     prof = estimate(s, "profile", 2, 16, "bfloat16", fixed=False)
     f32 = estimate(s, "profile", 2, 16, "float32", fixed=False)["layers_rows"]
@@ -438,28 +446,42 @@ MEMORY_POINTS = ("issue51_memory_cpu_float32_resident.json", "issue51_memory_cpu
                  "issue51_memory_cpu_large_rerun.json", "issue51_memory_cpu_patching_resident.json")
 
 
+#: Committed points of our calls the memory model misses by more than 10% (docs/performance.md,
+#: "Measured against predicted"): (size, dtype, analysis, settings) -> the lowest ratio accepted.
+KNOWN_MISSES = {("llama-3.2-1b", "bfloat16", "attribution", "layers_per_pass=2"): 0.85,
+                ("llama-3.2-1b", "bfloat16", "attribution", "batch_size=1"): 0.85,
+                ("qwen2.5-1.5b", "bfloat16", "attribution", "batch_size=1"): 0.80}
+
+
 def test_memory_model_is_within_ten_percent_of_the_committed_measurements():
-    """Every committed peak increment (:data:`MEMORY_POINTS`, measured with the harness's probe,
-    the weights resident first) of the analyses the model covers, to 10%: the forward, the edit
-    and ``directional_patch`` on every size and dtype but ``tiny`` (the calibration of the
-    first-call term), ``profile`` (its coefficients fitted on smollm2-135m in float32 and
-    llama-3.2-1b in bfloat16) and ``attribution_patch`` in float32 (one pass, ``layers_per_pass``
-    and ``batch_size=1``). TransformerLens's ``attribution_patch``, its ``get_act_patch_resid_pre``
-    and our ``attribution_patch`` in bfloat16 are printed by ``--check`` but not modelled to 10%
-    (docs/performance.md says by how much)."""
+    """Every committed peak increment of our calls (:data:`MEMORY_POINTS`, measured with the
+    harness's probe, the weights resident first) to 10%: the forward, the edit,
+    ``directional_patch`` and ``attribution_patch`` (one pass, ``layers_per_pass`` and
+    ``batch_size=1``) on every size in float32 and bfloat16 but ``tiny`` (the calibration of the
+    first-call term), and ``profile`` (its coefficients fitted on these points), except the three
+    bfloat16 attribution points of :data:`KNOWN_MISSES` (0.81-0.89), held to their stated bounds. TransformerLens's
+    ``attribution_patch`` and ``get_act_patch_resid_pre`` are printed by ``--check`` but not held
+    to 10% (docs/performance.md says by how much they miss)."""
     from benchmarks.memory_model import check_files, main
 
     paths = [REPO_ROOT / "benchmarks" / "results" / name for name in MEMORY_POINTS]
     assert all(json.loads(p.read_text())["command"].startswith("python -m benchmarks.memory_model --measure")
                for p in paths)
     rows = check_files(paths)
-    covered = [r for r in rows if r["size"] != "tiny" and r["resident"] and (
-        r["analysis"] in ("forward", "forward_no_logits", "edit", "profile", "directional_patch")
-        or (r["analysis"] == "attribution" and r["dtype"] == "float32"))]
-    assert {r["dtype"] for r in covered} == {"float32", "bfloat16"}
+    ours = ("forward", "forward_no_logits", "edit", "profile", "directional_patch", "attribution")
+    covered = [r for r in rows if r["size"] != "tiny" and r["resident"] and r["analysis"] in ours]
+    assert {r["dtype"] for r in covered if r["analysis"] == "attribution"} == {"float32", "bfloat16"}
     assert {"llama-3.2-1b", "qwen2.5-1.5b"} <= {r["size"] for r in covered}
-    bad = [r for r in covered if abs(r["ratio"] - 1) > 0.10]
+
+    def key(r):
+        settings = ",".join(f"{k}={r[k]}" for k in ("layers_per_pass", "batch_size") if r.get(k))
+        return r["size"], r["dtype"], r["analysis"], settings
+
+    bad = [r for r in covered if abs(r["ratio"] - 1) > 0.10 and key(r) not in KNOWN_MISSES]
     assert not bad, bad
+    for r in covered:
+        if key(r) in KNOWN_MISSES:
+            assert KNOWN_MISSES[key(r)] <= r["ratio"] < 0.90, r
     # the attribution table of docs/performance.md, generated from the same points
     assert main(["--check", str(REPO_ROOT / "benchmarks" / "results" / MEMORY_POINTS[0]), "--attribution"]) == 0
 
