@@ -74,6 +74,19 @@ def _load(doc: dict) -> str:
     return f"load {min(starts):.2f}-{max(starts):.2f} at start, {min(ends):.2f}-{max(ends):.2f} at end"
 
 
+def _cost(rec: dict) -> str | None:
+    """One pair's cost as the record's check measured it: TransformerLens's call and ours, in
+    seconds, with TransformerLens's forwards (one per patched run or receiver)."""
+    extra = rec.get("extra") or {}
+    calls = extra.get("check_call_s")
+    if not calls:
+        return None
+    tl = calls.get("transformer_lens")
+    ours = next(v for k, v in calls.items() if k != "transformer_lens")
+    runs = extra.get("patched_runs") or extra.get("receivers")
+    return f"{tl:.1f} + {ours:.1f} s" + (f" ({runs} forwards)" if runs else "")
+
+
 def merged(docs: list[dict]) -> str:
     """One table per dtype of the records of several scaling JSONs: a row per size (in
     :data:`benchmarks.scaling.SIZES` order), a column per record and workload."""
@@ -81,6 +94,7 @@ def merged(docs: list[dict]) -> str:
 
     cols: list[tuple[str, str]] = []
     cells: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
+    costs: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
     params: dict[str, float] = {}
     out = ["Commands (device, workload, the machine's load):", ""]
     for doc in docs:
@@ -93,6 +107,8 @@ def merged(docs: list[dict]) -> str:
                 if col not in cols:
                     cols.append(col)
                 cells.setdefault((run["size"], run["dtype"]), {})[col] = _ratio(rec)
+                if _cost(rec):
+                    costs.setdefault((run["size"], run["dtype"]), {})[col] = _cost(rec)
     order = {n: i for i, n in enumerate(SIZES)}
     for dtype in dict.fromkeys(d for _, d in cells):
         rows = sorted((k for k in cells if k[1] == dtype), key=lambda k: order.get(k[0], len(order)))
@@ -101,6 +117,14 @@ def merged(docs: list[dict]) -> str:
                 "|---|---:|" + "---|" * len(cols)]
         out += [f"| {k[0]} | {params[k[0]]:.0f} | " + " | ".join(cells[k].get(c, "-") for c in cols) + " |"
                 for k in rows]
+    cost_cols = [c for c in cols if any(c in v for v in costs.values())]
+    if cost_cols:
+        out += ["", "One pair's cost in the record's check: TransformerLens's call + ours, seconds "
+                "(TransformerLens's forwards):", "",
+                "| size | dtype | " + " | ".join(f"{n} ({s})" for n, s in cost_cols) + " |",
+                "|---|---|" + "---|" * len(cost_cols)]
+        keys = sorted(costs, key=lambda k: (k[1], order.get(k[0], len(order))))
+        out += [f"| {k[0]} | {k[1]} | " + " | ".join(costs[k].get(c, "-") for c in cost_cols) + " |" for k in keys]
     return "\n".join(out) + "\n"
 
 

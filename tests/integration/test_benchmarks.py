@@ -314,17 +314,19 @@ def test_scaling_family_runs_each_size_and_dtype_in_its_own_process(tmp_path):
     the path-patching record says ``not_available``."""
     import importlib
 
-    from benchmarks import scaling
+    from benchmarks import scaling, scaling_table
 
     out = tmp_path / "scaling.json"
-    names = ("edit_overhead", "patching_vs_transformer_lens", "path_patching_vs_transformer_lens")
-    # path patching's prompt is 15 tokens: the setting's sequences must be at least that long
+    names = ("edit_overhead", "edit_exclusive_overhead", "patching_vs_transformer_lens",
+             "path_patching_vs_transformer_lens")
+    # 8-token sequences: the patching records patch an 8-token prompt (min(15, seq))
     status = scaling.main(["--sizes", "tiny", "--dtypes", "float32,bfloat16", "--device", "cpu",
                            "--records", ",".join(names),
-                           "--setting", "16x1", "--min-pairs", "2", "--max-pairs", "2",
+                           "--setting", "8x1", "--min-pairs", "2", "--max-pairs", "2",
                            "--workdir", str(tmp_path / "models"), "--json", str(out)])
     doc = json.loads(out.read_text())
     assert status == 0, doc
+    assert doc["complete"] is True
     assert [(r["size"], r["dtype"]) for r in doc["runs"]] == [("tiny", "float32"), ("tiny", "bfloat16")]
     direct_path = hasattr(importlib.import_module("transformer_lens.patching"), "get_act_patch_direct_path")
     for run in doc["runs"]:
@@ -335,8 +337,15 @@ def test_scaling_family_runs_each_size_and_dtype_in_its_own_process(tmp_path):
             assert records.pop("path_patching_vs_transformer_lens")["status"] == "not_available"
         assert all(r["status"] == "ok" and r["ratio"] > 0 for r in records.values()), records
         assert all(r["extra"]["check_max_abs_diff_vs_transformer_lens"] >= 0 for n, r in records.items()
-                   if n != "edit_overhead")
+                   if not n.startswith("edit"))
+        assert records["patching_vs_transformer_lens"]["extra"]["prompt_tokens"] == 8
+        # the exclude-self edit is the one timed, and it moves the logits
+        excl = records["edit_exclusive_overhead"]["extra"]
+        assert "mode='exclusive'" in excl["edit"] and excl["check_edit_changes_logits_max_abs"] > 0
         assert run["run"]["config"]["dtype"] == run["dtype"]
+    # the page's merged table: one row per size, one column per record and workload
+    text = scaling_table.merged([doc])
+    assert all(f"{n} (8x1)" in text for n in names) and text.count("| tiny |") == 2
     assert scaling.main(["--sizes", "huge", "--json", str(out)]) == 2
 
 
