@@ -414,19 +414,23 @@ def test_memory_model_arithmetic_on_constructed_shapes():
 
 
 @pytest.mark.bridge
-def test_memory_model_graph_term_counts_what_autograd_saves(tiny_model):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_memory_model_graph_term_counts_what_autograd_saves(tiny_model_dir, dtype):
     """The ``graph`` term against the bytes autograd saves in attribution's corrupted forward
     (parameters frozen, the graph starting at the first stream), counted with
     ``torch.autograd.graph.saved_tensors_hooks`` on the tiny Llama (GQA, gated MLP), storage
-    by storage; the unembedding's and final norm's saved input are outside the term. The model is
-    of the bridge's HF modules: the legacy ``HookedTransformer``'s own block saves 1.7x as much
-    on this model (its einsum attention and hook copies), which the model does not cover."""
+    by storage, in float32 and in bfloat16 (where the norms' float32 inputs and the softmax's
+    float32 probabilities are saved beside the bfloat16 tensors); the final norm's saved float32
+    input and the rows beside it are outside the term. The model is of the bridge's HF modules:
+    the legacy ``HookedTransformer``'s own block saves 1.7x as much on this model (its einsum
+    attention and hook copies), which the model does not cover."""
     import torch
 
     from benchmarks.memory_model import Shape, estimate
+    from tl_directional import load_model
     from tl_directional.evaluate.patching.attribution_passes import frozen_parameters
 
-    model = tiny_model("llama")
+    model = load_model(tiny_model_dir("llama"), dtype=getattr(torch, dtype)).eval()
     b, p = 2, 12
     tokens = torch.randint(1, 500, (b, p), generator=torch.Generator().manual_seed(0))
     params = {q.untyped_storage().data_ptr() for q in model.parameters()}
@@ -443,9 +447,7 @@ def test_memory_model_graph_term_counts_what_autograd_saves(tiny_model):
     with (torch.enable_grad(), frozen_parameters(model), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
           model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", leaf)])):
         model(tokens)
-    e = next(model.parameters()).element_size()
-    outside = 2 * b * p * model.cfg.d_model * e  # final norm input and the unembedding's input
-    dtype = {4: "float32", 8: "float64"}[e]
+    outside = 2 * b * p * model.cfg.d_model * 4  # the final norm's float32 input and the rows beside it
     want = estimate(Shape.of(model), "attribution", b, p, dtype, fixed=False)["graph"]
     assert abs((sum(saved.values()) - outside) / want - 1) <= 0.10, (sum(saved.values()), want)
 
