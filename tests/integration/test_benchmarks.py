@@ -37,7 +37,7 @@ CONTRACT = {
     "patching_vs_transformer_lens": 0.20,
 }
 ALWAYS_AVAILABLE = ("profile_overhead", "profile_vs_handwritten", "profile_vs_cache",
-                    "edit_overhead", "sweep_shared_prefix", "layer_sweep_shared_prefix",
+                    "edit_overhead", "edit_exclusive_overhead", "sweep_shared_prefix", "layer_sweep_shared_prefix",
                     "patching_vs_transformer_lens")
 VERDICTS = ("met", "missed", "too noisy")
 RECORD_FIELDS = ("name", "setting", "primary", "status", "reason", "target", "target_op", "met",
@@ -102,6 +102,7 @@ def test_records_checked_what_they_timed(quick_json):
     assert by["profile_vs_cache"]["extra"]["check_max_abs_diff_streaming_vs_cache"] < 1e-4
     assert by["profile_vs_cache"]["extra"]["memory"]["status"] == "skipped"
     assert by["edit_overhead"]["extra"]["check_edit_changes_logits_max_abs"] > 0
+    assert by["edit_exclusive_overhead"]["extra"]["check_edit_changes_logits_max_abs"] > 0
     if by["sweep_cost"]["status"] == "ok":  # baseline row + K settings
         assert by["sweep_cost"]["extra"]["check_result_rows"] == by["sweep_cost"]["extra"]["k_settings"] + 1
     assert by["profile_overhead"]["extra"]["tokenize_over_forward"]["ratio"] > 0
@@ -345,7 +346,8 @@ def test_scaling_family_runs_each_size_and_dtype_in_its_own_process(tmp_path):
         assert run["run"]["config"]["dtype"] == run["dtype"]
     # the page's merged table: one row per size, one column per record and workload
     text = scaling_table.merged([doc])
-    assert all(f"{n} (8x1)" in text for n in names) and text.count("| tiny |") == 2
+    # a ratio row per dtype, and a cost row per dtype for the two patching records' checks
+    assert all(f"{n} (8x1)" in text for n in names) and text.count("| tiny |") == 4
     assert scaling.main(["--sizes", "huge", "--json", str(out)]) == 2
 
 
