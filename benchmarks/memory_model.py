@@ -79,8 +79,16 @@ def _block(s: Shape, b: int, seq: int, e: int) -> float:
 
 
 def _graph(s: Shape, b: int, seq: int, e: int, layers: int, params: bool = False) -> float:
-    per_token = 3 * s.d_mlp + 5 * s.d_model + s.n_heads * seq + (s.d_mlp + 5 * s.d_model if params else 0)
-    return b * seq * layers * per_token * e
+    # what autograd saves per token and block (saved_tensors_hooks, storage by storage): in float32
+    # every saved tensor is the model's dtype; in bfloat16 each RMSNorm saves its float32 upcast
+    # input (2 d_model at 4 bytes) and the softmax its float32 probabilities beside the bfloat16
+    # copy the value product reads (n_heads seq at 4 bytes more)
+    per_token = (3 * s.d_mlp + 3 * s.d_model + s.n_heads * seq) * e + 2 * s.d_model * 4
+    if e < 4:
+        per_token += s.n_heads * seq * 4
+    if params:  # trainable weights: each linear map's input and each norm's output are kept too
+        per_token += (s.d_mlp + 5 * s.d_model) * e
+    return b * seq * layers * per_token
 
 
 def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "float32", *,
@@ -135,10 +143,12 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         terms = _attribution(s, min(batch, batch_size or batch), seq, e, layers_per_pass, node_types)
     elif analysis == "attribution_transformer_lens":
         # one pair at a time: the corrupted run's graph (trainable weights), logits and their gradient,
-        # the clean and corrupted caches (embed, z, mlp_out) and the gradients
+        # the clean and corrupted caches (embed, z, mlp_out) and the gradients; from the second pair
+        # on, the previous pair's corrupted cache (activations and gradients) is alive until its
+        # variable is rebound after this pair's backward
         cache = seq * s.d_model * e * (1 + 2 * s.n_layers)
         terms = {"graph": _graph(s, 1, seq, e, s.n_layers, params=True), "logits": 3 * seq * s.vocab * e,
-                 "caches": 3 * cache}
+                 "caches": (3 + 2 * (batch > 1)) * cache}
     elif analysis == "directional_patch":
         # the clean and corrupted streams of every layer, then one stacked forward from block L at
         # a time; like a forward it peaks at the larger of its logits beside the last stream and
@@ -168,20 +178,33 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
 
 
 def _attribution(s: Shape, pairs: int, seq: int, e: int, layers_per_pass, node_types) -> dict[str, float]:
+    """The larger of a pass's two phases: where its backward starts (the graph, the logits and
+    their gradients) and where it scores (the pass's activations and gradients, and the head
+    nodes' float64 products)."""
     T = pairs * seq
     R = T * s.d_model * e
     k = s.n_layers if layers_per_pass is None else min(layers_per_pass, s.n_layers)
     nt = set(node_types)
     clean_per_layer = R * (("resid" in nt) + ("attn" in nt) + ("mlp" in nt) + bool(nt & {"head", "value"}))
     # corrupted activations of one pass: the clean hooks again, the references (the stream before
-    # attention / MLP) and v. The pass's gradients (a stream row per clean hook) are not a term:
-    # the backward frees each block's saved tensors as it leaves the block, and a block's graph
-    # (3 d_mlp + 5 d_model + n_heads seq per token) is larger than its gradients (about 5
-    # d_model), so the peak is where the backward starts, with the whole graph and no gradient
+    # attention / MLP) and v. The pass's gradients are not a term where its backward starts: the
+    # backward frees each block's saved tensors as it leaves the block, and a block's graph is
+    # larger than its gradients (about 5 d_model per token)
     acts = clean_per_layer + R * (("attn" in nt) + ("mlp" in nt) + ("head" in nt)) + (
         T * s.n_kv_heads * s.dh * e if "value" in nt else 0)
-    return {"clean": s.n_layers * clean_per_layer, "graph": _graph(s, pairs, seq, e, k),
-            "logits": 3 * T * s.vocab * e, "pass_acts": k * acts}
+    backward = {"clean": s.n_layers * clean_per_layer, "graph": _graph(s, pairs, seq, e, k),
+                "logits": 3 * T * s.vocab * e, "pass_acts": k * acts}
+    # scoring, after the backward (graph and logits freed): the pass's activations and gradients
+    # (stream rows at resid, the attention / MLP update and z) and, per layer, the head nodes'
+    # float64 work: W_O in float64 (d_model^2), each head's write [T, n_heads, d_model] and one
+    # product of it, and the float64 rows of dz, g_z, the stream and its gradient. This does not
+    # shrink with the model's dtype, so in bfloat16 it is the peak where the graph is small
+    # (layers_per_pass, batch_size=1)
+    grads = R * (("resid" in nt) + bool(nt & {"attn", "head"}) + ("mlp" in nt) + bool(nt & {"head", "value"}))
+    head64 = (s.d_model**2 + 2 * T * s.n_heads * s.d_model + 4 * T * s.d_model) * 8 if "head" in nt else 0
+    scoring = {"clean": s.n_layers * clean_per_layer, "pass_acts": k * acts, "pass_grads": k * grads,
+               "head_float64": head64}
+    return backward if sum(backward.values()) >= sum(scoring.values()) else scoring
 
 
 #: How far below the median resident size of its (size, dtype) a point's ``before_mb`` may lie
@@ -201,6 +224,7 @@ def record_sides(record: str, shape: Shape, batch: int, seq: int) -> dict[str, t
     """What each side of a harness record runs, as ``(analysis, batch, seq, settings)`` (None:
     a record the model does not cover)."""
     attrib = (min(4, batch), 16)
+    n = min(PATCH_SEQ, seq)  # the patching record's prompt
     table = {
         "profile_overhead": {"baseline": ("forward_no_logits", batch, seq, {}), "candidate": ("profile", batch, seq, {})},
         "edit_overhead": {"baseline": ("forward", batch, seq, {}), "candidate": ("edit", batch, seq, {})},
@@ -212,11 +236,11 @@ def record_sides(record: str, shape: Shape, batch: int, seq: int) -> dict[str, t
         "attribution_batch_size_1_vs_transformer_lens": {
             "baseline": ("attribution_transformer_lens", *attrib, {}),
             "candidate": ("attribution", *attrib, {"batch_size": 1})},
-        # the record corrupts position PATCH_SEQ // 2: at every layer the earlier positions' streams
-        # are equal to the corrupted run's (nothing to run), so a layer stacks the later ones only
+        # the record corrupts position n // 2: at every layer the earlier positions' streams are
+        # equal to the corrupted run's (nothing to run), so a layer stacks the later ones only
         "patching_vs_transformer_lens": {
-            "baseline": ("get_act_patch_resid_pre", 1, PATCH_SEQ, {}),
-            "candidate": ("directional_patch", 1, PATCH_SEQ, {"copies": PATCH_SEQ - PATCH_SEQ // 2})},
+            "baseline": ("get_act_patch_resid_pre", 1, n, {}),
+            "candidate": ("directional_patch", 1, n, {"copies": n - n // 2})},
     }
     return table.get(record)
 

@@ -8,8 +8,10 @@ pair and metric (one forward per layer x position), equal results checked (withi
 parallel-only and perpendicular-only variants (which TransformerLens cannot run) are timed
 once each after the pairs, as ratios to the median TransformerLens time, in ``extra``.
 
-The prompt pair: the first :data:`PATCH_SEQ` tokens of the setting's first sequence (clean)
-and the same tokens with the one at position ``PATCH_SEQ // 2`` replaced (corrupted); the
+The prompt pair: the first ``n = min(PATCH_SEQ, seq)`` tokens of the setting's first sequence
+(clean; ``--setting 8x1`` patches an 8-token prompt, which is how the scaling family keeps
+TransformerLens's ``n_layers x n`` forwards affordable on the 1B+ builds) and the same tokens with
+the one at position ``n // 2`` replaced (corrupted); the
 metric is the last position's logit difference between the clean run's top token and the
 corrupted run's top token (the clean run's second when they agree). The record runs on the
 primary setting only: one TransformerLens call is ``n_layers x PATCH_SEQ`` forwards (450 on
@@ -29,12 +31,19 @@ from tl_directional.core.roundoff import roundoff_tolerance
 
 from .registry import Bench, NotAvailable, register
 
-#: Tokens in the patched prompt (15 x 30 layers = 450 TransformerLens forwards on SmolLM2).
+#: Most tokens in the patched prompt (15 x 30 layers = 450 TransformerLens forwards on SmolLM2);
+#: a setting with shorter sequences patches all of its tokens.
 PATCH_SEQ = 15
+#: Fewest tokens a patched prompt may have (a corrupted position with tokens on both sides).
+MIN_PATCH_SEQ = 3
 
 
 def _prompt_pair(model, tokens: torch.Tensor):
-    """``(clean, corrupted, metric, corrupted_position)`` from one token row."""
+    """``(clean, corrupted, metric, corrupted_position)`` from one token row: its first
+    ``min(PATCH_SEQ, len)`` tokens, the middle one replaced in the corrupted prompt."""
+    if tokens.shape[1] < MIN_PATCH_SEQ:
+        raise NotAvailable(f"the setting's sequences have {tokens.shape[1]} tokens; patching needs at least "
+                           f"{MIN_PATCH_SEQ}")
     clean = tokens[:1, :PATCH_SEQ].clone()
     pos = clean.shape[1] // 2
     corrupted = clean.clone()
@@ -139,4 +148,4 @@ def patching_vs_transformer_lens(bench: Bench):
     return timing
 
 
-__all__ = ["PATCH_SEQ", "patching_vs_transformer_lens"]
+__all__ = ["MIN_PATCH_SEQ", "PATCH_SEQ", "patching_vs_transformer_lens"]

@@ -13,9 +13,11 @@ TransformerLens cannot run) are timed once each after the pairs, in ``extra``. Q
 TransformerLens refuses key / value receivers on grouped-query models (``path_patch`` takes them
 per key/value head).
 
-The prompt pair: the first :data:`PATH_SEQ` tokens of the setting's first sequence (clean) and the
-same tokens with the one at position ``PATH_SEQ // 2`` replaced (corrupted); the metric is the last
-position's logit difference between two fixed tokens.
+The prompt pair: the first ``n = min(PATH_SEQ, seq)`` tokens of the setting's first sequence
+(clean; at least :data:`~benchmarks.patching.MIN_PATCH_SEQ`) and the same tokens with the one at
+position ``n // 2`` replaced (corrupted); the metric is the last position's logit difference
+between two fixed tokens. TransformerLens's forwards are one per later head whatever ``n``; a
+shorter prompt makes each forward cheaper.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ import torch
 
 from tl_directional.core.roundoff import roundoff_tolerance
 
+from .patching import MIN_PATCH_SEQ
 from .registry import Bench, NotAvailable, register
 
-#: Tokens in the patched prompt.
+#: Most tokens in the patched prompt (a setting with shorter sequences patches all of its tokens).
 PATH_SEQ = 15
 
 
@@ -77,8 +80,9 @@ def path_patching_vs_transformer_lens(bench: Bench):
     if is_sandwich_norm(model):
         raise NotAvailable("TransformerLens refuses direct path patching on sandwich-norm models")
     tokens = bench.inputs.tokens.to(bench.device)
-    if tokens.shape[1] < PATH_SEQ:
-        raise NotAvailable(f"the setting's sequences are shorter than {PATH_SEQ} tokens")
+    if tokens.shape[1] < MIN_PATCH_SEQ:
+        raise NotAvailable(f"the setting's sequences have {tokens.shape[1]} tokens; path patching needs at "
+                           f"least {MIN_PATCH_SEQ}")
     clean, corrupted, metric = _pair(model, tokens)
 
     def base():

@@ -119,6 +119,8 @@ def measure(name: str, dtype: str, args: argparse.Namespace, root: Path) -> dict
     cmd += ["--peak-memory"] if args.peak_memory else ["--no-peak-memory"]
     if args.min_pairs is not None:
         cmd += ["--min-pairs", str(args.min_pairs), "--max-pairs", str(max(args.min_pairs, args.max_pairs))]
+    if args.warmup is not None:
+        cmd += ["--warmup", str(args.warmup)]
     started = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if not out.exists():
@@ -139,6 +141,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-seconds", type=float, default=60.0)
     p.add_argument("--min-pairs", type=int, default=None)
     p.add_argument("--max-pairs", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=None,
+                   help="warm-up pairs per record (the harness's default, 1, when not given)")
     p.add_argument("--peak-memory", action="store_true", help="peak memory of each side (slow)")
     p.add_argument("--workdir", default=None, help="where the built models go (default: a temp dir)")
     p.add_argument("--json", required=True, metavar="OUT")
@@ -156,23 +160,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     root = Path(args.workdir or tempfile.mkdtemp(prefix="tl_directional_scaling_"))
     root.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for name in names:
-        for dtype in (d.strip() for d in args.dtypes.split(",") if d.strip()):
-            print(f"scaling: {name} in {dtype} ...", file=sys.stderr, flush=True)
-            runs.append({"size": name, "dtype": dtype, "shape": asdict(SIZES[name]),
-                         "parameters_published_shape": SIZES[name].parameters(),
-                         "run": measure(name, dtype, args, root),
-                         "parameters": counted_parameters(build(name, root))})
+    pairs = [(n, d.strip()) for n in names for d in args.dtypes.split(",") if d.strip()]
+    runs: list[dict] = []
+    for name, dtype in pairs:
+        print(f"scaling: {name} in {dtype} ...", file=sys.stderr, flush=True)
+        runs.append({"size": name, "dtype": dtype, "shape": asdict(SIZES[name]),
+                     "parameters_published_shape": SIZES[name].parameters(),
+                     "run": measure(name, dtype, args, root),
+                     "parameters": counted_parameters(build(name, root))})
+        # written after every size and dtype: a run stopped for time keeps what it measured
+        _write(args, argv, runs, complete=len(runs) == len(pairs))
+    return 1 if any(r["run"].get("status") == "error" for r in runs) else 0
+
+
+def _write(args: argparse.Namespace, argv: list[str] | None, runs: list[dict], complete: bool) -> None:
+    """The family's JSON so far (``complete`` false until every size and dtype has run)."""
     doc = {"command": "python -m benchmarks.scaling " + " ".join(sys.argv[1:] if argv is None else argv),
-           "setting": args.setting, "device": args.device, "runs": runs}
+           "setting": args.setting, "device": args.device, "runs": runs, "complete": complete}
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
-    return 1 if any(r["run"].get("status") == "error" for r in runs) else 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

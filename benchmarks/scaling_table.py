@@ -9,6 +9,11 @@ parameters, in millions), a column per record with its ratio (candidate / baseli
 pairs), the 95 % interval and the number of pairs; where the run measured peak memory, a second
 table of each side's peak increment (MB) and their ratio. The page's tables are this command's
 output, pasted whole; nothing in them is typed by hand.
+
+``--merge`` puts the records of several such JSONs (record groups run as separate calls, each at
+its own workload) into one table per dtype, a column per record headed by its workload, each JSON's
+command and the machine's load average (1-minute, at the start and end of each size's run) listed
+above it.
 """
 
 from __future__ import annotations
@@ -59,10 +64,83 @@ def tables(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _load(doc: dict) -> str:
+    """The 1-minute load average over a JSON's runs: lowest start to highest end."""
+    starts = [r["run"]["machine"]["loadavg_at_start"][0] for r in doc["runs"]
+              if (r["run"].get("machine") or {}).get("loadavg_at_start")]
+    ends = [r["run"]["loadavg_at_end"][0] for r in doc["runs"] if r["run"].get("loadavg_at_end")]
+    if not starts or not ends:
+        return "load not recorded"
+    return f"load {min(starts):.2f}-{max(starts):.2f} at start, {min(ends):.2f}-{max(ends):.2f} at end"
+
+
+def _cost(rec: dict) -> str | None:
+    """One pair's cost as the record's check measured it: TransformerLens's call and ours, in
+    seconds, with TransformerLens's forwards (one per patched run or receiver)."""
+    extra = rec.get("extra") or {}
+    calls = extra.get("check_call_s")
+    if not calls:
+        return None
+    tl = calls.get("transformer_lens")
+    ours = next(v for k, v in calls.items() if k != "transformer_lens")
+    runs = extra.get("patched_runs") or extra.get("receivers")
+    return f"{tl:.1f} + {ours:.1f} s" + (f" ({runs} forwards)" if runs else "")
+
+
+def merged(docs: list[dict]) -> str:
+    """One table per dtype of the records of several scaling JSONs: a row per size (in
+    :data:`benchmarks.scaling.SIZES` order), a column per record and workload."""
+    from .scaling import SIZES
+
+    cols: list[tuple[str, str]] = []
+    cells: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
+    costs: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
+    params: dict[str, float] = {}
+    out = ["Commands (device, workload, the machine's load):", ""]
+    for doc in docs:
+        note = "" if doc.get("complete", True) else " (stopped early: complete false)"
+        out.append(f"* `{doc['command']}` ({doc.get('device')}, {doc.get('setting')}, {_load(doc)}){note}")
+        for run in doc["runs"]:
+            params[run["size"]] = run["parameters"] / 1e6
+            for rec in run["run"].get("records", []):
+                col = (rec["name"], doc.get("setting", "?"))
+                if col not in cols:
+                    cols.append(col)
+                cells.setdefault((run["size"], run["dtype"]), {})[col] = _ratio(rec)
+                if _cost(rec):
+                    costs.setdefault((run["size"], run["dtype"]), {})[col] = _cost(rec)
+    order = {n: i for i, n in enumerate(SIZES)}
+    for dtype in dict.fromkeys(d for _, d in cells):
+        rows = sorted((k for k in cells if k[1] == dtype), key=lambda k: order.get(k[0], len(order)))
+        out += ["", f"{dtype}: ratio [95 % interval] (pairs)", "",
+                "| size | parameters (M) | " + " | ".join(f"{n} ({s})" for n, s in cols) + " |",
+                "|---|---:|" + "---|" * len(cols)]
+        out += [f"| {k[0]} | {params[k[0]]:.0f} | " + " | ".join(cells[k].get(c, "-") for c in cols) + " |"
+                for k in rows]
+    cost_cols = [c for c in cols if any(c in v for v in costs.values())]
+    if cost_cols:
+        out += ["", "One pair's cost in the record's check: TransformerLens's call + ours, seconds "
+                "(TransformerLens's forwards):", "",
+                "| size | dtype | " + " | ".join(f"{n} ({s})" for n, s in cost_cols) + " |",
+                "|---|---|" + "---|" * len(cost_cols)]
+        keys = sorted(costs, key=lambda k: (k[1], order.get(k[0], len(order))))
+        out += [f"| {k[0]} | {k[1]} | " + " | ".join(costs[k].get(c, "-") for c in cost_cols) + " |" for k in keys]
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.scaling_table", description=__doc__.split("\n\n")[0])
     p.add_argument("json", nargs="+", type=Path, help="scaling JSON files (python -m benchmarks.scaling --json)")
+    p.add_argument("--merge", action="store_true", help="one table per dtype of all the JSONs' records")
     args = p.parse_args(argv)
+    if args.merge:
+        try:
+            sys.stdout.write(merged([json.loads(path.read_text(encoding="utf-8")) for path in args.json]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"benchmarks.scaling_table: not scaling JSONs ({type(exc).__name__}: {exc}); pass files "
+                  "written by python -m benchmarks.scaling --json", file=sys.stderr)
+            return 2
+        return 0
     for path in args.json:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))

@@ -37,7 +37,7 @@ CONTRACT = {
     "patching_vs_transformer_lens": 0.20,
 }
 ALWAYS_AVAILABLE = ("profile_overhead", "profile_vs_handwritten", "profile_vs_cache",
-                    "edit_overhead", "sweep_shared_prefix", "layer_sweep_shared_prefix",
+                    "edit_overhead", "edit_exclusive_overhead", "sweep_shared_prefix", "layer_sweep_shared_prefix",
                     "patching_vs_transformer_lens")
 VERDICTS = ("met", "missed", "too noisy")
 RECORD_FIELDS = ("name", "setting", "primary", "status", "reason", "target", "target_op", "met",
@@ -102,6 +102,7 @@ def test_records_checked_what_they_timed(quick_json):
     assert by["profile_vs_cache"]["extra"]["check_max_abs_diff_streaming_vs_cache"] < 1e-4
     assert by["profile_vs_cache"]["extra"]["memory"]["status"] == "skipped"
     assert by["edit_overhead"]["extra"]["check_edit_changes_logits_max_abs"] > 0
+    assert by["edit_exclusive_overhead"]["extra"]["check_edit_changes_logits_max_abs"] > 0
     if by["sweep_cost"]["status"] == "ok":  # baseline row + K settings
         assert by["sweep_cost"]["extra"]["check_result_rows"] == by["sweep_cost"]["extra"]["k_settings"] + 1
     assert by["profile_overhead"]["extra"]["tokenize_over_forward"]["ratio"] > 0
@@ -314,17 +315,19 @@ def test_scaling_family_runs_each_size_and_dtype_in_its_own_process(tmp_path):
     the path-patching record says ``not_available``."""
     import importlib
 
-    from benchmarks import scaling
+    from benchmarks import scaling, scaling_table
 
     out = tmp_path / "scaling.json"
-    names = ("edit_overhead", "patching_vs_transformer_lens", "path_patching_vs_transformer_lens")
-    # path patching's prompt is 15 tokens: the setting's sequences must be at least that long
+    names = ("edit_overhead", "edit_exclusive_overhead", "patching_vs_transformer_lens",
+             "path_patching_vs_transformer_lens")
+    # 8-token sequences: the patching records patch an 8-token prompt (min(15, seq))
     status = scaling.main(["--sizes", "tiny", "--dtypes", "float32,bfloat16", "--device", "cpu",
                            "--records", ",".join(names),
-                           "--setting", "16x1", "--min-pairs", "2", "--max-pairs", "2",
+                           "--setting", "8x1", "--min-pairs", "2", "--max-pairs", "2",
                            "--workdir", str(tmp_path / "models"), "--json", str(out)])
     doc = json.loads(out.read_text())
     assert status == 0, doc
+    assert doc["complete"] is True
     assert [(r["size"], r["dtype"]) for r in doc["runs"]] == [("tiny", "float32"), ("tiny", "bfloat16")]
     direct_path = hasattr(importlib.import_module("transformer_lens.patching"), "get_act_patch_direct_path")
     for run in doc["runs"]:
@@ -335,8 +338,16 @@ def test_scaling_family_runs_each_size_and_dtype_in_its_own_process(tmp_path):
             assert records.pop("path_patching_vs_transformer_lens")["status"] == "not_available"
         assert all(r["status"] == "ok" and r["ratio"] > 0 for r in records.values()), records
         assert all(r["extra"]["check_max_abs_diff_vs_transformer_lens"] >= 0 for n, r in records.items()
-                   if n != "edit_overhead")
+                   if not n.startswith("edit"))
+        assert records["patching_vs_transformer_lens"]["extra"]["prompt_tokens"] == 8
+        # the exclude-self edit is the one timed, and it moves the logits
+        excl = records["edit_exclusive_overhead"]["extra"]
+        assert "mode='exclusive'" in excl["edit"] and excl["check_edit_changes_logits_max_abs"] > 0
         assert run["run"]["config"]["dtype"] == run["dtype"]
+    # the page's merged table: one row per size, one column per record and workload
+    text = scaling_table.merged([doc])
+    # a ratio row per dtype, and a cost row per dtype for the two patching records' checks
+    assert all(f"{n} (8x1)" in text for n in names) and text.count("| tiny |") == 4
     assert scaling.main(["--sizes", "huge", "--json", str(out)]) == 2
 
 
@@ -377,6 +388,14 @@ def test_memory_model_arithmetic_on_constructed_shapes():
     two = estimate(s, "attribution", 4, 16, layers_per_pass=2, fixed=False)
     assert one["graph"] == 4 * 16 * 8 * (3 * 256 + 5 * 64 + 4 * 16) * 4
     assert two["graph"] * 4 == one["graph"] and two["clean"] == one["clean"]
+    # bfloat16: the norms' float32 inputs and the softmax's float32 probabilities stay 4 bytes
+    assert estimate(s, "attribution", 4, 16, "bfloat16", fixed=False)["graph"] == 4 * 16 * 8 * (
+        (3 * 256 + 3 * 64 + 4 * 16) * 2 + (2 * 64 + 4 * 16) * 4)
+    # a wide stream with many heads, one block per pass: the head nodes' float64 scoring is the peak
+    wide = estimate(Shape(4, 2048, 32, 8, 8192, 1000), "attribution", 4, 16, "bfloat16", layers_per_pass=1,
+                    fixed=False)
+    assert set(wide) == {"clean", "pass_acts", "pass_grads", "head_float64", "total"}
+    assert wide["head_float64"] == (2048**2 + 2 * 64 * 32 * 2048 + 4 * 64 * 2048) * 8
     assert estimate(s, "attribution", 4, 16, node_types=("resid",), fixed=False)["clean"] == 8 * 4 * 16 * 64 * 4
     prof = estimate(s, "profile", 2, 16, "bfloat16", fixed=False)
     f32 = estimate(s, "profile", 2, 16, "float32", fixed=False)["layers_rows"]
@@ -397,19 +416,23 @@ def test_memory_model_arithmetic_on_constructed_shapes():
 
 
 @pytest.mark.bridge
-def test_memory_model_graph_term_counts_what_autograd_saves(tiny_model):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_memory_model_graph_term_counts_what_autograd_saves(tiny_model_dir, dtype):
     """The ``graph`` term against the bytes autograd saves in attribution's corrupted forward
     (parameters frozen, the graph starting at the first stream), counted with
     ``torch.autograd.graph.saved_tensors_hooks`` on the tiny Llama (GQA, gated MLP), storage
-    by storage; the unembedding's and final norm's saved input are outside the term. The model is
-    of the bridge's HF modules: the legacy ``HookedTransformer``'s own block saves 1.7x as much
-    on this model (its einsum attention and hook copies), which the model does not cover."""
+    by storage, in float32 and in bfloat16 (where the norms' float32 inputs and the softmax's
+    float32 probabilities are saved beside the bfloat16 tensors); the final norm's saved float32
+    input and the rows beside it are outside the term. The model is of the bridge's HF modules:
+    the legacy ``HookedTransformer``'s own block saves 1.7x as much on this model (its einsum
+    attention and hook copies), which the model does not cover."""
     import torch
 
     from benchmarks.memory_model import Shape, estimate
+    from tl_directional import load_model
     from tl_directional.evaluate.patching.attribution_passes import frozen_parameters
 
-    model = tiny_model("llama")
+    model = load_model(tiny_model_dir("llama"), dtype=getattr(torch, dtype)).eval()
     b, p = 2, 12
     tokens = torch.randint(1, 500, (b, p), generator=torch.Generator().manual_seed(0))
     params = {q.untyped_storage().data_ptr() for q in model.parameters()}
@@ -426,9 +449,7 @@ def test_memory_model_graph_term_counts_what_autograd_saves(tiny_model):
     with (torch.enable_grad(), frozen_parameters(model), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
           model.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", leaf)])):
         model(tokens)
-    e = next(model.parameters()).element_size()
-    outside = 2 * b * p * model.cfg.d_model * e  # final norm input and the unembedding's input
-    dtype = {4: "float32", 8: "float64"}[e]
+    outside = 2 * b * p * model.cfg.d_model * 4  # the final norm's float32 input and the rows beside it
     want = estimate(Shape.of(model), "attribution", b, p, dtype, fixed=False)["graph"]
     assert abs((sum(saved.values()) - outside) / want - 1) <= 0.10, (sum(saved.values()), want)
 
@@ -438,28 +459,42 @@ MEMORY_POINTS = ("issue51_memory_cpu_float32_resident.json", "issue51_memory_cpu
                  "issue51_memory_cpu_large_rerun.json", "issue51_memory_cpu_patching_resident.json")
 
 
+#: Committed points of our calls the memory model misses by more than 10% (docs/performance.md,
+#: "Measured against predicted"): (size, dtype, analysis, settings) -> the lowest ratio accepted.
+KNOWN_MISSES = {("llama-3.2-1b", "bfloat16", "attribution", "layers_per_pass=2"): 0.85,
+                ("llama-3.2-1b", "bfloat16", "attribution", "batch_size=1"): 0.85,
+                ("qwen2.5-1.5b", "bfloat16", "attribution", "batch_size=1"): 0.80}
+
+
 def test_memory_model_is_within_ten_percent_of_the_committed_measurements():
-    """Every committed peak increment (:data:`MEMORY_POINTS`, measured with the harness's probe,
-    the weights resident first) of the analyses the model covers, to 10%: the forward, the edit
-    and ``directional_patch`` on every size and dtype but ``tiny`` (the calibration of the
-    first-call term), ``profile`` (its coefficients fitted on smollm2-135m in float32 and
-    llama-3.2-1b in bfloat16) and ``attribution_patch`` in float32 (one pass, ``layers_per_pass``
-    and ``batch_size=1``). TransformerLens's ``attribution_patch``, its ``get_act_patch_resid_pre``
-    and our ``attribution_patch`` in bfloat16 are printed by ``--check`` but not modelled to 10%
-    (docs/performance.md says by how much)."""
+    """Every committed peak increment of our calls (:data:`MEMORY_POINTS`, measured with the
+    harness's probe, the weights resident first) to 10%: the forward, the edit,
+    ``directional_patch`` and ``attribution_patch`` (one pass, ``layers_per_pass`` and
+    ``batch_size=1``) on every size in float32 and bfloat16 but ``tiny`` (the calibration of the
+    first-call term), and ``profile`` (its coefficients fitted on these points), except the three
+    bfloat16 attribution points of :data:`KNOWN_MISSES` (0.81-0.89), held to their stated bounds. TransformerLens's
+    ``attribution_patch`` and ``get_act_patch_resid_pre`` are printed by ``--check`` but not held
+    to 10% (docs/performance.md says by how much they miss)."""
     from benchmarks.memory_model import check_files, main
 
     paths = [REPO_ROOT / "benchmarks" / "results" / name for name in MEMORY_POINTS]
     assert all(json.loads(p.read_text())["command"].startswith("python -m benchmarks.memory_model --measure")
                for p in paths)
     rows = check_files(paths)
-    covered = [r for r in rows if r["size"] != "tiny" and r["resident"] and (
-        r["analysis"] in ("forward", "forward_no_logits", "edit", "profile", "directional_patch")
-        or (r["analysis"] == "attribution" and r["dtype"] == "float32"))]
-    assert {r["dtype"] for r in covered} == {"float32", "bfloat16"}
+    ours = ("forward", "forward_no_logits", "edit", "profile", "directional_patch", "attribution")
+    covered = [r for r in rows if r["size"] != "tiny" and r["resident"] and r["analysis"] in ours]
+    assert {r["dtype"] for r in covered if r["analysis"] == "attribution"} == {"float32", "bfloat16"}
     assert {"llama-3.2-1b", "qwen2.5-1.5b"} <= {r["size"] for r in covered}
-    bad = [r for r in covered if abs(r["ratio"] - 1) > 0.10]
+
+    def key(r):
+        settings = ",".join(f"{k}={r[k]}" for k in ("layers_per_pass", "batch_size") if r.get(k))
+        return r["size"], r["dtype"], r["analysis"], settings
+
+    bad = [r for r in covered if abs(r["ratio"] - 1) > 0.10 and key(r) not in KNOWN_MISSES]
     assert not bad, bad
+    for r in covered:
+        if key(r) in KNOWN_MISSES:
+            assert KNOWN_MISSES[key(r)] <= r["ratio"] < 0.90, r
     # the attribution table of docs/performance.md, generated from the same points
     assert main(["--check", str(REPO_ROOT / "benchmarks" / "results" / MEMORY_POINTS[0]), "--attribution"]) == 0
 
