@@ -119,8 +119,8 @@ def linear_quantiles(group, x, use, counts, width: int, qs, n_groups: int):
             g, values = group[use[j]], x[j][use[j]]
             starts = np.concatenate([[0], np.cumsum(counts[j])[:-1]])
             sorted_rows[j, g, np.arange(g.size) - starts[g]] = values  # in original order per group
-    # numpy's default sort (vectorised introsort, AVX-512 / AVX2 on x86): about 10x a stable
-    # merge sort on these rows; equal values are interchangeable, so the sorted rows, and every
+    # numpy's default sort (vectorised introsort, AVX-512 / AVX2 on x86), not the stable merge
+    # sort, which is much slower on these rows; equal values are interchangeable, so the sorted rows, and every
     # quantile read from them, are the same (only the order of a -0.0 and a +0.0 may differ)
     sorted_rows.sort(axis=2)
     n = np.maximum(counts, 1)[None]

@@ -47,7 +47,7 @@ def _row_norms_sq(t: Tensor) -> Tensor:
     norm is routinely beyond float16's range; float32 is where the norms downstream compute).
 
     The norm is one reduction (no ``[..., d]`` square written; a head's rows are short, and a
-    product per row, as ``einsum`` forms it, costs about twice as much on a CPU), squared in the
+    product per row, as ``einsum`` forms it, costs more on a CPU), squared in the
     row's dtype: a squared norm beyond that range is ``inf`` as before (the norm itself does not
     overflow where the squares would), a NaN row stays NaN."""
     if t.dtype not in (torch.float32, torch.float64):
