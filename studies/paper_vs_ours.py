@@ -49,27 +49,66 @@ def _claims_stats(model: str, data: Path, prefix: str = "claims"):
     return S.setting_stats(rec, S.window_bootstrap(rec))
 
 
-def _accuracy(data: Path) -> dict[str, dict]:
-    """``{model: {setting: (PairedDrop, verdict)}}`` where the accuracy suite's data exist."""
+def _accuracy(data: Path) -> dict[str, accuracy_claims.LeadRun]:
+    """``{model: LeadRun}`` where an accuracy suite's data exist: the fair suite (sec. 9.7,
+    ``accuracy_<model>_fair``) where it is committed, else the pooled one (sec. 9.4)."""
+    return {m: r for m in MODELS if (r := accuracy_claims.lead_run(m, data)) is not None}
 
-    return {m: accuracy_claims.drops(f"accuracy_{m}", data) for m in MODELS
-            if (data / f"accuracy_{m}.manifest.json").is_file()}
+
+def _drops(runs: dict) -> dict[str, dict]:
+    """``{model: {setting: (PairedDrop, verdict)}}`` of the runs the table reads."""
+    return {m: r.drops for m, r in runs.items()}
 
 
-def _drop(acc: dict, model: str, label: str) -> str:
-    if label not in acc.get(model, {}):
+def _drop(runs: dict, model: str, label: str, what: str = "") -> str:
+    """``"; accuracy<what> drop ..."``: the statistic of the suite read, named; on the fair suite the
+    pooled item average of the same items beside it, deciding nothing."""
+    r = runs.get(model)
+    if r is None or label not in r.drops:
         return ""
-    d, _ = acc[model][label]
-    return f"; accuracy drop {d.point:+.2f} points [{d.lo:+.2f}, {d.hi:+.2f}]"
+    d = r.drops[label][0]
+    if r.suite == accuracy_claims.FAIR:
+        return (f"; accuracy{what} drop, fair suite (macro over text x kind, window-cluster) "
+                f"{accuracy_claims.fmt_drop(d)} points, pooled item average {accuracy_claims.fmt_drop(r.pooled[label])} "
+                "(decides nothing)")
+    return f"; accuracy{what} drop, pooled suite (item bootstrap) {accuracy_claims.fmt_drop(d)} points"
 
 
-def _acc_verdicts(acc: dict, label: str, what: str) -> str:
-    got = [f"{m}: **{acc[m][label][1]}**" for m in MODELS if label in acc.get(m, {})]
-    return f"; accuracy, {what} (sec. 9.4): " + ", ".join(got) if got else ""
+def _acc_verdicts(runs: dict, label: str, what: str) -> str:
+    got = [f"{m}, {r.suite} suite: **{r.drops[label][1]}**" for m, r in runs.items() if label in r.drops]
+    return f"; accuracy, {what} (sec. 9.4's rule): " + ", ".join(got) if got else ""
+
+
+def _accuracy_note(runs: dict, data: Path) -> list[str]:
+    """The note under the table: which suite each model's accuracy rows read, and why the table reads
+    the fair one (protocol sec. 9.7, the switch), its counts read from the pooled suite's data."""
+    if not runs:
+        return []
+    by = {s: [m for m, r in runs.items() if r.suite == s] for s in (accuracy_claims.FAIR, accuracy_claims.POOLED)}
+    counts = {m: accuracy_claims.item_counts(f"accuracy_{m}", data) for m in MODELS
+              if (data / f"accuracy_{m}.manifest.json").is_file()}
+    if counts:
+        per = {c: [m for m in counts if counts[m] == c] for c in counts.values()}
+        figures = "; ".join(f"{cloze:,} of {items:,} items are cloze items and {window} items share a window "
+                            f"({' and '.join(ms)})" for (items, cloze, window), ms in per.items())
+        why = (f"in the pooled suite {figures}: the cloze items are read from the logits of the same forwards "
+               "whose loss is the nats column, so the pooled average re-reads the nats, and its item bootstrap "
+               "resamples items alone although the items of a window move together")
+    else:
+        why = ("the pooled suite's items are nearly all cloze items read from the same forwards as the nats, "
+               "resampled alone although the items of a window move together")
+    return ["", "Accuracy rows (protocol sec. 9.4's rules): each names the suite it read. Since 2026-12-07 "
+            "(protocol sec. 9.7, the switch) the table reads the fair suite (`accuracy_<model>_fair`: the macro "
+            "average over text x item kind of the accuracy drop, window-cluster bootstrap stratified by text) "
+            f"where it is committed ({', '.join(by['fair']) or 'none'}) and the pooled suite (`accuracy_<model>`: "
+            f"item average, item bootstrap) where it is not ({', '.join(by['pooled']) or 'none'}); beside the fair "
+            f"statistic the pooled item average of the same items is printed and decides nothing. Why: {why}; and "
+            "the paper's Avg. is a macro average over its tasks, as the fair statistic is. The nats verdicts "
+            "beside them are unchanged."]
 
 
 def _order_interval(acc: dict, model: str, first: str, second: str) -> tuple[float, float, float]:
-    """Paired difference of two settings' accuracy drops (same items, same bootstrap draws):
+    """``acc``: ``{model: {setting: (PairedDrop, verdict)}}`` (:func:`_drops`). Paired difference of two settings' accuracy drops (same items, same bootstrap draws):
     ``(point, lo, hi)`` in points, 95%."""
     return LR.acc_difference(acc[model], first, second)
 
@@ -263,8 +302,8 @@ def _nat_verdicts(av: dict, ids, what: str) -> str:
     return f"nats, {what}: " + "; ".join(got) if got else f"nats, {what}: not yet measured"
 
 
-def _exclude_self_rows(st: dict, am: dict, acc: dict, av: dict) -> list[str]:
-    """The rows of exclude-self at full removal and at half retention."""
+def _exclude_self_rows(st: dict, am: dict, runs: dict, av: dict) -> list[str]:
+    """The rows of exclude-self at full removal and at half retention (``runs``: :func:`_accuracy`)."""
     within = "joint, all but layer 0, within 1.5 points"
     return [_row(
         f"exclude-self value removal (s_par = 0) leaves performance \"virtually intact\" ({cite(EXPERIMENTS, '28ae91f')}); "
@@ -274,13 +313,13 @@ def _exclude_self_rows(st: dict, am: dict, acc: dict, av: dict) -> list[str]:
         f"{cite(EXPERIMENTS, '28ae91f', '8e5278e', '739519c', 'b6d7a16')}, table `tab:general-zeroshot`",
         {m: f"per head, all layers {_delta(st[m], 'value-exclusive s_par=0')}; joint, all but layer 0 "
             f"{_delta(am[m], 'value-exclusive-joint skip0 s_par=0')}"
-            f"{_drop(acc, m, 'value-exclusive-joint skip0 s_par=0')}" for m in MODELS},
+            f"{_drop(runs, m, 'value-exclusive-joint skip0 s_par=0')}" for m in MODELS},
         _nat_verdicts(av, ("A1p",), "joint, all but layer 0, at most 0.05 nats at s_par 0 and 0.5 (sec. 9.2; "
                       + _addresses(*ADDRESSES["A1p"]) + "'s \"virtually intact\")")
         + "; per head, all layers: A1 failed on both (sec. 3)"
-        + _acc_verdicts(acc, "value-exclusive-joint skip0 s_par=0", within)
+        + _acc_verdicts(runs, "value-exclusive-joint skip0 s_par=0", within)
         + (f" ({_addresses(ADDRESSES['acc<=1.5@0'][0])}'s \"within 1.51 points\" and the -1.51 of "
-           f"{_ticks('acc<=1.5@0', 1)})" if acc else ""),
+           f"{_ticks('acc<=1.5@0', 1)})" if runs else ""),
         "The paper's own form (joint over heads, every layer but the first) is measured beside ours on "
         f"the amend pages; {SMALL_MODELS}. Whether our 135M / 270M models lose more for their size or for "
         "their 4-bit dequantisation these runs cannot separate.",
@@ -294,23 +333,24 @@ def _exclude_self_rows(st: dict, am: dict, acc: dict, av: dict) -> list[str]:
         "`tab:general-zeroshot`",
         {m: f"joint, all but layer 0 {_delta(am[m], 'value-exclusive-joint skip0 s_par=0.5')}; per head, "
             f"all layers {_delta(st[m], 'value-exclusive s_par=0.5')}"
-            f"{_drop(acc, m, 'value-exclusive-joint skip0 s_par=0.5')}" for m in MODELS},
+            f"{_drop(runs, m, 'value-exclusive-joint skip0 s_par=0.5')}" for m in MODELS},
         _nat_verdicts(av, ("A1h",), "at most 0.05 nats (" + _addresses(*ADDRESSES["A1h"]) + "'s \"closely tracks\")")
         + "; " + _nat_verdicts(av, ("A3h", "A3r"), "less damage than full aggregate / residual attention at 0.5 ("
                                + _addresses(*ADDRESSES["A3h"]) + "'s comparative reading)")
-        + _acc_verdicts(acc, "value-exclusive-joint skip0 s_par=0.5", within)
-        + (f" ({_addresses(*ADDRESSES['acc<=1.5@0.5'])}'s \"near baseline\")" if acc else ""),
+        + _acc_verdicts(runs, "value-exclusive-joint skip0 s_par=0.5", within)
+        + (f" ({_addresses(*ADDRESSES['acc<=1.5@0.5'])}'s \"near baseline\")" if runs else ""),
         ("Nats per token is a finer yardstick than RULER accuracy; the accuracy drop is on our offline "
-         "cloze and continuation suite, not RULER; " if acc else
+         "cloze and continuation suite, not RULER; " if runs else
          "Accuracy is not yet measured (protocol sec. 9.4); nats per token is a finer yardstick than "
          "RULER accuracy; ") + SMALL_MODELS + ".",
     )]
 
 
-def _removal_rows(st: dict, am: dict, acc: dict) -> list[str]:
-    """The rows of the scale-3 sentence, V-Para removal and hard diagonal removal."""
+def _removal_rows(st: dict, am: dict, runs: dict) -> list[str]:
+    """The rows of the scale-3 sentence, V-Para removal and hard diagonal removal (``runs``:
+    :func:`_accuracy`; the hard-diagonal comparisons read the same suite as the verdicts)."""
     every = ("28ae91f", "8e5278e", "739519c", "b6d7a16")
-    comps = LR.comparisons(am, acc, MODELS)
+    comps = LR.comparisons(am, _drops(runs), MODELS)
     return [_row(
         f"exclude-self PPL shifts \"by at most 1.3 points up to scale 3\" ({cite(EXPERIMENTS, '28ae91f')} only)",
         f"its own table: +9.13 at 2, +67.44 at 3, baseline 22.04 ({cite(SWEEP_CSV, 'b6d7a16')}); "
@@ -326,10 +366,10 @@ def _removal_rows(st: dict, am: dict, acc: dict) -> list[str]:
         f"({cite(EXPERIMENTS, '28ae91f')}); \"by 8.2--10.0 points\" ({cite(EXPERIMENTS, '8e5278e', '739519c', 'b6d7a16')})",
         "Qwen3-1.7B 61.61 -> 53.41 (`28ae91f` / `8e5278e`), -8.20 (`739519c` / `b6d7a16`)",
         f"{cite(EXPERIMENTS, *every)}, table `tab:general-zeroshot`",
-        {m: _delta(st[m], "value-full s_par=0") + _drop(acc, m, "value-full-joint skip0 s_par=0").replace(
-            "; accuracy", " (per head, all layers); accuracy, joint, all but layer 0,") for m in MODELS},
+        {m: _delta(st[m], "value-full s_par=0") + (" (per head, all layers)" if m in runs else "")
+            + _drop(runs, m, "value-full-joint skip0 s_par=0", ", joint, all but layer 0,") for m in MODELS},
         f"nats: B held on both (it hurts; {_addresses(*ADDRESSES['B'])})"
-        + _acc_verdicts(acc, "value-full-joint skip0 s_par=0", "joint, all but layer 0, at least 3 points worse"),
+        + _acc_verdicts(runs, "value-full-joint skip0 s_par=0", "joint, all but layer 0, at least 3 points worse"),
         "Agrees in direction; accuracy points and nats are different units.",
     ), _row(
         f"hard diagonal removal \"severely degrades the models\" ({cite(EXPERIMENTS, '28ae91f')}); \"far more "
@@ -337,10 +377,11 @@ def _removal_rows(st: dict, am: dict, acc: dict) -> list[str]:
         "Qwen3-1.7B 61.61 -> 39.17, the worst row (`28ae91f` / `8e5278e`); -22.44 against V-Para -8.20 and "
         "exclude-self -1.51 (`739519c` / `b6d7a16`)", f"{cite(EXPERIMENTS, *every)}, table `tab:general-zeroshot`",
         {m: (f"nats, all but layer 0 {_delta(am[m], LR.HARD)}" if LR.HARD in am[m] else "")
-            + (f"; accuracy drop {acc[m][LR.HARD][0].point:+.2f} points" if LR.HARD in acc.get(m, {}) else "")
-            + ("; " + LR.ours_cell(comps[m]) if m in comps else "") for m in MODELS},
-        ("accuracy: no verdict yet (sec. 9.4)" if not acc else
-         _acc_verdicts(acc, LR.HARD, "all but layer 0, at least 3 points worse")[2:])
+            + _drop(runs, m, LR.HARD)
+            + ("; " + LR.ours_cell(comps[m], f"accuracy ({runs[m].suite} suite)" if m in runs else "accuracy")
+               if m in comps else "") for m in MODELS},
+        ("accuracy: no verdict yet (sec. 9.4)" if not runs else
+         _acc_verdicts(runs, LR.HARD, "all but layer 0, at least 3 points worse")[2:])
         + f" ({_addresses(*ADDRESSES['acc>=3 hard'])}'s \"severely degrades\"); nats: no rule (a variant in sec. 3); "
         f"the order readings ({_addresses(*EVERY)}: the worst row in every version) are not verdicts",
         LR.reading(comps),
@@ -364,11 +405,12 @@ def block(data: Path) -> str:
     """The paper-vs-ours table between :data:`START` and :data:`END`, from the committed data in ``data``."""
     st = {m: _claims_stats(m, data) for m in MODELS}
     am = {m: _claims_stats(m, data, "amend") for m in MODELS}
-    acc = _accuracy(data)
+    runs = _accuracy(data)
     L = [START, *TABLE_HEAD, _depth_row(data)]
-    L += _exclude_self_rows(st, am, acc, _amend_verdicts(data))
-    L += _removal_rows(st, am, acc)
+    L += _exclude_self_rows(st, am, runs, _amend_verdicts(data))
+    L += _removal_rows(st, am, runs)
     L += [_perp_row(st), _compression_row(data), _training_row(data)]
     L += _instrument_rows(data)
+    L += _accuracy_note(runs, data)
     L += ["", END]
     return "\n".join(L)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from studies import common
@@ -96,20 +97,84 @@ def verdicts(rec, complete: bool = True, fair: bool = False) -> list[tuple[str, 
     return out
 
 
+#: the two suites' names, as every reader of the accuracy verdicts prints them
+FAIR, POOLED = "fair", "pooled"
+#: the claim prefix of each suite's verdict rows (the closing table matches on it)
+CLAIM_PREFIX = {FAIR: "accuracy (sec. 9.7, fair suite): ", POOLED: "accuracy (sec. 9.4, pooled suite): "}
+
+
+def suite_of(manifest: dict) -> str:
+    """:data:`FAIR` for a run of sec. 9.7's suite (:func:`is_fair` on its manifest), else :data:`POOLED`."""
+    return FAIR if is_fair(manifest.get("suite")) else POOLED
+
+
+def fmt_drop(d) -> str:
+    """``+x.xx [+lo, +hi]`` points of a PairedDrop, as every accuracy cell prints it."""
+    return f"{d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}]"
+
+
 def verdict_rows(stem: str, data: Path) -> list[tuple[str, str, str]]:
     """``[(claim, statistic, verdict)]`` of every setting under a rule, for the summary table of
-    docs/results.md."""
+    docs/results.md. The claim names the suite (:data:`CLAIM_PREFIX`); on the fair suite the
+    statistic is the macro average with its window-cluster interval and the pooled item average of
+    the same items follows it, deciding nothing."""
     manifest, rec, _ = load(stem, data)
-    return [
-        (
-            f"accuracy (sec. 9.4): {lab} {rule} of baseline" if rule.startswith("within")
-            else f"accuracy (sec. 9.4): {lab} {rule} than baseline",
-            f"baseline - edited = {d.point:+.2f} [{d.lo:+.2f}, {d.hi:+.2f}] points",
-            f"**{v}**",
-        )
-        for lab, rule, d, v in verdicts(rec, manifest.get("complete", True), is_fair(manifest.get("suite")))
-        if v != "-"
-    ]
+    suite = suite_of(manifest)
+    rows = []
+    for lab, rule, d, v in verdicts(rec, manifest.get("complete", True), suite == FAIR):
+        if v == "-":
+            continue
+        claim = CLAIM_PREFIX[suite] + f"{lab} {rule} " + ("of baseline" if rule.startswith("within") else "than baseline")
+        if suite == FAIR:
+            stat = (f"macro average over text x kind, baseline - edited = {fmt_drop(d)} points (window-cluster "
+                    f"bootstrap); pooled item average {fmt_drop(drop_of(rec, lab, False))} (decides nothing)")
+        else:
+            stat = f"baseline - edited = {fmt_drop(d)} points"
+        rows.append((claim, stat, f"**{v}**"))
+    return rows
+
+
+@dataclass(frozen=True)
+class LeadRun:
+    """The accuracy run the lead table reads for one model (:func:`lead_run`): its data ``stem``,
+    its ``suite`` (:data:`FAIR` or :data:`POOLED`), ``drops`` ``{setting: (PairedDrop, verdict)}``
+    on that suite's statistic (baseline minus edited, points; the same resamples for every setting,
+    so differences are paired), and ``pooled`` ``{setting: PairedDrop}``, the item average of the
+    same items with the item bootstrap (on the fair suite shown beside, deciding nothing; on the
+    pooled suite the statistic itself)."""
+
+    stem: str
+    suite: str
+    drops: dict
+    pooled: dict
+
+
+def lead_stem(model: str, data: Path) -> str | None:
+    """``accuracy_<model>_fair`` where its manifest is committed in ``data``, else ``accuracy_<model>``
+    where that is, else None (protocol sec. 9.7, the switch)."""
+    for stem in (f"accuracy_{model}_fair", f"accuracy_{model}"):
+        if (data / f"{stem}.manifest.json").is_file():
+            return stem
+    return None
+
+
+def lead_run(model: str, data: Path) -> LeadRun | None:
+    """The :class:`LeadRun` of :func:`lead_stem`, or None where no accuracy data of ``model`` exist."""
+    stem = lead_stem(model, data)
+    if stem is None:
+        return None
+    manifest, rec, _ = load(stem, data)
+    suite = suite_of(manifest)
+    rows = verdicts(rec, manifest.get("complete", True), suite == FAIR)
+    pooled = {lab: (drop_of(rec, lab, False) if suite == FAIR else d) for lab, _, d, _ in rows}
+    return LeadRun(stem, suite, {lab: (d, v) for lab, _, d, v in rows}, pooled)
+
+
+def item_counts(stem: str, data: Path) -> tuple[int, int, int]:
+    """``(items, cloze items, items per window)`` of a run's records (kind ``cloze`` only: the
+    random-distractor items; the largest number of items one text's window carries)."""
+    _, rec, _ = load(stem, data)
+    return len(rec), int((rec["kind"] == "cloze").sum()), int(rec.groupby(["text", "window"]).size().max())
 
 
 def drops(stem: str, data: Path) -> dict[str, tuple[object, str]]:

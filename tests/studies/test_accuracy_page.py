@@ -102,7 +102,7 @@ def test_summary_rows_and_the_lead_table_read_the_same_verdicts(tmp_path):
     rows = {claim: (stat, verdict) for claim, stat, verdict in C.verdict_rows(stem, tmp_path)}
     # only settings under a rule reach the summary table; the context row does not
     assert not any("resid-mlp" in c for c in rows)
-    held = rows["accuracy (sec. 9.4): value-full-joint skip0 s_par=0 at least 3 points worse than baseline"]
+    held = rows["accuracy (sec. 9.4, pooled suite): value-full-joint skip0 s_par=0 at least 3 points worse than baseline"]
     assert held[1] == "**held**" and held[0].startswith("baseline - edited = +20.")
     drops = C.drops(stem, tmp_path)
     pvo = _load("paper_vs_ours")
@@ -112,8 +112,10 @@ def test_summary_rows_and_the_lead_table_read_the_same_verdicts(tmp_path):
     point, lo, hi = (float(x) for x in diff.replace("[", "").replace("]", "").replace(",", "").split())
     assert point == pytest.approx(d_hard.point - d_excl.point, abs=5e-3)
     assert lo < point < hi and hi < 0  # 0 vs 12 points dropped: hard diagonal loses less, surely
-    assert pvo._drop(acc, "smollm2-135m", "hard-diag skip0").startswith("; accuracy drop +0.00 points")
-    assert pvo._drop(acc, "gemma-3-270m", "hard-diag skip0") == ""
+    runs = {"smollm2-135m": C.lead_run("toy", tmp_path)}  # accuracy_toy: no fair data, the pooled suite
+    assert pvo._drop(runs, "smollm2-135m", "hard-diag skip0").startswith(
+        "; accuracy drop, pooled suite (item bootstrap) +0.00 [")
+    assert pvo._drop(runs, "gemma-3-270m", "hard-diag skip0") == ""
     # the lead table's reading follows the interval's side, per model
     assert "does not restore the paper's order" in pvo._order_reading(
         acc, "hard-diag skip0", "value-exclusive all s_par=0")

@@ -133,6 +133,20 @@ def test_nav_pages_exist():
     assert not missing, f"mkdocs.yml's nav names missing pages: {missing}"
 
 
+def test_every_results_page_is_in_the_nav():
+    """Every page the results builder writes (``docs/results/*.md``, ``python -m studies build``) is
+    named in mkdocs.yml's nav, so a page built from newly committed data (e.g. a RULER main run's
+    ``ruler_<model>.md`` / ``ruler-cpu_<model>.md``) cannot be silently missing from the site."""
+    text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    nav = set(re.findall(r":\s*([\w/.-]+\.md)\s*$", text, re.M))
+    built = sorted(p.relative_to(DOCS).as_posix() for p in (DOCS / "results").glob("*.md"))
+    assert "results/protocol.md" in built and "results/protocol.md" in nav  # the glob and the parser read
+    missing = [p for p in built if p not in nav]
+    assert not missing, (f"docs/results pages not in mkdocs.yml's nav: {missing}; add each under nav: Results "
+                         "(e.g. '      - <title>, <model>: " + (missing[0] if missing else "") + "'), next to "
+                         "its study's other pages")
+
+
 def test_pages_that_swap_the_model_have_exactly_one_model_line():
     for page in RUN_PAGES + DEFAULT_MODEL_PAGES:
         text = (DOCS / page).read_text(encoding="utf-8")
