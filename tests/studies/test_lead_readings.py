@@ -9,6 +9,7 @@ import torch
 
 from studies import lead_readings as LR
 from studies import paper_vs_ours as pvo
+from studies.accuracy import page as A
 from tl_directional.core.paired import paired_drop
 
 N_ITEMS, B = 4000, 2000
@@ -91,10 +92,12 @@ def test_the_hard_diagonal_row_carries_both_units_and_its_versions():
     nats, _, acc = _fixture()
     models = dict.fromkeys(pvo.MODELS)
     am = dict(zip(models, (nats["a"], nats["b"]), strict=True))
-    ac = dict(zip(models, (acc["a"], acc["b"]), strict=True))
-    rows = pvo._removal_rows({m: {} for m in models}, am, ac)
+    runs = {m: A.LeadRun(f"accuracy_{m}", A.POOLED, a, {k: d for k, (d, _) in a.items()})
+            for m, a in zip(models, (acc["a"], acc["b"]), strict=True)}
+    rows = pvo._removal_rows({m: {} for m in models}, am, runs)
     hard = next(r for r in rows if r.startswith("| hard diagonal removal"))
     assert "`sections/experiments.tex`@`28ae91f`" in hard and "@`8e5278e` / `739519c` / `b6d7a16`" in hard
     assert hard.count("hard diagonal minus residual attention: nats ") == 2
     assert "(addresses `28ae91f`'s \"severely degrades\")" in hard
     assert "the reading depends on the model" in hard
+    assert hard.count("accuracy (pooled suite) ") == 8 and "pooled suite: **" in hard  # the suite read, named
