@@ -146,7 +146,7 @@ def _wo_gemm_seconds(model, n_tokens: int, calls: int) -> float:
 
     sites = resolve_sites(model, warn=False)
     g = torch.Generator().manual_seed(0)
-    ws = [attention_output_weights(model, L)[0].float() for L in range(sites.n_layers)]
+    ws = [attention_output_weights(model, L)[0].detach().float() for L in range(sites.n_layers)]
     x = torch.randn(n_tokens, ws[0].shape[-1], generator=g)
     mats = [w.reshape(-1, w.shape[-1]).T for w in ws]
     out = torch.empty(n_tokens, mats[0].shape[1])
