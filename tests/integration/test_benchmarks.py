@@ -524,3 +524,35 @@ def test_kernel_paths_run_each_path_in_alternating_subprocesses(tiny_model_dir, 
     if caps["default"][0] in ("AVX2", "AVX512"):  # an x86 CPU: the forced path is the one run
         assert caps["avx2"] == ["AVX2"]
     assert kernel_paths.main(["--paths", "avx9", "--json", str(out)]) == 2
+
+
+def test_breakdown_times_every_stage_once_and_puts_the_functions_back(tiny_model):
+    """Issue 51: ``python -m benchmarks.breakdown`` wraps the functions a profile call and a value
+    edit run per layer with timers, reports each stage's own time (its total less the timed stages
+    it calls, so the stages add up to at most the call) and restores every wrapped function."""
+    from benchmarks import breakdown
+    from benchmarks.workloads import text_batch
+    from tl_directional.core import kernels
+    from tl_directional.core.stats import StreamingSummary
+    from tl_directional.edit import forms, value
+    from tl_directional.measure import profiler, stream
+
+    model = tiny_model("llama")
+    batch = text_batch(model, 2, 8)
+    originals = (stream.split_stats, stream.value_stats, StreamingSummary.__dict__["update"],
+                 profiler._streaming_hooks, value.value_split_scaled)
+    prof = breakdown.profile_breakdown(model, batch, 1)
+    edit = breakdown.edit_breakdown(model, batch, 1)
+    stages = {r["stage"]: r["seconds"] for r in prof}
+    for _, _, label in breakdown.PROFILE_STAGES:
+        assert label in stages, label
+    assert stages["residual splits (split_stats)"] > 0 and stages["value splits (value_stats)"] > 0
+    total = stages["candidate call (total)"]
+    timed = sum(s for k, s in stages.items() if k not in ("candidate call (total)", "forward with logits (baseline)")
+                and not k.startswith("  of which") and not k.startswith("candidate, untimed"))
+    assert 0 < timed <= total
+    assert {r["stage"] for r in edit} >= {"edit split (value_split_scaled)", "edit output check (cast_back)"}
+    assert all(r["share_of_forward"] == r["seconds"] / prof[0]["seconds"] for r in prof)
+    assert originals == (stream.split_stats, stream.value_stats, StreamingSummary.__dict__["update"],
+                         profiler._streaming_hooks, value.value_split_scaled)
+    assert stream.split_stats is kernels.split_stats and value.value_split_scaled is forms.value_split_scaled

@@ -346,7 +346,10 @@ class StreamingSummary:
             return {m: [torch.full((self.n_groups,), float("nan"), dtype=torch.float64) for _ in qs]
                     for m in metrics}
         group = torch.cat([e[0] for e in self._exact]).cpu().numpy()
-        by_group = np.argsort(group, kind="stable")
+        # the same stable order either way; group ids below 2^15 sort as int16, which numpy's
+        # stable argsort orders by a radix sort (one counting pass) instead of a merge sort
+        small = self.n_groups <= np.iinfo(np.int16).max
+        by_group = np.argsort(group.astype(np.int16) if small else group, kind="stable")
         group = group[by_group]
         # as many metrics at a time as keep every array of the batch within 2^19 float64s
         # (4 MiB: all metrics on small inputs, one near the exact limit), so the peak memory
@@ -358,6 +361,8 @@ class StreamingSummary:
         for first in range(0, len(metrics), per):
             batch = metrics[first:first + per]
             cols = [names.index(m) for m in batch]
+            if cols == list(range(cols[0], cols[0] + len(cols))):  # a slice: views, not copies per entry
+                cols = slice(cols[0], cols[0] + len(cols))
             x = torch.cat([e[1][cols] for e in self._exact], dim=1).double().cpu().numpy()[:, by_group]
             use = torch.cat([e[2][cols] for e in self._exact], dim=1).cpu().numpy()[:, by_group]
             counts = np.stack([np.bincount(group[use[j]], minlength=n_g) for j in range(len(batch))])
