@@ -46,7 +46,7 @@ import math
 import sys
 
 from .patching import PATCH_SEQ
-from .peak_measure import METHOD_CPU
+from .peak_measure import COUNTS, METHOD_CPU, METHOD_LIVE
 from .shapes import Shape
 
 MB = 2.0**20
@@ -246,18 +246,25 @@ def record_sides(record: str, shape: Shape, batch: int, seq: int) -> dict[str, t
 
 
 def check_rows(doc: dict) -> list[dict]:
-    """Measured against predicted, one row per (size, dtype, record, side) of a ``--measure`` JSON."""
+    """Measured against predicted, one row per (size, dtype, record, side) of a ``--measure`` JSON.
+
+    A JSON of ``count`` ``live`` (the live tensor bytes) is checked against the tensors alone
+    (``fixed=False``: the ``tiny`` size's live increments are its shape terms, within 0.06 MB);
+    one of VmHWM (``rss``, the default of JSONs written before the live count) against the
+    tensors and the first-call term of :data:`FIXED_MB`."""
     from .scaling import SIZES
 
+    count = doc.get("count", "rss")
     rows = []
     for pt in doc["points"]:
         shape = Shape.of(SIZES[pt["size"]])
         analysis, b, s, settings = record_sides(pt["record"], shape, pt["batch"], pt["seq"])[pt["side"]]
-        pred = estimate(shape, analysis, b, s, pt["dtype"], **settings)["total"] / MB
+        pred = estimate(shape, analysis, b, s, pt["dtype"], fixed=count == "rss", **settings)["total"] / MB
         got = pt["increment_mb"]
         rows.append({"size": pt["size"], "dtype": pt["dtype"], "record": pt["record"], "side": pt["side"],
                      "analysis": analysis, "tokens": f"{b}x{s}", "measured_mb": got, "predicted_mb": pred,
-                     "ratio": pred / got if got > 0 else math.nan, "before_mb": pt["before_mb"], **settings})
+                     "ratio": pred / got if got > 0 else math.nan, "before_mb": pt["before_mb"], "count": count,
+                     **settings})
     # a point whose process started the call with less resident than its siblings (same size and
     # dtype) had weight pages evicted under memory pressure: its increment is not the call's
     for r in rows:
@@ -268,21 +275,36 @@ def check_rows(doc: dict) -> list[dict]:
 
 def check_files(paths) -> list[dict]:
     """:func:`check_rows` of several ``--measure`` JSONs, in order; a point measured again in a
-    later file (same size, dtype, record and side) replaces the earlier one."""
+    later file (same size, dtype, record, side and count) replaces the earlier one. A point with
+    both counts is one row: the live count's (``measured_mb``, ``ratio``) with the VmHWM reading
+    beside it (``rss_mb``, ``rss_ratio``, ``rss_resident``)."""
     rows: dict[tuple, dict] = {}
     for path in paths:
         with open(path) as f:
             for r in check_rows(json.load(f)):
-                rows.pop((r["size"], r["dtype"], r["record"], r["side"]), None)
-                rows[(r["size"], r["dtype"], r["record"], r["side"])] = r
-    return list(rows.values())
+                key = (r["size"], r["dtype"], r["record"], r["side"], r["count"])
+                rows.pop(key, None)
+                rows[key] = r
+    out, seen = [], set()
+    for key in rows:  # one row per point, where either count of it first appeared
+        if key[:4] in seen:
+            continue
+        seen.add(key[:4])
+        live, rss = rows.get((*key[:4], "live")), rows.get((*key[:4], "rss"))
+        if live is None:
+            out.append(rss)
+        else:
+            out.append({**live, **({"rss_mb": rss["measured_mb"], "rss_ratio": rss["ratio"],
+                                    "rss_resident": rss["resident"]} if rss else {})})
+    return out
 
 
 def measure_points(sizes: list[str], dtypes: list[str], records: list[str], seq: int, batch: int,
-                   workdir: str, log=None, save=None) -> list[dict]:
+                   workdir: str, log=None, save=None, count: str = "rss") -> list[dict]:
     """The harness's peak-memory probe (:mod:`benchmarks.peak_memory`: a fresh subprocess per
-    record side, VmHWM after one call minus VmRSS before it) for every size, dtype, record and
-    side, on the scaling family's seeded models; no timing."""
+    record side, VmHWM after one call minus VmRSS before it, or with ``count="live"`` the live
+    tensor bytes' high-water mark) for every size, dtype, record and side, on the scaling
+    family's seeded models; no timing."""
     from pathlib import Path
 
     from .peak_measure import SIDES, run_probe
@@ -297,7 +319,8 @@ def measure_points(sizes: list[str], dtypes: list[str], records: list[str], seq:
                     if (side == "baseline" and record in SAME_BASELINE
                             and "attribution_vs_transformer_lens" in records):
                         continue  # the same TransformerLens call as attribution_vs_transformer_lens's
-                    r = run_probe(record, str(path), seq, batch, side, device="cpu", dtype=dtype, threads=1)
+                    r = run_probe(record, str(path), seq, batch, side, device="cpu", dtype=dtype, threads=1,
+                                  count=count)
                     points.append({"size": name, "dtype": dtype, "record": record, "side": side, "seq": seq,
                                    "batch": batch, **{k: r[k] for k in ("before_mb", "peak_mb", "increment_mb")}})
                     if log:
@@ -308,22 +331,34 @@ def measure_points(sizes: list[str], dtypes: list[str], records: list[str], seq:
 
 
 def markdown_check(rows: list[dict]) -> str:
-    out = ["| size | dtype | analysis | tokens | measured MB | predicted MB | predicted / measured |",
-           "|---|---|---|---|---:|---:|---:|"]
+    """The rows of :func:`check_files` as Markdown: the live count and its ratio, then VmHWM's
+    (predicted with the first-call term) where the point has both."""
+    out = ["| size | dtype | analysis | tokens | live MB | predicted MB | predicted / live | RSS MB | "
+           "predicted + fixed / RSS |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    evicted = " (not resident: less in memory before the call than its siblings)"
     for r in rows:
         label = r["analysis"] + "".join(f", {k}={r[k]}" for k in ("layers_per_pass", "batch_size", "copies") if r.get(k))
-        flag = "" if r.get("resident", True) else " (not resident: less in memory before the call than its siblings, excluded)"
-        out.append(f"| {r['size']} | {r['dtype']} | {label}{flag} | {r['tokens']} | {r['measured_mb']:.1f} | "
-                   f"{r['predicted_mb']:.1f} | {r['ratio']:.2f} |")
+        if r["count"] == "live":
+            live = f"{r['measured_mb']:.1f} | {r['predicted_mb']:.1f} | {r['ratio']:.2f}"
+            rss = (f"{r['rss_mb']:.1f}{'' if r['rss_resident'] else evicted} | {r['rss_ratio']:.2f}"
+                   if "rss_mb" in r else "- | -")
+        else:
+            live = f"- | {r['predicted_mb']:.1f} | -"
+            rss = f"{r['measured_mb']:.1f}{'' if r['resident'] else evicted} | {r['ratio']:.2f}"
+        out.append(f"| {r['size']} | {r['dtype']} | {label} | {r['tokens']} | {live} | {rss} |")
     return "\n".join(out)
 
 
 def markdown_attribution(rows: list[dict]) -> str:
-    """Attribution patching's measured peak increments (rows of :func:`check_rows`), one row per
+    """Attribution patching's measured peak increments (rows of :func:`check_files`), one row per
     size and dtype: TransformerLens's ``attribution_patch`` and ours in one pass, with
-    ``layers_per_pass`` and with ``batch_size=1``, each with its ratio to TransformerLens's."""
+    ``layers_per_pass`` and with ``batch_size=1``, each with its ratio to TransformerLens's; in
+    VmHWM (what a user sees), the points with only a live count left out."""
     cells: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
     for r in rows:
+        rss = r.get("rss_mb", r["measured_mb"] if r["count"] == "rss" else None)
+        if rss is None:
+            continue
         if r["analysis"] == "attribution_transformer_lens":
             col = "tl"
         elif r["analysis"] == "attribution":
@@ -332,7 +367,7 @@ def markdown_attribution(rows: list[dict]) -> str:
             continue
         tag = f"k={r['layers_per_pass']}" if col == "lpp" else ""
         # TransformerLens's call measured again as another record's baseline: the first reading stays
-        cells.setdefault((r["size"], r["dtype"]), {}).setdefault(col, (r["measured_mb"], tag))
+        cells.setdefault((r["size"], r["dtype"]), {}).setdefault(col, (rss, tag))
     out = ["| size | dtype | pairs x tokens | TransformerLens MB | ours, one pass | ours, `layers_per_pass=k` | "
            "ours, `batch_size=1` |", "|---|---|---|---:|---:|---:|---:|"]
     tokens = {(r["size"], r["dtype"]): r["tokens"] for r in rows if r["analysis"].startswith("attribution")}
@@ -390,19 +425,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", default=",".join(MEASURED_RECORDS))
     p.add_argument("--setting", default="64x4", help="SEQxBATCH")
     p.add_argument("--workdir", default="/tmp/tl_directional_scaling")
+    p.add_argument("--count", choices=COUNTS, default="live",
+                   help="what --measure counts: the live tensor bytes' high-water mark (what the model "
+                        "describes) or VmHWM (what a user sees, the C allocator's slack included)")
     a = p.parse_args(argv)
     if a.measure:
         seq, batch = (int(x) for x in a.setting.split("x"))
         command = "python -m benchmarks.memory_model " + " ".join(sys.argv[1:] if argv is None else argv)
 
         def save(points, complete=True):  # after every point: a stopped run keeps what it measured
-            doc = {"command": command, "method": METHOD_CPU, "setting": a.setting, "points": points,
-                   "complete": complete}
+            doc = {"command": command, "method": METHOD_LIVE if a.count == "live" else METHOD_CPU,
+                   "count": a.count, "setting": a.setting, "points": points, "complete": complete}
             with open(a.measure, "w") as f:
                 f.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
         save(measure_points(a.sizes.split(","), a.dtypes.split(","), a.records.split(","), seq, batch,
-                            a.workdir, log=lambda m: print(m, file=sys.stderr, flush=True), save=save))
+                            a.workdir, log=lambda m: print(m, file=sys.stderr, flush=True), save=save,
+                            count=a.count))
     if a.check:
         rows = check_files(a.check)
         print(markdown_attribution(rows) if a.attribution else markdown_check(rows))
