@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", default=",".join(MEASURED_RECORDS))
     p.add_argument("--setting", default="64x4", help="SEQxBATCH")
     p.add_argument("--workdir", default="/tmp/tl_directional_scaling")
-    p.add_argument("--count", choices=COUNTS, default="live",
+    p.add_argument("--count", choices=COUNTS, default="rss",
                    help="what --measure counts: the live tensor bytes' high-water mark (what the model "
                         "describes) or VmHWM (what a user sees, the C allocator's slack included)")
     a = p.parse_args(argv)
