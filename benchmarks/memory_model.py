@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from .patching import PATCH_SEQ
@@ -428,13 +429,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--count", choices=COUNTS, default="rss",
                    help="what --measure counts: the live tensor bytes' high-water mark (what the model "
                         "describes) or VmHWM (what a user sees, the C allocator's slack included)")
+    p.add_argument("--mmap-threshold", type=int, default=65536, metavar="BYTES",
+                   help="with --measure --count rss: glibc's MALLOC_MMAP_THRESHOLD_ in each probe (blocks "
+                        "of this size or more are mmapped and returned on free; smaller ones come from the "
+                        "heap, whose freed blocks RSS keeps)")
     a = p.parse_args(argv)
     if a.measure:
         seq, batch = (int(x) for x in a.setting.split("x"))
+        if a.count == "rss":  # what run_probe passes on (the live count does not depend on it)
+            os.environ["MALLOC_MMAP_THRESHOLD_"] = str(a.mmap_threshold)
         command = "python -m benchmarks.memory_model " + " ".join(sys.argv[1:] if argv is None else argv)
 
         def save(points, complete=True):  # after every point: a stopped run keeps what it measured
-            doc = {"command": command, "method": METHOD_LIVE if a.count == "live" else METHOD_CPU,
+            method = METHOD_LIVE if a.count == "live" else METHOD_CPU.replace("65536", str(a.mmap_threshold))
+            doc = {"command": command, "method": method,
                    "count": a.count, "setting": a.setting, "points": points, "complete": complete}
             with open(a.measure, "w") as f:
                 f.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
