@@ -3,15 +3,18 @@ model's shape, the batch and the dtype, checked against the harness's measured p
 
 Usage (from the repository root)::
 
-    python -m benchmarks.memory_model --measure OUT.json --sizes tiny,smollm2-135m --setting 64x4
+    python -m benchmarks.memory_model --measure OUT.json --sizes tiny,smollm2-135m --setting 64x4 --count live
     python -m benchmarks.memory_model --check benchmarks/results/issue51_memory_cpu_float32_resident.json
     python -m benchmarks.memory_model --predict      # the 1B / 8B / 9B table of docs/performance.md
 
 ``--measure`` runs the harness's peak-memory probe (:mod:`benchmarks.peak_memory`, one fresh
-process per record side) on the scaling family's seeded builds; ``--check`` prints, for every
-point of such a JSON, the measured increment, the prediction and their ratio, as the Markdown
-table docs/performance.md shows; ``--predict`` prints what the model says
-for larger shapes, with the settings that make each fit.
+process per record side) on the scaling family's seeded builds, counting either the high-water
+mark of the live tensor bytes (``--count live``: what this model describes) or VmHWM
+(``--count rss``, the default: what a user sees, glibc's heap slack included); ``--check``
+prints, for every point of such JSONs, the measured increments (both counts side by side where
+a point has both), the prediction and their ratios, as the Markdown table docs/performance.md
+shows; ``--predict`` prints what the model says for larger shapes, with the settings that make
+each fit.
 
 The terms (``T = batch x seq`` tokens, ``e`` bytes per element of the model's dtype; float32
 statistics take 4 bytes whatever the model's dtype):
@@ -28,13 +31,16 @@ statistics take 4 bytes whatever the model's dtype):
   with trainable parameters (TransformerLens's ``attribution_patch``) each linear map's input
   and each norm's output are kept too, ``+ T (d_mlp + 5 d_model) e``;
 * ``cache``: ``hooks x T x width x e`` for what a cache or the attribution clean run holds;
-* ``fixed``: what one first call costs whatever the shape (lazy imports, the profile's tables),
-  read off the ``tiny`` size (2 layers, width 64, every shape term under 3 MB); ``tiny`` is
-  therefore the calibration of this term, not a check of the model.
+* ``fixed``: what one first call adds to VmHWM whatever the shape (lazy imports, Python
+  objects, the profile's tables), read off the ``tiny`` size's VmHWM points (2 layers, width 64,
+  every shape term under 3 MB); not a tensor term (``tiny``'s live counts are its shape terms),
+  so it is added for a VmHWM point only.
 
 Scope: decoder-only models of the Llama / Qwen / Gemma kind (RMSNorm, gated MLP, rotary, GQA);
-on CPU with glibc's ``MALLOC_MMAP_THRESHOLD_=65536`` (the harness's measurement), or on a GPU
-where the caching allocator's rounding adds a few percent. It says nothing of the weights
+the live tensor bytes on CPU; VmHWM with glibc's ``MALLOC_MMAP_THRESHOLD_=65536`` (the harness's
+measurement) holds up to a quarter more where a call's tensors are under 64 KB (glibc's heap
+keeps freed blocks resident; docs/performance.md, "What the misses were"); on a GPU the caching
+allocator's rounding adds a few percent. It says nothing of the weights
 themselves (``parameters x e``; add them for what a machine must hold).
 """
 
@@ -60,11 +66,15 @@ AUTO_MAX_RUNS = 64
 #: Values per (group, metric) a streaming summary keeps for exact quantiles (core.stats).
 EXACT_QUANTILE_LIMIT = 16_384
 #: Bytes the streaming profile holds per layer and token until a batch's statistics are counted,
-#: as ``(per d_model, per n_heads x seq)``: fitted by least squares on the float32 points of
-#: smollm2-135m, qwen3-0.6b, llama-3.2-1b and qwen2.5-1.5b (about 1.15 float32 rows of the stream
-#: and 1.45 float32 attention patterns); bfloat16 is float32's scaled to llama-3.2-1b's bfloat16
-#: point (one point: a fit, not a check).
-PROFILE_BYTES = {"float32": (4.6, 5.8), "bfloat16": (3.65, 4.6), "float16": (3.65, 4.6)}
+#: as ``(per d_model, per n_heads x seq)``, live tensors: fitted by least squares on the float32
+#: live points (``--count live``) of LIVE_FIT_SIZES; bfloat16 is float32's scaled to
+#: LIVE_FIT_BF16 (one point: a fit, not a check).
+PROFILE_BYTES = {"float32": (4.34, 4.34), "bfloat16": (3.44, 3.44), "float16": (3.44, 3.44)}
+#: The same fitted on VmHWM (``fixed=True``), glibc's heap slack included: least squares on the
+#: float32 VmHWM points of smollm2-135m, qwen3-0.6b, llama-3.2-1b and qwen2.5-1.5b (about 1.15
+#: float32 rows of the stream and 1.45 float32 attention patterns); bfloat16 scaled to
+#: llama-3.2-1b's bfloat16 point.
+PROFILE_BYTES_RSS = {"float32": (4.6, 5.8), "bfloat16": (3.65, 4.6), "float16": (3.65, 4.6)}
 #: What each analysis's first call costs whatever the shape (MB): the ``tiny`` size's measured
 #: increment minus its shape terms, 0 where those exceed it
 #: (benchmarks/results/issue51_memory_cpu_float32_small.json): imports and tables on first use.
@@ -112,7 +122,8 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         batch_size: attribution's pairs per forward / backward (None: all at once); each chunk's
             clean run, graph, logits and gradients are freed before the next (the scores kept
             between chunks are a few numbers per node).
-        fixed: add the first-call constant of :data:`FIXED_MB`.
+        fixed: predict VmHWM rather than the live tensor bytes: add the first-call constant of
+            :data:`FIXED_MB` and count the profile's rows with :data:`PROFILE_BYTES_RSS`.
     """
     e = DTYPE_BYTES[dtype]
     s = shape
@@ -134,7 +145,8 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         # no logits (the forward stops after the last block); the rows of every layer, held until
         # the batch's statistics are counted in one pass (PROFILE_BYTES); the values kept for
         # exact quantiles
-        per_stream, per_pattern = PROFILE_BYTES.get(dtype, PROFILE_BYTES["float32"])
+        fit = PROFILE_BYTES_RSS if fixed else PROFILE_BYTES
+        per_stream, per_pattern = fit.get(dtype, fit["float32"])
         rows = s.n_layers * T * (per_stream * s.d_model + per_pattern * s.n_heads * seq)
         terms = {"block": block, "layers_rows": rows, "kept_values": groups * 4 * min(T, EXACT_QUANTILE_LIMIT) * 8}
     elif analysis == "cache_split":
