@@ -33,7 +33,8 @@ statistics take 4 bytes whatever the model's dtype):
 * ``cache``: ``hooks x T x width x e`` for what a cache or the attribution clean run holds;
 * ``fixed``: what one first call adds to VmHWM whatever the shape (lazy imports, Python
   objects, the profile's tables), read off the ``tiny`` size's VmHWM points (2 layers, width 64,
-  every shape term under 3 MB); not a tensor term (``tiny``'s live counts are its shape terms),
+  every shape term under 3 MB); not a tensor term (``tiny``'s live counts exceed its shape terms by
+  0.06 MB at most),
   so it is added for a VmHWM point only.
 
 Scope: decoder-only models of the Llama / Qwen / Gemma kind (RMSNorm, gated MLP, rotary, GQA);
@@ -262,7 +263,7 @@ def check_rows(doc: dict) -> list[dict]:
     """Measured against predicted, one row per (size, dtype, record, side) of a ``--measure`` JSON.
 
     A JSON of ``count`` ``live`` (the live tensor bytes) is checked against the tensors alone
-    (``fixed=False``: the ``tiny`` size's live increments are its shape terms, within 0.06 MB);
+    (``fixed=False``: the ``tiny`` size's live increments exceed its shape terms by 0.06 MB at most);
     one of VmHWM (``rss``, the default of JSONs written before the live count) against the
     tensors and the first-call term of :data:`FIXED_MB`."""
     from .scaling import SIZES
