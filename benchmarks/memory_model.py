@@ -40,7 +40,8 @@ statistics take 4 bytes whatever the model's dtype):
 Scope: decoder-only models of the Llama / Qwen / Gemma kind (RMSNorm, gated MLP, rotary, GQA);
 the live tensor bytes on CPU; VmHWM with glibc's ``MALLOC_MMAP_THRESHOLD_=65536`` (the harness's
 measurement) holds up to a quarter more where a call's tensors are under 64 KB (glibc's heap
-keeps freed blocks resident; docs/performance.md, "What the misses were"); on a GPU the caching
+keeps freed blocks resident, and in bfloat16 about 10 MB lies outside torch's tensors;
+docs/performance.md, "What the misses were"); on a GPU the caching
 allocator's rounding adds a few percent. It says nothing of the weights
 themselves (``parameters x e``; add them for what a machine must hold).
 """
