@@ -497,6 +497,7 @@ MEMORY_POINTS = ("issue51_memory_cpu_float32_resident.json", "issue51_memory_cpu
                  "issue51_memory_cpu_large_rerun.json", "issue51_memory_cpu_patching_resident.json",
                  "issue51_memory_cpu_live_small.json", "issue51_memory_cpu_live_qwen3.json",
                  "issue51_memory_cpu_live_large_bf16_attr.json", "issue51_memory_cpu_live_large_profile.json",
+                 "issue51_memory_cpu_live_large_f32_attr.json",
                  "issue51_memory_cpu_live_patching.json")
 
 #: Points whose live count is within 10% but whose VmHWM the model (with its first-call term)
