@@ -3,15 +3,18 @@ model's shape, the batch and the dtype, checked against the harness's measured p
 
 Usage (from the repository root)::
 
-    python -m benchmarks.memory_model --measure OUT.json --sizes tiny,smollm2-135m --setting 64x4
+    python -m benchmarks.memory_model --measure OUT.json --sizes tiny,smollm2-135m --setting 64x4 --count live
     python -m benchmarks.memory_model --check benchmarks/results/issue51_memory_cpu_float32_resident.json
     python -m benchmarks.memory_model --predict      # the 1B / 8B / 9B table of docs/performance.md
 
 ``--measure`` runs the harness's peak-memory probe (:mod:`benchmarks.peak_memory`, one fresh
-process per record side) on the scaling family's seeded builds; ``--check`` prints, for every
-point of such a JSON, the measured increment, the prediction and their ratio, as the Markdown
-table docs/performance.md shows; ``--predict`` prints what the model says
-for larger shapes, with the settings that make each fit.
+process per record side) on the scaling family's seeded builds, counting either the high-water
+mark of the live tensor bytes (``--count live``: what this model describes) or VmHWM
+(``--count rss``, the default: what a user sees, glibc's heap slack included); ``--check``
+prints, for every point of such JSONs, the measured increments (both counts side by side where
+a point has both), the prediction and their ratios, as the Markdown table docs/performance.md
+shows; ``--predict`` prints what the model says for larger shapes, with the settings that make
+each fit.
 
 The terms (``T = batch x seq`` tokens, ``e`` bytes per element of the model's dtype; float32
 statistics take 4 bytes whatever the model's dtype):
@@ -28,13 +31,18 @@ statistics take 4 bytes whatever the model's dtype):
   with trainable parameters (TransformerLens's ``attribution_patch``) each linear map's input
   and each norm's output are kept too, ``+ T (d_mlp + 5 d_model) e``;
 * ``cache``: ``hooks x T x width x e`` for what a cache or the attribution clean run holds;
-* ``fixed``: what one first call costs whatever the shape (lazy imports, the profile's tables),
-  read off the ``tiny`` size (2 layers, width 64, every shape term under 3 MB); ``tiny`` is
-  therefore the calibration of this term, not a check of the model.
+* ``fixed``: what one first call adds to VmHWM whatever the shape (lazy imports, Python
+  objects, the profile's tables), read off the ``tiny`` size's VmHWM points (2 layers, width 64,
+  every shape term under 3 MB); not a tensor term (``tiny``'s live counts exceed its shape terms by
+  0.06 MB at most),
+  so it is added for a VmHWM point only.
 
 Scope: decoder-only models of the Llama / Qwen / Gemma kind (RMSNorm, gated MLP, rotary, GQA);
-on CPU with glibc's ``MALLOC_MMAP_THRESHOLD_=65536`` (the harness's measurement), or on a GPU
-where the caching allocator's rounding adds a few percent. It says nothing of the weights
+the live tensor bytes on CPU; VmHWM with glibc's ``MALLOC_MMAP_THRESHOLD_=65536`` (the harness's
+measurement) holds up to a quarter more where a call's tensors are under 64 KB (glibc's heap
+keeps freed blocks resident, and in bfloat16 about 10 MB lies outside torch's tensors;
+docs/performance.md, "What the misses were"); on a GPU the caching
+allocator's rounding adds a few percent. It says nothing of the weights
 themselves (``parameters x e``; add them for what a machine must hold).
 """
 
@@ -43,10 +51,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from .patching import PATCH_SEQ
-from .peak_measure import METHOD_CPU
+from .peak_measure import COUNTS, METHOD_CPU, METHOD_LIVE
 from .shapes import Shape
 
 MB = 2.0**20
@@ -59,11 +68,18 @@ AUTO_MAX_RUNS = 64
 #: Values per (group, metric) a streaming summary keeps for exact quantiles (core.stats).
 EXACT_QUANTILE_LIMIT = 16_384
 #: Bytes the streaming profile holds per layer and token until a batch's statistics are counted,
-#: as ``(per d_model, per n_heads x seq)``: fitted by least squares on the float32 points of
-#: smollm2-135m, qwen3-0.6b, llama-3.2-1b and qwen2.5-1.5b (about 1.15 float32 rows of the stream
-#: and 1.45 float32 attention patterns); bfloat16 is float32's scaled to llama-3.2-1b's bfloat16
-#: point (one point: a fit, not a check).
-PROFILE_BYTES = {"float32": (4.6, 5.8), "bfloat16": (3.65, 4.6), "float16": (3.65, 4.6)}
+#: as ``(per d_model, per n_heads x seq)``, live tensors: fitted by least squares on the float32
+#: live points (``--count live``) of smollm2-135m, qwen3-0.6b, llama-3.2-1b and qwen2.5-1.5b at
+#: 4 x 64 tokens (about 2 float32 rows of the stream; at seq 64 the first three have
+#: ``n_heads x seq = d_model``, so qwen2.5-1.5b alone separates the two coefficients); bfloat16
+#: fitted on llama-3.2-1b's and qwen2.5-1.5b's bfloat16 live points (two points, an exact fit;
+#: float32's scaled to llama-3.2-1b's point put qwen2.5-1.5b's at 1.27): fits, not checks.
+PROFILE_BYTES = {"float32": (8.16, 0.52), "bfloat16": (2.95, 4.10), "float16": (2.95, 4.10)}
+#: The same fitted on VmHWM (``fixed=True``), glibc's heap slack included: least squares on the
+#: float32 VmHWM points of smollm2-135m, qwen3-0.6b, llama-3.2-1b and qwen2.5-1.5b (about 1.15
+#: float32 rows of the stream and 1.45 float32 attention patterns); bfloat16 scaled to
+#: llama-3.2-1b's bfloat16 point.
+PROFILE_BYTES_RSS = {"float32": (4.6, 5.8), "bfloat16": (3.65, 4.6), "float16": (3.65, 4.6)}
 #: What each analysis's first call costs whatever the shape (MB): the ``tiny`` size's measured
 #: increment minus its shape terms, 0 where those exceed it
 #: (benchmarks/results/issue51_memory_cpu_float32_small.json): imports and tables on first use.
@@ -111,7 +127,8 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         batch_size: attribution's pairs per forward / backward (None: all at once); each chunk's
             clean run, graph, logits and gradients are freed before the next (the scores kept
             between chunks are a few numbers per node).
-        fixed: add the first-call constant of :data:`FIXED_MB`.
+        fixed: predict VmHWM rather than the live tensor bytes: add the first-call constant of
+            :data:`FIXED_MB` and count the profile's rows with :data:`PROFILE_BYTES_RSS`.
     """
     e = DTYPE_BYTES[dtype]
     s = shape
@@ -133,7 +150,8 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         # no logits (the forward stops after the last block); the rows of every layer, held until
         # the batch's statistics are counted in one pass (PROFILE_BYTES); the values kept for
         # exact quantiles
-        per_stream, per_pattern = PROFILE_BYTES.get(dtype, PROFILE_BYTES["float32"])
+        fit = PROFILE_BYTES_RSS if fixed else PROFILE_BYTES
+        per_stream, per_pattern = fit.get(dtype, fit["float32"])
         rows = s.n_layers * T * (per_stream * s.d_model + per_pattern * s.n_heads * seq)
         terms = {"block": block, "layers_rows": rows, "kept_values": groups * 4 * min(T, EXACT_QUANTILE_LIMIT) * 8}
     elif analysis == "cache_split":
@@ -246,18 +264,25 @@ def record_sides(record: str, shape: Shape, batch: int, seq: int) -> dict[str, t
 
 
 def check_rows(doc: dict) -> list[dict]:
-    """Measured against predicted, one row per (size, dtype, record, side) of a ``--measure`` JSON."""
+    """Measured against predicted, one row per (size, dtype, record, side) of a ``--measure`` JSON.
+
+    A JSON of ``count`` ``live`` (the live tensor bytes) is checked against the tensors alone
+    (``fixed=False``: the ``tiny`` size's live increments exceed its shape terms by 0.06 MB at most);
+    one of VmHWM (``rss``, the default of JSONs written before the live count) against the
+    tensors and the first-call term of :data:`FIXED_MB`."""
     from .scaling import SIZES
 
+    count = doc.get("count", "rss")
     rows = []
     for pt in doc["points"]:
         shape = Shape.of(SIZES[pt["size"]])
         analysis, b, s, settings = record_sides(pt["record"], shape, pt["batch"], pt["seq"])[pt["side"]]
-        pred = estimate(shape, analysis, b, s, pt["dtype"], **settings)["total"] / MB
+        pred = estimate(shape, analysis, b, s, pt["dtype"], fixed=count == "rss", **settings)["total"] / MB
         got = pt["increment_mb"]
         rows.append({"size": pt["size"], "dtype": pt["dtype"], "record": pt["record"], "side": pt["side"],
                      "analysis": analysis, "tokens": f"{b}x{s}", "measured_mb": got, "predicted_mb": pred,
-                     "ratio": pred / got if got > 0 else math.nan, "before_mb": pt["before_mb"], **settings})
+                     "ratio": pred / got if got > 0 else math.nan, "before_mb": pt["before_mb"], "count": count,
+                     **settings})
     # a point whose process started the call with less resident than its siblings (same size and
     # dtype) had weight pages evicted under memory pressure: its increment is not the call's
     for r in rows:
@@ -268,21 +293,36 @@ def check_rows(doc: dict) -> list[dict]:
 
 def check_files(paths) -> list[dict]:
     """:func:`check_rows` of several ``--measure`` JSONs, in order; a point measured again in a
-    later file (same size, dtype, record and side) replaces the earlier one."""
+    later file (same size, dtype, record, side and count) replaces the earlier one. A point with
+    both counts is one row: the live count's (``measured_mb``, ``ratio``) with the VmHWM reading
+    beside it (``rss_mb``, ``rss_ratio``, ``rss_resident``)."""
     rows: dict[tuple, dict] = {}
     for path in paths:
         with open(path) as f:
             for r in check_rows(json.load(f)):
-                rows.pop((r["size"], r["dtype"], r["record"], r["side"]), None)
-                rows[(r["size"], r["dtype"], r["record"], r["side"])] = r
-    return list(rows.values())
+                key = (r["size"], r["dtype"], r["record"], r["side"], r["count"])
+                rows.pop(key, None)
+                rows[key] = r
+    out, seen = [], set()
+    for key in rows:  # one row per point, where either count of it first appeared
+        if key[:4] in seen:
+            continue
+        seen.add(key[:4])
+        live, rss = rows.get((*key[:4], "live")), rows.get((*key[:4], "rss"))
+        if live is None:
+            out.append(rss)
+        else:
+            out.append({**live, **({"rss_mb": rss["measured_mb"], "rss_ratio": rss["ratio"],
+                                    "rss_resident": rss["resident"]} if rss else {})})
+    return out
 
 
 def measure_points(sizes: list[str], dtypes: list[str], records: list[str], seq: int, batch: int,
-                   workdir: str, log=None, save=None) -> list[dict]:
+                   workdir: str, log=None, save=None, count: str = "rss") -> list[dict]:
     """The harness's peak-memory probe (:mod:`benchmarks.peak_memory`: a fresh subprocess per
-    record side, VmHWM after one call minus VmRSS before it) for every size, dtype, record and
-    side, on the scaling family's seeded models; no timing."""
+    record side, VmHWM after one call minus VmRSS before it, or with ``count="live"`` the live
+    tensor bytes' high-water mark) for every size, dtype, record and side, on the scaling
+    family's seeded models; no timing."""
     from pathlib import Path
 
     from .peak_measure import SIDES, run_probe
@@ -297,7 +337,8 @@ def measure_points(sizes: list[str], dtypes: list[str], records: list[str], seq:
                     if (side == "baseline" and record in SAME_BASELINE
                             and "attribution_vs_transformer_lens" in records):
                         continue  # the same TransformerLens call as attribution_vs_transformer_lens's
-                    r = run_probe(record, str(path), seq, batch, side, device="cpu", dtype=dtype, threads=1)
+                    r = run_probe(record, str(path), seq, batch, side, device="cpu", dtype=dtype, threads=1,
+                                  count=count)
                     points.append({"size": name, "dtype": dtype, "record": record, "side": side, "seq": seq,
                                    "batch": batch, **{k: r[k] for k in ("before_mb", "peak_mb", "increment_mb")}})
                     if log:
@@ -308,22 +349,34 @@ def measure_points(sizes: list[str], dtypes: list[str], records: list[str], seq:
 
 
 def markdown_check(rows: list[dict]) -> str:
-    out = ["| size | dtype | analysis | tokens | measured MB | predicted MB | predicted / measured |",
-           "|---|---|---|---|---:|---:|---:|"]
+    """The rows of :func:`check_files` as Markdown: the live count and its ratio, then VmHWM's
+    (predicted with the first-call term) where the point has both."""
+    out = ["| size | dtype | analysis | tokens | live MB | predicted MB | predicted / live | RSS MB | "
+           "predicted + fixed / RSS |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    evicted = " (not resident: less in memory before the call than its siblings)"
     for r in rows:
         label = r["analysis"] + "".join(f", {k}={r[k]}" for k in ("layers_per_pass", "batch_size", "copies") if r.get(k))
-        flag = "" if r.get("resident", True) else " (not resident: less in memory before the call than its siblings, excluded)"
-        out.append(f"| {r['size']} | {r['dtype']} | {label}{flag} | {r['tokens']} | {r['measured_mb']:.1f} | "
-                   f"{r['predicted_mb']:.1f} | {r['ratio']:.2f} |")
+        if r["count"] == "live":
+            live = f"{r['measured_mb']:.1f} | {r['predicted_mb']:.1f} | {r['ratio']:.2f}"
+            rss = (f"{r['rss_mb']:.1f}{'' if r['rss_resident'] else evicted} | {r['rss_ratio']:.2f}"
+                   if "rss_mb" in r else "- | -")
+        else:
+            live = f"- | {r['predicted_mb']:.1f} | -"
+            rss = f"{r['measured_mb']:.1f}{'' if r['resident'] else evicted} | {r['ratio']:.2f}"
+        out.append(f"| {r['size']} | {r['dtype']} | {label} | {r['tokens']} | {live} | {rss} |")
     return "\n".join(out)
 
 
 def markdown_attribution(rows: list[dict]) -> str:
-    """Attribution patching's measured peak increments (rows of :func:`check_rows`), one row per
+    """Attribution patching's measured peak increments (rows of :func:`check_files`), one row per
     size and dtype: TransformerLens's ``attribution_patch`` and ours in one pass, with
-    ``layers_per_pass`` and with ``batch_size=1``, each with its ratio to TransformerLens's."""
+    ``layers_per_pass`` and with ``batch_size=1``, each with its ratio to TransformerLens's; in
+    VmHWM (what a user sees), the points with only a live count left out."""
     cells: dict[tuple[str, str], dict[str, tuple[float, str]]] = {}
     for r in rows:
+        rss = r.get("rss_mb", r["measured_mb"] if r["count"] == "rss" else None)
+        if rss is None:
+            continue
         if r["analysis"] == "attribution_transformer_lens":
             col = "tl"
         elif r["analysis"] == "attribution":
@@ -332,7 +385,7 @@ def markdown_attribution(rows: list[dict]) -> str:
             continue
         tag = f"k={r['layers_per_pass']}" if col == "lpp" else ""
         # TransformerLens's call measured again as another record's baseline: the first reading stays
-        cells.setdefault((r["size"], r["dtype"]), {}).setdefault(col, (r["measured_mb"], tag))
+        cells.setdefault((r["size"], r["dtype"]), {}).setdefault(col, (rss, tag))
     out = ["| size | dtype | pairs x tokens | TransformerLens MB | ours, one pass | ours, `layers_per_pass=k` | "
            "ours, `batch_size=1` |", "|---|---|---|---:|---:|---:|---:|"]
     tokens = {(r["size"], r["dtype"]): r["tokens"] for r in rows if r["analysis"].startswith("attribution")}
@@ -390,19 +443,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", default=",".join(MEASURED_RECORDS))
     p.add_argument("--setting", default="64x4", help="SEQxBATCH")
     p.add_argument("--workdir", default="/tmp/tl_directional_scaling")
+    p.add_argument("--count", choices=COUNTS, default="rss",
+                   help="what --measure counts: the live tensor bytes' high-water mark (what the model "
+                        "describes) or VmHWM (what a user sees, the C allocator's slack included)")
+    p.add_argument("--mmap-threshold", type=int, default=65536, metavar="BYTES",
+                   help="with --measure --count rss: glibc's MALLOC_MMAP_THRESHOLD_ in each probe (blocks "
+                        "of this size or more are mmapped and returned on free; smaller ones come from the "
+                        "heap, whose freed blocks RSS keeps)")
     a = p.parse_args(argv)
     if a.measure:
         seq, batch = (int(x) for x in a.setting.split("x"))
+        if a.count == "rss":  # what run_probe passes on (the live count does not depend on it)
+            os.environ["MALLOC_MMAP_THRESHOLD_"] = str(a.mmap_threshold)
         command = "python -m benchmarks.memory_model " + " ".join(sys.argv[1:] if argv is None else argv)
 
         def save(points, complete=True):  # after every point: a stopped run keeps what it measured
-            doc = {"command": command, "method": METHOD_CPU, "setting": a.setting, "points": points,
-                   "complete": complete}
+            method = METHOD_LIVE if a.count == "live" else METHOD_CPU.replace("65536", str(a.mmap_threshold))
+            doc = {"command": command, "method": method,
+                   "count": a.count, "setting": a.setting, "points": points, "complete": complete}
             with open(a.measure, "w") as f:
                 f.write(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
         save(measure_points(a.sizes.split(","), a.dtypes.split(","), a.records.split(","), seq, batch,
-                            a.workdir, log=lambda m: print(m, file=sys.stderr, flush=True), save=save))
+                            a.workdir, log=lambda m: print(m, file=sys.stderr, flush=True), save=save,
+                            count=a.count))
     if a.check:
         rows = check_files(a.check)
         print(markdown_attribution(rows) if a.attribution else markdown_check(rows))

@@ -276,6 +276,39 @@ def test_peak_memory_probe_of_both_sides(tiny_model_dir):
     assert "identical sequential" in out["baseline"]["note"]  # one of the 9 forwards
 
 
+def test_live_peak_counts_the_tensors_alive_at_once():
+    """Issue 51: the live count (``BENCH_PEAK_COUNT=live``) is the high-water mark of the bytes
+    torch's CPU allocator holds for tensors during the call: 1 MiB and 2 MiB alive together, the
+    first freed before 0.5 MiB more, is 3 MiB exactly, whatever glibc keeps resident."""
+    import torch
+
+    from benchmarks.peak_measure import live_peak_of, run_probe
+
+    def fn():
+        a = torch.empty(2**18)
+        b = torch.empty(2**19)
+        del a
+        return b, torch.empty(2**17)
+
+    r = live_peak_of(fn)
+    assert r["increment_mb"] == 3.0 and r["allocations"] == 3 and r["count"] == "live"
+    with pytest.raises(ValueError, match=r"count='vmrss' is not a peak count; choose from \('rss', 'live'\)"):
+        run_probe("sweep_cost", "unused", 16, 2, "baseline", device="cpu", dtype="float32", threads=1,
+                  count="vmrss")
+
+
+def test_peak_memory_probe_counts_live_tensors(tiny_model_dir):
+    """The probe's live count in a fresh subprocess: a forward of the tiny GPT-2 holds at least
+    its logits (2 x 16 tokens x the vocabulary, float32) at its peak."""
+    from benchmarks.peak_measure import run_probe
+
+    path = tiny_model_dir("gpt2")
+    r = run_probe("sweep_cost", str(path), 16, 2, "baseline", device="cpu", dtype="float32", threads=1,
+                  count="live")
+    vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
+    assert r["count"] == "live" and r["increment_mb"] * 2**20 >= 2 * 16 * vocab * 4
+
+
 def test_scaled_baseline_counts_one_call_k_times():
     import time
 
@@ -373,7 +406,7 @@ def test_memory_model_arithmetic_on_constructed_shapes():
     """Each term is the tensor size it names: logits ``T V e``, the graph linear in the layers a
     pass keeps, bfloat16 half of float32 except the profile's rows (fitted per dtype), and directional
     patching's stacked copies as the library sizes them."""
-    from benchmarks.memory_model import MB, Shape, estimate
+    from benchmarks.memory_model import MB, PROFILE_BYTES, PROFILE_BYTES_RSS, Shape, estimate
     from tl_directional.evaluate.patching.generic import copies_per_forward
 
     s = Shape(n_layers=8, d_model=64, n_heads=4, n_kv_heads=2, d_mlp=256, vocab=1000)
@@ -400,8 +433,11 @@ def test_memory_model_arithmetic_on_constructed_shapes():
     prof = estimate(s, "profile", 2, 16, "bfloat16", fixed=False)
     f32 = estimate(s, "profile", 2, 16, "float32", fixed=False)["layers_rows"]
     # the profile's rows per layer and token: fitted bytes per d_model and per n_heads x seq
-    assert f32 == pytest.approx(8 * 2 * 16 * (4.6 * 64 + 5.8 * 4 * 16), rel=1e-12)
-    assert prof["layers_rows"] == pytest.approx(8 * 2 * 16 * (3.65 * 64 + 4.6 * 4 * 16), rel=1e-12)
+    for dtype, rows in (("float32", f32), ("bfloat16", prof["layers_rows"])):
+        a, b = PROFILE_BYTES[dtype]
+        assert rows == pytest.approx(8 * 2 * 16 * (a * 64 + b * 4 * 16), rel=1e-12)
+    a, b = PROFILE_BYTES_RSS["float32"]  # VmHWM's fit, with the first-call term
+    assert estimate(s, "profile", 2, 16)["layers_rows"] == pytest.approx(8 * 2 * 16 * (a * 64 + b * 4 * 16), rel=1e-12)
     for b, p, v in ((1, 15, 1000), (1, 15, 151936), (8, 128, 262144)):
         shape = Shape(2, 64, 4, 2, 128, v)
         got = estimate(shape, "directional_patch", b, p, fixed=False)["stacked_logits"]
@@ -454,27 +490,39 @@ def test_memory_model_graph_term_counts_what_autograd_saves(tiny_model_dir, dtyp
     assert abs((sum(saved.values()) - outside) / want - 1) <= 0.10, (sum(saved.values()), want)
 
 
-#: The committed peak-memory points (python -m benchmarks.memory_model --measure, weights resident).
+#: The committed peak-memory points (python -m benchmarks.memory_model --measure): VmHWM with the
+#: weights resident, then the live tensor bytes (``--count live``) of the same points, which
+#: ``check_files`` puts beside them and checks in their place.
 MEMORY_POINTS = ("issue51_memory_cpu_float32_resident.json", "issue51_memory_cpu_large_resident.json",
-                 "issue51_memory_cpu_large_rerun.json", "issue51_memory_cpu_patching_resident.json")
+                 "issue51_memory_cpu_large_rerun.json", "issue51_memory_cpu_patching_resident.json",
+                 "issue51_memory_cpu_live_small.json", "issue51_memory_cpu_live_qwen3.json",
+                 "issue51_memory_cpu_live_large_bf16_attr.json", "issue51_memory_cpu_live_large_profile.json",
+                 "issue51_memory_cpu_live_large_f32_attr.json",
+                 "issue51_memory_cpu_live_patching.json")
 
-
-#: Committed points of our calls the memory model misses by more than 10% (docs/performance.md,
-#: "Measured against predicted"): (size, dtype, analysis, settings) -> the lowest ratio accepted.
-KNOWN_MISSES = {("llama-3.2-1b", "bfloat16", "attribution", "layers_per_pass=2"): 0.85,
-                ("llama-3.2-1b", "bfloat16", "attribution", "batch_size=1"): 0.85,
-                ("qwen2.5-1.5b", "bfloat16", "attribution", "batch_size=1"): 0.80}
+#: Points whose live count is within 10% but whose VmHWM the model (with its first-call term)
+#: misses by more: glibc's heap keeps freed blocks under the probe's 64 KiB mmap threshold resident
+#: and, in bfloat16, about 10 MB lies outside torch's tensors (docs/performance.md, "What the
+#: misses were"): (size, dtype, analysis, settings) -> the lowest VmHWM ratio accepted.
+RSS_MISSES = {("smollm2-135m", "float32", "attribution_transformer_lens", ""): 0.75,
+              ("smollm2-135m", "float32", "get_act_patch_resid_pre", ""): 0.75,
+              ("qwen3-0.6b", "float32", "attribution_transformer_lens", ""): 0.80,
+              ("llama-3.2-1b", "bfloat16", "attribution_transformer_lens", ""): 0.75,
+              ("llama-3.2-1b", "bfloat16", "attribution", "layers_per_pass=2"): 0.85,
+              ("llama-3.2-1b", "bfloat16", "attribution", "batch_size=1"): 0.85,
+              ("qwen2.5-1.5b", "bfloat16", "attribution_transformer_lens", ""): 0.75,
+              ("qwen2.5-1.5b", "bfloat16", "attribution", "batch_size=1"): 0.80}
 
 
 def test_memory_model_is_within_ten_percent_of_the_committed_measurements():
-    """Every committed peak increment of our calls (:data:`MEMORY_POINTS`, measured with the
-    harness's probe, the weights resident first) to 10%: the forward, the edit,
-    ``directional_patch`` and ``attribution_patch`` (one pass, ``layers_per_pass`` and
-    ``batch_size=1``) on every size in float32 and bfloat16 but ``tiny`` (the calibration of the
-    first-call term), and ``profile`` (its coefficients fitted on these points), except the three
-    bfloat16 attribution points of :data:`KNOWN_MISSES` (0.81-0.89), held to their stated bounds. TransformerLens's
-    ``attribution_patch`` and ``get_act_patch_resid_pre`` are printed by ``--check`` but not held
-    to 10% (docs/performance.md says by how much they miss)."""
+    """Every committed peak increment (:data:`MEMORY_POINTS`, the harness's probe) to 10%: where a
+    point has a live count (the bytes of the tensors alive, what the model describes), ours and
+    TransformerLens's calls alike against it; where it has only VmHWM, our calls (the forward,
+    the edit, ``directional_patch``, ``attribution_patch`` and ``profile``) against it, with the
+    first-call term. Every size but ``tiny`` (increments of 0.3-2 MB, where the terms' rounding
+    is the error). A point with both counts whose VmHWM is outside 10% is in :data:`RSS_MISSES`,
+    held to its stated bound (but one whose weights were evicted before the call: its VmHWM is
+    not the call's)."""
     from benchmarks.memory_model import check_files, main
 
     paths = [REPO_ROOT / "benchmarks" / "results" / name for name in MEMORY_POINTS]
@@ -482,19 +530,23 @@ def test_memory_model_is_within_ten_percent_of_the_committed_measurements():
                for p in paths)
     rows = check_files(paths)
     ours = ("forward", "forward_no_logits", "edit", "profile", "directional_patch", "attribution")
-    covered = [r for r in rows if r["size"] != "tiny" and r["resident"] and r["analysis"] in ours]
-    assert {r["dtype"] for r in covered if r["analysis"] == "attribution"} == {"float32", "bfloat16"}
-    assert {"llama-3.2-1b", "qwen2.5-1.5b"} <= {r["size"] for r in covered}
+    covered = [r for r in rows if r["size"] != "tiny" and r["resident"]
+               and (r["count"] == "live" or r["analysis"] in ours)]
+    live = [r for r in covered if r["count"] == "live"]
+    assert {r["dtype"] for r in live if r["analysis"] == "attribution_transformer_lens"} == {"float32", "bfloat16"}
+    assert {"llama-3.2-1b", "qwen2.5-1.5b"} <= {r["size"] for r in live}
+    assert {"get_act_patch_resid_pre", "directional_patch", "profile"} <= {r["analysis"] for r in live}
+    bad = [r for r in covered if abs(r["ratio"] - 1) > 0.10]
+    assert not bad, bad
 
     def key(r):
-        settings = ",".join(f"{k}={r[k]}" for k in ("layers_per_pass", "batch_size") if r.get(k))
-        return r["size"], r["dtype"], r["analysis"], settings
+        return r["size"], r["dtype"], r["analysis"], ",".join(
+            f"{k}={r[k]}" for k in ("layers_per_pass", "batch_size") if r.get(k))
 
-    bad = [r for r in covered if abs(r["ratio"] - 1) > 0.10 and key(r) not in KNOWN_MISSES]
-    assert not bad, bad
-    for r in covered:
-        if key(r) in KNOWN_MISSES:
-            assert KNOWN_MISSES[key(r)] <= r["ratio"] < 0.90, r
+    rss_missed = {key(r): r["rss_ratio"] for r in live
+                  if "rss_ratio" in r and r["rss_resident"] and abs(r["rss_ratio"] - 1) > 0.10}
+    assert set(rss_missed) == set(RSS_MISSES), rss_missed
+    assert all(RSS_MISSES[k] <= ratio < 0.90 for k, ratio in rss_missed.items()), rss_missed
     # the attribution table of docs/performance.md, generated from the same points
     assert main(["--check", str(REPO_ROOT / "benchmarks" / "results" / MEMORY_POINTS[0]), "--attribution"]) == 0
 
