@@ -52,7 +52,7 @@ def _pair(model, tokens: torch.Tensor):
 #: Receiver layers of ``path_patching_late_sender_vs_transformer_lens``: the sender is head 0 of
 #: layer ``n_layers - 1 - LATE_RECEIVER_LAYERS``, so both sides patch ``LATE_RECEIVER_LAYERS x
 #: n_heads`` receivers (TransformerLens one full forward each) instead of ``(n_layers - 1) x n_heads``.
-LATE_RECEIVER_LAYERS = 2
+LATE_RECEIVER_LAYERS = 1
 
 _BASELINE = ("transformer_lens.patching.get_act_patch_direct_path(model, corrupted, clean_cache, "
              "corrupted_cache, metric, {layer}, 0, 'q'): one full forward per later head, per-head block inputs")

@@ -354,7 +354,7 @@ def test_scaling_family_runs_each_size_and_dtype_in_its_own_process(tmp_path):
 def test_the_late_sender_path_record_patches_the_last_layers_on_both_sides(tmp_path):
     """``path_patching_late_sender_vs_transformer_lens`` (the scaling family's reduced path
     patching workload) on a 4-layer seeded Llama: the sender is head 0 of layer ``4 - 1 -
-    LATE_RECEIVER_LAYERS`` on both sides, its receivers the last layers' heads only, each checked
+    LATE_RECEIVER_LAYERS`` on both sides, its receivers the last layer's heads only, each checked
     equal to ``get_act_patch_direct_path`` from that layer; the layer-0 record, the same body,
     patches every later head. ``not_available`` on TransformerLens 2.18 (the legacy lane)."""
     import importlib
@@ -378,11 +378,11 @@ def test_the_late_sender_path_record_patches_the_last_layers_on_both_sides(tmp_p
     assert all(r["status"] == "ok" and r["ratio"] > 0 for r in records.values()), records
     full = records["path_patching_vs_transformer_lens"]["extra"]
     late = records["path_patching_late_sender_vs_transformer_lens"]["extra"]
-    assert LATE_RECEIVER_LAYERS == 2
+    assert LATE_RECEIVER_LAYERS == 1
     assert (full["sender_layer"], full["receivers"]) == (0, 3 * 4)
-    assert (late["sender_layer"], late["receivers"]) == (1, 2 * 4)
+    assert (late["sender_layer"], late["receivers"]) == (2, 1 * 4)
     assert late["check_max_abs_diff_vs_transformer_lens"] >= 0
-    assert "n_layers - 3" in records["path_patching_late_sender_vs_transformer_lens"]["baseline"]
+    assert "n_layers - 2" in records["path_patching_late_sender_vs_transformer_lens"]["baseline"]
 
 
 @pytest.mark.parametrize("text", ["64", "0x1", "64x0", "axb"])
