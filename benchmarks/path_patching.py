@@ -91,9 +91,10 @@ def path_patching_late_sender_vs_transformer_lens(bench: Bench):
     family's 1B+ builds): head 0 of layer ``n_layers - 1 - LATE_RECEIVER_LAYERS`` into every head
     of the last :data:`LATE_RECEIVER_LAYERS` layers, both sides the same sender and receivers.
 
-    Not the same ratio as the layer-0 record: TransformerLens's forwards stay full forwards,
-    while ``path_patch`` starts each at the receiver's block, here one of the last few; so the
-    ratio is lower than at a layer-0 sender (compare both on the size where both ran)."""
+    Not the same ratio as the layer-0 record: TransformerLens's forwards stay full forwards while
+    ``path_patch`` starts each at the receiver's block (here the last), but with few receivers
+    ``path_patch``'s fixed cost (its own clean and corrupted runs, the split) weighs more; on
+    smollm2-135m, where both ran, the late sender's ratio is the higher one (docs/performance.md)."""
     return _path_patching_timing(bench, receiver_layers=LATE_RECEIVER_LAYERS)
 
 
