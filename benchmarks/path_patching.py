@@ -18,6 +18,11 @@ The prompt pair: the first ``n = min(PATH_SEQ, seq)`` tokens of the setting's fi
 position ``n // 2`` replaced (corrupted); the metric is the last position's logit difference
 between two fixed tokens. TransformerLens's forwards are one per later head whatever ``n``; a
 shorter prompt makes each forward cheaper.
+
+``path_patching_late_sender_vs_transformer_lens``: the same body (one parameter) with the sender
+at layer ``n_layers - 1 - LATE_RECEIVER_LAYERS`` on both sides, so both patch only the last
+layers' heads: the scaling family's reduced workload, where the layer-0 record's ``(n_layers - 1)
+n_heads`` TransformerLens forwards per call do not fit a CPU session at 360M-1.5B parameters.
 """
 
 from __future__ import annotations
