@@ -384,6 +384,40 @@ def test_scaling_family_runs_each_size_and_dtype_in_its_own_process(tmp_path):
     assert scaling.main(["--sizes", "huge", "--json", str(out)]) == 2
 
 
+def test_the_late_sender_path_record_patches_the_last_layers_on_both_sides(tmp_path):
+    """``path_patching_late_sender_vs_transformer_lens`` (the scaling family's reduced path
+    patching workload) on a 4-layer seeded Llama: the sender is head 0 of layer ``4 - 1 -
+    LATE_RECEIVER_LAYERS`` on both sides, its receivers the last layer's heads only, each checked
+    equal to ``get_act_patch_direct_path`` from that layer; the layer-0 record, the same body,
+    patches every later head. ``not_available`` on TransformerLens 2.18 (the legacy lane)."""
+    import importlib
+
+    from benchmarks.path_patching import LATE_RECEIVER_LAYERS
+    from tl_directional.model.load import build_tiny_hf_model
+
+    model_dir = build_tiny_hf_model("llama", tmp_path / "llama4", seed=0, n_layers=4, d_model=32, n_heads=4,
+                                    n_kv_heads=2)
+    out = tmp_path / "late.json"
+    names = ("path_patching_vs_transformer_lens", "path_patching_late_sender_vs_transformer_lens")
+    code = bench_run.main(["--model", str(model_dir), "--records", ",".join(names), "--setting", "8x1",
+                           "--min-pairs", "2", "--max-pairs", "2", "--no-memory", "--no-wide",
+                           "--no-peak-memory", "--json", str(out)])
+    assert code == 0
+    records = {r["name"]: r for r in json.loads(out.read_text())["records"]}
+    assert set(records) == set(names)
+    if not hasattr(importlib.import_module("transformer_lens.patching"), "get_act_patch_direct_path"):
+        assert {r["status"] for r in records.values()} == {"not_available"}
+        return
+    assert all(r["status"] == "ok" and r["ratio"] > 0 for r in records.values()), records
+    full = records["path_patching_vs_transformer_lens"]["extra"]
+    late = records["path_patching_late_sender_vs_transformer_lens"]["extra"]
+    assert LATE_RECEIVER_LAYERS == 1
+    assert (full["sender_layer"], full["receivers"]) == (0, 3 * 4)
+    assert (late["sender_layer"], late["receivers"]) == (2, 1 * 4)
+    assert late["check_max_abs_diff_vs_transformer_lens"] >= 0
+    assert "n_layers - 2" in records["path_patching_late_sender_vs_transformer_lens"]["baseline"]
+
+
 @pytest.mark.parametrize("text", ["64", "0x1", "64x0", "axb"])
 def test_a_bad_setting_is_a_usage_error(text, capsys):
     with pytest.raises(SystemExit) as exc:
