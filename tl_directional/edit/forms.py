@@ -20,7 +20,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from ..core.geometry import component_delta, compute_dtype, projection_coefficient
-from ..core.kernels import row_dot, row_norm
 from ..model.sites import expand_kv_heads
 
 # ---------------------------------------------------------------------------------------------
@@ -209,19 +208,14 @@ def value_split_scaled(y: Float[Tensor, "*lead n_heads d_head"], v: Float[Tensor
     (``v``, one per KV head: query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``),
     in the compute dtype: V-Para's arithmetic (METHOD.md sec. 4) in fewer passes.
 
-    The contract (issue 51): **scale 1 is an exact no-op** (``s_par = s_perp = 1`` returns ``y``,
-    only the sign of a zero can differ), and every other value agrees with :func:`value_scaled`
-    (``y + component_delta(y, expand_kv_heads(v), s_par, s_perp, eps)``) within the round-off of a
-    ``d_head``-term sum: ``|fast - slow| <= roundoff_tolerance(dtype, ||y_row||, d_head)`` per
-    element (:func:`tl_directional.core.roundoff.roundoff_tolerance`; tests/unit/test_edit_forms.py).
-    Without autograd the squared norms are one reduction each and the dot products matrix
-    products (:func:`~tl_directional.core.kernels.row_norm`, :func:`~tl_directional.core.kernels.row_dot`:
-    the same sums added in another order), and with ``s_perp = 1`` the output is one fused pass
-    ``y + ((s_par - 1) a) v`` (``torch.addcmul``, a fused multiply-add on the CPU's vector units),
-    so no ``[..., d_head]`` product is written only to be summed. GQA heads are split against
-    their KV head by broadcasting instead of a copy per query head. With autograd (a scale that
-    needs gradients) it is :func:`value_scaled`'s arithmetic term by term, one value per query
-    head, so the gradients are those of :func:`value_scaled` bit for bit.
+    Bit-identical to ``y + component_delta(y, expand_kv_heads(v), s_par, s_perp, eps)`` (the
+    same products, sums and divisions in the same order; only the sign of a zero can differ):
+    GQA heads are split against their KV head by broadcasting instead of a copy per query
+    head (without autograd; with autograd, one value per query head, so the gradients are those
+    of :func:`value_scaled` bit for bit); a perpendicular factor that is exactly 0 (``sq_minus_one=None``, ``s_perp = 1``)
+    skips its term (``x + 0 * y_perp == x``), a parallel factor that is exactly -1
+    (``sp_minus_one=None``, ``s_par = 0``) is a subtraction (``x + (-1) y_par == x - y_par``),
+    and without autograd the temporaries are updated in place.
 
     Args:
         y: ``[..., n_heads, d_head]``, the head outputs (``hook_z``).
@@ -234,11 +228,11 @@ def value_split_scaled(y: Float[Tensor, "*lead n_heads d_head"], v: Float[Tensor
     dtype = compute_dtype(torch.promote_types(y.dtype, v.dtype))
     u, r = y.to(dtype), v.to(dtype)
     sp, sq = sp_minus_one, sq_minus_one
-    fused = not torch.is_grad_enabled() or not any(
+    inplace = not torch.is_grad_enabled() or not any(
         t is not None and t.requires_grad for t in (u, r, sp, sq))
     n_heads, n_kv = u.shape[-2], r.shape[-2]
     grouped = n_kv != n_heads
-    if grouped and not fused:
+    if grouped and not inplace:
         # with autograd, one value per query head: the gradient of a broadcast value would be
         # summed over its query heads in another order (float tolerance, not bitwise)
         r, grouped = expand_kv_heads(r, n_heads), False
@@ -247,33 +241,6 @@ def value_split_scaled(y: Float[Tensor, "*lead n_heads d_head"], v: Float[Tensor
         u, r = u.unflatten(-2, (n_kv, group)), r.unsqueeze(-2)
         sp = None if sp is None else _group_heads(sp, n_kv, group)
         sq = None if sq is None else _group_heads(sq, n_kv, group)
-    if fused:
-        out = _split_scaled_fused(u, r, sp, sq, eps)
-    else:
-        out = _split_scaled_by_terms(u, r, sp, sq, eps)
-    return out.flatten(-3, -2) if grouped else out
-
-
-def _split_scaled_fused(u: Tensor, r: Tensor, sp: Tensor | None, sq: Tensor | None, eps: float) -> Tensor:
-    """:func:`value_split_scaled` without autograd: norms by one reduction, dots by matrix
-    products, and with ``s_perp = 1`` (``sq`` None) one ``addcmul`` pass. ``r`` has ``u``'s shape
-    or size 1 in its second-to-last dimension (a GQA group against its KV head)."""
-    u_norm, r_norm = row_norm(u), row_norm(r)
-    u_sq, r_sq = u_norm * u_norm, r_norm * r_norm
-    degenerate = (r_sq <= eps) | (u_sq <= eps)
-    a = torch.where(degenerate, 0.0, row_dot(u, r) / torch.where(degenerate, 1.0, r_sq)).unsqueeze(-1)
-    if sq is None:
-        # y + (s_par - 1) a v; at s_par = 1 the factor is 0 and y + 0 * v is y exactly
-        return torch.addcmul(u, a, r, value=-1.0) if sp is None else torch.addcmul(u, a * sp, r)
-    sp = -torch.ones((), dtype=u.dtype, device=u.device) if sp is None else sp
-    y_par = a * r
-    # at s_par = s_perp = 1 both factors are 0: y + 0 is y exactly
-    return u + (sp * y_par + sq * (u - y_par))
-
-
-def _split_scaled_by_terms(u: Tensor, r: Tensor, sp: Tensor | None, sq: Tensor | None, eps: float) -> Tensor:
-    """:func:`value_split_scaled` with autograd: :func:`value_scaled`'s products, sums and
-    divisions in the same order (``r`` already one value per query head)."""
     u_sq = (u * u).sum(-1)
     r_sq = (r * r).sum(-1)
     dot = (u * r).sum(-1)
@@ -281,9 +248,16 @@ def _split_scaled_by_terms(u: Tensor, r: Tensor, sp: Tensor | None, sq: Tensor |
     a = torch.where(degenerate, 0.0, dot / torch.where(degenerate, 1.0, r_sq))
     y_par = a.unsqueeze(-1) * r
     if sq is None:
-        return u - y_par if sp is None else u + sp * y_par
-    sp = -torch.ones((), dtype=u.dtype, device=u.device) if sp is None else sp
-    return u + (sp * y_par + sq * (u - y_par))
+        if sp is None:
+            out = u - y_par
+        elif inplace:
+            out = y_par.mul_(sp).add_(u)
+        else:
+            out = u + sp * y_par
+    else:
+        sp = -torch.ones((), dtype=dtype, device=u.device) if sp is None else sp
+        out = u + (sp * y_par + sq * (u - y_par))
+    return out.flatten(-3, -2) if grouped else out
 
 
 def _group_heads(s: Tensor, n_kv: int, group: int) -> Tensor:
