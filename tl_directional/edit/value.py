@@ -115,9 +115,8 @@ class ValueScale(_HeadScoped):
                     cross_aggregate(z, v_full, self_weights(pattern, offset), dtype)
                 return cast_back(joint_value_scaled(z, y, v_full, sp, sq, self.eps), z, self, layer)
             if self.mode == "full":
-                # V-Para in fewer passes (forms.value_split_scaled): forms.value_scaled's numbers
-                # within the round-off of a d_head-term sum (scale 1 exactly y), with the scale
-                # factors kept between forward passes
+                # V-Para in fewer passes (forms.value_split_scaled): the same numbers as
+                # forms.value_scaled, with the scale factors kept between forward passes
                 spm1, sqm1 = factors(batch, n_q, offset, z.device, dtype, compute_dtype(torch.promote_types(z.dtype, v.dtype)))
                 return cast_back(value_split_scaled(z, v, spm1, sqm1, self.eps), z, self, layer)
             sp = row_scale(self, s_par, layer, batch, n_q, offset, head_mask, z.device, dtype)
