@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from tl_directional.core.geometry import decompose
 from tl_directional.core import kernels
+from tl_directional.core.geometry import decompose
 from tl_directional.core.kernels import row_dot, row_norm, split_stats, value_stats
 from tl_directional.core.quantiles import BIN_SCALES, QUANTILES
 from tl_directional.core.roundoff import roundoff_tolerance
