@@ -94,7 +94,8 @@ def _cpu_vendor() -> str:
 #: CPUs, where the GEMMs won (session 22, Xeon: see :data:`_BLOCK_DOT_MIN_WIDTH`); on an AMD EPYC
 #: (Zen 4, AVX-512 and AVX2 paths alike; issue 51, session 23, one thread, a loaded machine, so
 #: ratios only) the same GEMMs took about 2.5x the time of the product and sum (``[1024, 576]``:
-#: 0.33 ms against 0.13 ms). Fixed per machine at import, so a process always sums the same way.
+#: 0.33 ms against 0.13 ms). Fixed per machine at import, so a process always sums the same way;
+#: ``python -m benchmarks.dot_paths`` times both paths where it runs.
 _GEMM_DOTS = _cpu_vendor() in ("GenuineIntel", "")
 
 
