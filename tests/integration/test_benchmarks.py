@@ -642,3 +642,22 @@ def test_breakdown_times_every_stage_once_and_puts_the_functions_back(tiny_model
     assert originals == (stream.split_stats, stream.value_stats, StreamingSummary.__dict__["update"],
                          profiler._streaming_hooks, value.value_split_scaled)
     assert stream.split_stats is kernels.split_stats and value.value_split_scaled is forms.value_split_scaled
+
+
+def test_dot_paths_times_both_row_dot_paths_and_puts_the_choice_back(tmp_path):
+    """Issue 51: ``python -m benchmarks.dot_paths`` times one layer's measuring kernels with
+    ``row_dot``'s GEMM path against its product-and-sum path in pairs, writes the ratio and its
+    interval, and leaves the machine's own choice (``kernels._GEMM_DOTS``) as it found it; a
+    ratio needs two pairs at least."""
+    from benchmarks import dot_paths
+    from tl_directional.core import kernels
+
+    chosen = kernels._GEMM_DOTS
+    out = tmp_path / "dots.json"
+    assert dot_paths.main(["--tokens", "16", "--pairs", "2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert kernels._GEMM_DOTS is chosen
+    assert doc["pairs"] == 2 and len(doc["gemm_s"]) == len(doc["product_sum_s"]) == 2
+    assert doc["ci95"][0] <= doc["ratio_product_sum_over_gemm"] <= doc["ci95"][1]
+    assert doc["path_chosen_here"] == ("gemm" if chosen else "product_sum")
+    assert dot_paths.main(["--pairs", "1"]) == 2

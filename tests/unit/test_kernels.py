@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tl_directional.core import kernels
 from tl_directional.core.geometry import decompose
 from tl_directional.core.kernels import row_dot, row_norm, split_stats, value_stats
 from tl_directional.core.quantiles import BIN_SCALES, QUANTILES
@@ -120,12 +121,15 @@ def test_split_stats_equals_decompose_including_degenerate_tokens():
     assert math.isinf(float(s.par_perp_ratio[2, 0])) and bool(s.degenerate[0].all())
 
 
+@pytest.mark.parametrize("gemm_dots", [True, False], ids=["gemm", "vecdot"])
 @pytest.mark.parametrize("n, d", [(37, 576), (64, 300), (45, 64), (8, 256)])
-def test_row_dot_and_row_norm_equal_the_sums_of_products(n, d):
-    """:func:`row_dot` (block-diagonal GEMMs from 256 wide, one product per row below; rows left
-    over by the blocks summed directly) and :func:`row_norm` against float64 sums of products
-    written out, within float32's round-off of a ``d``-term sum; an empty input gives an empty
-    result."""
+def test_row_dot_and_row_norm_equal_the_sums_of_products(n, d, gemm_dots, monkeypatch):
+    """:func:`row_dot` on both CPU paths (``_GEMM_DOTS``: block-diagonal GEMMs from 256 wide, one
+    product per row below, rows left over by the blocks summed directly; or one ``vecdot``) and
+    :func:`row_norm` against float64 sums of products written out, within float32's round-off of a
+    ``d``-term sum; an empty input gives an empty result; a key-value head's one row broadcasts
+    over its group's rows."""
+    monkeypatch.setattr(kernels, "_GEMM_DOTS", gemm_dots)
     g = torch.Generator().manual_seed(3)
     x, y = torch.randn(n, 3, d, generator=g), torch.randn(n, 3, d, generator=g)
     want_dot = (x.double() * y.double()).sum(-1)
@@ -136,6 +140,9 @@ def test_row_dot_and_row_norm_equal_the_sums_of_products(n, d):
     tol_sq = roundoff_tolerance(torch.float32, float(want_sq.max()), terms=d + 2)
     torch.testing.assert_close(row_norm(x).double() ** 2, want_sq, rtol=0, atol=tol_sq)
     assert row_dot(x[:0], y[:0]).shape == (0, 3)
+    one = y[:, :1]  # [n, 1, d] against x's [n, 3, d]
+    want_group = (x.double() * one.double()).sum(-1)
+    torch.testing.assert_close(row_dot(x, one).double(), want_group, rtol=0, atol=tol)
 
 
 def test_float32_split_is_within_round_off_of_float64():

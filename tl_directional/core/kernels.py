@@ -12,8 +12,8 @@ defines, formed from the same vectors (the perpendicular norm from ``u - a r`` i
 the Gram closed form ``||u||^2 - a^2 ||r||^2``, which loses digits when ``u`` is nearly parallel
 to ``r``), so the tables equal those of the unfused path to rounding. What differs is how the
 passes over ``[n, d]`` are made (issue 51): a squared norm is one reduction (:func:`row_norm`), a
-dot product a matrix product (:func:`row_dot`), ``u - a r`` one pass, so no product is written
-only to be summed; the sums then add in another order than ``(x * y).sum(-1)``, within the
+dot product a matrix product on Intel CPUs and a product written into a reused buffer and summed
+on others (:func:`row_dot`), ``u - a r`` one pass; the sums then add in another order than ``(x * y).sum(-1)``, within the
 round-off of a ``d``-term sum (:mod:`tl_directional.core.roundoff`; tests/unit/test_kernels.py).
 Everything is pure tensor math: no model, hook or host synchronisation.
 """
@@ -66,7 +66,7 @@ def _fits(scratch: Scratch | None, *tensors: Tensor) -> bool:
 
 
 #: Row width from which :func:`row_dot` forms its products as block-diagonal GEMMs (below it, one
-#: ``1 x d`` by ``d x 1`` product per row): measured on one CPU thread, float32, ``n = 1024`` rows
+#: ``1 x d`` by ``d x 1`` product per row): measured on one thread of an Intel Xeon, float32, ``n = 1024`` rows
 #: (AVX-512 and AVX2 kernels alike): ``d = 576``: 0.41-0.46 ms against 0.9-1.1 ms for
 #: ``(x * y).sum(-1)``; ``d = 64`` (a head), 9216 rows: 0.46 ms per-row against 0.67 ms.
 _BLOCK_DOT_MIN_WIDTH = 256
@@ -76,11 +76,37 @@ _BLOCK_DOT_MIN_WIDTH = 256
 _DOT_BLOCK = 8
 
 
-def row_dot(x: Float[Tensor, "*batch d"], y: Float[Tensor, "*ybatch d"]) -> Float[Tensor, "*batch"]:
-    """``sum_k x[..., k] * y[..., k]`` (one dtype), without writing the ``[..., d]`` product: on the
-    CPU the products are matrix products (batched GEMMs, accumulating in the dtype); elsewhere
-    ``(x * y).sum(-1)``. The same value up to the order of the additions (the round-off of a
-    ``d``-term sum, :mod:`tl_directional.core.roundoff`).
+def _cpu_vendor() -> str:
+    """The CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``; empty where ``/proc/cpuinfo``
+    is not readable)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+#: Whether :func:`row_dot` forms its dot products as batched GEMMs on the CPU (else as one
+#: product pass into a reused buffer and one sum). MKL's small-matrix kernels are tuned for Intel
+#: CPUs, where the GEMMs won (session 22, Xeon: see :data:`_BLOCK_DOT_MIN_WIDTH`); on an AMD EPYC
+#: (Zen 4, AVX-512 and AVX2 paths alike; issue 51, session 23, one thread, a loaded machine, so
+#: ratios only) the same GEMMs took about 2.5x the time of the product and sum (``[1024, 576]``:
+#: 0.33 ms against 0.13 ms). Fixed per machine at import, so a process always sums the same way;
+#: ``python -m benchmarks.dot_paths`` times both paths where it runs.
+_GEMM_DOTS = _cpu_vendor() in ("GenuineIntel", "")
+
+
+def row_dot(x: Float[Tensor, "*batch d"], y: Float[Tensor, "*ybatch d"], scratch: Scratch | None = None,
+            ) -> Float[Tensor, "*batch"]:
+    """``sum_k x[..., k] * y[..., k]`` (one dtype): on an Intel CPU as matrix products (batched
+    GEMMs, accumulating in the dtype, no ``[..., d]`` product written); on other CPUs
+    (:data:`_GEMM_DOTS`) and other devices ``(x * y).sum(-1)``, the product written into
+    ``scratch``'s buffer ``"dot"`` when given and ``x`` is contiguous (no fresh activation-sized
+    tensor). The same value up to the order of the additions (the round-off of a ``d``-term sum,
+    :mod:`tl_directional.core.roundoff`).
 
     ``y`` has ``x``'s shape, or size 1 in its second-to-last dimension: one row of ``y`` for each
     group of rows of ``x`` (the key-value head shared by a group of query heads, ``[n, n_kv, 1,
@@ -88,12 +114,16 @@ def row_dot(x: Float[Tensor, "*batch d"], y: Float[Tensor, "*ybatch d"]) -> Floa
     d = x.shape[-1]
     lead = x.shape[:-1]
     if x.device.type != "cpu" or x.numel() == 0 or d == 0:
-        return (x * y).sum(-1)
+        return _product_sum(x, y, scratch)
     if y.shape != x.shape:  # broadcast along dim -2: a group's rows against its one row of y
         if x.ndim < 2 or y.shape != (*x.shape[:-2], 1, d):
             raise ValueError(f"row_dot: y of shape {tuple(y.shape)} neither has x's shape {tuple(x.shape)} "
                              f"nor size 1 in its second-to-last dimension; pass tensors of one shape")
+        if not _GEMM_DOTS:
+            return _product_sum(x, y, scratch)
         return torch.bmm(x.reshape(-1, x.shape[-2], d), y.reshape(-1, d, 1)).view(lead)
+    if not _GEMM_DOTS:
+        return _product_sum(x, y, scratch)
     xf, yf = x.reshape(-1, d), y.reshape(-1, d)
     n = xf.shape[0]
     if d < _BLOCK_DOT_MIN_WIDTH:
@@ -104,6 +134,16 @@ def row_dot(x: Float[Tensor, "*batch d"], y: Float[Tensor, "*ybatch d"]) -> Floa
     if m < n:  # the rows that fill no block
         out = torch.cat([out, (xf[m:] * yf[m:]).sum(-1)])
     return out.view(lead)
+
+
+def _product_sum(x: Tensor, y: Tensor, scratch: Scratch | None) -> Tensor:
+    """``(x * y).sum(-1)``, ``y`` broadcasting over ``x``'s shape; the product goes into
+    ``scratch``'s buffer ``"dot"`` when ``x`` is contiguous (the same kernels and layout as a
+    fresh product, so the same values, without the allocation and first touch of a new tensor)."""
+    if scratch is not None and x.is_contiguous():
+        buf = scratch.get("dot", tuple(x.shape), torch.promote_types(x.dtype, y.dtype), x.device)
+        return torch.mul(x, y, out=buf).sum(-1)
+    return (x * y).sum(-1)
 
 
 def row_norm(x: Float[Tensor, "*batch d"]) -> Float[Tensor, "*batch"]:
@@ -135,7 +175,7 @@ def _split(u: Tensor, r: Tensor, eps: float, r_sq: Tensor | None, scratch: Scrat
     if r_sq is None:
         r_norm = row_norm(r)
         r_sq = r_norm * r_norm
-    dot = row_dot(u, r)
+    dot = row_dot(u, r, scratch)
     degenerate = (r_sq <= eps) | (u_sq <= eps)
     a = torch.where(degenerate, 0.0, dot / torch.where(degenerate, 1.0, r_sq))
     perp_norm = row_norm(_perp(u, a, r, scratch))
@@ -278,8 +318,8 @@ def value_stats(
     x_ok = x_sq > eps
     safe = torch.where(x_ok, x_sq, 1.0).unsqueeze(-1)
     ok = x_ok.unsqueeze(-1)
-    alpha_head = torch.where(ok, row_dot(o, wx).reshape(n, n_heads) / safe, 0.0)
-    phi = torch.where(ok, row_dot(wx, vt).reshape(n, n_heads) / safe, 0.0)
+    alpha_head = torch.where(ok, row_dot(o, wx, scratch).reshape(n, n_heads) / safe, 0.0)
+    phi = torch.where(ok, row_dot(wx, vt, scratch).reshape(n, n_heads) / safe, 0.0)
     self_term = att * phi
     recon = alpha_head.sum(-1)
     if b_O is not None:

@@ -363,7 +363,12 @@ class StreamingSummary:
             cols = [names.index(m) for m in batch]
             if cols == list(range(cols[0], cols[0] + len(cols))):  # a slice: views, not copies per entry
                 cols = slice(cols[0], cols[0] + len(cols))
-            x = torch.cat([e[1][cols] for e in self._exact], dim=1).double().cpu().numpy()[:, by_group]
+            # in the staged dtype (float32 or float64; others as float64): linear_quantiles sorts
+            # float32 as float32, which gives the same neighbours
+            x = torch.cat([e[1][cols] for e in self._exact], dim=1)
+            if x.dtype not in (torch.float32, torch.float64):
+                x = x.double()
+            x = x.cpu().numpy()[:, by_group]
             use = torch.cat([e[2][cols] for e in self._exact], dim=1).cpu().numpy()[:, by_group]
             counts = np.stack([np.bincount(group[use[j]], minlength=n_g) for j in range(len(batch))])
             width = max(int(counts.max()), 1)
