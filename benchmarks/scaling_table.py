@@ -13,7 +13,8 @@ output, pasted whole; nothing in them is typed by hand.
 ``--merge`` puts the records of several such JSONs (record groups run as separate calls, each at
 its own workload) into one table per dtype, a column per record headed by its workload, each JSON's
 command and the machine's load average (1-minute, at the start and end of each size's run) listed
-above it.
+above it; where a JSON's run measured peak memory (``--peak-memory``), a table of each side's peak
+increment per size and dtype follows.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def merged(docs: list[dict]) -> str:
     cols: list[tuple[str, str]] = []
     cells: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
     costs: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
+    mems: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
     params: dict[str, float] = {}
     out = ["Commands (device, workload, the machine's load):", ""]
     for doc in docs:
@@ -109,6 +111,8 @@ def merged(docs: list[dict]) -> str:
                 cells.setdefault((run["size"], run["dtype"]), {})[col] = _ratio(rec)
                 if _cost(rec):
                     costs.setdefault((run["size"], run["dtype"]), {})[col] = _cost(rec)
+                if _memory(rec):
+                    mems.setdefault((run["size"], run["dtype"]), {})[col] = _memory(rec)
     order = {n: i for i, n in enumerate(SIZES)}
     for dtype in dict.fromkeys(d for _, d in cells):
         rows = sorted((k for k in cells if k[1] == dtype), key=lambda k: order.get(k[0], len(order)))
@@ -125,6 +129,16 @@ def merged(docs: list[dict]) -> str:
                 "|---|---|" + "---|" * len(cost_cols)]
         keys = sorted(costs, key=lambda k: (k[1], order.get(k[0], len(order))))
         out += [f"| {k[0]} | {k[1]} | " + " | ".join(costs[k].get(c, "-") for c in cost_cols) + " |" for k in keys]
+    mem_cols = [c for c in cols if any(c in v for v in mems.values())]
+    if mem_cols:
+        # by dtype, then size: read down a column, the increment against the parameter count
+        out += ["", "Peak memory increment during one call (a fresh process per side), candidate / baseline "
+                "MB (ratio):", "",
+                "| size | dtype | parameters (M) | " + " | ".join(f"{n} ({s})" for n, s in mem_cols) + " |",
+                "|---|---|---:|" + "---|" * len(mem_cols)]
+        keys = sorted(mems, key=lambda k: (k[1], order.get(k[0], len(order))))
+        out += [f"| {k[0]} | {k[1]} | {params[k[0]]:.0f} | " + " | ".join(mems[k].get(c, "-") for c in mem_cols)
+                + " |" for k in keys]
     return "\n".join(out) + "\n"
 
 

@@ -68,6 +68,12 @@ def test_scaling_table_of_a_constructed_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| tiny | bfloat16 | 2 | 1.23 [1.20, 1.30] (5) | skipped |" in out
     assert "| tiny | bfloat16 | 2 | 15 / 10 (1.50x) | - |" in out
+    # merged: the ratio row per dtype, and the memory row with the parameter count beside it
+    assert table_main(["--merge", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny | 2 | 1.23 [1.20, 1.30] (5) | skipped |" in out
+    assert "| size | dtype | parameters (M) | profile_overhead (64x1) |" in out
+    assert "| tiny | bfloat16 | 2 | 15 / 10 (1.50x) |" in out
     (tmp_path / "bad.json").write_text("{}")
     assert table_main([str(tmp_path / "bad.json")]) == 2
     assert "not a scaling JSON (KeyError" in capsys.readouterr().err
