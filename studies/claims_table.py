@@ -203,7 +203,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _committed(source: Source, model: str, data: Path) -> str | None:
+def committed_stem(source: Source, model: str, data: Path) -> str | None:
     """The first of the source's stems for ``model`` with a committed manifest, or None."""
     for stem in source.stems:
         if (data / f"{stem.format(model=model)}.manifest.json").is_file():
@@ -244,7 +244,7 @@ def table_rows(summary: list[tuple], data: Path) -> list[tuple]:
     for source_name, source in SOURCES.items():
         rules = [r for r in RULES if r.source == source_name]
         for model in dict.fromkeys(m for r in rules for m in r.models):
-            stem = _committed(source, "" if model in SHOWN else model, data)
+            stem = committed_stem(source, "" if model in SHOWN else model, data)
             got = (by_stem.get(stem, []) if source_name not in ("seeds6", "strength", "residatlas",
                                                                 "residrandom") else _own_rows(source_name, stem, data)
                    ) if stem else []
@@ -287,7 +287,7 @@ def build_page(summary: list[tuple], data: Path) -> str:
     """The closing table's page (``docs/results/claims_table.md``) from ``summary``
     (:func:`studies.pages.summary_rows`) and the committed data in ``data``."""
     rows = table_rows(summary, data)
-    covered = {_committed(s, m, data) for n, s in SOURCES.items() for m in {m for r in RULES if r.source == n
+    covered = {committed_stem(s, m, data) for n, s in SOURCES.items() for m in {m for r in RULES if r.source == n
                                                                            for m in r.models}}
     others = sorted({stem for _, stem, *_ in summary if stem not in covered})
     L = ["# Every claim, from the data", "",

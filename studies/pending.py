@@ -1,0 +1,84 @@
+"""``python -m studies pending``: the data the closing table (:mod:`studies.claims_table`) reads that
+are not committed yet, or committed incomplete, each with the command that writes or continues it.
+
+Why: the machines these runs use are fresh at each session, and a long run (a RULER length, a
+pass8m task, an atlas text) keeps only what it committed. The runners resume from the committed
+data (``--resume``: by text or length; pass8m: by the task records in
+``docs/results/data/pass8m-tasks/``), so this list is a new machine's queue: run its commands,
+commit what they write, and run ``python -m studies build``.
+
+Each entry is ``(stem, state, command)``:
+
+* ``not run``: no manifest of any of the source's stems; the command is the closing table's plan
+  (with its note, e.g. RULER's CPU design);
+* ``incomplete``: a manifest with ``"complete": false``; the state names the parts it holds (texts
+  or lengths), the command is the manifest's own, with ``--resume`` added where the runner takes it;
+* sec. 15's six-seed extension while its collected manifest is absent: the state counts the task
+  records kept under ``pass8m-tasks/`` against the tasks its rule needs (the rate check and seeds
+  3-5; the rate runs that the check may add are counted when it has decided).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from studies.claims_table import RULES, SHOWN, SOURCES, committed_stem
+from studies.pass_training.seeds6 import lr_tasks, seed_tasks
+from studies.runner import DATA
+
+#: where sec. 10 / sec. 15 keep each finished task's record (a fresh machine resumes from these)
+TASKS = "pass8m-tasks"
+#: the runners whose command line takes ``--resume`` (the window studies and the RULER probe)
+RESUMABLE = ("python -m studies run claims", "python -m studies run ruler-probe")
+
+
+def _seeds6_state(data: Path) -> str:
+    """How many of sec. 15's tasks have a kept record (``data / TASKS / <task>.json``)."""
+    wanted = lr_tasks() + seed_tasks()
+    kept = [t for t in wanted if (data / TASKS / f"{t}.json").is_file()]
+    missing = [t for t in wanted if t not in kept]
+    return (f"not collected: {len(kept)} of {len(wanted)} tasks kept in {TASKS}/"
+            + (f" (missing: {', '.join(missing)})" if missing else ""))
+
+
+def _resume(command: str) -> str:
+    """``command`` with ``--resume`` where its runner takes it and it is not there yet."""
+    if "--resume" in command.split() or not any(r in command for r in RESUMABLE):
+        return command
+    return command + " --resume"
+
+
+def pending(data: Path = DATA) -> list[tuple[str, str, str]]:
+    """``[(stem, state, command)]`` for every (source, model) of the closing table whose data under
+    ``data`` are missing or incomplete, in :data:`studies.claims_table.SOURCES`' order."""
+    out = []
+    for name, source in SOURCES.items():
+        for model in dict.fromkeys(m for r in RULES if r.source == name for m in r.models):
+            key = "" if model in SHOWN else model
+            stem = committed_stem(source, key, data)
+            if stem is None:
+                plan = source.plan.format(model=model)
+                note = (" " + source.note.format(model=model)) if source.note else ""
+                state = _seeds6_state(data) if name == "seeds6" else "not run"
+                out.append((source.stems[0].format(model=key), state, plan + note))
+                continue
+            manifest = json.loads((data / f"{stem}.manifest.json").read_text())
+            if manifest.get("complete", True) is False:
+                parts = list(manifest.get("texts", {})) or ["nothing"]
+                out.append((stem, f"incomplete (holds: {', '.join(parts)})", _resume(manifest["command"])))
+    return out
+
+
+def main(data: Path = DATA) -> int:
+    """Print :func:`pending`'s entries, one block each; 0 (nothing pending prints one line)."""
+    rows = pending(data)
+    if not rows:
+        print("nothing pending: every source of the closing table has complete data")
+        return 0
+    for stem, state, command in rows:
+        print(f"{stem}: {state}")
+        for step in command.split(", then "):
+            print(f"    {step}")
+    print(f"{len(rows)} pending; commit what a command writes, then `python -m studies build`")
+    return 0
