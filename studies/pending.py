@@ -15,7 +15,7 @@ Each entry is ``(stem, state, command)``:
   or lengths), the command is the manifest's own, with ``--resume`` added where the runner takes it;
 * sec. 15's six-seed extension while its collected manifest is absent: the state counts the task
   records kept under ``pass8m-tasks/`` against the tasks its rule needs (the rate check and seeds
-  3-5; the rate runs that the check may add are counted when it has decided).
+  3-5; V-Para's seeds 0-2 at its own rate once the check has chosen a rate other than the shared one).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import json
 from pathlib import Path
 
 from studies.claims_table import RULES, SHOWN, SOURCES, committed_stem
-from studies.pass_training.seeds6 import lr_tasks, seed_tasks
+from studies.pass_training.run import LR_CANDIDATES
+from studies.pass_training.seeds6 import LR_VARIANT, lr_tasks, rate_tasks, seed_tasks
+from studies.pass_training.stats import best_lr
 from studies.runner import DATA
 
 #: where sec. 10 / sec. 15 keep each finished task's record (a fresh machine resumes from these)
@@ -33,10 +35,20 @@ TASKS = "pass8m-tasks"
 RESUMABLE = ("python -m studies run claims", "python -m studies run ruler-probe")
 
 
+def _kept(data: Path, task: str) -> dict | None:
+    path = data / TASKS / f"{task}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def _seeds6_state(data: Path) -> str:
-    """How many of sec. 15's tasks have a kept record (``data / TASKS / <task>.json``)."""
+    """How many of sec. 15's tasks have a kept record (``data / TASKS / <task>.json``): the rate
+    check and seeds 3-5, and, once the check's three rates are kept and its best is not sec. 10's
+    shared rate (``lr.json``), V-Para's seeds 0-2 at its own rate."""
     wanted = lr_tasks() + seed_tasks()
-    kept = [t for t in wanted if (data / TASKS / f"{t}.json").is_file()]
+    losses = {lr: r["final_val_loss"] for lr in LR_CANDIDATES if (r := _kept(data, f"lr-{LR_VARIANT}-{lr:g}"))}
+    if len(losses) == len(LR_CANDIDATES) and (shared := _kept(data, "lr")):
+        wanted += rate_tasks(best_lr(losses), shared["lr"])
+    kept = [t for t in wanted if _kept(data, t) is not None]
     missing = [t for t in wanted if t not in kept]
     return (f"not collected: {len(kept)} of {len(wanted)} tasks kept in {TASKS}/"
             + (f" (missing: {', '.join(missing)})" if missing else ""))

@@ -63,3 +63,25 @@ def test_the_command_line_prints_each_step_on_its_own_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "    python -m studies run pass-training collect-seeds6\n" in out
     assert out.rstrip().endswith("then `python -m studies build`")
+
+
+def test_the_rate_check_adds_vparas_own_rate_runs_once_decided_away_from_the_shared_rate(tmp_path):
+    from studies.pass_training.run import LR_CANDIDATES
+    from studies.pass_training.seeds6 import LR_VARIANT, rate_tasks
+
+    (tmp_path / P.TASKS).mkdir(parents=True)
+    shared = LR_CANDIDATES[1]
+    (tmp_path / P.TASKS / "lr.json").write_text(json.dumps({"lr": shared}))
+    # the largest rate wins: V-Para's own rate differs from the shared one
+    for k, lr in enumerate(LR_CANDIDATES):
+        (tmp_path / P.TASKS / f"lr-{LR_VARIANT}-{lr:g}.json").write_text(json.dumps({"final_val_loss": 6.0 - k}))
+    wanted = len(lr_tasks()) + len(seed_tasks()) + len(rate_tasks(LR_CANDIDATES[-1], shared))
+    assert len(rate_tasks(LR_CANDIDATES[-1], shared)) == 3
+    state = {stem: s for stem, s, _ in P.pending(tmp_path)}["pass8m.seeds6"]
+    assert state.startswith(f"not collected: {len(LR_CANDIDATES)} of {wanted} tasks kept")
+    assert rate_tasks(LR_CANDIDATES[-1], shared)[0] in state
+    # the shared rate winning adds none
+    for lr in LR_CANDIDATES:
+        (tmp_path / P.TASKS / f"lr-{LR_VARIANT}-{lr:g}.json").write_text(json.dumps({"final_val_loss": abs(lr - shared)}))
+    state = {stem: s for stem, s, _ in P.pending(tmp_path)}["pass8m.seeds6"]
+    assert f"of {len(lr_tasks()) + len(seed_tasks())} tasks kept" in state
