@@ -22,16 +22,16 @@ figures they report. The stages are a map of the cost, not a ratio to compare ac
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
+
+from .jsonout import write_json
 
 #: (module path, attribute, stage label) of every timed function of a profile call; a class
 #: attribute is ``Class.method``.
@@ -268,8 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["load_average_end"] = os.getloadavg()
     print(f"load average (1, 5, 15 min): start {doc['load_average_start']}, end {doc['load_average_end']}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        write_json(args.json, doc)
     return 0
 
 

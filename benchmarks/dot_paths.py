@@ -21,13 +21,12 @@ it runs. A ratio measured in one run, never an absolute time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
 import torch
 
+from .jsonout import write_json
 from .timing import median_ci, paired_timing
 
 
@@ -93,8 +92,7 @@ def main(argv: list[str] | None = None) -> int:
           f"CPU vendor {doc['cpu_vendor'] or 'unknown'}, row_dot's path here: {doc['path_chosen_here']}")
     print(f"product-and-sum / GEMM: {ratio:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        write_json(args.json, doc)
     return 0
 
 

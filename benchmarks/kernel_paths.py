@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .jsonout import write_json
 from .run import KERNEL_ENV_VARS
 from .timing import median_ci
 
@@ -166,11 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                       "records": pool(runs[v], args.seed),
                       "runs": runs[v]} for v in variants],
     }
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    os.replace(tmp, out)
+    write_json(args.json, doc)
     print(format_table(doc))
     failed = any(d.get("status") == "error" or any(r.get("status") == "error" for r in d.get("records", []))
                  for v in variants for d in runs[v])
