@@ -92,10 +92,11 @@ def _cpu_vendor() -> str:
 #: Whether :func:`row_dot` forms its dot products as batched GEMMs on the CPU (else as one
 #: product pass into a reused buffer and one sum). MKL's small-matrix kernels are tuned for Intel
 #: CPUs, where the GEMMs won (session 22, Xeon: see :data:`_BLOCK_DOT_MIN_WIDTH`); on an AMD EPYC
-#: (Zen 4, AVX-512 and AVX2 paths alike; issue 51, session 23, one thread, a loaded machine, so
-#: ratios only) the same GEMMs took about 2.5x the time of the product and sum (``[1024, 576]``:
-#: 0.33 ms against 0.13 ms). Fixed per machine at import, so a process always sums the same way;
-#: ``python -m benchmarks.dot_paths`` times both paths where it runs.
+#: (Zen 4; issue 51, session 23, one thread, a loaded machine, so ratios only) one layer's
+#: measuring kernels took 0.873 [0.771, 0.941] (AVX-512) and 0.943 [0.888, 0.955] (AVX2) of the
+#: GEMM form's time with the product and sum (``python -m benchmarks.dot_paths --pairs 30``,
+#: ``benchmarks/results/issue51_dot_paths_s23_shared*.json``). Fixed per machine at import, so a
+#: process always sums the same way; ``python -m benchmarks.dot_paths`` times both paths where it runs.
 _GEMM_DOTS = _cpu_vendor() in ("GenuineIntel", "")
 
 
