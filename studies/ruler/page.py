@@ -244,6 +244,8 @@ def nats_deltas(model: str, data: Path) -> dict[str, float] | None:
 def _rho(got: dict[str, list[stats.Stat]], nats: dict[str, float], k: int) -> str:
     settings = [s for s in got if s in nats]
     x = [got[s][k].point for s in settings]
+    if len(set(x)) < 2:  # every setting drops alike (e.g. a task at ceiling): no ranking to correlate
+        return "undefined (every drop equal)"
     return f"{spearman(x, [nats[s] for s in settings]):+.2f}"
 
 

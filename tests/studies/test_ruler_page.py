@@ -124,6 +124,21 @@ def test_the_spearman_reading_pairs_each_setting_with_its_nats_delta(tmp_path):
     assert line.startswith("Spearman's rho with the nats deltas: 256 ") and line.endswith(f", mean {rho:+.2f}.")
 
 
+
+def test_a_task_every_setting_drops_alike_has_no_rank_correlation(tmp_path):
+    """Variable tracking is never right here, so every setting's drop is 0: Spearman's rho is
+    undefined and the page says so instead of printing nan."""
+    stem = f"ruler-cpu_{MODEL}"
+    _commit(tmp_path, stem, _records(haystacks=4))
+    for p in DATA.glob(f"amend_{MODEL}.*"):
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    page = P.build_page(stem, tmp_path)
+    line = page.split("### variable-tracking")[1].split("###")[0].strip().splitlines()[-1]
+    assert line == ("Spearman's rho with the nats deltas: "
+                    + ", ".join(f"{n:,} undefined (every drop equal)" for n in (256, 512, 1024, 2048))
+                    + ", mean undefined (every drop equal).")
+    assert "nan" not in page
+
 def test_a_partial_run_decides_no_rule_and_names_what_it_lacks(tmp_path):
     stem = f"ruler-cpu_{MODEL}"
     _commit(tmp_path, stem, _records(lengths=(256, 512), haystacks=6), complete=False)
