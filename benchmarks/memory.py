@@ -170,7 +170,7 @@ def run_worker(model_source: str, mode: str, n_seq: int, seq: int, batch_size: i
 
 def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str = "cpu",
                    dtype: str = "float32", multipliers=MULTIPLIERS, threads: int = 0,
-                   log=print, other: str = "naive", skip=None) -> dict:
+                   log=print, other: str = "naive", skip=None, timeout: float = 900) -> dict:
     """Peak memory of streaming and naive profiling at ``multipliers`` x ``batch_size``
     sequences, one subprocess each; growth is the largest size's increment over the smallest's.
 
@@ -178,10 +178,13 @@ def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str 
     model predicts it would not fit in RAM), or None to run it. A skipped point is listed in
     ``skipped`` with its reason and has ``None`` in its increments list; a side's growth is then
     over its measured points only (``growth_multipliers`` says which), ``None`` where fewer than
-    two were measured."""
+    two were measured. With ``skip`` given, a point whose worker fails or runs past ``timeout``
+    seconds is listed in ``failed`` with the reason (the other points kept); without it, the
+    harness's way, the failure is raised."""
     rows: dict[str, list[dict]] = {"streaming": [], other: []}
     increments: dict[str, list[float | None]] = {"streaming": [], other: []}
     skipped: list[dict] = []
+    failed: list[dict] = []
     for m in multipliers:
         for mode in ("streaming", other):
             reason = skip(mode, m) if skip is not None else None
@@ -191,8 +194,18 @@ def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str 
                                 "reason": reason})
                 increments[mode].append(None)
                 continue
-            r = run_worker(model_source, mode, m * batch_size, seq, batch_size, device, dtype,
-                           threads)
+            try:
+                r = run_worker(model_source, mode, m * batch_size, seq, batch_size, device, dtype,
+                               threads, timeout=timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                if skip is None:
+                    raise
+                # one point lost (e.g. a long corpus past the timeout) must not lose the others
+                log(f"  memory {mode:9s} {m:>2d}x ({m * batch_size} seqs): failed: {type(exc).__name__}")
+                failed.append({"mode": mode, "multiplier": m, "n_sequences": m * batch_size,
+                               "reason": f"{type(exc).__name__}: {str(exc)[:500]}"})
+                increments[mode].append(None)
+                continue
             log(f"  memory {mode:9s} {m:>2d}x ({m * batch_size} seqs): "
                 f"+{r['peak_increment_mb']:.1f} MB")
             rows[mode].append({**r, "multiplier": m})
@@ -226,6 +239,7 @@ def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str 
         "naive_growth": n_growth,
         "growth_multipliers": {"streaming": s_over, other: n_over},
         "skipped": skipped,
+        "failed": failed,
         "target": f"streaming peak increment {multipliers[-1]}x / {multipliers[0]}x <= "
                   f"{STREAMING_GROWTH_TARGET:g} (and the naive way grows)",
         "met": met,

@@ -141,7 +141,7 @@ def corpus_memory(name: str, dtype: str, args: argparse.Namespace, root: Path) -
         out = memory_scaling(str(build(name, root)), seq=seq, batch_size=batch, device=args.device,
                              dtype=dtype, multipliers=multipliers, threads=args.threads,
                              log=lambda m: print(m, file=sys.stderr, flush=True),
-                             other=args.corpus_memory, skip=skip)
+                             other=args.corpus_memory, skip=skip, timeout=args.worker_timeout)
     except Exception as exc:  # noqa: BLE001 - reported in the JSON, never hidden
         return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "ram_checks": checks}
     out["predicted_mb"] = {mode: [corpus_prediction(name, mode, dtype, seq, batch, m) / MB for m in multipliers]
@@ -196,6 +196,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--memory-headroom", type=float, default=MEMORY_HEADROOM,
                    help="skip a --corpus-memory point whose predicted need is over this share of MemAvailable")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the --corpus-memory workers")
+    p.add_argument("--worker-timeout", type=float, default=900.0,
+                   help="seconds a --corpus-memory worker may run (a point past it is listed in failed)")
     p.add_argument("--workdir", default=None, help="where the built models go (default: a temp dir)")
     p.add_argument("--json", required=True, metavar="OUT")
     return p.parse_args(argv)
