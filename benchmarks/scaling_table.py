@@ -181,12 +181,15 @@ def corpus_memory_table(docs: list[dict]) -> str:
                 head = ["| size | dtype | parameters (M) | " + " | ".join(cols) + " |",
                         "|---|---|---:|" + "---:|" * len(mults) + "---:|---|" + "---:|" * (len(mults) + 1)]
             skipped = {(s["mode"], s["multiplier"]): s["reason"] for s in mem.get("skipped", [])}
+            failed = {(f["mode"], f["multiplier"]): f["reason"].split(":")[0] for f in mem.get("failed", [])}
 
-            def cells(mode, key, mem=mem, mults=mults, skipped=skipped):
+            def cells(mode, key, mem=mem, mults=mults, skipped=skipped, failed=failed):
                 pred = mem.get("predicted_mb", {}).get(mode)
                 got = []
                 for i, (m, v) in enumerate(zip(mults, mem[key], strict=True)):
-                    if v is None:
+                    if v is None and (mode, m) in failed:
+                        got.append("failed: " + failed[(mode, m)])
+                    elif v is None:
                         reason = skipped.get((mode, m), "not run")
                         got.append("skipped: " + (reason.split(" (")[0] if reason.startswith("predicted") else reason))
                     else:
