@@ -162,7 +162,8 @@ def corpus_memory_table(docs: list[dict]) -> str:
     from .memory import STREAMING_GROWTH_TARGET
 
     out = ["Commands:", ""]
-    rows, head = [], None
+    # one table per set of multipliers (a long-corpus run has other columns)
+    groups: dict[tuple, list[str]] = {}
     for doc in docs:
         note = "" if doc.get("complete", True) else " (stopped early: complete false)"
         out.append(f"* `{doc['command']}`{note}")
@@ -172,14 +173,15 @@ def corpus_memory_table(docs: list[dict]) -> str:
                 continue
             lead = f"| {run['size']} | {run['dtype']} | {run['parameters'] / 1e6:.0f} | "
             if mem.get("status") != "ok":
-                rows.append(lead + f"{mem.get('status')}: {mem.get('reason')} |")
+                groups.setdefault(("error",), []).append(lead + f"{mem.get('status')}: {mem.get('reason')} |")
                 continue
             other, mults = mem["compared_with"], mem["multipliers"]
-            if head is None:
+            rows = groups.setdefault((other, *mults), [])
+            if not rows:
                 cols = [f"streaming {m}x" for m in mults] + ["streaming growth", f"<= {STREAMING_GROWTH_TARGET:g}"]
                 cols += [f"{other} {m}x" for m in mults] + [f"{other} growth"]
-                head = ["| size | dtype | parameters (M) | " + " | ".join(cols) + " |",
-                        "|---|---|---:|" + "---:|" * len(mults) + "---:|---|" + "---:|" * (len(mults) + 1)]
+                rows += ["| size | dtype | parameters (M) | " + " | ".join(cols) + " |",
+                         "|---|---|---:|" + "---:|" * len(mults) + "---:|---|" + "---:|" * (len(mults) + 1)]
             skipped = {(s["mode"], s["multiplier"]): s["reason"] for s in mem.get("skipped", [])}
             failed = {(f["mode"], f["multiplier"]): f["reason"].split(":")[0] for f in mem.get("failed", [])}
 
@@ -203,8 +205,10 @@ def corpus_memory_table(docs: list[dict]) -> str:
                                           + [_growth(s_growth, over.get("streaming")), reading]
                                           + cells(other, "naive_peak_increment_mb")
                                           + [_growth(mem["naive_growth"], over.get(other))]) + " |")
-    out += ["", "Peak memory increment, MB (memory model's prediction / measured):", ""]
-    return "\n".join(out + (head or []) + rows) + "\n"
+    out += ["", "Peak memory increment, MB (memory model's prediction / measured):"]
+    for rows in groups.values():
+        out += ["", *rows]
+    return "\n".join(out) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
