@@ -270,7 +270,7 @@ def check_rows(doc: dict) -> list[dict]:
     (``fixed=False``: the ``tiny`` size's live increments exceed its shape terms by 0.06 MB at most);
     one of VmHWM (``rss``, the default of JSONs written before the live count) against the
     tensors and the first-call term of :data:`FIXED_MB`."""
-    from .scaling import SIZES
+    from .sizes import SIZES
 
     count = doc.get("count", "rss")
     rows = []
@@ -326,7 +326,7 @@ def measure_points(sizes: list[str], dtypes: list[str], records: list[str], seq:
     from pathlib import Path
 
     from .peak_measure import SIDES, run_probe
-    from .scaling import build
+    from .sizes import build
 
     points = []
     for name in sizes:

@@ -6,6 +6,8 @@ Usage (from the repository root)::
         --sizes smollm2-135m,smollm2-360m,qwen3-0.6b,llama-3.2-1b,qwen2.5-1.5b \\
         --dtypes float32,bfloat16 --setting 64x1
     python -m benchmarks.scaling --device cuda --json scaling_cuda.json   # the device run
+    python -m benchmarks.scaling --sizes smollm2-360m,qwen2.5-1.5b --records none \\
+        --corpus-memory naive --memory-setting 64x4 --json corpus_memory.json
 
 What: each size is a decoder built from a real model's configuration (depth, width, heads, KV
 heads, MLP width, vocabulary; :data:`SIZES`) with seeded random weights
@@ -21,6 +23,16 @@ stream; here it is 64): ``build_tiny_hf_model`` derives it, and the record says 
 models do not tie the unembedding to the embedding (SmolLM2, Llama-3.2-1B and Qwen2.5-1.5B do),
 so their weights take ``vocab x d_model`` more memory than the named models'.
 
+Corpus-length memory (``--corpus-memory naive|handwritten``): per size and dtype, the peak
+memory increment of the streaming ``profile`` and of the comparison side (``naive``:
+``run_with_cache`` + ``Profile.from_cache``; ``handwritten``: ``run_with_cache`` + torch math) at
+``--multipliers`` x one batch of ``--memory-setting`` (:func:`benchmarks.memory.memory_scaling`,
+one subprocess per point), under ``corpus_memory`` in the size's entry, each point beside the
+memory model's prediction (:func:`corpus_prediction`). A point whose predicted need (the weights
+plus the predicted increment) is over ``--memory-headroom`` of the machine's available RAM at
+that moment is not run: it is listed in ``skipped`` with the prediction and the RAM it was
+compared with. ``--records none`` runs the memory measurement alone (no timed record).
+
 Records: by default the profile, the edit, a sweep setting and the three TransformerLens
 comparisons (directional, attribution and path patching); ``--records`` picks others. On CPU the
 1B+ sizes take minutes per record even at ``--setting 64x1``; run them alone on a quiet machine.
@@ -35,64 +47,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-from .shapes import Shape
+from .sizes import SIZES, Size, build
+
+__all__ = ["MEMORY_HEADROOM", "SIZES", "Size", "available_ram_bytes", "build", "corpus_memory", "corpus_prediction",
+           "counted_parameters", "main", "measure"]
 
 DEFAULT_RECORDS = ("profile_overhead", "edit_overhead", "sweep_cost", "patching_vs_transformer_lens",
                    "attribution_vs_transformer_lens", "path_patching_vs_transformer_lens")
-
-
-@dataclass(frozen=True)
-class Size:
-    """One model shape: the family ``build_tiny_hf_model`` builds and the published dimensions."""
-
-    family: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    d_mlp: int
-    vocab_size: int
-    source: str  # whose configuration this is
-
-    @property
-    def shape(self) -> Shape:
-        """The built model's :class:`~benchmarks.shapes.Shape`: gated MLP, head width
-        ``d_model / n_heads``, untied unembedding."""
-        return Shape.of(self)
-
-    def parameters(self) -> int:
-        """Parameters of the built model: the published shape with an untied unembedding (the
-        builder unties it, so memory holds ``W_U`` beside ``W_E`` even where the named model
-        ties them; compute is the same either way), norms included."""
-        return self.shape.parameters()
-
-
-#: The family's sizes, smallest first. ``tiny`` is for the suite (seconds); the others follow the
-#: named models' published ``config.json`` (tied embeddings where the model ties them).
-SIZES: dict[str, Size] = {
-    "tiny": Size("llama", 2, 64, 4, 2, 128, 512, "a 2-layer seeded Llama for the suite"),
-    "smollm2-135m": Size("llama", 30, 576, 9, 3, 1536, 49152, "HuggingFaceTB/SmolLM2-135M"),
-    "smollm2-360m": Size("llama", 32, 960, 15, 5, 2560, 49152, "HuggingFaceTB/SmolLM2-360M"),
-    "qwen3-0.6b": Size("qwen3", 28, 1024, 16, 8, 3072, 151936, "Qwen/Qwen3-0.6B (head_dim 64 here, 128 there)"),
-    "llama-3.2-1b": Size("llama", 16, 2048, 32, 8, 8192, 128256, "meta-llama/Llama-3.2-1B"),
-    "qwen2.5-1.5b": Size("qwen2", 28, 1536, 12, 2, 8960, 151936, "Qwen/Qwen2.5-1.5B"),
-}
-
-
-def build(name: str, root: Path) -> Path:
-    """The seeded model ``name`` under ``root`` (built once; reused while its files exist)."""
-    from tl_directional.model.load import build_tiny_hf_model
-
-    size = SIZES[name]
-    path = root / name
-    if not (path / "config.json").exists():
-        build_tiny_hf_model(size.family, path, seed=0, n_layers=size.n_layers, d_model=size.d_model,
-                            n_heads=size.n_heads, n_kv_heads=size.n_kv_heads, d_mlp=size.d_mlp,
-                            n_ctx=2048, vocab_size=size.vocab_size)
-    return path
 
 
 def counted_parameters(path: Path) -> int:
@@ -108,6 +72,87 @@ def counted_parameters(path: Path) -> int:
                     n *= int(dim)
                 total += n
     return total
+
+
+#: The share of MemAvailable a point's predicted need (weights + increment) may take: the rest
+#: is for what the model does not count (RSS reads up to a third above it on CPU,
+#: docs/performance.md "What the misses were") and for the machine's other jobs.
+MEMORY_HEADROOM = 0.7
+
+
+def available_ram_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` (bytes); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def corpus_prediction(name: str, mode: str, dtype: str, seq: int, batch: int, multiplier: int) -> float:
+    """The memory model's peak increment (bytes, VmHWM: first-call term included) of one corpus
+    memory point: ``multiplier x batch`` sequences of ``seq`` tokens.
+
+    ``streaming``: :func:`benchmarks.memory_model.estimate`'s ``profile`` at one batch (what is
+    alive at a time) with its exact-quantile term at the corpus's tokens (the only term that
+    grows with the corpus, until 16,384 tokens a group); ``naive`` / ``handwritten``: its
+    ``cache_split`` (``run_with_cache`` of the profile's hooks + a split) over the whole corpus:
+    the model has no term of its own for ``Profile.from_cache``'s work on the cache."""
+    from .memory_model import DTYPE_BYTES, EXACT_QUANTILE_LIMIT, estimate
+
+    shape = SIZES[name].shape
+    if mode == "streaming":
+        terms = estimate(shape, "profile", batch, seq, dtype)
+        groups = shape.n_layers * (3 + shape.n_heads)
+        kept = groups * 4 * min(multiplier * batch * seq, EXACT_QUANTILE_LIMIT) * 8
+        return terms["total"] - terms["kept_values"] + kept
+    if DTYPE_BYTES.get(dtype) is None:
+        raise ValueError(f"dtype={dtype!r} has no byte size in the memory model; use one of {list(DTYPE_BYTES)}")
+    return estimate(shape, "cache_split", multiplier * batch, seq, dtype)["total"]
+
+
+def corpus_memory(name: str, dtype: str, args: argparse.Namespace, root: Path) -> dict:
+    """The corpus-length memory measurement of size ``name`` in ``dtype``
+    (:func:`benchmarks.memory.memory_scaling`), points predicted not to fit skipped, every
+    point's prediction beside it."""
+    from .memory import memory_scaling
+    from .memory_model import DTYPE_BYTES, MB
+
+    seq, batch = (int(x) for x in args.memory_setting.split("x"))
+    multipliers = tuple(int(m) for m in args.multipliers.split(","))
+    weights = SIZES[name].parameters() * DTYPE_BYTES[dtype]
+    checks: list[dict] = []
+
+    def skip(mode: str, m: int) -> str | None:
+        need = weights + corpus_prediction(name, mode, dtype, seq, batch, m)
+        avail = available_ram_bytes()
+        checks.append({"mode": mode, "multiplier": m, "predicted_need_gb": need / 1e9,
+                       "available_gb": None if avail is None else avail / 1e9})
+        if avail is not None and need > args.memory_headroom * avail:
+            return (f"predicted {need / 1e9:.1f} GB (weights {weights / 1e9:.1f} GB + increment "
+                    f"{(need - weights) / 1e9:.1f} GB, memory model) > {args.memory_headroom:g} x "
+                    f"MemAvailable {avail / 1e9:.1f} GB")
+        return None
+
+    try:
+        out = memory_scaling(str(build(name, root)), seq=seq, batch_size=batch, device=args.device,
+                             dtype=dtype, multipliers=multipliers, threads=args.threads,
+                             log=lambda m: print(m, file=sys.stderr, flush=True),
+                             other=args.corpus_memory, skip=skip, timeout=args.worker_timeout)
+    except Exception as exc:  # noqa: BLE001 - reported in the JSON, never hidden
+        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "ram_checks": checks}
+    out["predicted_mb"] = {mode: [corpus_prediction(name, mode, dtype, seq, batch, m) / MB for m in multipliers]
+                           for mode in ("streaming", args.corpus_memory)}
+    out["predicted_note"] = ("benchmarks.memory_model, VmHWM (first-call term included): streaming = "
+                             "profile at one batch, exact-quantile term at the corpus's tokens; "
+                             f"{args.corpus_memory} = cache_split over the whole corpus")
+    out["weights_gb"] = weights / 1e9
+    out["headroom"] = args.memory_headroom
+    out["ram_checks"] = checks
+    return out
 
 
 def measure(name: str, dtype: str, args: argparse.Namespace, root: Path) -> dict:
@@ -144,6 +189,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None,
                    help="warm-up pairs per record (the harness's default, 1, when not given)")
     p.add_argument("--peak-memory", action="store_true", help="peak memory of each side (slow)")
+    p.add_argument("--corpus-memory", choices=("naive", "handwritten"), default=None,
+                   help="also measure peak memory against corpus length, streaming profile vs this side")
+    p.add_argument("--memory-setting", default="64x4", help="SEQxBATCH of --corpus-memory's batch")
+    p.add_argument("--multipliers", default="1,4,16", help="--corpus-memory's corpus sizes, in batches")
+    p.add_argument("--memory-headroom", type=float, default=MEMORY_HEADROOM,
+                   help="skip a --corpus-memory point whose predicted need is over this share of MemAvailable")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the --corpus-memory workers")
+    p.add_argument("--worker-timeout", type=float, default=900.0,
+                   help="seconds a --corpus-memory worker may run (a point past it is listed in failed)")
     p.add_argument("--workdir", default=None, help="where the built models go (default: a temp dir)")
     p.add_argument("--json", required=True, metavar="OUT")
     return p.parse_args(argv)
@@ -161,16 +215,26 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.workdir or tempfile.mkdtemp(prefix="tl_directional_scaling_"))
     root.mkdir(parents=True, exist_ok=True)
     pairs = [(n, d.strip()) for n in names for d in args.dtypes.split(",") if d.strip()]
+    timed = args.records.strip().lower() not in ("", "none")
+    if not timed and not args.corpus_memory:
+        print("python -m benchmarks.scaling: error: --records none measures nothing without "
+              "--corpus-memory naive|handwritten; give records or --corpus-memory", file=sys.stderr)
+        return 2
     runs: list[dict] = []
     for name, dtype in pairs:
         print(f"scaling: {name} in {dtype} ...", file=sys.stderr, flush=True)
-        runs.append({"size": name, "dtype": dtype, "shape": asdict(SIZES[name]),
-                     "parameters_published_shape": SIZES[name].parameters(),
-                     "run": measure(name, dtype, args, root),
-                     "parameters": counted_parameters(build(name, root))})
+        entry = {"size": name, "dtype": dtype, "shape": asdict(SIZES[name]),
+                 "parameters_published_shape": SIZES[name].parameters(),
+                 "run": measure(name, dtype, args, root) if timed else {"status": "skipped",
+                                                                       "reason": "--records none"}}
+        if args.corpus_memory:
+            entry["corpus_memory"] = corpus_memory(name, dtype, args, root)
+        entry["parameters"] = counted_parameters(build(name, root))
+        runs.append(entry)
         # written after every size and dtype: a run stopped for time keeps what it measured
         _write(args, argv, runs, complete=len(runs) == len(pairs))
-    return 1 if any(r["run"].get("status") == "error" for r in runs) else 0
+    return 1 if any(r["run"].get("status") == "error" or r.get("corpus_memory", {}).get("status") == "error"
+                    for r in runs) else 0
 
 
 def _write(args: argparse.Namespace, argv: list[str] | None, runs: list[dict], complete: bool) -> None:

@@ -15,6 +15,12 @@ its own workload) into one table per dtype, a column per record headed by its wo
 command and the machine's load average (1-minute, at the start and end of each size's run) listed
 above it; where a JSON's run measured peak memory (``--peak-memory``), a table of each side's peak
 increment per size and dtype follows.
+
+``--corpus-memory`` prints instead the corpus-length memory of JSONs run with
+``python -m benchmarks.scaling --corpus-memory naive|handwritten``: per size and dtype, the
+streaming profile's and the comparison side's peak increment at each corpus multiplier (MB), the
+growth from the smallest to the largest, whether the streaming growth meets the target, and the
+memory model's prediction over the measurement per point; a point not run says why.
 """
 
 from __future__ import annotations
@@ -45,13 +51,13 @@ def _memory(rec: dict) -> str | None:
 def tables(doc: dict) -> str:
     """The Markdown of one scaling JSON: the ratio table, then the memory table if any."""
     runs = doc["runs"]
-    names = list(dict.fromkeys(rec["name"] for run in runs for rec in run["run"]["records"]))
+    names = list(dict.fromkeys(rec["name"] for run in runs for rec in run["run"].get("records", [])))
     head = "| size | dtype | parameters (M) | " + " | ".join(names) + " |"
     rule = "|---|---|---|" + "---|" * len(names)
     rows = []
     mem_rows = []
     for run in runs:
-        recs = {rec["name"]: rec for rec in run["run"]["records"]}
+        recs = {rec["name"]: rec for rec in run["run"].get("records", [])}
         lead = f"| {run['size']} | {run['dtype']} | {run['parameters'] / 1e6:.0f} | "
         rows.append(lead + " | ".join(_ratio(recs[n]) if n in recs else "-" for n in names) + " |")
         mems = [_memory(recs[n]) if n in recs else None for n in names]
@@ -142,11 +148,85 @@ def merged(docs: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _growth(g: float | None, over: list[int] | None) -> str:
+    if g is None:
+        return "-"
+    return f"{g:.2f}" + (f" ({over[1]}x/{over[0]}x)" if over else "")
+
+
+def corpus_memory_table(docs: list[dict]) -> str:
+    """The corpus-length memory of scaling JSONs (``corpus_memory`` of each size and dtype) as
+    Markdown: a row per size and dtype, the streaming and comparison increments (MB) per corpus
+    multiplier with the memory model's prediction / measured in brackets, the growths, the
+    target's reading; a skipped point shows its predicted need."""
+    from .memory import STREAMING_GROWTH_TARGET
+
+    out = ["Commands:", ""]
+    # one table per set of multipliers (a long-corpus run has other columns)
+    groups: dict[tuple, list[str]] = {}
+    for doc in docs:
+        note = "" if doc.get("complete", True) else " (stopped early: complete false)"
+        out.append(f"* `{doc['command']}`{note}")
+        for run in doc["runs"]:
+            mem = run.get("corpus_memory")
+            if mem is None:
+                continue
+            lead = f"| {run['size']} | {run['dtype']} | {run['parameters'] / 1e6:.0f} | "
+            if mem.get("status") != "ok":
+                groups.setdefault(("error",), []).append(lead + f"{mem.get('status')}: {mem.get('reason')} |")
+                continue
+            other, mults = mem["compared_with"], mem["multipliers"]
+            rows = groups.setdefault((other, *mults), [])
+            if not rows:
+                cols = [f"streaming {m}x" for m in mults] + ["streaming growth", f"<= {STREAMING_GROWTH_TARGET:g}"]
+                cols += [f"{other} {m}x" for m in mults] + [f"{other} growth"]
+                rows += ["| size | dtype | parameters (M) | " + " | ".join(cols) + " |",
+                         "|---|---|---:|" + "---:|" * len(mults) + "---:|---|" + "---:|" * (len(mults) + 1)]
+            skipped = {(s["mode"], s["multiplier"]): s["reason"] for s in mem.get("skipped", [])}
+            failed = {(f["mode"], f["multiplier"]): f["reason"].split(":")[0] for f in mem.get("failed", [])}
+
+            def cells(mode, key, mem=mem, mults=mults, skipped=skipped, failed=failed):
+                pred = mem.get("predicted_mb", {}).get(mode)
+                got = []
+                for i, (m, v) in enumerate(zip(mults, mem[key], strict=True)):
+                    if v is None and (mode, m) in failed:
+                        got.append("failed: " + failed[(mode, m)])
+                    elif v is None:
+                        reason = skipped.get((mode, m), "not run")
+                        got.append("skipped: " + (reason.split(" (")[0] if reason.startswith("predicted") else reason))
+                    else:
+                        got.append(f"{v:.1f}" + (f" ({pred[i] / v:.2f})" if pred and v > 0 else ""))
+                return got
+
+            over = mem.get("growth_multipliers", {})
+            s_growth = mem["streaming_growth"]
+            reading = "-" if s_growth is None else ("met" if s_growth <= STREAMING_GROWTH_TARGET else "missed")
+            rows.append(lead + " | ".join(cells("streaming", "streaming_peak_increment_mb")
+                                          + [_growth(s_growth, over.get("streaming")), reading]
+                                          + cells(other, "naive_peak_increment_mb")
+                                          + [_growth(mem["naive_growth"], over.get(other))]) + " |")
+    out += ["", "Peak memory increment, MB (memory model's prediction / measured):"]
+    for rows in groups.values():
+        out += ["", *rows]
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.scaling_table", description=__doc__.split("\n\n")[0])
     p.add_argument("json", nargs="+", type=Path, help="scaling JSON files (python -m benchmarks.scaling --json)")
     p.add_argument("--merge", action="store_true", help="one table per dtype of all the JSONs' records")
+    p.add_argument("--corpus-memory", action="store_true",
+                   help="the corpus-length memory table of JSONs run with --corpus-memory")
     args = p.parse_args(argv)
+    if args.corpus_memory:
+        try:
+            sys.stdout.write(corpus_memory_table([json.loads(path.read_text(encoding="utf-8"))
+                                                  for path in args.json]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"benchmarks.scaling_table: no corpus memory ({type(exc).__name__}: {exc}); pass files "
+                  "written by python -m benchmarks.scaling --corpus-memory naive|handwritten --json", file=sys.stderr)
+            return 2
+        return 0
     if args.merge:
         try:
             sys.stdout.write(merged([json.loads(path.read_text(encoding="utf-8")) for path in args.json]))

@@ -384,6 +384,81 @@ def test_scaling_family_runs_each_size_and_dtype_in_its_own_process(tmp_path):
     assert scaling.main(["--sizes", "huge", "--json", str(out)]) == 2
 
 
+def test_scaling_corpus_memory_records_each_multiplier_and_skips_what_would_not_fit(tmp_path, monkeypatch):
+    """``python -m benchmarks.scaling --records none --corpus-memory naive`` (issue 51: does the
+    streaming profile's peak stay flat with the corpus while ``run_with_cache`` grows, at every
+    size) on the tiny size: one worker per (side, multiplier), the increments listed per
+    multiplier, each point's memory-model prediction beside it, and a comparison point the model
+    predicts would not fit in the RAM the driver sees skipped with the reason in the JSON (here
+    the RAM is made small: the naive cache of 64 batches, predicted about 18 MB, over a 10 MB
+    budget; the streaming profile's one batch, about 6 MB, under it), never silently."""
+    from benchmarks import memory_model, scaling, scaling_table
+
+    # 0.7 x (10 / 0.7) MB = 10 MB of predicted need allowed at the default headroom
+    monkeypatch.setattr(scaling, "available_ram_bytes", lambda: int(10 * 2**20 / scaling.MEMORY_HEADROOM))
+    out = tmp_path / "corpus.json"
+    status = scaling.main(["--sizes", "tiny", "--dtypes", "float32", "--records", "none",
+                           "--corpus-memory", "naive", "--memory-setting", "16x2", "--multipliers", "1,64",
+                           "--workdir", str(tmp_path / "models"), "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert status == 0, doc
+    (run,) = doc["runs"]
+    assert run["run"]["status"] == "skipped"  # no timed record asked for
+    mem = run["corpus_memory"]
+    assert mem["status"] == "ok" and mem["compared_with"] == "naive"
+    assert mem["multipliers"] == [1, 64] and mem["n_sequences"] == [2, 128]
+    s_mb, n_mb = mem["streaming_peak_increment_mb"], mem["naive_peak_increment_mb"]
+    assert len(s_mb) == 2 and all(v > 0 for v in s_mb)
+    assert n_mb[0] > 0 and n_mb[1] is None
+    (skip,) = mem["skipped"]
+    assert (skip["mode"], skip["multiplier"], skip["n_sequences"]) == ("naive", 64, 128)
+    assert skip["reason"].startswith("predicted ") and "MemAvailable" in skip["reason"]
+    assert mem["failed"] == []  # a worker past --worker-timeout would be listed here, the others kept
+    assert mem["streaming_growth"] == pytest.approx(s_mb[1] / s_mb[0])
+    assert mem["growth_multipliers"] == {"streaming": [1, 64], "naive": [1]}
+    assert mem["naive_growth"] is None and isinstance(mem["met"], bool)
+    assert {r["multiplier"] for r in mem["runs"] if r["mode"] == "streaming"} == {1, 64}
+    assert [r["tokens_seen"] for r in mem["runs"]] == [32, 128 * 16, 32]  # every token of the corpus
+    # the predictions: the streaming side grows by its exact-quantile buffer alone (groups x 4
+    # metrics x tokens x 8 bytes, under 16,384 tokens a group), the naive cache with the corpus
+    shape = scaling.SIZES["tiny"].shape
+    groups = shape.n_layers * (3 + shape.n_heads)
+    pred = mem["predicted_mb"]
+    assert (pred["streaming"][1] - pred["streaming"][0]) * 2**20 == pytest.approx(groups * 4 * (2048 - 32) * 8)
+    assert pred["naive"][1] == pytest.approx(
+        memory_model.estimate(shape, "cache_split", 128, 16, "float32")["total"] / 2**20)
+    assert pred["naive"][1] > 10 > pred["streaming"][1]
+    assert [c["mode"] for c in mem["ram_checks"]] == ["streaming", "naive", "streaming", "naive"]
+    text = scaling_table.corpus_memory_table([doc])
+    assert "| tiny | float32 |" in text and "skipped: predicted" in text
+
+
+def test_corpus_memory_keeps_the_other_points_when_one_worker_times_out(monkeypatch):
+    """A corpus-memory point whose worker runs past its timeout (a long corpus on a large build)
+    is listed in ``failed`` with the reason; the points measured before and after it are kept
+    (the first long run lost its 1x and 64x points to one 128x timeout). The worker is replaced
+    by a stand-in here: what is checked is the bookkeeping, not a measurement."""
+    import subprocess
+
+    from benchmarks import memory
+
+    def worker(source, mode, n_seq, seq, batch, *args, timeout=900):
+        if mode == "naive" and n_seq == 8:
+            raise subprocess.TimeoutExpired(["benchmarks.memory"], timeout)
+        return {"peak_increment_mb": float(n_seq if mode == "naive" else 1), "method": "m", "allocator": "a"}
+
+    monkeypatch.setattr(memory, "run_worker", worker)
+    mem = memory.memory_scaling("unused", seq=4, batch_size=2, multipliers=(1, 4, 16), log=lambda m: None,
+                                skip=lambda mode, m: None, timeout=5)
+    assert mem["naive_peak_increment_mb"] == [2.0, None, 32.0]
+    assert mem["streaming_peak_increment_mb"] == [1.0, 1.0, 1.0] and mem["met"] is True
+    (f,) = mem["failed"]
+    assert (f["mode"], f["multiplier"]) == ("naive", 4) and f["reason"].startswith("TimeoutExpired")
+    assert mem["naive_growth"] == 16.0 and mem["growth_multipliers"]["naive"] == [1, 16]
+    with pytest.raises(subprocess.TimeoutExpired):  # the harness's way (no skip): raised, as before
+        memory.memory_scaling("unused", seq=4, batch_size=2, multipliers=(1, 4), log=lambda m: None)
+
+
 def test_the_late_sender_path_record_patches_the_last_layers_on_both_sides(tmp_path):
     """``path_patching_late_sender_vs_transformer_lens`` (the scaling family's reduced path
     patching workload) on a 4-layer seeded Llama: the sender is head 0 of layer ``4 - 1 -
