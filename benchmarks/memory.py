@@ -46,9 +46,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: glibc mmap threshold for the worker (bytes), see the module docstring.
 MMAP_THRESHOLD = "65536"
-#: What the worker can run: streaming profile, run_with_cache + Profile.from_cache, or
-#: run_with_cache + hand-written torch math (:func:`benchmarks.workloads.handwritten_profile`).
-MODES = ("streaming", "naive", "handwritten")
+#: What the worker can run: streaming profile, run_with_cache + Profile.from_cache,
+#: run_with_cache + hand-written torch math (:func:`benchmarks.workloads.handwritten_profile`), or
+#: the streaming profile keeping no values for exact quantiles (``exact_quantiles=0``).
+MODES = ("streaming", "naive", "handwritten", "streaming-histogram")
 #: Corpus sizes, as multiples of one batch, at which memory is reported.
 MULTIPLIERS = (1, 4, 16)
 #: Allowed growth of streaming peak memory from 1x to 16x (the target).
@@ -118,9 +119,10 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
         base_b = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         method = "ru_maxrss after - ru_maxrss before (not resettable: may under-report)"
 
-    if mode == "streaming":
+    if mode in ("streaming", "streaming-histogram"):
+        limit = {"exact_quantiles": 0} if mode == "streaming-histogram" else {}
         prof = profile(model, inputs, batch_size=batch_size, components=comps, verify=False,
-                       progress=False, exclude_first_token=False)  # every token, as the hand-written and peer computations count them
+                       progress=False, exclude_first_token=False, **limit)  # every token, as the hand-written and peer computations count them
         tokens_seen = int(prof.metadata["tokens_seen"])
     elif mode == "naive":
         prof = naive_profile(model, inputs, comps, names)

@@ -128,6 +128,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def _layer_sets(text: str, n_layers: int | None = None) -> list:
     """``--layers``' layer sets (:func:`tl_directional.evaluate.sweeps.edit_spec.layer_sets`); a
     mistake is a :class:`UsageError` (one ``error:`` line)."""

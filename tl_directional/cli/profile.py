@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ..core.stats import EXACT_QUANTILE_LIMIT
 from ..model.inputs import load_text_sequences
-from .options import _HELP, _claim_out, _common, _DefaultsHelp, _load_model_arg
+from .options import _HELP, _claim_out, _common, _DefaultsHelp, _load_model_arg, _nonnegative_int
 
 
 def _cmd_profile(args) -> int:
@@ -20,7 +21,7 @@ def _profile_locked(args) -> int:
     batch = load_text_sequences(model, args.text, max_sequences=args.max_sequences, seq_len=args.seq_len,
                                 text_argument="--text", seq_len_argument="--seq-len")
     prof = profile(model, batch, batch_size=args.batch_size, exclude_first_token=not args.include_first_token,
-                   progress=not args.quiet, drop_cosine=args.drop_cosine)
+                   progress=not args.quiet, drop_cosine=args.drop_cosine, exact_quantiles=args.exact_quantiles)
     out = prof.save(args.out, format=args.format, overwrite=args.force)
     with pd.option_context("display.width", 160, "display.max_columns", 20, "display.precision", 3):
         cols = ["layer", "component", "count", "par_frac_median", "par_perp_ratio_median", "alpha_mean",
@@ -50,6 +51,9 @@ def add_parser(sub) -> None:
     p.add_argument("--drop-cosine", action="store_true",
                    help="also report the layer-drop cosine columns drop_rho and drop_cos_distance (about 6%% "
                         "slower)")
+    p.add_argument("--exact-quantiles", type=_nonnegative_int, default=EXACT_QUANTILE_LIMIT, metavar="N",
+                   help="values kept per metric and layer / head for exact quantiles; past N, or with 0, the "
+                        "quantiles come from fixed histograms (0: memory flat in the text's length)")
     p.add_argument("--format", choices=("csv", "parquet"), default="csv", help="table file format")
     p.add_argument("--out", required=True, help="output directory (residual, value tables and metadata.json)")
     p.add_argument("--force", action="store_true", help=_HELP["force"])

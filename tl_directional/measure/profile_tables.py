@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pandas as pd
 
-from ..core.stats import EXACT_QUANTILE_LIMIT
 from .stream import _Accumulator
 
 
@@ -27,12 +26,16 @@ def _tl_version() -> str:
 def _quantiles_note(acc: _Accumulator) -> str:
     """How the profile's quantiles were computed (its metadata's ``"quantiles"``)."""
     summaries = [s for s in (acc.residual, acc.value, acc.value_excl, acc.value_ref) if s.count.sum() > 0]
+    limit = acc.exact_quantiles
     if summaries and all(s.quantiles_exact for s in summaries):
-        how = (f"exact: numpy's default (linear) quantiles of the values (at most {EXACT_QUANTILE_LIMIT} "
+        how = (f"exact: numpy's default (linear) quantiles of the values (at most {limit} "
                "per metric in every group)")
+    elif limit == 0:
+        how = ("approximate: linear interpolation in fixed histograms (tl_directional.core.stats.BIN_SCALES; "
+               "exact_quantiles=0: no values kept)")
     else:
         how = (f"approximate: linear interpolation in fixed histograms (tl_directional.core.stats.BIN_SCALES; "
-               f"above {EXACT_QUANTILE_LIMIT} values per metric in a group)")
+               f"above {limit} values per metric in a group)")
     return how + "; means, counts and energy ratios are exact sums"
 
 

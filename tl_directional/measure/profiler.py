@@ -22,6 +22,7 @@ from torch import Tensor
 from ..core.components import check_components
 from ..core.geometry import DEFAULT_EPS, check_eps, compute_dtype
 from ..core.kernels import split_stats
+from ..core.stats import EXACT_QUANTILE_LIMIT
 from ..core.subspace import SubspaceError
 from ..io.atomic import ArtefactError
 from ..io.distributed import rank_and_world
@@ -50,6 +51,7 @@ from .stream import (  # the per-token statistics collected while the model runs
     _streaming_hooks,
     _with_stop,
     check_drop_cosine,
+    check_exact_quantiles,
 )
 
 
@@ -182,11 +184,13 @@ class Profile:
         per_layer: bool | None = None,
         value_reference=None,
         value_per_layer: bool | None = None,
+        exact_quantiles: int = EXACT_QUANTILE_LIMIT,
     ) -> Profile:
         """Compute the same tables from an ``ActivationCache`` (or a dict of tensors)
         holding the needed hooks, e.g. from ``model.run_with_cache(tokens)``; ``drop_cosine``,
-        ``reference``, ``per_layer``, ``value_reference`` and ``value_per_layer`` as in
-        :func:`profile`."""
+        ``reference``, ``per_layer``, ``value_reference``, ``value_per_layer`` and
+        ``exact_quantiles`` as in :func:`profile`."""
+        exact_quantiles = check_exact_quantiles(exact_quantiles)
         drop_cosine = check_drop_cosine(drop_cosine)
         sites = resolve_sites(model)
         components = _check_components(components, sites)
@@ -206,7 +210,7 @@ class Profile:
         ref_any = get(sites.units["attn"][0].reference_hook)
         # computed where the cache lives (on the GPU for a GPU cache), never copied to the host
         device = ref_any.device
-        acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine, ref, value_ref)
+        acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine, ref, value_ref, exact_quantiles)
         batch, pos = ref_any.shape[:2]
         am = torch.ones(batch, pos, dtype=torch.long) if attention_mask is None else attention_mask
         exclude_first_token = resolve_exclude_first_token(exclude_first_token, positions)
@@ -328,6 +332,7 @@ def profile(
     per_layer: bool | None = None,
     value_reference=None,
     value_per_layer: bool | None = None,
+    exact_quantiles: int = EXACT_QUANTILE_LIMIT,
 ) -> Profile:
     """Stream ``inputs`` through ``model`` and summarise the geometry of every update.
 
@@ -387,11 +392,19 @@ def profile(
             Needs ``"value"`` among ``components``. Default None: no such columns.
         value_per_layer: read a 2-D ``value_reference`` as one row per layer (True) or as a
             subspace (False); required when it has exactly ``n_layers`` rows.
+        exact_quantiles: values kept per metric and group (layer row or head) so that the
+            quantile columns are numpy's exact ones; a group that passes it drops its values and
+            its quantiles come from fixed histograms (``metadata["quantiles"]`` says which). The
+            kept values are what grows with the corpus: about ``n_layers (84 + 71 n_heads)`` bytes
+            per token up to this many tokens (``docs/performance.md``). ``0`` keeps none: memory
+            flat in the corpus length, histogram quantiles from the first token; means, counts
+            and energy ratios are exact sums either way.
 
     Returns:
         A :class:`Profile`.
     """
     eps = check_eps(eps)
+    exact_quantiles = check_exact_quantiles(exact_quantiles)
     drop_cosine = check_drop_cosine(drop_cosine)
     ref = _profile_reference(model, reference, per_layer, drop_cosine=drop_cosine, carrier=carrier)
     # the weight scan runs after the forwards, only if the statistics hold a NaN (_raise_if_nonfinite)
@@ -408,7 +421,7 @@ def profile(
     if verify:
         first = next(iter_batches(batch.slice(0, 2), 2)).to(device)
         verify_sites(model, sites, first.tokens[:, :64], first.attention_mask[:, :64], verb="profile")
-    acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine, ref, value_ref)
+    acc = _Accumulator(sites, components, device, eps, per_token, drop_cosine, ref, value_ref, exact_quantiles)
     state: dict = {}
 
     hooks, n_actions = _streaming_hooks(acc, sites, model, state)

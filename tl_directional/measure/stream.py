@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..core.geometry import compute_dtype, projection_coefficient
 from ..core.kernels import Scratch, split_stats, squared_norm, value_stats
-from ..core.stats import StreamingSummary
+from ..core.stats import EXACT_QUANTILE_LIMIT, StreamingSummary
 from ..model.handle import StopForward
 from ..model.sites import ModelSites, UnitSite, ValueSite
 from ..model.weights import attention_output_weights
@@ -38,6 +38,18 @@ def check_drop_cosine(drop_cosine) -> bool:
         raise TypeError(f"drop_cosine must be True (also report the layer-drop cosine columns drop_rho and "
                         f"drop_cos_distance) or False (the default), got {drop_cosine!r}")
     return drop_cosine
+
+
+def check_exact_quantiles(exact_quantiles) -> int:
+    """``exact_quantiles`` if it is an int >= 0; a ValueError naming it, its range and the fix otherwise."""
+    if isinstance(exact_quantiles, bool) or not isinstance(exact_quantiles, int) or exact_quantiles < 0:
+        raise ValueError(
+            f"exact_quantiles must be an int >= 0: the values kept per metric and group for exact quantiles "
+            f"(default {EXACT_QUANTILE_LIMIT}; 0 keeps none, quantiles from the fixed histograms, memory flat "
+            f"in the corpus length), got {exact_quantiles!r}")
+    return exact_quantiles
+
+
 # Full-aggregate split o_t vs v_t (its energy ratio is the table's energy_ratio_full),
 # plus the attention-side factorization in residual coordinates.
 VALUE_METRICS = {
@@ -70,8 +82,11 @@ class _Accumulator:
     """
 
     def __init__(self, sites: ModelSites, components, device, eps: float, per_token: bool,
-                 drop_cosine: bool = False, reference=None, value_reference=None):
+                 drop_cosine: bool = False, reference=None, value_reference=None,
+                 exact_quantiles: int = EXACT_QUANTILE_LIMIT):
         self.sites = sites
+        # values kept per metric and group for exact quantiles (0: histograms only, memory flat in the corpus)
+        self.exact_quantiles = exact_quantiles
         # None: every unit against its stream; else a resolved non-stream Reference (model.reference)
         self.reference = None if reference is None or reference.is_stream else reference
         # None: no value_ref columns; else a resolved value-space (d_head) Reference for z_h
@@ -87,11 +102,12 @@ class _Accumulator:
         }
         metrics = RESIDUAL_METRICS if drop_cosine else {
             k: v for k, v in RESIDUAL_METRICS.items() if k not in DROP_COSINE_METRICS}
-        self.residual = StreamingSummary(max(n_rows, 1), metrics, device)
+        self.residual = StreamingSummary(max(n_rows, 1), metrics, device, exact_limit=exact_quantiles)
         n_heads = sites.n_layers * sites.n_heads
-        self.value = StreamingSummary(n_heads, VALUE_METRICS, device)
-        self.value_excl = StreamingSummary(n_heads, EXCLUSIVE_METRICS, device)
-        self.value_ref = StreamingSummary(n_heads, VALUE_REFERENCE_METRICS, device)
+        self.value = StreamingSummary(n_heads, VALUE_METRICS, device, exact_limit=exact_quantiles)
+        self.value_excl = StreamingSummary(n_heads, EXCLUSIVE_METRICS, device, exact_limit=exact_quantiles)
+        self.value_ref = StreamingSummary(n_heads, VALUE_REFERENCE_METRICS, device,
+                                          exact_limit=exact_quantiles)
         self.factorization_error = torch.zeros(sites.n_layers, dtype=torch.float64, device=device)
         self.token_rows: list[dict] = []
         self.value_token_rows: list[dict] = []
