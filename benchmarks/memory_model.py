@@ -65,21 +65,42 @@ DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 #: tl_directional.evaluate.patching.generic.AUTO_LOGIT_ELEMENTS.
 AUTO_LOGIT_ELEMENTS = 2**26
 AUTO_MAX_RUNS = 64
-#: Values per (group, metric) a streaming summary keeps for exact quantiles (core.stats).
+#: Values per (group, metric) a streaming summary keeps for exact quantiles by default
+#: (core.stats; ``profile(exact_quantiles=...)`` changes it).
 EXACT_QUANTILE_LIMIT = 16_384
+#: The streaming profile's summaries (tl_directional.measure.stream): residual components per
+#: layer, metrics per residual group, per head (value space) and per head (exclusive).
+PROFILE_COMPONENTS = 3
+RESIDUAL_METRIC_COUNT, VALUE_METRIC_COUNT, EXCLUSIVE_METRIC_COUNT = 4, 9, 2
+#: Histogram bins (two edge bins included) summed over each summary's metrics: residual (unit,
+#: positive, signed, positive), value (six signed, two unit, one positive), exclusive (unit,
+#: positive), from tl_directional.core.quantiles.BIN_SCALES (1,000 / 2,400 / 4,000 bins; the
+#: suite checks these against the library).
+RESIDUAL_BINS, VALUE_BINS, EXCLUSIVE_BINS = 9_808, 28_418, 3_404
 #: Bytes the streaming profile holds per layer and token until a batch's statistics are counted,
-#: as ``(per d_model, per n_heads x seq)``, live tensors: fitted by least squares on the float32
-#: live points (``--count live``) of smollm2-135m, qwen3-0.6b, llama-3.2-1b and qwen2.5-1.5b at
-#: 4 x 64 tokens (about 2 float32 rows of the stream; at seq 64 the first three have
-#: ``n_heads x seq = d_model``, so qwen2.5-1.5b alone separates the two coefficients); bfloat16
-#: fitted on llama-3.2-1b's and qwen2.5-1.5b's bfloat16 live points (two points, an exact fit;
-#: float32's scaled to llama-3.2-1b's point put qwen2.5-1.5b's at 1.27): fits, not checks.
-PROFILE_BYTES = {"float32": (8.16, 0.52), "bfloat16": (2.95, 4.10), "float16": (2.95, 4.10)}
+#: as ``(per d_model, per n_heads x seq)``, live tensors (``--count live``): least squares on the
+#: float32 points of smollm2-135m, qwen3-0.6b, llama-3.2-1b and qwen2.5-1.5b at 4 x 64 tokens
+#: (about 2 float32 rows of the stream; at seq 64 the first three have ``n_heads x seq =
+#: d_model``, so qwen2.5-1.5b alone separates the two coefficients); bfloat16 on llama-3.2-1b's
+#: and qwen2.5-1.5b's (two points, an exact fit): fits, not checks. ``python -m
+#: benchmarks.memory_model --fit-profile`` prints them from :data:`COMMITTED_POINTS`.
+PROFILE_BYTES = {"float32": (8.20, 1.06), "bfloat16": (3.02, 4.57), "float16": (3.02, 4.57)}
 #: The same fitted on VmHWM (``fixed=True``), glibc's heap slack included: least squares on the
-#: float32 VmHWM points of smollm2-135m, qwen3-0.6b, llama-3.2-1b and qwen2.5-1.5b (about 1.15
-#: float32 rows of the stream and 1.45 float32 attention patterns); bfloat16 scaled to
-#: llama-3.2-1b's bfloat16 point.
-PROFILE_BYTES_RSS = {"float32": (4.6, 5.8), "bfloat16": (3.65, 4.6), "float16": (3.65, 4.6)}
+#: same four float32 points; bfloat16 scaled to llama-3.2-1b's one bfloat16 point.
+PROFILE_BYTES_RSS = {"float32": (4.66, 6.36), "bfloat16": (3.72, 5.08), "float16": (3.72, 5.08)}
+#: The committed peak-memory points (``--measure``): VmHWM with the weights resident, then the
+#: live tensor bytes (``--count live``) of the same points, which :func:`check_files` puts beside
+#: them; the fits above come from them, the suite checks every point against the model.
+COMMITTED_POINTS = ("issue51_memory_cpu_float32_resident.json", "issue51_memory_cpu_large_resident.json",
+                    "issue51_memory_cpu_large_rerun.json", "issue51_memory_cpu_patching_resident.json",
+                    "issue51_memory_cpu_live_small.json", "issue51_memory_cpu_live_qwen3.json",
+                    "issue51_memory_cpu_live_large_bf16_attr.json", "issue51_memory_cpu_live_large_profile.json",
+                    "issue51_memory_cpu_live_large_f32_attr.json", "issue51_memory_cpu_live_patching.json")
+#: Whose points each fit reads: (dtype, count) -> sizes.
+FIT_SIZES = {("float32", "live"): ("smollm2-135m", "qwen3-0.6b", "llama-3.2-1b", "qwen2.5-1.5b"),
+             ("bfloat16", "live"): ("llama-3.2-1b", "qwen2.5-1.5b"),
+             ("float32", "rss"): ("smollm2-135m", "qwen3-0.6b", "llama-3.2-1b", "qwen2.5-1.5b"),
+             ("bfloat16", "rss"): ("llama-3.2-1b",)}
 #: What each analysis's first call costs whatever the shape (MB): the ``tiny`` size's measured
 #: increment minus its shape terms, 0 where those exceed it
 #: (benchmarks/results/issue51_memory_cpu_float32_small.json): imports and tables on first use.
@@ -107,9 +128,28 @@ def _graph(s: Shape, b: int, seq: int, e: int, layers: int, params: bool = False
     return b * seq * layers * per_token
 
 
+def kept_bytes_per_token(s: Shape) -> int:
+    """What the streaming profile keeps per token for exact quantiles (core.stats): per residual
+    group a float32 value of each metric and an int32 group id, per head the value-space and the
+    exclusive summaries' values, each summary with its own int32 group id."""
+    residual = PROFILE_COMPONENTS * 4 * (1 + RESIDUAL_METRIC_COUNT)
+    head = 4 * (1 + VALUE_METRIC_COUNT) + 4 * (1 + EXCLUSIVE_METRIC_COUNT)
+    return s.n_layers * (residual + s.n_heads * head)
+
+
+def histogram_bytes(s: Shape) -> int:
+    """The streaming profile's histograms once built (past ``exact_quantiles`` values a group, or
+    from the start with ``exact_quantiles=0``): every summary's int64 bins, and beside them while
+    a batch is counted the largest summary's ``bincount`` output (one more of its histograms)."""
+    residual = PROFILE_COMPONENTS * s.n_layers * RESIDUAL_BINS
+    value, exclusive = s.n_layers * s.n_heads * VALUE_BINS, s.n_layers * s.n_heads * EXCLUSIVE_BINS
+    return 8 * (residual + value + exclusive + max(residual, value, exclusive))
+
+
 def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "float32", *,
              layers_per_pass: int | None = None, node_types: tuple[str, ...] = ("resid", "attn", "mlp", "head", "value"),
-             copies: int | None = None, batch_size: int | None = None, fixed: bool = True) -> dict[str, float]:
+             copies: int | None = None, batch_size: int | None = None, fixed: bool = True,
+             tokens: int | None = None, exact_quantiles: int = EXACT_QUANTILE_LIMIT) -> dict[str, float]:
     """The bytes ``analysis`` holds at its peak on top of the loaded model, by term, and ``total``.
 
     Args:
@@ -129,6 +169,10 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
             between chunks are a few numbers per node).
         fixed: predict VmHWM rather than the live tensor bytes: add the first-call constant of
             :data:`FIXED_MB` and count the profile's rows with :data:`PROFILE_BYTES_RSS`.
+        tokens: ``profile``: the corpus's tokens, profiled ``batch x seq`` at a time (None: one
+            batch); what the summaries keep grows with it.
+        exact_quantiles: ``profile``'s argument of that name (values a group keeps for exact
+            quantiles; 0 keeps none).
     """
     e = DTYPE_BYTES[dtype]
     s = shape
@@ -146,17 +190,30 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
     elif analysis == "edit":
         terms = {**forward, "edit_float32": 6 * T * s.d_model * 4}
     elif analysis == "profile":
-        groups = s.n_layers * (3 + s.n_heads)
         # no logits (the forward stops after the last block); the rows of every layer, held until
-        # the batch's statistics are counted in one pass (PROFILE_BYTES); the values kept for
-        # exact quantiles
+        # the batch's statistics are counted in one pass (PROFILE_BYTES). The peak is in the last
+        # batch's forward, beside what the batches before it left: the values kept for exact
+        # quantiles (a batch's are kept when it is counted), or, past exact_quantiles values a
+        # group, the histograms (and the values kept until the crossing, binned then)
         fit = PROFILE_BYTES_RSS if fixed else PROFILE_BYTES
         per_stream, per_pattern = fit.get(dtype, fit["float32"])
         rows = s.n_layers * T * (per_stream * s.d_model + per_pattern * s.n_heads * seq)
-        terms = {"block": block, "layers_rows": rows, "kept_values": groups * 4 * min(T, EXACT_QUANTILE_LIMIT) * 8}
+        corpus = T if tokens is None else tokens
+        terms = {"block": block, "layers_rows": rows,
+                 "kept_values": kept_bytes_per_token(s) * min(max(corpus - T, 0), exact_quantiles)}
+        if corpus > exact_quantiles:
+            terms["histograms"] = histogram_bytes(s)
     elif analysis == "cache_split":
-        hooks = 6 * R + T * s.n_kv_heads * s.dh * e + batch * s.n_heads * seq * seq * e
-        terms = {"cache": s.n_layers * hooks, "block": block, "split_float32": 8 * T * s.d_model * 4}
+        # run_with_cache of the profile's hooks (the bridge stores an alias once): per layer z, v,
+        # the pattern, the two updates and the stream after attention and after the MLP (the
+        # next layer's stream before it), and the first layer's stream before it. Beside the full
+        # cache, the larger of the forward's own end (the bridge computes logits whatever
+        # return_type says, from the final norm's output) and the split's float32 temporaries
+        per_layer = T * (4 * s.d_model + (s.n_heads + s.n_kv_heads) * s.dh) * e + batch * s.n_heads * seq * seq * e
+        end = {"logits": logits, "final_stream": R} if logits + R >= block else {"block": block}
+        split = {"split_float32": 8 * T * s.d_model * 4}
+        terms = {"cache": s.n_layers * per_layer + R,
+                 **(end if sum(end.values()) >= sum(split.values()) else split)}
     elif analysis == "attribution":
         terms = _attribution(s, min(batch, batch_size or batch), seq, e, layers_per_pass, node_types)
     elif analysis == "attribution_transformer_lens":
@@ -402,6 +459,37 @@ def markdown_attribution(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def fit_profile_rows(rows: list[dict], sizes: tuple[str, ...], dtype: str, count: str) -> tuple[float, float]:
+    """Least-squares ``(per d_model, per n_heads x seq)`` bytes of the profile's rows term
+    (:data:`PROFILE_BYTES` for ``count="live"``, :data:`PROFILE_BYTES_RSS` for ``"rss"``) from
+    the profile points of ``sizes`` in ``dtype`` (rows of :func:`check_files`): each point's
+    measured increment less the model's other terms, over ``n_layers x T``. Two points give an
+    exact fit; one, a fit of the ratio the float32 fit has, scaled to it."""
+    import numpy as np
+
+    from .sizes import SIZES
+
+    pts = [r for r in rows if r["analysis"] == "profile" and r["size"] in sizes and r["dtype"] == dtype
+           and (r["measured_mb"] if count == r["count"] else r.get("rss_mb")) is not None
+           and (count == r["count"] or count == "rss")]
+    if not pts:
+        raise ValueError(f"no {count} profile points of {sizes} in {dtype}")
+    a, y = [], []
+    for r in pts:
+        s = SIZES[r["size"]].shape
+        b, seq = (int(v) for v in r["tokens"].split("x"))
+        got = (r["measured_mb"] if count == r["count"] else r["rss_mb"]) * MB
+        terms = estimate(s, "profile", b, seq, dtype, fixed=count == "rss")
+        rest = terms["total"] - terms["layers_rows"]
+        a.append([s.n_layers * b * seq * s.d_model, s.n_layers * b * seq * s.n_heads * seq])
+        y.append(got - rest)
+    a, y = np.array(a, dtype=float), np.array(y)
+    if len(pts) == 1:  # one point: the float32 fit's proportions, scaled to it
+        ref = np.array((PROFILE_BYTES_RSS if count == "rss" else PROFILE_BYTES)["float32"])
+        return tuple(float(v) for v in ref * y[0] / (a[0] @ ref))
+    return tuple(float(v) for v in np.linalg.lstsq(a, y, rcond=None)[0])
+
+
 #: Larger shapes the docs state predictions for (published configurations; tied where the model ties).
 PREDICT_SHAPES = {
     "Llama-3.2-1B": Shape(16, 2048, 32, 8, 8192, 128256, tied=True),
@@ -437,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --check: attribution patching's measured increments against TransformerLens's")
     p.add_argument("--predict", action="store_true", help="the 1B / 8B / 9B predictions")
     p.add_argument("--dtype", default="bfloat16", help="dtype of --predict")
+    p.add_argument("--fit-profile", action="store_true",
+                   help="least-squares PROFILE_BYTES / PROFILE_BYTES_RSS from the committed points")
     p.add_argument("--measure", metavar="OUT_JSON", help="measure the points (one probe process each) into OUT_JSON")
     p.add_argument("--sizes", default="tiny,smollm2-135m,smollm2-360m,qwen3-0.6b")
     p.add_argument("--dtypes", default="float32")
@@ -472,8 +562,15 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_attribution(rows) if a.attribution else markdown_check(rows))
     if a.predict:
         print(markdown_predict(dtype=a.dtype))
-    if not (a.check or a.predict or a.measure):
-        p.error("give --measure OUT_JSON, --check MEASURED_JSON and/or --predict")
+    if a.fit_profile:
+        from pathlib import Path
+
+        rows = check_files([Path(__file__).parent / "results" / name for name in COMMITTED_POINTS])
+        for (dtype, count), sizes in FIT_SIZES.items():
+            per_stream, per_pattern = fit_profile_rows(rows, sizes, dtype, count)
+            print(f"{dtype} {count}: ({per_stream:.2f}, {per_pattern:.2f})  from {', '.join(sizes)}")
+    if not (a.check or a.predict or a.measure or a.fit_profile):
+        p.error("give --measure OUT_JSON, --check MEASURED_JSON, --predict and/or --fit-profile")
     return 0
 
 

@@ -23,9 +23,10 @@ stream; here it is 64): ``build_tiny_hf_model`` derives it, and the record says 
 models do not tie the unembedding to the embedding (SmolLM2, Llama-3.2-1B and Qwen2.5-1.5B do),
 so their weights take ``vocab x d_model`` more memory than the named models'.
 
-Corpus-length memory (``--corpus-memory naive|handwritten``): per size and dtype, the peak
-memory increment of the streaming ``profile`` and of the comparison side (``naive``:
-``run_with_cache`` + ``Profile.from_cache``; ``handwritten``: ``run_with_cache`` + torch math) at
+Corpus-length memory (``--corpus-memory naive|handwritten|streaming-histogram``): per size and
+dtype, the peak memory increment of the streaming ``profile`` and of the comparison side
+(``naive``: ``run_with_cache`` + ``Profile.from_cache``; ``handwritten``: ``run_with_cache`` +
+torch math; ``streaming-histogram``: ``profile(..., exact_quantiles=0)``) at
 ``--multipliers`` x one batch of ``--memory-setting`` (:func:`benchmarks.memory.memory_scaling`,
 one subprocess per point), under ``corpus_memory`` in the size's entry, each point beside the
 memory model's prediction (:func:`corpus_prediction`). A point whose predicted need (the weights
@@ -96,21 +97,21 @@ def corpus_prediction(name: str, mode: str, dtype: str, seq: int, batch: int, mu
     """The memory model's peak increment (bytes, VmHWM: first-call term included) of one corpus
     memory point: ``multiplier x batch`` sequences of ``seq`` tokens.
 
-    ``streaming``: :func:`benchmarks.memory_model.estimate`'s ``profile`` at one batch (what is
-    alive at a time) with its exact-quantile term at the corpus's tokens (the only term that
-    grows with the corpus, until 16,384 tokens a group); ``naive`` / ``handwritten``: its
-    ``cache_split`` (``run_with_cache`` of the profile's hooks + a split) over the whole corpus:
-    the model has no term of its own for ``Profile.from_cache``'s work on the cache."""
+    ``streaming`` / ``streaming-histogram``: :func:`benchmarks.memory_model.estimate`'s
+    ``profile`` in batches of ``batch``, the corpus's tokens given (what the summaries keep grows
+    with them), with ``exact_quantiles`` 0 for the histogram-only mode; ``naive`` /
+    ``handwritten``: its ``cache_split`` (``run_with_cache`` of the profile's hooks + a split)
+    over the whole corpus: the model has no term of its own for ``Profile.from_cache``'s work
+    on the cache (the forward's end is the larger)."""
     from .memory_model import DTYPE_BYTES, EXACT_QUANTILE_LIMIT, estimate
 
-    shape = SIZES[name].shape
-    if mode == "streaming":
-        terms = estimate(shape, "profile", batch, seq, dtype)
-        groups = shape.n_layers * (3 + shape.n_heads)
-        kept = groups * 4 * min(multiplier * batch * seq, EXACT_QUANTILE_LIMIT) * 8
-        return terms["total"] - terms["kept_values"] + kept
     if DTYPE_BYTES.get(dtype) is None:
         raise ValueError(f"dtype={dtype!r} has no byte size in the memory model; use one of {list(DTYPE_BYTES)}")
+    shape = SIZES[name].shape
+    tokens = multiplier * batch * seq
+    if mode in ("streaming", "streaming-histogram"):
+        limit = 0 if mode == "streaming-histogram" else EXACT_QUANTILE_LIMIT
+        return estimate(shape, "profile", batch, seq, dtype, tokens=tokens, exact_quantiles=limit)["total"]
     return estimate(shape, "cache_split", multiplier * batch, seq, dtype)["total"]
 
 
@@ -189,7 +190,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None,
                    help="warm-up pairs per record (the harness's default, 1, when not given)")
     p.add_argument("--peak-memory", action="store_true", help="peak memory of each side (slow)")
-    p.add_argument("--corpus-memory", choices=("naive", "handwritten"), default=None,
+    p.add_argument("--corpus-memory", choices=("naive", "handwritten", "streaming-histogram"), default=None,
                    help="also measure peak memory against corpus length, streaming profile vs this side")
     p.add_argument("--memory-setting", default="64x4", help="SEQxBATCH of --corpus-memory's batch")
     p.add_argument("--multipliers", default="1,4,16", help="--corpus-memory's corpus sizes, in batches")

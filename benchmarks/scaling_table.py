@@ -185,8 +185,8 @@ def corpus_memory_table(docs: list[dict]) -> str:
             skipped = {(s["mode"], s["multiplier"]): s["reason"] for s in mem.get("skipped", [])}
             failed = {(f["mode"], f["multiplier"]): f["reason"].split(":")[0] for f in mem.get("failed", [])}
 
-            def cells(mode, key, mem=mem, mults=mults, skipped=skipped, failed=failed):
-                pred = mem.get("predicted_mb", {}).get(mode)
+            def cells(mode, key, mem=mem, mults=mults, skipped=skipped, failed=failed, run=run):
+                pred = _corpus_predictions(run, mem, mode)
                 got = []
                 for i, (m, v) in enumerate(zip(mults, mem[key], strict=True)):
                     if v is None and (mode, m) in failed:
@@ -205,10 +205,23 @@ def corpus_memory_table(docs: list[dict]) -> str:
                                           + [_growth(s_growth, over.get("streaming")), reading]
                                           + cells(other, "naive_peak_increment_mb")
                                           + [_growth(mem["naive_growth"], over.get(other))]) + " |")
-    out += ["", "Peak memory increment, MB (memory model's prediction / measured):"]
+    out += ["", "Peak memory increment, MB (the memory model's prediction, as it is now / measured):"]
     for rows in groups.values():
         out += ["", *rows]
     return "\n".join(out) + "\n"
+
+
+def _corpus_predictions(run: dict, mem: dict, mode: str) -> list[float] | None:
+    """The memory model's predictions (bytes) of a corpus-memory run's points, from the model as
+    it is now (a pure function of the point), so an older JSON is read against the current
+    model; the JSON's own (the model when it ran) for a size the family no longer has."""
+    from .memory_model import MB
+    from .scaling import SIZES, corpus_prediction
+
+    if run["size"] not in SIZES:
+        return mem.get("predicted_mb", {}).get(mode)
+    return [corpus_prediction(run["size"], mode, run["dtype"], mem["seq"], mem["batch_size"], m) / MB
+            for m in mem["multipliers"]]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks import run as bench_run  # noqa: E402
+from benchmarks.memory_model import COMMITTED_POINTS as MEMORY_POINTS  # noqa: E402
 from benchmarks.registry import STATUSES  # noqa: E402
 from benchmarks.timing import median_ci, paired_timing  # noqa: E402
 
@@ -419,12 +420,12 @@ def test_scaling_corpus_memory_records_each_multiplier_and_skips_what_would_not_
     assert mem["naive_growth"] is None and isinstance(mem["met"], bool)
     assert {r["multiplier"] for r in mem["runs"] if r["mode"] == "streaming"} == {1, 64}
     assert [r["tokens_seen"] for r in mem["runs"]] == [32, 128 * 16, 32]  # every token of the corpus
-    # the predictions: the streaming side grows by its exact-quantile buffer alone (groups x 4
-    # metrics x tokens x 8 bytes, under 16,384 tokens a group), the naive cache with the corpus
+    # the predictions: the streaming side grows by its exact-quantile values alone (those of the
+    # batches before the last, under 16,384 tokens a group), the naive cache with the corpus
     shape = scaling.SIZES["tiny"].shape
-    groups = shape.n_layers * (3 + shape.n_heads)
     pred = mem["predicted_mb"]
-    assert (pred["streaming"][1] - pred["streaming"][0]) * 2**20 == pytest.approx(groups * 4 * (2048 - 32) * 8)
+    assert (pred["streaming"][1] - pred["streaming"][0]) * 2**20 == pytest.approx(
+        memory_model.kept_bytes_per_token(shape) * (2048 - 32))
     assert pred["naive"][1] == pytest.approx(
         memory_model.estimate(shape, "cache_split", 128, 16, "float32")["total"] / 2**20)
     assert pred["naive"][1] > 10 > pred["streaming"][1]
@@ -515,6 +516,7 @@ def test_memory_model_arithmetic_on_constructed_shapes():
     """Each term is the tensor size it names: logits ``T V e``, the graph linear in the layers a
     pass keeps, bfloat16 half of float32 except the profile's rows (fitted per dtype), and directional
     patching's stacked copies as the library sizes them."""
+    from benchmarks import memory_model
     from benchmarks.memory_model import MB, PROFILE_BYTES, PROFILE_BYTES_RSS, Shape, estimate
     from tl_directional.evaluate.patching.generic import copies_per_forward
 
@@ -556,6 +558,24 @@ def test_memory_model_arithmetic_on_constructed_shapes():
     assert estimate(Shape(2, 64, 4, 2, 128, 1000), "directional_patch", 1, 15, copies=8,
                     fixed=False)["stacked_logits"] == 8 * 15 * 1000 * 4
     assert estimate(s, "profile", 1, 1)["fixed"] > 0.5 * MB
+    # what the summaries keep: per layer 3 residual groups of 4 float32 values and an int32 id,
+    # per head 9 + 2 values and two ids, for the batches before the last; past exact_quantiles
+    # the values kept until then and the int64 histograms (and one bincount output beside them)
+    per_token = 8 * (3 * 4 * 5 + 4 * (4 * 10 + 4 * 3))
+    assert memory_model.kept_bytes_per_token(s) == per_token
+    assert estimate(s, "profile", 2, 16, fixed=False)["kept_values"] == 0
+    assert estimate(s, "profile", 2, 16, fixed=False, tokens=320)["kept_values"] == per_token * 288
+    hist = memory_model.histogram_bytes(s)
+    assert hist == 8 * (24 * 9_808 + 32 * 28_418 + 32 * 3_404 + 32 * 28_418)
+    capped = estimate(s, "profile", 2, 16, fixed=False, tokens=320, exact_quantiles=100)
+    assert (capped["kept_values"], capped["histograms"]) == (per_token * 100, hist)
+    flat = estimate(s, "profile", 2, 16, fixed=False, tokens=10**6, exact_quantiles=0)
+    assert (flat["kept_values"], flat["histograms"]) == (0, hist)
+    # run_with_cache of the profile's hooks: per layer z, v, the pattern and 4 stream rows, one
+    # more stream row; beside it the forward's end (logits and the final norm's output)
+    c = estimate(Shape(8, 64, 4, 2, 256, 10_000), "cache_split", 2, 16, fixed=False)
+    assert c["cache"] == 8 * (32 * (4 * 64 + 6 * 16) * 4 + 2 * 4 * 16 * 16 * 4) + 32 * 64 * 4
+    assert (c["logits"], c["final_stream"]) == (32 * 10_000 * 4, 32 * 64 * 4)
     with pytest.raises(ValueError, match="not modelled"):
         estimate(s, "train", 1, 1)
 
@@ -598,16 +618,6 @@ def test_memory_model_graph_term_counts_what_autograd_saves(tiny_model_dir, dtyp
     want = estimate(Shape.of(model), "attribution", b, p, dtype, fixed=False)["graph"]
     assert abs((sum(saved.values()) - outside) / want - 1) <= 0.10, (sum(saved.values()), want)
 
-
-#: The committed peak-memory points (python -m benchmarks.memory_model --measure): VmHWM with the
-#: weights resident, then the live tensor bytes (``--count live``) of the same points, which
-#: ``check_files`` puts beside them and checks in their place.
-MEMORY_POINTS = ("issue51_memory_cpu_float32_resident.json", "issue51_memory_cpu_large_resident.json",
-                 "issue51_memory_cpu_large_rerun.json", "issue51_memory_cpu_patching_resident.json",
-                 "issue51_memory_cpu_live_small.json", "issue51_memory_cpu_live_qwen3.json",
-                 "issue51_memory_cpu_live_large_bf16_attr.json", "issue51_memory_cpu_live_large_profile.json",
-                 "issue51_memory_cpu_live_large_f32_attr.json",
-                 "issue51_memory_cpu_live_patching.json")
 
 #: Points whose live count is within 10% but whose VmHWM the model (with its first-call term)
 #: misses by more: glibc's heap keeps freed blocks under the probe's 64 KiB mmap threshold resident
@@ -658,6 +668,31 @@ def test_memory_model_is_within_ten_percent_of_the_committed_measurements():
     assert all(RSS_MISSES[k] <= ratio < 0.90 for k, ratio in rss_missed.items()), rss_missed
     # the attribution table of docs/performance.md, generated from the same points
     assert main(["--check", str(REPO_ROOT / "benchmarks" / "results" / MEMORY_POINTS[0]), "--attribution"]) == 0
+
+
+def test_memory_model_counts_what_the_profile_keeps():
+    """The memory model's view of the streaming profile's summaries is the library's: the metrics
+    each summary keeps and the bins of each histogram; and the fits are what ``--fit-profile``
+    prints from the committed points (a change of a term refits them)."""
+    from benchmarks import memory_model as mm
+    from tl_directional.core.quantiles import BIN_SCALES
+    from tl_directional.measure.stream import (
+        DROP_COSINE_METRICS,
+        EXCLUSIVE_METRICS,
+        RESIDUAL_METRICS,
+        VALUE_METRICS,
+    )
+
+    residual = {k: v for k, v in RESIDUAL_METRICS.items() if k not in DROP_COSINE_METRICS}
+    assert (mm.RESIDUAL_METRIC_COUNT, mm.VALUE_METRIC_COUNT, mm.EXCLUSIVE_METRIC_COUNT) == (
+        len(residual), len(VALUE_METRICS), len(EXCLUSIVE_METRICS))
+    bins = [sum(BIN_SCALES[s].n_bins + 2 for s in m.values()) for m in (residual, VALUE_METRICS, EXCLUSIVE_METRICS)]
+    assert bins == [mm.RESIDUAL_BINS, mm.VALUE_BINS, mm.EXCLUSIVE_BINS]
+    rows = mm.check_files([REPO_ROOT / "benchmarks" / "results" / name for name in mm.COMMITTED_POINTS])
+    for (dtype, count), sizes in mm.FIT_SIZES.items():
+        fit = mm.fit_profile_rows(rows, sizes, dtype, count)
+        held = (mm.PROFILE_BYTES_RSS if count == "rss" else mm.PROFILE_BYTES)[dtype]
+        assert fit == pytest.approx(held, abs=0.006), (dtype, count)
 
 
 def test_kernel_paths_run_each_path_in_alternating_subprocesses(tiny_model_dir, tmp_path):

@@ -74,3 +74,36 @@ def test_empty_group_reports_nan_not_zero():
     t = s.table()
     assert t["count"][1] == 0 and torch.isnan(t["m_mean"][1]) and torch.isnan(t["m_median"][1])
 
+
+
+def test_kept_values_are_one_block_per_flush_nan_where_they_do_not_count():
+    """While quantiles are exact a summary keeps each counted value (4 bytes in float32) and an
+    int32 group per token, one block per flush (many small entries fragment the C heap), NaN
+    where a value does not count; the quantiles equal numpy's over the counted values, and the
+    histograms replayed from the blocks past the limit count exactly what was kept."""
+    gen = torch.Generator().manual_seed(3)
+    s = StreamingSummary(4, {"a": "signed", "b": "unit"}, exact_limit=40)
+    ref = {"a": [[] for _ in range(4)], "b": [[] for _ in range(4)]}
+    for flush in range(2):
+        for _ in range(3):
+            g = torch.randint(0, 4, (6,), generator=gen)
+            a, b = torch.randn(6, generator=gen), torch.rand(6, generator=gen)
+            a[0] = float("nan")
+            keep, deg = torch.rand(6, generator=gen) > 0.2, torch.rand(6, generator=gen) > 0.8
+            s.update(g, {"a": a, "b": b}, keep=keep, degenerate=deg)
+            for i in range(6):
+                if keep[i] and not deg[i]:
+                    for m, v in (("a", a), ("b", b)):
+                        if not torch.isnan(v[i]):
+                            ref[m][int(g[i])].append(float(v[i]))
+        s.flush()
+        assert len(s._exact) == flush + 1
+    for group, x in s._exact:
+        assert group.dtype == torch.int32 and x.dtype == torch.float32 and x.shape == (2, 18)
+    assert s.quantiles_exact
+    for m in ("a", "b"):
+        got = s.quantile(m, 0.25)
+        want = [np.quantile(v, 0.25) if v else np.nan for v in ref[m]]
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, equal_nan=True)
+    hist = {m: s.hist[m].sum(-1) for m in ("a", "b")}  # replayed block by block from the kept values
+    assert [int(hist[m].sum()) for m in ("a", "b")] == [sum(map(len, ref[m])) for m in ("a", "b")]
