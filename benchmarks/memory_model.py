@@ -500,9 +500,12 @@ PREDICT_SHAPES = {
 
 def markdown_predict(batch: int = 8, seq: int = 128, dtype: str = "bfloat16") -> str:
     """Predicted peak increments (GiB) for :data:`PREDICT_SHAPES` at ``batch x seq`` tokens, the
-    weights beside them; attribution with and without ``layers_per_pass``."""
+    weights beside them; the profile over one batch and over a long corpus (by default and with
+    ``exact_quantiles=0``); attribution with and without ``layers_per_pass``."""
     e = DTYPE_BYTES[dtype]
     cases = [("forward (logits)", "forward", {}), ("profile (streaming)", "profile", {}),
+             ("profile, a corpus of 2^20 tokens", "profile", {"tokens": 2**20}),
+             ("profile, 2^20 tokens, exact_quantiles=0", "profile", {"tokens": 2**20, "exact_quantiles": 0}),
              ("run_with_cache + split", "cache_split", {}), ("value edit (logits)", "edit", {}),
              ("directional_patch", "directional_patch", {}), ("attribution_patch", "attribution", {}),
              ("attribution_patch, layers_per_pass=4", "attribution", {"layers_per_pass": 4}),

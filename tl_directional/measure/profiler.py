@@ -395,10 +395,11 @@ def profile(
         exact_quantiles: values kept per metric and group (layer row or head) so that the
             quantile columns are numpy's exact ones; a group that passes it drops its values and
             its quantiles come from fixed histograms (``metadata["quantiles"]`` says which). The
-            kept values are what grows with the corpus: about ``n_layers (84 + 71 n_heads)`` bytes
-            per token up to this many tokens (``docs/performance.md``). ``0`` keeps none: memory
-            flat in the corpus length, histogram quantiles from the first token; means, counts
-            and energy ratios are exact sums either way.
+            kept values are what grows with the corpus: ``n_layers (60 + 52 n_heads)`` bytes per
+            token up to this many tokens; past it the histograms take their place
+            (``docs/performance.md``). ``0`` keeps none: memory flat in the corpus length (the
+            histograms from the first token, ``8 n_layers (29,424 + 60,240 n_heads)`` bytes at
+            the peak), histogram quantiles; means, counts and energy ratios are exact sums either way.
 
     Returns:
         A :class:`Profile`.
