@@ -107,3 +107,27 @@ def test_kept_values_are_one_block_per_flush_nan_where_they_do_not_count():
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, equal_nan=True)
     hist = {m: s.hist[m].sum(-1) for m in ("a", "b")}  # replayed block by block from the kept values
     assert [int(hist[m].sum()) for m in ("a", "b")] == [sum(map(len, ref[m])) for m in ("a", "b")]
+
+
+def test_exact_quantiles_of_a_long_sample_read_in_group_chunks_equal_numpy():
+    """Past 2^19 kept values the quantile table reads the groups in chunks (its temporaries stay
+    bounded on a long corpus); every group's quantiles are still numpy's, groups of unequal
+    sizes and NaN values included."""
+    from tl_directional.core.stats import _group_chunks
+
+    gen = torch.Generator().manual_seed(5)
+    n = 700_000
+    g = torch.randint(0, 37, (n,), generator=gen)
+    g[g == 5] = 6  # an empty group
+    a = torch.randn(n, generator=gen)
+    a[::97] = float("nan")
+    s = StreamingSummary(37, {"a": "signed"}, exact_limit=n)
+    for lo in range(0, n, 100_000):
+        s.update(g[lo:lo + 100_000], {"a": a[lo:lo + 100_000]})
+    s.flush()
+    sizes = torch.bincount(g, minlength=37).numpy()
+    assert len(_group_chunks(sizes, 1 << 19)) > 1
+    got = s._exact_quantile_table((0.05, 0.5, 0.95))["a"]
+    for k, q in enumerate((0.05, 0.5, 0.95)):
+        want = [np.quantile(a[g == i][~torch.isnan(a[g == i])].numpy(), q) if i != 5 else np.nan for i in range(37)]
+        np.testing.assert_allclose(got[k].numpy(), want, rtol=1e-6, atol=1e-7, equal_nan=True)

@@ -44,6 +44,20 @@ def energy_ratio(par_sq: Tensor, perp_sq: Tensor) -> Tensor:
         )
 
 
+def _group_chunks(sizes, rows: int) -> list[tuple[int, int]]:
+    """Consecutive ranges ``[g0, g1)`` of groups whose padded rows (groups x the widest group)
+    hold about ``rows`` values each, at least one group a range: the quantile table's chunks."""
+    chunks, g0, n_g = [], 0, len(sizes)
+    while g0 < n_g:
+        g1, widest = g0 + 1, max(int(sizes[g0]), 1)
+        while g1 < n_g and (g1 + 1 - g0) * max(widest, int(sizes[g1])) <= rows:
+            widest = max(widest, int(sizes[g1]))
+            g1 += 1
+        chunks.append((g0, g1))
+        g0 = g1
+    return chunks
+
+
 class StreamingSummary:
     """Exact sums and histogram quantiles of several metrics over ``n_groups`` groups.
 
@@ -354,9 +368,10 @@ class StreamingSummary:
         """:meth:`_exact_quantiles` of several metrics (default: all) at once.
 
         The kept values are put in group order once (a stable sort of the group ids, shared
-        by every metric); a batch of metrics' values then fill one ``[n_metrics, n_groups, max
-        count]`` array (NaN-padded: NaN sorts last, and kept values are never NaN) whose rows
-        are sorted in one call. The sorted values are those ``np.lexsort((x, group))`` orders, so
+        by every metric); a batch of metrics' values then fill, a chunk of groups at a time
+        (about 2^19 values: the temporaries stay bounded on a long corpus), one ``[n_metrics,
+        chunk's groups, max count]`` array (NaN-padded: NaN sorts last, and counted values are
+        never NaN) whose rows are sorted in one call. The sorted values are those ``np.lexsort((x, group))`` orders, so
         the same two neighbours are read for every quantile; all quantiles are read at once."""
         import numpy as np
 
@@ -370,14 +385,16 @@ class StreamingSummary:
         # stable argsort orders by a radix sort (one counting pass) instead of a merge sort
         small = self.n_groups <= np.iinfo(np.int16).max
         by_group = np.argsort(group.astype(np.int16) if small else group, kind="stable")
-        group = group[by_group]
-        # as many metrics at a time as keep every array of the batch within 2^19 float64s
-        # (4 MiB: all metrics on small inputs, one near the exact limit), so the peak memory
-        # does not grow with the number of metrics; the widest group bounds every row width
         n_g = self.n_groups
-        widest = max(int(np.bincount(group, minlength=n_g).max()), 1)
-        per = max(1, (1 << 19) // max(n_g * widest, group.size))
-        out: dict[str, list[Tensor]] = {}
+        sizes = np.bincount(group, minlength=n_g)
+        del group  # a chunk's sorted ids are rebuilt from the sizes
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        # as many metrics at a time as keep a batch's values within 2^19 (all metrics on small
+        # inputs, one on large ones), and groups in chunks of about 2^19 rows of values: the
+        # temporaries (values in group order, their mask, the padded rows) stay bounded however
+        # long the corpus, beside the kept values, the order and one metric's values
+        per = max(1, (1 << 19) // max(int(starts[-1]), 1))
+        out = {m: np.full((len(qs), n_g), np.nan) for m in metrics}
         for first in range(0, len(metrics), per):
             batch = metrics[first:first + per]
             cols = [names.index(m) for m in batch]
@@ -385,18 +402,21 @@ class StreamingSummary:
                 cols = slice(cols[0], cols[0] + len(cols))
             # in the staged dtype (float32 or float64; others as float64): linear_quantiles sorts
             # float32 as float32, which gives the same neighbours
-            x = torch.cat([e[1][cols] for e in self._exact], dim=1)
-            if x.dtype not in (torch.float32, torch.float64):
-                x = x.double()
-            x = x.cpu().numpy()[:, by_group]
-            use = ~np.isnan(x)
-            counts = np.stack([np.bincount(group[use[j]], minlength=n_g) for j in range(len(batch))])
-            width = max(int(counts.max()), 1)
-            v = linear_quantiles(group, x, use, counts, width, qs, n_g)
-            out.update({m: [torch.from_numpy(np.ascontiguousarray(v[k, j])) for k in range(len(qs))]
-                        for j, m in enumerate(batch)})
-            del x, use, v
-        return out
+            x_all = torch.cat([e[1][cols] for e in self._exact], dim=1)
+            if x_all.dtype not in (torch.float32, torch.float64):
+                x_all = x_all.double()
+            x_all = x_all.cpu().numpy()
+            for g0, g1 in _group_chunks(sizes, (1 << 19) // len(batch)):
+                x = x_all[:, by_group[starts[g0]:starts[g1]]]
+                use = ~np.isnan(x)  # a kept value that does not count is NaN
+                group = np.repeat(np.arange(g1 - g0), sizes[g0:g1])
+                counts = np.stack([np.bincount(group[use[j]], minlength=g1 - g0) for j in range(len(batch))])
+                width = max(int(counts.max()), 1)
+                v = linear_quantiles(group, x, use, counts, width, qs, g1 - g0)
+                for j, m in enumerate(batch):
+                    out[m][:, g0:g1] = v[:, j]
+            del x_all
+        return {m: [torch.from_numpy(np.ascontiguousarray(out[m][k])) for k in range(len(qs))] for m in metrics}
 
     def quantile(self, metric: str, q: float) -> Float[Tensor, " n_groups"]:
         """``q``-quantile per group (NaN for empty groups).
