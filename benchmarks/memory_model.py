@@ -65,6 +65,14 @@ DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 #: tl_directional.evaluate.patching.generic.AUTO_LOGIT_ELEMENTS.
 AUTO_LOGIT_ELEMENTS = 2**26
 AUTO_MAX_RUNS = 64
+#: VmHWM of the exact-quantile table at the end of a profile, beside the kept values, per value
+#: of a chunk (at most 2^19 values in group order): the chunk's numpy temporaries (its values,
+#: mask, ids and padded rows) and what else is resident then (about 20 MB of Python objects and
+#: the kernels' scratch rows at 360M parameters), in proportion to the chunk: **fitted** on
+#: smollm2-360m's bfloat16 point at 4,096 tokens (177 MB, where the table is the peak; numpy's
+#: temporaries are not in the live count, so the live prediction has no table phase).
+TABLE_BYTES_PER_CHUNK_VALUE = 80
+TABLE_CHUNK = 1 << 19
 #: Values per (group, metric) a streaming summary keeps for exact quantiles by default
 #: (core.stats; ``profile(exact_quantiles=...)`` changes it).
 EXACT_QUANTILE_LIMIT = 16_384
@@ -84,10 +92,10 @@ RESIDUAL_BINS, VALUE_BINS, EXCLUSIVE_BINS = 9_808, 28_418, 3_404
 #: d_model``, so qwen2.5-1.5b alone separates the two coefficients); bfloat16 on llama-3.2-1b's
 #: and qwen2.5-1.5b's (two points, an exact fit): fits, not checks. ``python -m
 #: benchmarks.memory_model --fit-profile`` prints them from :data:`COMMITTED_POINTS`.
-PROFILE_BYTES = {"float32": (8.20, 1.06), "bfloat16": (3.02, 4.57), "float16": (3.02, 4.57)}
+PROFILE_BYTES = {"float32": (8.20, 1.06), "bfloat16": (3.77, 3.08), "float16": (3.77, 3.08)}
 #: The same fitted on VmHWM (``fixed=True``), glibc's heap slack included: least squares on the
 #: same four float32 points; bfloat16 scaled to llama-3.2-1b's one bfloat16 point.
-PROFILE_BYTES_RSS = {"float32": (4.66, 6.36), "bfloat16": (3.72, 5.08), "float16": (3.72, 5.08)}
+PROFILE_BYTES_RSS = {"float32": (6.43, 4.08), "bfloat16": (3.68, 3.72), "float16": (3.68, 3.72)}
 #: The committed peak-memory points (``--measure``): VmHWM with the weights resident, then the
 #: live tensor bytes (``--count live``) of the same points, which :func:`check_files` puts beside
 #: them; the fits above come from them, the suite checks every point against the model.
@@ -95,12 +103,43 @@ COMMITTED_POINTS = ("issue51_memory_cpu_float32_resident.json", "issue51_memory_
                     "issue51_memory_cpu_large_rerun.json", "issue51_memory_cpu_patching_resident.json",
                     "issue51_memory_cpu_live_small.json", "issue51_memory_cpu_live_qwen3.json",
                     "issue51_memory_cpu_live_large_bf16_attr.json", "issue51_memory_cpu_live_large_profile.json",
-                    "issue51_memory_cpu_live_large_f32_attr.json", "issue51_memory_cpu_live_patching.json")
+                    "issue51_memory_cpu_live_large_f32_attr.json", "issue51_memory_cpu_live_patching.json",
+                    "issue51_memory_cpu_live_bf16_profile_s25.json")
+#: Corpus-length runs (``python -m benchmarks.scaling --corpus-memory``) whose one-batch
+#: streaming points (the same call as the ``profile_overhead`` record's at 4 x 64 tokens, VmHWM)
+#: join the VmHWM fits: four sizes in each dtype where the record points have one or two.
+CORPUS_FIT_POINTS = ("issue51_corpus_memory_s25_streaming.json",)
 #: Whose points each fit reads: (dtype, count) -> sizes.
 FIT_SIZES = {("float32", "live"): ("smollm2-135m", "qwen3-0.6b", "llama-3.2-1b", "qwen2.5-1.5b"),
-             ("bfloat16", "live"): ("llama-3.2-1b", "qwen2.5-1.5b"),
-             ("float32", "rss"): ("smollm2-135m", "qwen3-0.6b", "llama-3.2-1b", "qwen2.5-1.5b"),
-             ("bfloat16", "rss"): ("llama-3.2-1b",)}
+             ("bfloat16", "live"): ("smollm2-360m", "qwen3-0.6b", "llama-3.2-1b", "qwen2.5-1.5b"),
+             ("float32", "rss"): ("smollm2-135m", "smollm2-360m", "qwen3-0.6b", "llama-3.2-1b", "qwen2.5-1.5b"),
+             ("bfloat16", "rss"): ("smollm2-360m", "qwen3-0.6b", "llama-3.2-1b", "qwen2.5-1.5b")}
+
+
+def fit_rows() -> list[dict]:
+    """What the profile's fits read: the committed points' rows (:func:`check_files`) and the
+    corpus runs' one-batch streaming points (:func:`corpus_fit_rows`)."""
+    from pathlib import Path
+
+    results = Path(__file__).parent / "results"
+    return (check_files([results / name for name in COMMITTED_POINTS])
+            + corpus_fit_rows([results / name for name in CORPUS_FIT_POINTS]))
+
+
+def corpus_fit_rows(paths) -> list[dict]:
+    """The one-batch streaming points of corpus-length JSONs as rows of :func:`check_files`
+    (VmHWM, ``profile``)."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        for run in doc["runs"]:
+            mem = run.get("corpus_memory") or {}
+            for m, got in zip(mem.get("multipliers", []), mem.get("streaming_peak_increment_mb", []), strict=True):
+                if m == 1 and got is not None:
+                    rows.append({"analysis": "profile", "size": run["size"], "dtype": run["dtype"], "count": "rss",
+                                 "tokens": f"{mem['batch_size']}x{mem['seq']}", "measured_mb": got})
+    return rows
 #: What each analysis's first call costs whatever the shape (MB): the ``tiny`` size's measured
 #: increment minus its shape terms, 0 where those exceed it
 #: (benchmarks/results/issue51_memory_cpu_float32_small.json): imports and tables on first use.
@@ -203,6 +242,13 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
                  "kept_values": kept_bytes_per_token(s) * min(max(corpus - T, 0), exact_quantiles)}
         if corpus > exact_quantiles:
             terms["histograms"] = histogram_bytes(s)
+        elif fixed:  # the table at the end, if larger: every batch's kept values, the values'
+            # order (int64) and one metric's values of the largest summary, and a chunk's temporaries
+            rows_kept = s.n_layers * s.n_heads * corpus
+            table = {"kept_values": kept_bytes_per_token(s) * corpus, "table_order": 12 * rows_kept,
+                     "table_chunk": TABLE_BYTES_PER_CHUNK_VALUE * min(rows_kept, TABLE_CHUNK)}
+            if sum(table.values()) > sum(terms.values()):
+                terms = table
     elif analysis == "cache_split":
         # run_with_cache of the profile's hooks (the bridge stores an alias once): per layer z, v,
         # the pattern, the two updates and the stream after attention and after the MLP (the
@@ -566,9 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.predict:
         print(markdown_predict(dtype=a.dtype))
     if a.fit_profile:
-        from pathlib import Path
-
-        rows = check_files([Path(__file__).parent / "results" / name for name in COMMITTED_POINTS])
+        rows = fit_rows()
         for (dtype, count), sizes in FIT_SIZES.items():
             per_stream, per_pattern = fit_profile_rows(rows, sizes, dtype, count)
             print(f"{dtype} {count}: ({per_stream:.2f}, {per_pattern:.2f})  from {', '.join(sizes)}")

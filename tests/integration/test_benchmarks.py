@@ -424,8 +424,9 @@ def test_scaling_corpus_memory_records_each_multiplier_and_skips_what_would_not_
     # batches before the last, under 16,384 tokens a group), the naive cache with the corpus
     shape = scaling.SIZES["tiny"].shape
     pred = mem["predicted_mb"]
-    assert (pred["streaming"][1] - pred["streaming"][0]) * 2**20 == pytest.approx(
-        memory_model.kept_bytes_per_token(shape) * (2048 - 32))
+    grown = memory_model.estimate(shape, "profile", 2, 16, "float32", tokens=2048)
+    assert pred["streaming"][1] * 2**20 == pytest.approx(grown["total"])
+    assert (pred["streaming"][1] - pred["streaming"][0]) * 2**20 >= memory_model.kept_bytes_per_token(shape) * (2048 - 32)
     assert pred["naive"][1] == pytest.approx(
         memory_model.estimate(shape, "cache_split", 128, 16, "float32")["total"] / 2**20)
     assert pred["naive"][1] > 10 > pred["streaming"][1]
@@ -630,7 +631,10 @@ RSS_MISSES = {("smollm2-135m", "float32", "attribution_transformer_lens", ""): 0
               ("llama-3.2-1b", "bfloat16", "attribution", "layers_per_pass=2"): 0.85,
               ("llama-3.2-1b", "bfloat16", "attribution", "batch_size=1"): 0.85,
               ("qwen2.5-1.5b", "bfloat16", "attribution_transformer_lens", ""): 0.75,
-              ("qwen2.5-1.5b", "bfloat16", "attribution", "batch_size=1"): 0.80}
+              ("qwen2.5-1.5b", "bfloat16", "attribution", "batch_size=1"): 0.80,
+              # the bfloat16 rows fit on four sizes' live points (0.92-1.07) reads this one point's
+              # VmHWM at 0.88; the same call's VmHWM in the corpus run reads 0.94
+              ("llama-3.2-1b", "bfloat16", "profile", ""): 0.85}
 
 
 def test_memory_model_is_within_ten_percent_of_the_committed_measurements():
@@ -670,6 +674,68 @@ def test_memory_model_is_within_ten_percent_of_the_committed_measurements():
     assert main(["--check", str(REPO_ROOT / "benchmarks" / "results" / MEMORY_POINTS[0]), "--attribution"]) == 0
 
 
+#: The committed corpus-length memory runs (python -m benchmarks.scaling --corpus-memory) and the
+#: sides of each the memory model is checked against: session 24's naive caches, and session 25's
+#: streaming profiles (by default and with exact_quantiles=0) measured after the kept values were
+#: made compact (its streaming points supersede session 24's, measured before). A later file's
+#: point replaces an earlier one's (same size, dtype, side and multiplier).
+CORPUS_POINTS = {"issue51_corpus_memory_s24_360m.json": ("naive",),
+                 "issue51_corpus_memory_s24_mid.json": ("naive",),
+                 "issue51_corpus_memory_s24_1.5b.json": ("naive",),
+                 "issue51_corpus_memory_s24_360m_long.json": ("naive",),
+                 "issue51_corpus_memory_s25_streaming.json": ("streaming", "streaming-histogram"),
+                 "issue51_corpus_memory_s25_llama_naive.json": ("naive",)}
+
+
+def corpus_points() -> dict[tuple, tuple[float, float]]:
+    """(size, dtype, side, multiplier) -> (measured MB, the memory model's prediction MB) of every
+    measured point of :data:`CORPUS_POINTS`."""
+    from benchmarks.memory_model import MB
+    from benchmarks.scaling import corpus_prediction
+
+    points = {}
+    for name, sides in CORPUS_POINTS.items():
+        for run in json.loads((REPO_ROOT / "benchmarks" / "results" / name).read_text())["runs"]:
+            mem = run["corpus_memory"]
+            other = mem["compared_with"]
+            for side in sides:
+                key = "streaming_peak_increment_mb" if side == "streaming" else "naive_peak_increment_mb"
+                if side != "streaming" and side != other:
+                    continue
+                for m, got in zip(mem["multipliers"], mem[key], strict=True):
+                    if got is not None:
+                        pred = corpus_prediction(run["size"], side, run["dtype"], mem["seq"], mem["batch_size"], m) / MB
+                        points[(run["size"], run["dtype"], side, m)] = (got, pred)
+    return points
+
+
+def test_memory_model_is_within_ten_percent_of_the_corpus_memory_points():
+    """Issue 51: every committed corpus-length point (VmHWM, 256-4,096 tokens a corpus, 360M-1.5B
+    parameters, float32 and bfloat16) against the memory model: the naive way (``run_with_cache``
+    of the profile's hooks over the whole corpus + ``Profile.from_cache``), the streaming profile
+    and the streaming profile with ``exact_quantiles=0``, each within 10%."""
+    points = corpus_points()
+    sides = {k[2] for k in points}
+    assert sides == {"naive", "streaming", "streaming-histogram"}, sides
+    assert {k[0] for k in points} == {"smollm2-360m", "qwen3-0.6b", "llama-3.2-1b", "qwen2.5-1.5b"}
+    assert {k[1] for k in points} == {"float32", "bfloat16"}
+    bad = {k: round(pred / got, 3) for k, (got, pred) in points.items() if abs(pred / got - 1) > 0.10}
+    assert set(bad) == set(CORPUS_MISSES), bad
+    assert all(CORPUS_MISSES[k][0] <= ratio <= CORPUS_MISSES[k][1] for k, ratio in bad.items()), bad
+
+
+#: Corpus points (VmHWM) outside 10%, each held to its stated range of prediction / measured.
+#: One batch of 4 x 64 tokens in bfloat16 on the two builds with ``n_heads seq = d_model``: their
+#: live counts are within it (54.0 and 52.9 MB against 57.9 and 55.4 predicted,
+#: ``issue51_memory_cpu_live_bf16_profile_s25.json``); the VmHWM fit (two coefficients on four
+#: sizes) does not follow glibc's slack, 2-14 MB at these sizes. qwen2.5-1.5b's float32 profile
+#: of 4,096 tokens grew 1.23x faster than the kept values' bytes (not located; llama-3.2-1b's same
+#: point read 244.7 and 209.1 MB in two runs of one commit, so one reading is not decisive).
+CORPUS_MISSES = {("smollm2-360m", "bfloat16", "streaming", 1): (1.10, 1.20),
+                 ("qwen3-0.6b", "bfloat16", "streaming", 1): (1.10, 1.17),
+                 ("qwen2.5-1.5b", "float32", "streaming", 16): (0.88, 0.90)}
+
+
 def test_memory_model_counts_what_the_profile_keeps():
     """The memory model's view of the streaming profile's summaries is the library's: the metrics
     each summary keeps and the bins of each histogram; and the fits are what ``--fit-profile``
@@ -688,7 +754,7 @@ def test_memory_model_counts_what_the_profile_keeps():
         len(residual), len(VALUE_METRICS), len(EXCLUSIVE_METRICS))
     bins = [sum(BIN_SCALES[s].n_bins + 2 for s in m.values()) for m in (residual, VALUE_METRICS, EXCLUSIVE_METRICS)]
     assert bins == [mm.RESIDUAL_BINS, mm.VALUE_BINS, mm.EXCLUSIVE_BINS]
-    rows = mm.check_files([REPO_ROOT / "benchmarks" / "results" / name for name in mm.COMMITTED_POINTS])
+    rows = mm.fit_rows()
     for (dtype, count), sizes in mm.FIT_SIZES.items():
         fit = mm.fit_profile_rows(rows, sizes, dtype, count)
         held = (mm.PROFILE_BYTES_RSS if count == "rss" else mm.PROFILE_BYTES)[dtype]
