@@ -67,10 +67,11 @@ AUTO_LOGIT_ELEMENTS = 2**26
 AUTO_MAX_RUNS = 64
 #: VmHWM of the exact-quantile table at the end of a profile, beside the kept values, per value
 #: of a chunk (at most 2^19 values in group order): the chunk's numpy temporaries (its values,
-#: mask, ids and padded rows) and what else is resident then (about 20 MB of Python objects and
-#: the kernels' scratch rows at 360M parameters), in proportion to the chunk: **fitted** on
-#: smollm2-360m's bfloat16 point at 4,096 tokens (177 MB, where the table is the peak; numpy's
-#: temporaries are not in the live count, so the live prediction has no table phase).
+#: mask, ids and padded rows) and what else is resident then (Python objects, the kernels'
+#: scratch rows), in proportion to the chunk: **chosen**, not derived, so that smollm2-360m's
+#: bfloat16 point at 4,096 tokens (179.9 MB, benchmarks/results/issue51_corpus_memory_s25_streaming.json,
+#: where the table is the peak) reads 0.96; numpy's temporaries are not in the live count, so
+#: the live prediction has no table phase.
 TABLE_BYTES_PER_CHUNK_VALUE = 80
 TABLE_CHUNK = 1 << 19
 #: Values per (group, metric) a streaming summary keeps for exact quantiles by default
@@ -213,6 +214,14 @@ def estimate(shape: Shape, analysis: str, batch: int, seq: int, dtype: str = "fl
         exact_quantiles: ``profile``'s argument of that name (values a group keeps for exact
             quantiles; 0 keeps none).
     """
+    if analysis != "profile" and (tokens is not None or exact_quantiles != EXACT_QUANTILE_LIMIT):
+        raise ValueError(f"tokens= and exact_quantiles= apply to analysis 'profile' only, not {analysis!r}; "
+                         "leave them out")
+    if tokens is not None and tokens < batch * seq:
+        raise ValueError(f"tokens={tokens} is under one batch ({batch} x {seq} = {batch * seq}); "
+                         "give the corpus's tokens, at least one batch")
+    if exact_quantiles < 0:
+        raise ValueError(f"exact_quantiles={exact_quantiles} must be >= 0 (0: histograms only)")
     e = DTYPE_BYTES[dtype]
     s = shape
     T = batch * seq
@@ -515,16 +524,18 @@ def fit_profile_rows(rows: list[dict], sizes: tuple[str, ...], dtype: str, count
 
     from .sizes import SIZES
 
+    def reading(r):  # the point's reading in `count` (None where it has none)
+        return r["measured_mb"] if r["count"] == count else r.get("rss_mb") if count == "rss" else None
+
     pts = [r for r in rows if r["analysis"] == "profile" and r["size"] in sizes and r["dtype"] == dtype
-           and (r["measured_mb"] if count == r["count"] else r.get("rss_mb")) is not None
-           and (count == r["count"] or count == "rss")]
+           and reading(r) is not None]
     if not pts:
         raise ValueError(f"no {count} profile points of {sizes} in {dtype}")
     a, y = [], []
     for r in pts:
         s = SIZES[r["size"]].shape
         b, seq = (int(v) for v in r["tokens"].split("x"))
-        got = (r["measured_mb"] if count == r["count"] else r["rss_mb"]) * MB
+        got = reading(r) * MB
         terms = estimate(s, "profile", b, seq, dtype, fixed=count == "rss")
         rest = terms["total"] - terms["layers_rows"]
         a.append([s.n_layers * b * seq * s.d_model, s.n_layers * b * seq * s.n_heads * seq])

@@ -579,6 +579,13 @@ def test_memory_model_arithmetic_on_constructed_shapes():
     assert (c["logits"], c["final_stream"]) == (32 * 10_000 * 4, 32 * 64 * 4)
     with pytest.raises(ValueError, match="not modelled"):
         estimate(s, "train", 1, 1)
+    # what cannot apply raises, naming the argument
+    with pytest.raises(ValueError, match="tokens= and exact_quantiles= apply to analysis 'profile' only"):
+        estimate(s, "forward", 2, 16, tokens=64)
+    with pytest.raises(ValueError, match="tokens=16 is under one batch"):
+        estimate(s, "profile", 2, 16, tokens=16)
+    with pytest.raises(ValueError, match="exact_quantiles=-1 must be >= 0"):
+        estimate(s, "profile", 2, 16, exact_quantiles=-1)
 
 
 @pytest.mark.bridge
