@@ -172,6 +172,16 @@ class WindowStudy:
         """How many :attr:`unit` the files hold (for the closing line)."""
         raise NotImplementedError
 
+    def checkpoint(self, text: str, progress: dict) -> None:
+        """Write the data so far in the middle of ``text`` (a stopped run keeps a part of a long
+        text): the files as they stand, the manifest with ``partial[text] = progress`` (the study's
+        own account of what of ``text`` is done, which its :meth:`resume` reads back) and still
+        incomplete. The entry goes when ``text`` finishes; readers of the data skip a text that is
+        only in ``partial``."""
+        self.manifest.setdefault("partial", {})[text] = progress
+        self.manifest["complete"] = False
+        _write(self, self.stem())
+
 
 def _finish_text(study: WindowStudy, text: str, batch, info: dict) -> None:
     manifest, (desc, rel) = study.manifest, study.texts[text]
@@ -180,6 +190,10 @@ def _finish_text(study: WindowStudy, text: str, batch, info: dict) -> None:
     if study.text_provenance:
         entry |= {"commit": manifest["commit"], "command": manifest["command"]}
     manifest["texts"][text] = entry
+    if text in manifest.get("partial", {}):  # its checkpoint is superseded by the finished text
+        del manifest["partial"][text]
+        if not manifest["partial"]:
+            del manifest["partial"]
     manifest["seconds"] = round(time.time() - study.run.t0, 1)
     manifest["complete"] = set(study.complete_texts()) <= set(manifest["texts"])
     if study.record_commits:

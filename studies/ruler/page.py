@@ -70,7 +70,9 @@ def load(stem: str, data: Path):
     name = f"{stem}.records.csv"
     rec = pd.read_csv(io.BytesIO(common.checked_bytes(data / name, manifest["files"].get(name, ""), name,
                                                       mpath.name, DataError)))
-    return manifest, rec
+    # a length stopped between settings (the runner's checkpoint, in ``partial``) is not read
+    stopped = [int(k[3:]) for k in manifest.get("partial", {})]
+    return manifest, rec[~rec["length"].isin(stopped)].reset_index(drop=True)
 
 
 def _n(length: int) -> str:

@@ -1,8 +1,10 @@
 """Protocol sec. 13's measuring step (``python -m studies run ruler-probe``): the RULER-style items
 (:mod:`studies.ruler.items`) scored under the unedited model and each of sec. 13.3's edits, one
 length at a time through the one run pipeline (:func:`studies.runner.run_windows`; a length plays
-the part of a text: the data and manifest are written after each, ``--resume`` keeps finished
-lengths).
+the part of a text: the data and manifest are written after each length and, within a length, after
+each setting (a checkpoint: the manifest's ``partial`` names the length's finished settings);
+``--resume`` keeps finished lengths and a stopped length's finished settings, and the page reads
+finished lengths only).
 
 Two designs (sec. 13.1-13.2 and the amendment of sec. 13.6):
 
@@ -235,6 +237,8 @@ class RulerRun(WindowStudy):
             if old.get(key) != self.manifest.get(key):
                 return f"was run with another {key}; use the same code and options or another --tag"
         self.manifest["texts"] = old["texts"]
+        if old.get("partial"):  # lengths stopped between settings: their finished settings are kept
+            self.manifest["partial"] = old["partial"]
         self.rows = pd.read_csv(self.data / f"{stem}.records.csv").to_dict("records")
         return None
 
@@ -245,9 +249,16 @@ class RulerRun(WindowStudy):
     def measure_text(self, text: str, batch) -> dict | int:
         from tl_directional.evaluate.suites.accuracy import loglikelihoods
 
-        t1, spent = time.time(), {}
+        # a length a stopped run left between settings (checkpoint below): its finished settings'
+        # rows are in self.rows already; their seconds carry over
+        done = self.manifest.get("partial", {}).get(text, {})
+        t1, spent = time.time() - done.get("seconds", 0.0), dict(done.get("setting_seconds", {}))
+        if spent:
+            print(f"  {text}: keeping {', '.join(spent)}", flush=True)
         reqs = [r for it in batch for r in item_requests(self.encode, self.bos, it.prompt, it.choices)]
         for lab, make in [("baseline", None)] + [(s[0], s[-1]) for s in self.sets]:
+            if lab in spent:
+                continue
             ts = time.time()
             with make() if make is not None else contextlib.nullcontext():
                 if self.args.scorer == "shared-prefix":  # sec. 13.8: each item's prompt run once
@@ -264,6 +275,8 @@ class RulerRun(WindowStudy):
                                   "chosen": pick, "correct": int(pick == it.answer)})
             spent[lab] = round(time.time() - ts, 1)
             print(f"  {text} {lab}: {len(batch)} items ({time.time() - t1:.0f} s)", flush=True)
+            if not self.args.pilot:  # a long length survives a stop: --resume keeps its settings so far
+                self.checkpoint(text, {"setting_seconds": spent, "seconds": round(time.time() - t1, 1)})
         if self.args.pilot:
             acc = pilot_accuracy(self.rows)
             self.manifest["pilot_accuracy"] = {t: {str(d): a for d, a in by.items()} for t, by in acc.items()}

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from studies.ruler import page
 from studies.ruler.cli import main
 from studies.ruler.items import LADDERS
 from studies.ruler.run import (
@@ -89,6 +90,55 @@ def test_main_run_scores_every_setting_and_resumes(tmp_path):
     base = rec[rec.setting == "baseline"][["ll0"]].to_numpy()
     hard = rec[rec.setting == "hard-diag skip0"][["ll0"]].to_numpy()
     assert not (base == hard).all()
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_a_length_stopped_between_settings_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    # a long length outlives a session: the runner writes after each setting, --resume keeps the
+    # finished settings, and the result is the straight run's, row for row
+    rungs = {t: {"rung": ladder[0]} for t, ladder in LADDERS.items()}
+    for d in ("straight", "stopped"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "ruler-pilot_default.manifest.json").write_text(json.dumps({"complete": True, "rungs": rungs}))
+    args = ["--model", "default", "--haystacks", "1", "--smoke-lengths", "236", "--allow-dirty"]
+    assert main([*args, "--data-dir", str(tmp_path / "straight")]) == 0
+    straight = pd.read_csv(tmp_path / "straight" / "ruler_default.records.csv")
+
+    calls, real = [], RulerRun.checkpoint
+
+    def stop_after_two(self, text, progress):
+        real(self, text, progress)
+        calls.append(dict(progress["setting_seconds"]))
+        if len(calls) == 2:
+            raise _Stop
+
+    monkeypatch.setattr(RulerRun, "checkpoint", stop_after_two)
+    with pytest.raises(_Stop):
+        main([*args, "--data-dir", str(tmp_path / "stopped")])
+    m = json.loads((tmp_path / "stopped" / "ruler_default.manifest.json").read_text())
+    assert not m["complete"] and m["texts"] == {}
+    assert list(m["partial"]["len236"]["setting_seconds"]) == ["baseline", SETTINGS[0]]
+    part = pd.read_csv(tmp_path / "stopped" / "ruler_default.records.csv")
+    assert list(part["setting"].drop_duplicates()) == ["baseline", SETTINGS[0]] and len(part) == 2 * 4
+    # the page reads finished lengths only (this data as if committed)
+    (tmp_path / "read").mkdir()
+    (tmp_path / "read" / "ruler_default.records.csv").write_bytes(
+        (tmp_path / "stopped" / "ruler_default.records.csv").read_bytes())
+    (tmp_path / "read" / "ruler_default.manifest.json").write_text(json.dumps(m | {"commit": "abc1234"}))
+    assert len(page.load("ruler_default", tmp_path / "read")[1]) == 0
+
+    monkeypatch.setattr(RulerRun, "checkpoint", real)
+    calls.clear()
+    assert main([*args, "--data-dir", str(tmp_path / "stopped"), "--resume"]) == 0
+    m = json.loads((tmp_path / "stopped" / "ruler_default.manifest.json").read_text())
+    assert m["complete"] and "partial" not in m and list(m["texts"]) == ["len236"]
+    assert list(m["texts"]["len236"]["setting_seconds"]) == ["baseline", *SETTINGS]
+    resumed = pd.read_csv(tmp_path / "stopped" / "ruler_default.records.csv")
+    pd.testing.assert_frame_equal(resumed, straight, check_exact=True)
 
 
 def test_the_cpu_design_scores_the_first_haystacks_of_each_length():
