@@ -57,6 +57,14 @@ def invocation(fallback: str) -> str:
     return " ".join(["python -m " + name.removesuffix(".__main__"), *sys.argv[1:]])
 
 
+def cache_root() -> Path:
+    """Where studies keep what they can rebuild (corpora, training runs, generated items):
+    ``$TL_DIRECTIONAL_CACHE``, else ``~/.cache/tl_directional``."""
+    import os
+
+    return Path(os.environ.get("TL_DIRECTIONAL_CACHE") or Path.home() / ".cache" / "tl_directional").expanduser()
+
+
 def sha256_bytes(b: bytes) -> str:
     """Hex sha256 of ``b``."""
     return hashlib.sha256(b).hexdigest()

@@ -77,8 +77,7 @@ SOURCES: tuple[dict, ...] = (
 
 
 def default_out() -> Path:
-    cache = os.environ.get("TL_DIRECTIONAL_CACHE") or str(Path.home() / ".cache" / "tl_directional")
-    return Path(cache).expanduser() / "corpora" / NAME
+    return common.cache_root() / "corpora" / NAME
 
 
 def sha256_file(path: Path) -> str:

@@ -69,13 +69,11 @@ class DataError(ValueError):
 
 
 def default_corpus() -> Path:
-    cache = os.environ.get("TL_DIRECTIONAL_CACHE") or str(Path.home() / ".cache" / "tl_directional")
-    return Path(cache).expanduser() / "corpora" / STEM
+    return common.cache_root() / "corpora" / STEM
 
 
 def default_out() -> Path:
-    cache = os.environ.get("TL_DIRECTIONAL_CACHE") or str(Path.home() / ".cache" / "tl_directional")
-    return Path(cache).expanduser() / "runs" / STEM
+    return common.cache_root() / "runs" / STEM
 
 
 def _json_write(path: Path, obj) -> None:

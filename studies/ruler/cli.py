@@ -47,6 +47,9 @@ def main(argv=None) -> int:
     r.add_argument("--data-dir", default="", help="write the data files here (smoke runs)")
     r.add_argument("--tag", default="", help="a suffix of the data files' names, for a run split over processes")
     r.add_argument("--allow-dirty", action="store_true", help="for smoke runs only: the builder refuses such data")
+    r.add_argument("--items-cache", default="",
+                   help="folder keeping the generated items by their inputs' sha256 (default "
+                        "$TL_DIRECTIONAL_CACHE/ruler-items; none: generate every time)")
     r.add_argument("--resume", action="store_true",
                    help="keep the lengths an earlier run of the same data files finished and run the rest")
     args = r.parse_args(argv)

@@ -35,6 +35,7 @@ import json
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 from studies import common
 from studies.claims.data import csv_bytes
@@ -104,6 +105,36 @@ def rung_fits(texts, count, design: dict, shortest: int) -> dict[str, dict[int, 
 def items_sha256(items) -> str:
     """The sha256 of the items as JSON (prompt, choices, answer and labels), in order."""
     return hashlib.sha256(json.dumps([asdict(i) for i in items], separators=(",", ":")).encode()).hexdigest()
+
+
+def tokenizer_sha256(tok) -> str | None:
+    """The sha256 of a fast tokenizer's whole definition (vocabulary, merges, normalizer, pre- and
+    post-processing), or None for a tokenizer that cannot serialise itself."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    return hashlib.sha256(backend.to_str().encode()).hexdigest() if backend is not None else None
+
+
+def cached_items(folder, key: dict, make) -> tuple[list, bool]:
+    """``(make(), False)``, kept as JSON in ``folder`` under the sha256 of ``key`` (everything the
+    items are a function of), or ``(the kept items, True)`` when a file for ``key`` holds them and
+    their sha256 (:func:`items_sha256`) still matches; a missing, unreadable or altered file is
+    rebuilt. Generation re-tokenises each prompt as it grows (minutes at 2,048 tokens), and a
+    resumed run needs the same items again."""
+    from studies.ruler.items import Item
+    from tl_directional.io.atomic import atomic_write_bytes
+
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    path = folder / f"{name}.json"
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        kept = json.loads(path.read_text())
+        items = [Item(**(d | {"choices": tuple(d["choices"])})) for d in kept["items"]]
+        if kept["key"] == key and items_sha256(items) == kept["items_sha256"]:
+            return items, True
+    items = make()
+    folder.mkdir(parents=True, exist_ok=True)
+    body = {"key": key, "items_sha256": items_sha256(items), "items": [asdict(i) for i in items]}
+    atomic_write_bytes(path, json.dumps(body).encode())
+    return items, False
 
 
 def pilot_accuracy(rows: list[dict]) -> dict[str, dict[int, float]]:
@@ -219,9 +250,24 @@ class RulerRun(WindowStudy):
             if isinstance(rungs, int):
                 return rungs
             self.manifest["rungs"] = rungs  # the pilot's choice, with its accuracy and floor (sec. 13.2)
-            d = self.design
-            items = make_items(texts, count, d["seed"], d["haystacks"], d["lengths"],
-                               {t: v["rung"] for t, v in rungs.items()})
+            d, picked = self.design, {t: v["rung"] for t, v in rungs.items()}
+
+            def make():
+                return make_items(texts, count, d["seed"], d["haystacks"], d["lengths"], picked)
+
+            tok_sha = tokenizer_sha256(self.run.model.tokenizer)
+            where = getattr(self.args, "items_cache", "")
+            if tok_sha is None or where == "none":
+                items, hit = make(), False
+            else:  # every input of make_items, by content
+                key = {"generator": common.sha256_bytes((common.ROOT / GENERATOR).read_bytes()),
+                       "filler": [common.sha256_bytes(t.encode()) for t in texts], "tokenizer": tok_sha,
+                       "bos": bos, "seed": d["seed"], "haystacks": d["haystacks"], "lengths": d["lengths"],
+                       "rungs": picked}
+                folder = Path(where) if where else common.cache_root() / "ruler-items"
+                items, hit = cached_items(folder, key, make)
+            if hit:
+                print("items read from the items cache (the same inputs, sha256 checked)", flush=True)
             self.sets = ruler_settings(self.run.model, self.run.sites)
         self.items = {f"len{n}": [i for i in items if i.length == n] for n in self.design["lengths"]}
         self.manifest["items_sha256"] = {k: items_sha256(v) for k, v in self.items.items()}

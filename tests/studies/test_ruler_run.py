@@ -22,6 +22,7 @@ from studies.ruler.run import (
     PILOT,
     SETTINGS,
     RulerRun,
+    cached_items,
     pilot_accuracy,
     pilot_items,
     rung_fits,
@@ -61,21 +62,48 @@ def test_pilot_accuracy_reads_the_baseline_rows_only():
 pytestmark = pytest.mark.usefixtures("restore_grad_mode")  # tests/studies/conftest.py
 
 
+def test_cached_items_are_kept_by_their_inputs_and_rebuilt_when_altered(tmp_path):
+    made = []
+
+    def make(n=2):
+        made.append(n)
+        return pilot_items(TEXTS, words, dict(PILOT, haystacks=n))
+
+    key = {"seed": 1, "tokenizer": "abc"}
+    first, hit = cached_items(tmp_path, key, make)
+    assert not hit and len(made) == 1
+    again, hit = cached_items(tmp_path, key, make)
+    assert hit and again == first and len(made) == 1  # equal Items, choices tuples included
+    other, hit = cached_items(tmp_path, key | {"tokenizer": "abd"}, lambda: make(1))
+    assert not hit and len(other) < len(first) and len(list(tmp_path.iterdir())) == 2
+    # an altered file (an item's answer changed) no longer matches its sha256: rebuilt
+    path = next(p for p in tmp_path.iterdir() if p.read_text().count('"answer"') == len(first))
+    body = json.loads(path.read_text())
+    body["items"][0]["answer"] = (body["items"][0]["answer"] + 1) % 4
+    path.write_text(json.dumps(body))
+    rebuilt, hit = cached_items(tmp_path, key, make)
+    assert not hit and rebuilt == first and len(made) == 3
+    path.write_text("{not json")
+    assert cached_items(tmp_path, key, make) == (first, False)
+
+
 @pytest.mark.slow
-def test_main_run_scores_every_setting_and_resumes(tmp_path):
+def test_main_run_scores_every_setting_and_resumes(tmp_path, capsys):
     rungs = {t: {"rung": ladder[0]} for t, ladder in LADDERS.items()}
     (tmp_path / "ruler-pilot_default.manifest.json").write_text(json.dumps({"complete": True, "rungs": rungs}))
     # the bundled model's context is 256 tokens: two short lengths, one haystack each
     args = ["--model", "default", "--haystacks", "1", "--smoke-lengths", "236", "244", "--allow-dirty",
-            "--data-dir", str(tmp_path)]
+            "--data-dir", str(tmp_path), "--items-cache", str(tmp_path / "items")]
     assert main([*args, "--lengths", "236"]) == 0
+    assert "items cache" not in capsys.readouterr().out and len(list((tmp_path / "items").iterdir())) == 1
     stem = "ruler_default"
     first = pd.read_csv(tmp_path / f"{stem}.records.csv")
     m = json.loads((tmp_path / f"{stem}.manifest.json").read_text())
     assert not m["complete"] and list(m["texts"]) == ["len236"]
     assert m["rungs"] == rungs
     assert [s["label"] for s in m["settings"]] == list(SETTINGS)
-    assert main([*args, "--resume"]) == 0
+    assert main([*args, "--resume"]) == 0  # the same items (resume checks their sha256), from the cache
+    assert "items read from the items cache" in capsys.readouterr().out
     rec = pd.read_csv(tmp_path / f"{stem}.records.csv")
     m = json.loads((tmp_path / f"{stem}.manifest.json").read_text())
     assert m["complete"] and len(rec) == 2 * 4 * (1 + len(SETTINGS))
@@ -104,7 +132,7 @@ def test_a_length_stopped_between_settings_resumes_from_its_checkpoint(tmp_path,
     for d in ("straight", "stopped"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "ruler-pilot_default.manifest.json").write_text(json.dumps({"complete": True, "rungs": rungs}))
-    args = ["--model", "default", "--haystacks", "1", "--smoke-lengths", "236", "--allow-dirty"]
+    args = ["--model", "default", "--haystacks", "1", "--smoke-lengths", "236", "--allow-dirty", "--items-cache", "none"]
     assert main([*args, "--data-dir", str(tmp_path / "straight")]) == 0
     straight = pd.read_csv(tmp_path / "straight" / "ruler_default.records.csv")
 
