@@ -89,6 +89,7 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
     from tl_directional.model.inputs import TokenBatch
     from tl_directional.model.load import load_model
 
+    from .peak_measure import COUNT_ENV, METHOD_LIVE, live_peak_of  # (it imports this module)
     from .workloads import (
         all_components,
         forward,
@@ -106,7 +107,24 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
     names = needed_hooks(model, comps)
     forward(model, TokenBatch(inputs.tokens[:1, :8], inputs.attention_mask[:1, :8]))
     gc.collect()
+
+    def work() -> int:  # the tokens the analysis saw
+        if mode in ("streaming", "streaming-histogram"):
+            limit = {"exact_quantiles": 0} if mode == "streaming-histogram" else {}
+            # every token, as the hand-written and peer computations count them
+            return int(profile(model, inputs, batch_size=batch_size, components=comps, verify=False,
+                               progress=False, exclude_first_token=False, **limit).metadata["tokens_seen"])
+        if mode == "naive":
+            return int(naive_profile(model, inputs, comps, names).metadata["tokens_seen"])
+        return int(handwritten_profile(model, inputs, names)["tokens"])
+
     cuda = str(device).startswith("cuda")
+    if not cuda and os.environ.get(COUNT_ENV, "rss") == "live":  # the live tensor bytes, not VmHWM
+        seen: list[int] = []
+        live = live_peak_of(lambda: seen.append(work()))
+        return {"mode": mode, "n_sequences": n_seq, "seq": seq, "batch_size": batch_size, "tokens_seen": seen[0],
+                "baseline_mb": 0.0, "peak_mb": live["peak_mb"], "peak_increment_mb": live["increment_mb"],
+                "method": METHOD_LIVE, "count": "live", "allocator": "(not read: the live count)"}
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -119,16 +137,7 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
         base_b = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         method = "ru_maxrss after - ru_maxrss before (not resettable: may under-report)"
 
-    if mode in ("streaming", "streaming-histogram"):
-        limit = {"exact_quantiles": 0} if mode == "streaming-histogram" else {}
-        prof = profile(model, inputs, batch_size=batch_size, components=comps, verify=False,
-                       progress=False, exclude_first_token=False, **limit)  # every token, as the hand-written and peer computations count them
-        tokens_seen = int(prof.metadata["tokens_seen"])
-    elif mode == "naive":
-        prof = naive_profile(model, inputs, comps, names)
-        tokens_seen = int(prof.metadata["tokens_seen"])
-    else:
-        tokens_seen = int(handwritten_profile(model, inputs, names)["tokens"])
+    tokens_seen = work()
 
     if cuda:
         torch.cuda.synchronize()
@@ -153,11 +162,16 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
 
 def run_worker(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
                device: str = "cpu", dtype: str = "float32", threads: int = 0,
-               timeout: float = 900) -> dict:
-    """Run :func:`measure` in a fresh subprocess and return its result."""
+               timeout: float = 900, count: str = "rss") -> dict:
+    """Run :func:`measure` in a fresh subprocess and return its result; ``count``: what a CPU
+    worker counts, VmHWM (``rss``) or the live tensor bytes (``live``,
+    :func:`benchmarks.peak_measure.live_peak_of`)."""
+    if count not in ("rss", "live"):
+        raise ValueError(f"count={count!r} is not a peak count; choose rss or live")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)
+    env["BENCH_PEAK_COUNT"] = count  # benchmarks.peak_measure.COUNT_ENV (that module imports this one)
     cmd = [sys.executable, "-m", "benchmarks.memory", "--model", str(model_source), "--mode", mode,
            "--n-seq", str(n_seq), "--seq", str(seq), "--batch", str(batch_size),
            "--device", str(device), "--dtype", dtype, "--threads", str(threads)]
@@ -172,7 +186,7 @@ def run_worker(model_source: str, mode: str, n_seq: int, seq: int, batch_size: i
 
 def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str = "cpu",
                    dtype: str = "float32", multipliers=MULTIPLIERS, threads: int = 0,
-                   log=print, other: str = "naive", skip=None, timeout: float = 900) -> dict:
+                   log=print, other: str = "naive", skip=None, timeout: float = 900, count: str = "rss") -> dict:
     """Peak memory of streaming and naive profiling at ``multipliers`` x ``batch_size``
     sequences, one subprocess each; growth is the largest size's increment over the smallest's.
 
@@ -182,7 +196,7 @@ def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str 
     over its measured points only (``growth_multipliers`` says which), ``None`` where fewer than
     two were measured. With ``skip`` given, a point whose worker fails or runs past ``timeout``
     seconds is listed in ``failed`` with the reason (the other points kept); without it, the
-    harness's way, the failure is raised."""
+    harness's way, the failure is raised. ``count``: as :func:`run_worker`'s."""
     rows: dict[str, list[dict]] = {"streaming": [], other: []}
     increments: dict[str, list[float | None]] = {"streaming": [], other: []}
     skipped: list[dict] = []
@@ -198,7 +212,7 @@ def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str 
                 continue
             try:
                 r = run_worker(model_source, mode, m * batch_size, seq, batch_size, device, dtype,
-                               threads, timeout=timeout)
+                               threads, timeout=timeout, count=count)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 if skip is None:
                     raise
@@ -246,6 +260,7 @@ def memory_scaling(model_source: str, *, seq: int, batch_size: int, device: str 
                   f"{STREAMING_GROWTH_TARGET:g} (and the naive way grows)",
         "met": met,
         "method": measured[0]["method"] if measured else None,
+        "count": count,
         "allocator": measured[0]["allocator"] if measured else None,
         "runs": rows["streaming"] + rows[other],
     }

@@ -93,9 +93,11 @@ def available_ram_bytes() -> int | None:
     return None
 
 
-def corpus_prediction(name: str, mode: str, dtype: str, seq: int, batch: int, multiplier: int) -> float:
-    """The memory model's peak increment (bytes, VmHWM: first-call term included) of one corpus
-    memory point: ``multiplier x batch`` sequences of ``seq`` tokens.
+def corpus_prediction(name: str, mode: str, dtype: str, seq: int, batch: int, multiplier: int,
+                      count: str = "rss") -> float:
+    """The memory model's peak increment (bytes) of one corpus memory point: ``multiplier x
+    batch`` sequences of ``seq`` tokens; in VmHWM (``count="rss"``: the first-call term and the
+    VmHWM fits included) or in live tensor bytes (``"live"``).
 
     ``streaming`` / ``streaming-histogram``: :func:`benchmarks.memory_model.estimate`'s
     ``profile`` in batches of ``batch``, the corpus's tokens given (what the summaries keep grows
@@ -111,8 +113,9 @@ def corpus_prediction(name: str, mode: str, dtype: str, seq: int, batch: int, mu
     tokens = multiplier * batch * seq
     if mode in ("streaming", "streaming-histogram"):
         limit = 0 if mode == "streaming-histogram" else EXACT_QUANTILE_LIMIT
-        return estimate(shape, "profile", batch, seq, dtype, tokens=tokens, exact_quantiles=limit)["total"]
-    return estimate(shape, "cache_split", multiplier * batch, seq, dtype)["total"]
+        return estimate(shape, "profile", batch, seq, dtype, tokens=tokens, exact_quantiles=limit,
+                        fixed=count == "rss")["total"]
+    return estimate(shape, "cache_split", multiplier * batch, seq, dtype, fixed=count == "rss")["total"]
 
 
 def corpus_memory(name: str, dtype: str, args: argparse.Namespace, root: Path) -> dict:
@@ -142,12 +145,14 @@ def corpus_memory(name: str, dtype: str, args: argparse.Namespace, root: Path) -
         out = memory_scaling(str(build(name, root)), seq=seq, batch_size=batch, device=args.device,
                              dtype=dtype, multipliers=multipliers, threads=args.threads,
                              log=lambda m: print(m, file=sys.stderr, flush=True),
-                             other=args.corpus_memory, skip=skip, timeout=args.worker_timeout)
+                             other=args.corpus_memory, skip=skip, timeout=args.worker_timeout,
+                             count=args.corpus_count)
     except Exception as exc:  # noqa: BLE001 - reported in the JSON, never hidden
         return {"status": "error", "reason": f"{type(exc).__name__}: {exc}", "ram_checks": checks}
-    out["predicted_mb"] = {mode: [corpus_prediction(name, mode, dtype, seq, batch, m) / MB for m in multipliers]
-                           for mode in ("streaming", args.corpus_memory)}
-    out["predicted_note"] = ("benchmarks.memory_model, VmHWM (first-call term included): streaming = "
+    out["predicted_mb"] = {mode: [corpus_prediction(name, mode, dtype, seq, batch, m, args.corpus_count) / MB
+                                  for m in multipliers] for mode in ("streaming", args.corpus_memory)}
+    what = "VmHWM (first-call term included)" if args.corpus_count == "rss" else "live tensor bytes"
+    out["predicted_note"] = (f"benchmarks.memory_model, {what}: streaming = "
                              "profile at one batch, exact-quantile term at the corpus's tokens; "
                              f"{args.corpus_memory} = cache_split over the whole corpus")
     out["weights_gb"] = weights / 1e9
@@ -192,6 +197,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peak-memory", action="store_true", help="peak memory of each side (slow)")
     p.add_argument("--corpus-memory", choices=("naive", "handwritten", "streaming-histogram"), default=None,
                    help="also measure peak memory against corpus length, streaming profile vs this side")
+    p.add_argument("--corpus-count", choices=("rss", "live"), default="rss",
+                   help="what --corpus-memory's workers count: VmHWM (rss, what a user sees) or the live "
+                        "tensor bytes (live: torch.profiler's allocations, what the memory model describes; slow)")
     p.add_argument("--memory-setting", default="64x4", help="SEQxBATCH of --corpus-memory's batch")
     p.add_argument("--multipliers", default="1,4,16", help="--corpus-memory's corpus sizes, in batches")
     p.add_argument("--memory-headroom", type=float, default=MEMORY_HEADROOM,

@@ -220,8 +220,8 @@ def _corpus_predictions(run: dict, mem: dict, mode: str) -> list[float] | None:
 
     if run["size"] not in SIZES:
         return mem.get("predicted_mb", {}).get(mode)
-    return [corpus_prediction(run["size"], mode, run["dtype"], mem["seq"], mem["batch_size"], m) / MB
-            for m in mem["multipliers"]]
+    return [corpus_prediction(run["size"], mode, run["dtype"], mem["seq"], mem["batch_size"], m,
+                              mem.get("count", "rss")) / MB for m in mem["multipliers"]]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -444,14 +444,18 @@ def test_corpus_memory_keeps_the_other_points_when_one_worker_times_out(monkeypa
 
     from benchmarks import memory
 
-    def worker(source, mode, n_seq, seq, batch, *args, timeout=900):
+    counts = set()
+
+    def worker(source, mode, n_seq, seq, batch, *args, timeout=900, count="rss"):
+        counts.add(count)
         if mode == "naive" and n_seq == 8:
             raise subprocess.TimeoutExpired(["benchmarks.memory"], timeout)
         return {"peak_increment_mb": float(n_seq if mode == "naive" else 1), "method": "m", "allocator": "a"}
 
     monkeypatch.setattr(memory, "run_worker", worker)
     mem = memory.memory_scaling("unused", seq=4, batch_size=2, multipliers=(1, 4, 16), log=lambda m: None,
-                                skip=lambda mode, m: None, timeout=5)
+                                skip=lambda mode, m: None, timeout=5, count="live")
+    assert counts == {"live"} and mem["count"] == "live"  # every worker counts what the run asked for
     assert mem["naive_peak_increment_mb"] == [2.0, None, 32.0]
     assert mem["streaming_peak_increment_mb"] == [1.0, 1.0, 1.0] and mem["met"] is True
     (f,) = mem["failed"]
@@ -459,6 +463,23 @@ def test_corpus_memory_keeps_the_other_points_when_one_worker_times_out(monkeypa
     assert mem["naive_growth"] == 16.0 and mem["growth_multipliers"]["naive"] == [1, 16]
     with pytest.raises(subprocess.TimeoutExpired):  # the harness's way (no skip): raised, as before
         memory.memory_scaling("unused", seq=4, batch_size=2, multipliers=(1, 4), log=lambda m: None)
+
+
+def test_the_corpus_worker_counts_live_tensor_bytes_when_asked():
+    """``run_worker(..., count="live")``: the worker's increment is the live tensor bytes'
+    high-water mark (``benchmarks.peak_measure.live_peak_of``), said in the result; the streaming
+    profile of 8 x 32 tokens holds some, and VmHWM's reading of the same call is another number.
+    A count that is neither is refused before any worker starts."""
+    from benchmarks import memory
+    from benchmarks.peak_measure import METHOD_LIVE
+
+    live = memory.run_worker("default", "streaming", 8, 32, 4, count="live", timeout=600)
+    assert live["count"] == "live" and live["method"] == METHOD_LIVE and live["baseline_mb"] == 0.0
+    assert live["tokens_seen"] == 8 * 32 and 0.5 < live["peak_increment_mb"] < 100
+    rss = memory.run_worker("default", "streaming", 8, 32, 4, timeout=600)
+    assert rss["method"].startswith("VmHWM") and "count" not in rss
+    with pytest.raises(ValueError, match="count='vmhwm'"):
+        memory.run_worker("default", "streaming", 8, 32, 4, count="vmhwm")
 
 
 def test_the_late_sender_path_record_patches_the_last_layers_on_both_sides(tmp_path):
