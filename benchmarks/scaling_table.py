@@ -158,7 +158,8 @@ def corpus_memory_table(docs: list[dict]) -> str:
     """The corpus-length memory of scaling JSONs (``corpus_memory`` of each size and dtype) as
     Markdown: a row per size and dtype, the streaming and comparison increments (MB) per corpus
     multiplier with the memory model's prediction / measured in brackets, the growths, the
-    target's reading; a skipped point shows its predicted need."""
+    target's reading; a skipped point shows its predicted need. Runs of the live count
+    (``--corpus-count live``) get a table of their own, captioned."""
     from .memory import STREAMING_GROWTH_TARGET
 
     out = ["Commands:", ""]
@@ -175,9 +176,11 @@ def corpus_memory_table(docs: list[dict]) -> str:
             if mem.get("status") != "ok":
                 groups.setdefault(("error",), []).append(lead + f"{mem.get('status')}: {mem.get('reason')} |")
                 continue
-            other, mults = mem["compared_with"], mem["multipliers"]
-            rows = groups.setdefault((other, *mults), [])
+            other, mults, count = mem["compared_with"], mem["multipliers"], mem.get("count", "rss")
+            rows = groups.setdefault((count, other, *mults), [])
             if not rows:
+                if count == "live":  # not VmHWM: said above its table (a VmHWM table has no caption)
+                    rows += ["Live tensor bytes (`--corpus-count live`), not VmHWM:", ""]
                 cols = [f"streaming {m}x" for m in mults] + ["streaming growth", f"<= {STREAMING_GROWTH_TARGET:g}"]
                 cols += [f"{other} {m}x" for m in mults] + [f"{other} growth"]
                 rows += ["| size | dtype | parameters (M) | " + " | ".join(cols) + " |",
