@@ -54,9 +54,20 @@ def _seeds6_state(data: Path) -> str:
             + (f" (missing: {', '.join(missing)})" if missing else ""))
 
 
-def _resume(command: str) -> str:
-    """``command`` with ``--resume`` where its runner takes it and it is not there yet."""
-    if "--resume" in command.split() or not any(r in command for r in RESUMABLE):
+def _resume(command: str, done: list[str] = ()) -> str:
+    """``command`` with ``--resume`` where its runner takes it and it is not there yet, less a
+    ``--lengths`` / ``--texts`` selection that ``done`` (the manifest's finished parts) already
+    holds whole: the run that wrote the manifest ran only those, and resumed as written it would
+    do nothing."""
+    words = command.split()
+    for opt, prefix in (("--lengths", "len"), ("--texts", "")):
+        if opt in words:
+            i = words.index(opt)
+            j = next((k for k in range(i + 1, len(words)) if words[k].startswith("--")), len(words))
+            if all(f"{prefix}{w}" in done for w in words[i + 1:j]):
+                words = words[:i] + words[j:]
+    command = " ".join(words)
+    if "--resume" in words or not any(r in command for r in RESUMABLE):
         return command
     return command + " --resume"
 
@@ -78,7 +89,10 @@ def pending(data: Path = DATA) -> list[tuple[str, str, str]]:
             manifest = json.loads((data / f"{stem}.manifest.json").read_text())
             if manifest.get("complete", True) is False:
                 parts = list(manifest.get("texts", {})) or ["nothing"]
-                out.append((stem, f"incomplete (holds: {', '.join(parts)})", _resume(manifest["command"])))
+                # a part stopped between its own steps (the runner's checkpoint): resumed from there
+                partly = "".join(f"; {t} in part" for t in manifest.get("partial", {}))
+                out.append((stem, f"incomplete (holds: {', '.join(parts)}{partly})",
+                            _resume(manifest["command"], list(manifest.get("texts", {})))))
     return out
 
 

@@ -46,6 +46,17 @@ def test_an_incomplete_run_is_resumed_with_its_own_command_and_a_complete_one_is
     # a command that already resumes is kept as it is; a runner without --resume gets none
     assert P._resume(cmd + " --resume") == cmd + " --resume"
     assert P._resume("python -m studies run pass-training run") == "python -m studies run pass-training run"
+    # a run of some lengths that finished them: resumed without its selection (as written it would
+    # do nothing); a selection with a length not finished is kept
+    ruler = "python -m studies run ruler-probe --model smollm2-135m --design cpu --lengths 512 --scorer shared-prefix"
+    assert P._resume(ruler, ["len256", "len512"]) == (
+        "python -m studies run ruler-probe --model smollm2-135m --design cpu --scorer shared-prefix --resume")
+    assert P._resume(ruler.replace("512", "512 1024"), ["len256", "len512"]) == ruler.replace("512", "512 1024") + " --resume"
+    assert P._resume(cmd + " --texts kjv", ["kjv"]) == cmd + " --resume"
+    _manifest(tmp_path, f"residatlas_{GEMMA}", command=cmd, complete=False, texts={"kjv": {}},
+              partial={"prose": {"setting_seconds": {"baseline": 1.0}}})
+    assert dict((s, st) for s, st, _ in P.pending(tmp_path))[f"residatlas_{GEMMA}"] == (
+        "incomplete (holds: kjv; prose in part)")
 
 
 def test_the_six_seed_extension_counts_its_kept_task_records(tmp_path):
