@@ -221,6 +221,28 @@ class RulerRun(WindowStudy):
         self.manifest["pilot_manifest_sha256"] = common.sha256_bytes(path.read_bytes())
         return pilot["rungs"]
 
+    def _main_items(self, texts: list[str], count, picked: dict[str, int]) -> list:
+        """The main design's items on the pilot's rungs ``picked``, from the items cache
+        (``--items-cache``; :func:`cached_items`, keyed by every input of ``make_items`` by content)
+        unless it is ``none`` or the tokenizer cannot serialise itself."""
+        d = self.design
+
+        def make():
+            return make_items(texts, count, d["seed"], d["haystacks"], d["lengths"], picked)
+
+        tok_sha = tokenizer_sha256(self.run.model.tokenizer)
+        where = getattr(self.args, "items_cache", "")
+        if tok_sha is None or where == "none":
+            return make()
+        key = {"generator": common.sha256_bytes((common.ROOT / GENERATOR).read_bytes()),
+               "filler": [common.sha256_bytes(t.encode()) for t in texts], "tokenizer": tok_sha,
+               "bos": self.bos, "seed": d["seed"], "haystacks": d["haystacks"], "lengths": d["lengths"],
+               "rungs": picked}
+        items, hit = cached_items(Path(where) if where else common.cache_root() / "ruler-items", key, make)
+        if hit:
+            print("items read from the items cache (the same inputs, sha256 checked)", flush=True)
+        return items
+
     def prepare(self) -> int | None:
         if self.args.scorer == "shared-prefix" and not shared_prefix_supported(self.run.model):
             print(f"error: --scorer shared-prefix: the model is a {type(self.run.model).__name__}; it needs "
@@ -250,24 +272,7 @@ class RulerRun(WindowStudy):
             if isinstance(rungs, int):
                 return rungs
             self.manifest["rungs"] = rungs  # the pilot's choice, with its accuracy and floor (sec. 13.2)
-            d, picked = self.design, {t: v["rung"] for t, v in rungs.items()}
-
-            def make():
-                return make_items(texts, count, d["seed"], d["haystacks"], d["lengths"], picked)
-
-            tok_sha = tokenizer_sha256(self.run.model.tokenizer)
-            where = getattr(self.args, "items_cache", "")
-            if tok_sha is None or where == "none":
-                items, hit = make(), False
-            else:  # every input of make_items, by content
-                key = {"generator": common.sha256_bytes((common.ROOT / GENERATOR).read_bytes()),
-                       "filler": [common.sha256_bytes(t.encode()) for t in texts], "tokenizer": tok_sha,
-                       "bos": bos, "seed": d["seed"], "haystacks": d["haystacks"], "lengths": d["lengths"],
-                       "rungs": picked}
-                folder = Path(where) if where else common.cache_root() / "ruler-items"
-                items, hit = cached_items(folder, key, make)
-            if hit:
-                print("items read from the items cache (the same inputs, sha256 checked)", flush=True)
+            items = self._main_items(texts, count, {t: v["rung"] for t, v in rungs.items()})
             self.sets = ruler_settings(self.run.model, self.run.sites)
         self.items = {f"len{n}": [i for i in items if i.length == n] for n in self.design["lengths"]}
         self.manifest["items_sha256"] = {k: items_sha256(v) for k, v in self.items.items()}
