@@ -105,7 +105,9 @@ COMMITTED_POINTS = ("issue51_memory_cpu_float32_resident.json", "issue51_memory_
                     "issue51_memory_cpu_live_small.json", "issue51_memory_cpu_live_qwen3.json",
                     "issue51_memory_cpu_live_large_bf16_attr.json", "issue51_memory_cpu_live_large_profile.json",
                     "issue51_memory_cpu_live_large_f32_attr.json", "issue51_memory_cpu_live_patching.json",
-                    "issue51_memory_cpu_live_bf16_profile_s25.json", "issue51_memory_cpu_live_patching_bf16_s26.json")
+                    "issue51_memory_cpu_live_bf16_profile_s25.json", "issue51_memory_cpu_live_patching_bf16_s26.json",
+                    "issue51_memory_cpu_qwen3_bs1_s26.json", "issue51_memory_cpu_live_qwen3_bs1_s26.json",
+                    "issue51_memory_cpu_smollm2_bs1_s26.json")
 #: Corpus-length runs (``python -m benchmarks.scaling --corpus-memory``) whose one-batch
 #: streaming points (the same call as the ``profile_overhead`` record's at 4 x 64 tokens, VmHWM)
 #: join the VmHWM fits: four sizes in each dtype where the record points have one or two.
