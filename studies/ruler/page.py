@@ -79,6 +79,19 @@ def _n(length: int) -> str:
     return f"{length:,}"
 
 
+def scored_note(length: str, manifest: dict) -> str:
+    """How far ``length`` (``len<n>``) is scored, for the provenance list: "" when finished, else
+    "(not scored yet)" or, for a length stopped between settings (the runner's checkpoint), the
+    settings it holds, none of which the page reads yet."""
+    if length in manifest.get("texts", {}):
+        return ""
+    done = manifest.get("partial", {}).get(length, {}).get("setting_seconds", {})
+    if not done:
+        return " (not scored yet)"
+    return (f" (in part, not read: {len(done)} of {1 + len(manifest.get('settings', []))} settings, "
+            f"{', '.join(done)})")
+
+
 def missing_lengths(manifest: dict, rec) -> list[int]:
     """The design's lengths with no records (a partial run, sec. 13.6's runner writes length by length)."""
     have = set(rec["length"].unique().tolist())
@@ -166,8 +179,7 @@ def _manifest_lines(manifest: dict, stem: str) -> list[str]:
                  + ", ".join(f"{t} `{KNOB[t]} = {v['rung']}`" for t, v in manifest.get("rungs", {}).items()))
     L.append("- items' sha256 per length (sec. 13.6: the items are a pure function of the design, the filler "
              "files and the tokenizer):")
-    L += [f"    - {_n(int(k[3:]))} tokens: `{v}`" + ("" if k in manifest.get("texts", {}) else " (not scored yet)")
-          for k, v in manifest.get("items_sha256", {}).items()]
+    L += [f"    - {_n(int(k[3:]))} tokens: `{v}`" + scored_note(k, manifest) for k, v in manifest.get("items_sha256", {}).items()]
     for k, t in manifest.get("texts", {}).items():
         if t.get("commit") and t["commit"] != manifest["commit"]:
             L.append(f"- {_n(int(k[3:]))} tokens scored at commit `{t['commit']}`: `{t.get('command', '-')}`")

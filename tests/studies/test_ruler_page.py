@@ -179,3 +179,12 @@ def test_a_pilot_whose_manifest_disagrees_with_its_records_stops_the_build(tmp_p
     (tmp_path / f"{stem}.manifest.json").write_text(json.dumps(m))
     with pytest.raises(DataError, match="differ from its records"):
         P.build_pilot_page(stem, tmp_path)
+
+
+def test_the_provenance_list_says_how_far_each_length_is_scored():
+    # finished, stopped between settings (the runner's checkpoint: listed, not read), not started
+    manifest = {"texts": {"len256": {}}, "settings": [{"label": "a"}, {"label": "b"}],
+                "partial": {"len512": {"setting_seconds": {"baseline": 1.0, "a": 2.0}}}}
+    assert P.scored_note("len256", manifest) == ""
+    assert P.scored_note("len512", manifest) == " (in part, not read: 2 of 3 settings, baseline, a)"
+    assert P.scored_note("len1024", manifest) == " (not scored yet)"
