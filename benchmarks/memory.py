@@ -39,6 +39,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 MARKER = "BENCH_MEMORY_JSON "
@@ -54,6 +55,15 @@ MODES = ("streaming", "naive", "handwritten", "streaming-histogram")
 MULTIPLIERS = (1, 4, 16)
 #: Allowed growth of streaming peak memory from 1x to 16x (the target).
 STREAMING_GROWTH_TARGET = 1.10
+#: What the live count is (:func:`live_peak_of`), as a run's JSON states it.
+METHOD_LIVE = ("fresh subprocess per (record, side): the high-water mark of the bytes torch's CPU "
+               "allocator holds for live tensors during one call (torch.profiler profile_memory: the "
+               "running sum of every allocation and free), over what was live before it")
+#: The workers' environment variable that picks what they count on CPU (this module's corpus
+#: worker and :func:`benchmarks.peak_measure.peak_of`): ``rss`` (VmHWM, what a user sees, the
+#: allocator's slack included) or ``live`` (:data:`METHOD_LIVE`).
+COUNT_ENV = "BENCH_PEAK_COUNT"
+COUNTS = ("rss", "live")
 
 
 def status_kb(field: str) -> int | None:
@@ -78,6 +88,36 @@ def reset_peak_rss() -> bool:
     return hwm is not None and rss is not None and hwm <= rss + 1024
 
 
+def live_peak_of(fn) -> dict:
+    """Run ``fn()`` once under ``torch.profiler`` with ``profile_memory`` and return the high-water
+    mark of the bytes torch's CPU allocator held for tensors during the call over what it held
+    before (MB, ``increment_mb``): the running sum of every allocation (positive) and free
+    (negative) the profiler recorded, in time order. It counts what is alive, not what the C
+    allocator keeps resident (glibc's heap, freed blocks, page rounding), nor memory outside
+    torch's allocator (Python objects, memory-mapped weights)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        t0 = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - t0
+    events = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.typed[0] == _EventType.Allocation:
+            events.append((node.start_time_ns, node.typed[1].alloc_size))
+        stack.extend(node.children)
+    live = peak = 0
+    for _, size in sorted(events):
+        live += size
+        peak = max(peak, live)
+    mb = 2.0 ** 20
+    return {"before_mb": 0.0, "peak_mb": peak / mb, "increment_mb": peak / mb, "call_s": seconds,
+            "count": "live", "allocations": sum(size > 0 for _, size in events)}
+
+
 def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
             device: str = "cpu", dtype: str = "float32", threads: int = 0) -> dict:
     """Peak memory increment (MB) of one streaming or naive profile in this process."""
@@ -89,7 +129,6 @@ def measure(model_source: str, mode: str, n_seq: int, seq: int, batch_size: int,
     from tl_directional.model.inputs import TokenBatch
     from tl_directional.model.load import load_model
 
-    from .peak_measure import COUNT_ENV, METHOD_LIVE, live_peak_of  # (it imports this module)
     from .workloads import (
         all_components,
         forward,
@@ -165,13 +204,13 @@ def run_worker(model_source: str, mode: str, n_seq: int, seq: int, batch_size: i
                timeout: float = 900, count: str = "rss") -> dict:
     """Run :func:`measure` in a fresh subprocess and return its result; ``count``: what a CPU
     worker counts, VmHWM (``rss``) or the live tensor bytes (``live``,
-    :func:`benchmarks.peak_measure.live_peak_of`)."""
-    if count not in ("rss", "live"):
-        raise ValueError(f"count={count!r} is not a peak count; choose rss or live")
+    :func:`live_peak_of`)."""
+    if count not in COUNTS:
+        raise ValueError(f"count={count!r} is not a peak count; choose from {COUNTS}")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)
-    env["BENCH_PEAK_COUNT"] = count  # benchmarks.peak_measure.COUNT_ENV (that module imports this one)
+    env[COUNT_ENV] = count
     cmd = [sys.executable, "-m", "benchmarks.memory", "--model", str(model_source), "--mode", mode,
            "--n-seq", str(n_seq), "--seq", str(seq), "--batch", str(batch_size),
            "--device", str(device), "--dtype", dtype, "--threads", str(threads)]

@@ -54,8 +54,9 @@ import math
 import os
 import sys
 
+from .memory import COUNTS, METHOD_LIVE
 from .patching import PATCH_SEQ
-from .peak_measure import COUNTS, METHOD_CPU, METHOD_LIVE
+from .peak_measure import METHOD_CPU
 from .shapes import Shape
 
 MB = 2.0**20

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from .memory import reset_peak_rss, status_kb
+from .memory import COUNT_ENV, COUNTS, live_peak_of, reset_peak_rss, status_kb
 
 MARKER = "BENCH_PEAK_JSON "
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -20,13 +20,6 @@ METHOD_CPU = ("fresh subprocess per (record, side): VmHWM after one call - VmRSS
               "(VmHWM reset via /proc/self/clear_refs); glibc MALLOC_MMAP_THRESHOLD_=65536")
 METHOD_CUDA = ("fresh subprocess per (record, side): torch.cuda.max_memory_allocated after one "
                "call - memory_allocated before it")
-METHOD_LIVE = ("fresh subprocess per (record, side): the high-water mark of the bytes torch's CPU "
-               "allocator holds for live tensors during one call (torch.profiler profile_memory: the "
-               "running sum of every allocation and free), over what was live before it")
-#: The worker's environment variable that picks what :func:`peak_of` counts on CPU: ``rss`` (VmHWM,
-#: what a user sees, the allocator's slack included) or ``live`` (:data:`METHOD_LIVE`).
-COUNT_ENV = "BENCH_PEAK_COUNT"
-COUNTS = ("rss", "live")
 
 
 def peak_of(fn, device) -> dict:
@@ -61,36 +54,6 @@ def peak_of(fn, device) -> dict:
     mb = 2.0 ** 20
     return {"before_mb": before / mb, "peak_mb": peak / mb, "increment_mb": (peak - before) / mb,
             "call_s": seconds}
-
-
-def live_peak_of(fn) -> dict:
-    """Run ``fn()`` once under ``torch.profiler`` with ``profile_memory`` and return the high-water
-    mark of the bytes torch's CPU allocator held for tensors during the call over what it held
-    before (MB, ``increment_mb``): the running sum of every allocation (positive) and free
-    (negative) the profiler recorded, in time order. It counts what is alive, not what the C
-    allocator keeps resident (glibc's heap, freed blocks, page rounding), nor memory outside
-    torch's allocator (Python objects, memory-mapped weights)."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        t0 = time.perf_counter()
-        fn()
-        seconds = time.perf_counter() - t0
-    events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        node = stack.pop()
-        if node.typed[0] == _EventType.Allocation:
-            events.append((node.start_time_ns, node.typed[1].alloc_size))
-        stack.extend(node.children)
-    live = peak = 0
-    for _, size in sorted(events):
-        live += size
-        peak = max(peak, live)
-    mb = 2.0 ** 20
-    return {"before_mb": 0.0, "peak_mb": peak / mb, "increment_mb": peak / mb, "call_s": seconds,
-            "count": "live", "allocations": sum(size > 0 for _, size in events)}
 
 
 def run_probe(record: str, model_source: str, seq: int, batch: int, side: str, *, device: str,

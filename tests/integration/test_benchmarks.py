@@ -467,11 +467,11 @@ def test_corpus_memory_keeps_the_other_points_when_one_worker_times_out(monkeypa
 
 def test_the_corpus_worker_counts_live_tensor_bytes_when_asked():
     """``run_worker(..., count="live")``: the worker's increment is the live tensor bytes'
-    high-water mark (``benchmarks.peak_measure.live_peak_of``), said in the result; the streaming
+    high-water mark (``benchmarks.memory.live_peak_of``), said in the result; the streaming
     profile of 8 x 32 tokens holds some, and VmHWM's reading of the same call is another number.
     A count that is neither is refused before any worker starts."""
     from benchmarks import memory
-    from benchmarks.peak_measure import METHOD_LIVE
+    from benchmarks.memory import METHOD_LIVE
 
     live = memory.run_worker("default", "streaming", 8, 32, 4, count="live", timeout=600)
     assert live["count"] == "live" and live["method"] == METHOD_LIVE and live["baseline_mb"] == 0.0
