@@ -207,6 +207,9 @@ def run_worker(model_source: str, mode: str, n_seq: int, seq: int, batch_size: i
     :func:`live_peak_of`)."""
     if count not in COUNTS:
         raise ValueError(f"count={count!r} is not a peak count; choose from {COUNTS}")
+    if count == "live" and not str(device).startswith("cpu"):
+        raise ValueError(f"count='live' counts CPU tensors, not device={device!r}'s; on CUDA leave count "
+                         f"out (the worker reads max_memory_allocated)")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)

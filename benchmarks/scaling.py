@@ -229,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
         print("python -m benchmarks.scaling: error: --records none measures nothing without "
               "--corpus-memory naive|handwritten; give records or --corpus-memory", file=sys.stderr)
         return 2
+    if args.corpus_count == "live" and (not args.corpus_memory or not args.device.startswith("cpu")):
+        print(f"python -m benchmarks.scaling: error: --corpus-count live counts a CPU worker's tensors "
+              f"(--corpus-memory {args.corpus_memory}, --device {args.device}); give --corpus-memory and "
+              f"--device cpu, or leave --corpus-count out (on CUDA the peak is the allocator's already)",
+              file=sys.stderr)
+        return 2
     runs: list[dict] = []
     for name, dtype in pairs:
         print(f"scaling: {name} in {dtype} ...", file=sys.stderr, flush=True)

@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     args = r.parse_args(argv)
     if args.pilot and args.design != "full":
         r.error(f"--design {args.design}: the pilot has one design (sec. 13.2); drop --design")
+    if args.pilot and args.items_cache:
+        r.error(f"--items-cache {args.items_cache}: the pilot's items are not cached (the main run's are); drop it")
     if args.haystacks < 0:
         r.error(f"--haystacks {args.haystacks}: must be 1 or more (0: the design's)")
     return run(args)

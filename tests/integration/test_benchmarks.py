@@ -480,6 +480,12 @@ def test_the_corpus_worker_counts_live_tensor_bytes_when_asked():
     assert rss["method"].startswith("VmHWM") and "count" not in rss
     with pytest.raises(ValueError, match="count='vmhwm'"):
         memory.run_worker("default", "streaming", 8, 32, 4, count="vmhwm")
+    with pytest.raises(ValueError, match="device='cuda'"):  # not ignored on a device it cannot count
+        memory.run_worker("default", "streaming", 8, 32, 4, device="cuda", count="live")
+    from benchmarks.scaling import main as scaling_main
+
+    assert scaling_main(["--sizes", "tiny", "--records", "none", "--corpus-memory", "naive",
+                         "--corpus-count", "live", "--device", "cuda", "--json", "unused.json"]) == 2
 
 
 def test_the_late_sender_path_record_patches_the_last_layers_on_both_sides(tmp_path):

@@ -179,3 +179,9 @@ def test_the_cpu_design_scores_the_first_haystacks_of_each_length():
     assert RulerRun.windows(run, "len256", "") == run.items["len256"]
     assert {i.haystack for i in RulerRun.windows(run, "len512", "")} == {0}
     assert len(RulerRun.windows(run, "len512", "")) == len(run.items["len512"]) // 3
+
+
+def test_the_items_cache_is_refused_on_the_pilot_whose_items_it_does_not_keep(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "default", "--pilot", "--items-cache", "/tmp/x"])
+    assert e.value.code == 2 and "--items-cache /tmp/x" in capsys.readouterr().err
