@@ -15,7 +15,9 @@ Each entry is ``(stem, state, command)``:
   or lengths), the command is the manifest's own, with ``--resume`` added where the runner takes it;
 * sec. 15's six-seed extension while its collected manifest is absent: the state counts the task
   records kept under ``pass8m-tasks/`` against the tasks its rule needs (the rate check and seeds
-  3-5; V-Para's seeds 0-2 at its own rate once the check has chosen a rate other than the shared one).
+  3-5; V-Para's seeds 0-2 at its own rate once the check has chosen a rate other than the shared one),
+  and once collected in part (``"complete": false``) the same count, the kept records not collected
+  yet named; the command is the closing table's plan (run the rest, then collect).
 """
 
 from __future__ import annotations
@@ -40,18 +42,24 @@ def _kept(data: Path, task: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _seeds6_state(data: Path) -> str:
+def _seeds6_state(data: Path, uncollected: list[str] | None = None) -> str:
     """How many of sec. 15's tasks have a kept record (``data / TASKS / <task>.json``): the rate
     check and seeds 3-5, and, once the check's three rates are kept and its best is not sec. 10's
-    shared rate (``lr.json``), V-Para's seeds 0-2 at its own rate."""
+    shared rate (``lr.json``), V-Para's seeds 0-2 at its own rate. ``uncollected``: the ``missing``
+    list of a manifest collected in part (None: nothing collected yet); kept records it lacks are
+    named, since the page reads only what was collected."""
     wanted = lr_tasks() + seed_tasks()
     losses = {lr: r["final_val_loss"] for lr in LR_CANDIDATES if (r := _kept(data, f"lr-{LR_VARIANT}-{lr:g}"))}
     if len(losses) == len(LR_CANDIDATES) and (shared := _kept(data, "lr")):
         wanted += rate_tasks(best_lr(losses), shared["lr"])
     kept = [t for t in wanted if _kept(data, t) is not None]
     missing = [t for t in wanted if t not in kept]
-    return (f"not collected: {len(kept)} of {len(wanted)} tasks kept in {TASKS}/"
-            + (f" (missing: {', '.join(missing)})" if missing else ""))
+    state = f"{len(kept)} of {len(wanted)} tasks kept in {TASKS}/" + (f" (missing: {', '.join(missing)})"
+                                                                     if missing else "")
+    if uncollected is None:
+        return "not collected: " + state
+    stale = [t for t in kept if t in uncollected]
+    return "collected in part: " + state + (f"; kept, not collected yet: {', '.join(stale)}" if stale else "")
 
 
 def _resume(command: str, done: list[str] = ()) -> str:
@@ -87,7 +95,10 @@ def pending(data: Path = DATA) -> list[tuple[str, str, str]]:
                 out.append((source.stems[0].format(model=key), state, plan + note))
                 continue
             manifest = json.loads((data / f"{stem}.manifest.json").read_text())
-            if manifest.get("complete", True) is False:
+            if manifest.get("complete", True) is False and name == "seeds6":
+                out.append((stem, _seeds6_state(data, manifest.get("missing", [])),
+                            source.plan.format(model=model)))
+            elif manifest.get("complete", True) is False:
                 parts = list(manifest.get("texts", {})) or ["nothing"]
                 # a part stopped between its own steps (the runner's checkpoint): resumed from there
                 partly = "".join(f"; {t} in part" for t in manifest.get("partial", {}))

@@ -96,3 +96,21 @@ def test_the_rate_check_adds_vparas_own_rate_runs_once_decided_away_from_the_sha
         (tmp_path / P.TASKS / f"lr-{LR_VARIANT}-{lr:g}.json").write_text(json.dumps({"final_val_loss": abs(lr - shared)}))
     state = {stem: s for stem, s, _ in P.pending(tmp_path)}["pass8m.seeds6"]
     assert f"of {len(lr_tasks()) + len(seed_tasks())} tasks kept" in state
+
+
+def test_a_six_seed_collection_in_part_names_the_kept_records_it_has_not_read(tmp_path):
+    wanted = lr_tasks() + seed_tasks()
+    (tmp_path / P.TASKS).mkdir(parents=True)
+    for t in wanted[:3]:
+        (tmp_path / P.TASKS / f"{t}.json").write_text("{}")
+    # collected when two tasks were kept; a third landed afterwards
+    _manifest(tmp_path, "pass8m.seeds6", command="python -m studies run pass-training run-seeds6 --jobs 1",
+              complete=False, missing=wanted[2:])
+    rows = {stem: (s, c) for stem, s, c in P.pending(tmp_path)}
+    state, cmd = rows["pass8m.seeds6"]
+    assert state.startswith(f"collected in part: 3 of {len(wanted)} tasks kept")
+    assert state.endswith(f"kept, not collected yet: {wanted[2]}")
+    assert cmd == CT.SOURCES["seeds6"].plan and cmd.endswith("collect-seeds6")
+    # every kept record collected: nothing named as stale
+    _manifest(tmp_path, "pass8m.seeds6", command="x", complete=False, missing=wanted[3:])
+    assert "not collected yet" not in {stem: s for stem, s, _ in P.pending(tmp_path)}["pass8m.seeds6"]
