@@ -356,6 +356,10 @@ def schedule(names: list[str], args, kept: list[str] | None = None) -> tuple[lis
             log = open(out / f"{t}.log", "a")  # noqa: SIM115 - the child owns it
             cmd = [sys.executable, "-m", "studies.pass_training.cli", "task", t, "--out", str(out),
                    "--corpus", str(corpus), "--scale", scale]
+            # the log is appended to across restarts: a dated header keeps an earlier attempt's
+            # error from reading as this one's
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} started: {' '.join(cmd[1:])}\n")
+            log.flush()
             running[t] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
             print(f"{time.strftime('%H:%M:%S')} {t}: started (log {out / f'{t}.log'})", flush=True)
         if pending and not running and not lr_ready:

@@ -100,6 +100,9 @@ def test_run_collect_page_and_resume(corpus, tmp_path):
     assert all(after[k] == v for k, v in before.items())
     redo = json.loads((out / "results" / "own-baseline-s2.json").read_text())
     assert redo["final_val_loss"] == finals[("baseline", 2)]  # resumed from its last checkpoint: same run
+    # its log (appended to across restarts) starts the new attempt with a dated header
+    assert (out / "own-baseline-s2.log").read_text().startswith("--- ")
+    assert "started: -m studies.pass_training.cli task own-baseline-s2" in (out / "own-baseline-s2.log").read_text()
 
 
 def test_kept_records_carry_the_grid_to_a_new_machine(corpus, tmp_path):
