@@ -95,10 +95,12 @@ def pending(data: Path = DATA) -> list[tuple[str, str, str]]:
                 out.append((source.stems[0].format(model=key), state, plan + note))
                 continue
             manifest = json.loads((data / f"{stem}.manifest.json").read_text())
-            if manifest.get("complete", True) is False and name == "seeds6":
+            if manifest.get("complete", True) is not False:
+                continue
+            if name == "seeds6":
                 out.append((stem, _seeds6_state(data, manifest.get("missing", [])),
                             source.plan.format(model=model)))
-            elif manifest.get("complete", True) is False:
+            else:
                 parts = list(manifest.get("texts", {})) or ["nothing"]
                 # a part stopped between its own steps (the runner's checkpoint): resumed from there
                 partly = "".join(f"; {t} in part" for t in manifest.get("partial", {}))
